@@ -1,0 +1,78 @@
+"""The ``orbit`` command line.
+
+    orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
+    orbit dev up [--quick]                                 the local cluster (see README)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+import orjson
+
+
+def _bench_store(args: argparse.Namespace) -> int:
+    from data_plane.store import bench
+
+    opts = bench.BenchOptions.quick(args.dir) if args.quick else bench.BenchOptions(directory=args.dir)
+    if args.messages:
+        opts = bench.BenchOptions(**{**_fields(opts), "messages": args.messages})
+    if args.rss_gb is not None:
+        opts = bench.BenchOptions(**{**_fields(opts), "rss_gb": args.rss_gb})
+    result = bench.run(opts, log=lambda m: print(m, file=sys.stderr, flush=True))
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    summary = {k: v for k, v in result.items() if k != "rss"}
+    summary["rss"] = {k: v for k, v in result["rss"].items() if k != "samples"}
+    print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    return 0
+
+
+def _fields(opts: object) -> dict[str, object]:
+    return {name: getattr(opts, name) for name in opts.__slots__}  # type: ignore[attr-defined]
+
+
+def _dev_up(args: argparse.Namespace) -> int:
+    print(
+        "orbit dev up: the local cluster (name server, broker, control plane) arrives with the broker "
+        "issue; until then it runs the store benchmark.",
+        file=sys.stderr,
+    )
+    args.dir = None
+    args.out = None
+    args.messages = None
+    args.rss_gb = None
+    return _bench_store(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="orbit", description="Orbit: a managed message queue.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="what", required=True)
+    store = bench_sub.add_parser("store", help="the message store, in-process")
+    store.add_argument("--quick", action="store_true", help="smaller amounts (about a minute)")
+    store.add_argument("--dir", help="store directory (default: a new temporary directory)")
+    store.add_argument("--out", help="also write the full JSON (with RSS samples) here")
+    store.add_argument("--messages", type=int, help="messages per append figure")
+    store.add_argument("--rss-gb", type=float, help="GiB to write while watching resident memory")
+    store.set_defaults(func=_bench_store)
+    dev = sub.add_parser("dev", help="the local development cluster")
+    dev_sub = dev.add_subparsers(dest="what", required=True)
+    up = dev_sub.add_parser("up", help="run the local cluster")
+    up.add_argument("--quick", action="store_true", help="smaller amounts")
+    up.set_defaults(func=_dev_up)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

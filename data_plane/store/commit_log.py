@@ -1,0 +1,308 @@
+"""CommitLog: the one append-only log every topic's messages are written to.
+
+Records are laid out as described in ``message.py`` (88-byte header, body, topic, properties),
+back to back in ``MappedFile``s of ``commit_log_file_size_bytes``; a file that cannot hold the
+next record (plus the 8 bytes a blank record needs) is closed with a blank record::
+
+    | record | record | ... | record | blank: total=bytes left, magic=BLANK |   next file ...
+
+Appends assign the physical offset, the store timestamp and the queue offset of each message
+((topic, queue id) → next offset) under one lock, and return the ``DispatchRequest`` of every
+record so the dispatcher can index it without re-reading the log. A batch is encoded in one
+pass and lands in one file under one lock acquisition.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
+
+from data_plane.store import fastpath
+from data_plane.store.config import StoreConfig
+from data_plane.store.mapped_file import MappedFile
+from data_plane.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from data_plane.store.message import (
+    BLANK_MAGIC_CODE,
+    END_FILE_MIN_BLANK_LENGTH,
+    MAGIC_AND_SIZE,
+    MESSAGE_MAGIC_CODE,
+    OFF_STORE_TIMESTAMP,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    RECORD_HEADER,
+    STORE_TIMESTAMP,
+    TOTAL_SIZE,
+    TRANSACTION_TYPE_MASK,
+    Message,
+    RecordError,
+    body_crc,
+    decode_properties,
+    pack_host,
+    tags_hash_code,
+    validate_topic,
+)
+from data_plane.store.status import AppendMessageStatus, AppendResult, PutMessageStatus
+
+log = logging.getLogger(__name__)
+
+_HEADER_SIZE = RECORD_HEADER.size
+
+
+class DispatchRequest(NamedTuple):
+    """What the dispatcher needs of one record to build ConsumeQueue and index entries."""
+
+    topic: str
+    queue_id: int
+    commit_log_offset: int
+    size: int
+    tags_code: int
+    store_timestamp: int
+    queue_offset: int
+    keys: str  # space-separated KEYS property, "" if none
+    uniq_key: str  # UNIQ_KEY property, "" if none
+    sys_flag: int
+
+
+class PutRefused(Exception):
+    """A message was refused before anything was written; carries the status and reason."""
+
+    def __init__(self, status: PutMessageStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def queue_offset_advances(sys_flag: int) -> bool:
+    """Prepared and rolled-back transaction records take no ConsumeQueue slot (seed 8.x)."""
+    tran = sys_flag & TRANSACTION_TYPE_MASK
+    return tran in (0, 2 << 2)
+
+
+class CommitLog:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock_ms: Callable[[], int],
+        allocator: AllocateMappedFileService | None,
+    ) -> None:
+        self.config = config
+        self.file_size = config.commit_log_file_size_bytes
+        self.mfq = MappedFileQueue(config.commit_log_path, self.file_size, allocator=allocator)
+        self._clock_ms = clock_ms
+        self.store_host = pack_host(config.store_host, config.store_port)
+        self._msg_id_prefix = self.store_host.hex().upper()
+        self.queue_offsets: dict[tuple[str, int], int] = {}
+        self.lock = threading.Lock()
+        self.last_store_timestamp = 0
+        self._topic_bytes: dict[str, bytes] = {}
+
+    # --- appending (under the lock) --------------------------------------------------------
+    def topic_bytes(self, topic: str) -> bytes:
+        """The topic as stored, validated once; raises PutRefused."""
+        topic_b = self._topic_bytes.get(topic)
+        if topic_b is None:
+            problem = validate_topic(topic, self.config.max_topic_length)
+            if problem:
+                raise PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, problem)
+            topic_b = topic.encode()
+            if len(self._topic_bytes) < 100_000:
+                self._topic_bytes[topic] = topic_b
+        return topic_b
+
+    def append(
+        self, msgs: list[Message], topic_b: bytes, queue_id: int, targets: tuple[Any, ...] = ()
+    ) -> tuple[AppendResult, bytes | int, bytes | int, int]:
+        """Write ``msgs`` (one topic and queue id) contiguously in one file. Returns the result,
+        the ConsumeQueue units and index items of the batch — or, when ``targets`` (see
+        ``Dispatcher.targets``) could take them, where they now end — and the CommitLog offset
+        of the last record indexed. Raises PutRefused for a bad message (nothing written) and
+        OSError when no file can be created (full disk). The caller holds ``self.lock``."""
+        cfg = self.config
+        mf = self.mfq.last_file_for_write()
+        now = self._clock_ms()
+        now = max(now, self.last_store_timestamp)  # store timestamps never go backwards
+        self.last_store_timestamp = now
+        key = (msgs[0].topic, queue_id)
+        first_qo = self.queue_offsets.get(key, 0)
+        for _ in range(2):
+            pos = mf.wrote_position
+            r = fastpath.write_batch(
+                mf.mv, pos, mf.file_size - END_FILE_MIN_BLANK_LENGTH, mf.file_from_offset, msgs, topic_b,
+                queue_id, first_qo, now, self.store_host, cfg.max_properties_size_bytes,
+                cfg.max_message_size_bytes, cfg.index_enabled, *targets,
+            )
+            if r[0] == 0:
+                break
+            if r[0] == 2:
+                raise PutRefused(PutMessageStatus[r[2]], f"message {r[1]} of the batch: {r[3]}")
+            if r[1] + END_FILE_MIN_BLANK_LENGTH > self.file_size or pos == 0:
+                return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1
+            self._write_blank(mf)
+            mf = self.mfq.last_file_for_write()
+        _, end, next_qo, batch_first_qo, cq_out, index_out, last_indexed = r
+        self.queue_offsets[key] = next_qo
+        mf.wrote_position = mf.committed_position = end
+        return (
+            AppendResult(
+                AppendMessageStatus.PUT_OK, mf.file_from_offset + pos, end - pos, now, batch_first_qo, len(msgs),
+                self._msg_id_prefix,
+            ),
+            cq_out,
+            index_out,
+            last_indexed,
+        )
+
+    def msg_id(self, commit_log_offset: int) -> str:
+        return self._msg_id_prefix + format(commit_log_offset, "016X")
+
+    def _write_blank(self, mf: MappedFile) -> None:
+        pos = mf.wrote_position
+        left = mf.file_size - pos
+        MAGIC_AND_SIZE.pack_into(mf.mv, pos, left, BLANK_MAGIC_CODE)
+        mf.wrote_position = mf.committed_position = mf.file_size
+
+    def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:
+        """Append bytes already laid out as records (a slave copying its master's log) at
+        ``at_offset``, which must be this log's max offset. Returns the new max offset."""
+        if at_offset != self.mfq.max_offset():
+            raise ValueError(f"raw append at {at_offset} but the log ends at {self.mfq.max_offset()}")
+        view = memoryview(data)
+        while view:
+            mf = self.mfq.last_file_for_write(at_offset)
+            n = min(len(view), mf.remaining)
+            mf.append_bytes(view[:n])
+            view = view[n:]
+        return self.mfq.max_offset()
+
+    # --- reading ---------------------------------------------------------------------------
+    def min_offset(self) -> int:
+        return self.mfq.min_offset()
+
+    def max_offset(self) -> int:
+        return self.mfq.max_offset()
+
+    def read(self, offset: int, size: int) -> memoryview | None:
+        """``size`` bytes at ``offset`` as a slice of the mapping, or None when not there."""
+        mf = self.mfq.find_by_offset(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.file_from_offset
+        if pos + size > mf.wrote_position:
+            return None
+        return mf.mv[pos : pos + size]
+
+    def read_record(self, offset: int) -> memoryview | None:
+        mf = self.mfq.find_by_offset(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.file_from_offset
+        if pos + 8 > mf.wrote_position:
+            return None
+        total, magic = MAGIC_AND_SIZE.unpack_from(mf.mv, pos)
+        if magic != MESSAGE_MAGIC_CODE or total <= 0 or pos + total > mf.wrote_position:
+            return None
+        return mf.mv[pos : pos + total]
+
+    def store_timestamp_at(self, offset: int) -> int:
+        """Store timestamp of the record at ``offset`` (-1 when there is none)."""
+        mf = self.mfq.find_by_offset(offset)
+        if mf is None:
+            return -1
+        pos = offset - mf.file_from_offset
+        if pos + _HEADER_SIZE > mf.wrote_position:
+            return -1
+        return int(STORE_TIMESTAMP.unpack_from(mf.mv, pos + OFF_STORE_TIMESTAMP)[0])
+
+    # --- scanning (recovery, slaves, tools) ------------------------------------------------
+    def scan(self, start_offset: int, *, check_crc: bool = True) -> Iterator[tuple[int, DispatchRequest | None]]:
+        """Walk records from ``start_offset`` in order, verifying each one.
+
+        Yields ``(end offset, request)`` for every sound record and ``(end offset, None)`` at a
+        blank end-of-file record; stops before the first byte that is not a sound record (a torn
+        tail, zeros, corruption). The last yielded end offset is where the valid log ends."""
+        files = self.mfq.files
+        offset = start_offset
+        for mf in files:
+            if mf.file_from_offset + mf.file_size <= offset:
+                continue
+            if mf.file_from_offset > offset:
+                return  # a hole: nothing after it can be trusted
+            pos = offset - mf.file_from_offset
+            mv = mf.mv
+            limit = mf.file_size
+            while True:
+                if pos + 8 > limit:
+                    break  # ran into the end of the file without a blank: torn
+                total, magic = MAGIC_AND_SIZE.unpack_from(mv, pos)
+                if magic == BLANK_MAGIC_CODE and total == limit - pos:
+                    offset = mf.file_from_offset + limit
+                    yield offset, None
+                    break
+                if magic != MESSAGE_MAGIC_CODE or total < _HEADER_SIZE + 3 or pos + total > limit:
+                    return
+                try:
+                    req = self._check_record(mv, pos, total, mf.file_from_offset + pos, check_crc)
+                except RecordError as e:
+                    log.warning("commit log record at %d is not sound: %s", mf.file_from_offset + pos, e)
+                    return
+                pos += total
+                offset = mf.file_from_offset + pos
+                yield offset, req
+            if offset < mf.file_from_offset + limit:
+                return
+
+    @staticmethod
+    def _check_record(mv: memoryview, pos: int, total: int, phys_expected: int, check_crc: bool) -> DispatchRequest:
+        (
+            _total, _magic, crc, queue_id, _flag, queue_offset, phys, sys_flag, _born_ts, _born_host,
+            store_ts, _store_host, _reconsume, _prepared, body_len,
+        ) = RECORD_HEADER.unpack_from(mv, pos)
+        if phys != phys_expected:
+            raise RecordError(f"physical offset field {phys} != position {phys_expected}")
+        end = pos + total
+        p = pos + _HEADER_SIZE
+        if body_len < 0 or p + body_len + 3 > end:
+            raise RecordError("body length runs past the record")
+        if check_crc and body_crc(mv[p : p + body_len]) != crc:
+            raise RecordError("body CRC mismatch")
+        p += body_len
+        topic_len = mv[p]
+        p += 1
+        if p + topic_len + 2 > end:
+            raise RecordError("topic length runs past the record")
+        try:
+            topic = bytes(mv[p : p + topic_len]).decode()
+        except UnicodeDecodeError:
+            raise RecordError("topic is not UTF-8") from None
+        p += topic_len
+        props_len = (mv[p] << 8) | mv[p + 1]
+        p += 2
+        if props_len & 0x8000 or p + props_len != end:
+            raise RecordError("properties length does not end the record")
+        tags_code = 0
+        keys = uniq = ""
+        if props_len:
+            try:
+                props = decode_properties(mv[p:end])
+            except UnicodeDecodeError:
+                raise RecordError("properties are not UTF-8") from None
+            tags = props.get(PROPERTY_TAGS)
+            if tags:
+                tags_code = tags_hash_code(tags)
+            keys = props.get(PROPERTY_KEYS, "")
+            uniq = props.get(PROPERTY_UNIQ_KEY, "")
+        return DispatchRequest(topic, queue_id, phys, total, tags_code, store_ts, queue_offset, keys, uniq, sys_flag)
+
+    def record_size_at(self, offset: int) -> int:
+        mf = self.mfq.find_by_offset(offset)
+        if mf is None:
+            return -1
+        pos = offset - mf.file_from_offset
+        if pos + 4 > mf.wrote_position:
+            return -1
+        return int(TOTAL_SIZE.unpack_from(mf.mv, pos)[0])
+

@@ -1,0 +1,128 @@
+"""Store configuration: one frozen object, read once, passed down.
+
+Every size carries its unit in its name (``_bytes``, ``_ms``, ``_hours``, ``_ratio``). The
+defaults are RocketMQ 4.x's (seed 001 §7 and ``MessageStoreConfig``): 1 GiB CommitLog files,
+300,000 ConsumeQueue units a file, 4 MiB messages, 72 h retention, asynchronous flush every
+500 ms or 4 dirty pages, a full flush every 10 s.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class FlushDiskType(enum.Enum):
+    """When an append is allowed to answer PUT_OK."""
+
+    ASYNC_FLUSH = "ASYNC_FLUSH"  # once the bytes are in the page cache; a flusher catches up
+    SYNC_FLUSH = "SYNC_FLUSH"  # once the bytes are on disk (group commit)
+
+
+PAGE_SIZE_BYTES = 4096
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreConfig:
+    """Everything the store needs to know, with RocketMQ's defaults."""
+
+    store_path: str
+    # --- CommitLog -------------------------------------------------------------------------
+    commit_log_file_size_bytes: int = 1024 * 1024 * 1024
+    max_message_size_bytes: int = 4 * 1024 * 1024
+    max_topic_length: int = 127
+    max_properties_size_bytes: int = 32767  # 32 KiB less one byte: a signed short on disk
+    # --- ConsumeQueue ------------------------------------------------------------------------
+    consume_queue_units_per_file: int = 300_000
+    # --- IndexFile ---------------------------------------------------------------------------
+    index_enabled: bool = True
+    index_hash_slots: int = 5_000_000
+    index_max_entries: int = 20_000_000
+    # --- Flush -------------------------------------------------------------------------------
+    flush_disk_type: FlushDiskType = FlushDiskType.ASYNC_FLUSH
+    flush_interval_commit_log_ms: int = 500
+    flush_commit_log_least_pages: int = 4
+    flush_commit_log_thorough_interval_ms: int = 10_000
+    flush_interval_consume_queue_ms: int = 1_000
+    flush_consume_queue_least_pages: int = 2
+    flush_consume_queue_thorough_interval_ms: int = 60_000
+    sync_flush_timeout_ms: int = 5_000
+    # --- Allocation and page cache ------------------------------------------------------------
+    warm_mapped_file_enabled: bool = False
+    preallocate_next_file: bool = True
+    # Pages behind the flush point are dropped from this process's page tables (the page
+    # cache keeps them), so resident memory does not grow with the amount stored.
+    release_flushed_pages: bool = True
+    release_keep_bytes: int = 16 * 1024 * 1024
+    os_page_cache_busy_timeout_ms: int = 1_000
+    # --- Retention ---------------------------------------------------------------------------
+    file_reserved_time_hours: float = 72.0
+    disk_max_used_space_ratio: float = 0.75
+    disk_space_clean_forcibly_ratio: float = 0.85
+    disk_space_warning_level_ratio: float = 0.90
+    delete_files_batch_max: int = 10
+    clean_resource_interval_ms: int = 10_000
+    # --- Reads -------------------------------------------------------------------------------
+    max_transfer_bytes_on_message: int = 256 * 1024
+    max_transfer_count_on_message: int = 32
+    # --- Identity of this store on the wire ---------------------------------------------------
+    store_host: str = "127.0.0.1"
+    store_port: int = 10911
+    # Extra, rarely changed knobs for tests and tools.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.commit_log_file_size_bytes < 4096:
+            problems.append("commit_log_file_size_bytes must be at least 4096")
+        if self.max_message_size_bytes + 1024 > self.commit_log_file_size_bytes:
+            problems.append("a message of max_message_size_bytes must fit in one CommitLog file")
+        if not 1 <= self.max_topic_length <= 127:
+            problems.append("max_topic_length must be 1..127 (one length byte on disk)")
+        if not 0 < self.max_properties_size_bytes <= 32767:
+            problems.append("max_properties_size_bytes must be 1..32767 (a signed short on disk)")
+        if self.consume_queue_units_per_file < 1:
+            problems.append("consume_queue_units_per_file must be positive")
+        if self.index_hash_slots < 1 or self.index_max_entries < 2:
+            problems.append("index_hash_slots must be >= 1 and index_max_entries >= 2")
+        if not (
+            0 < self.disk_max_used_space_ratio
+            <= self.disk_space_clean_forcibly_ratio
+            <= self.disk_space_warning_level_ratio
+            <= 1.0
+        ):
+            problems.append("disk ratios must satisfy 0 < max_used <= clean_forcibly <= warning <= 1")
+        if problems:
+            raise ValueError("invalid StoreConfig: " + "; ".join(problems))
+
+    # Paths of the on-disk structures, in RocketMQ's directory layout.
+    @property
+    def commit_log_path(self) -> str:
+        return os.path.join(self.store_path, "commitlog")
+
+    @property
+    def consume_queue_path(self) -> str:
+        return os.path.join(self.store_path, "consumequeue")
+
+    @property
+    def index_path(self) -> str:
+        return os.path.join(self.store_path, "index")
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.store_path, "checkpoint")
+
+    @property
+    def abort_path(self) -> str:
+        return os.path.join(self.store_path, "abort")
+
+    @property
+    def consume_queue_file_size_bytes(self) -> int:
+        from data_plane.store.consume_queue import CQ_UNIT_SIZE
+
+        return self.consume_queue_units_per_file * CQ_UNIT_SIZE
+
+    def with_changes(self, **changes: Any) -> StoreConfig:
+        return replace(self, **changes)

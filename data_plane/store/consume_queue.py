@@ -1,0 +1,270 @@
+"""ConsumeQueue: the light per-(topic, queue id) index into the CommitLog.
+
+    consumequeue/<topic>/<queue id>/<20-digit start byte offset>
+
+Each file holds ``consume_queue_units_per_file`` (default 300,000) units of 20 bytes::
+
+    +----------------------+---------------+------------------------+
+    | CommitLog offset 8   | size 4        | tag hash code 8        |
+    +----------------------+---------------+------------------------+
+
+Unit ``n`` of the queue (its queue offset) sits at logical byte ``n * 20``. A unit is valid when
+its offset is >= 0 and its size > 0; an all-zero unit marks the end. The tag hash code is Java's
+``String.hashCode`` of the TAGS property, so broker-side filtering matches what stock clients
+send in their subscription code sets (seed 7.4). Files are sparse; disk blocks are reserved a
+chunk ahead of the writes.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+
+from data_plane.store.mapped_file import MappedFile
+from data_plane.store.mapped_file_queue import MappedFileQueue
+
+CQ_UNIT = struct.Struct(">qiq")
+CQ_UNIT_SIZE = CQ_UNIT.size
+assert CQ_UNIT_SIZE == 20, CQ_UNIT_SIZE
+
+
+class ConsumeQueue:
+    __slots__ = (
+        "file_size",
+        "last_file",
+        "max_physic_offset",
+        "mfq",
+        "min_logic_offset",
+        "queue_id",
+        "topic",
+    )
+
+    def __init__(self, root: str, topic: str, queue_id: int, units_per_file: int) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.file_size = units_per_file * CQ_UNIT_SIZE
+        self.mfq = MappedFileQueue(os.path.join(root, topic, str(queue_id)), self.file_size, reserve=False)
+        self.max_physic_offset = -1  # end (offset + size) of the last record indexed
+        self.min_logic_offset = 0
+        self.last_file: MappedFile | None = None
+
+    # --- positions -------------------------------------------------------------------------
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_UNIT_SIZE
+
+    def max_offset_in_queue(self) -> int:
+        return self.mfq.max_offset() // CQ_UNIT_SIZE
+
+    # --- writing ---------------------------------------------------------------------------
+    def put(self, commit_log_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
+        """Write the unit for ``queue_offset``. Returns False when the unit was already there
+        (a re-dispatch after recovery) and True when written. Raises OSError on a full disk."""
+        expect = queue_offset * CQ_UNIT_SIZE
+        mf = self.last_file
+        if mf is not None:
+            pos = mf.wrote_position
+            if mf.file_from_offset + pos == expect and pos + CQ_UNIT_SIZE <= mf.file_size:
+                if pos + CQ_UNIT_SIZE > mf.reserved_upto:
+                    mf.ensure_reserved(pos + CQ_UNIT_SIZE)
+                CQ_UNIT.pack_into(mf.mv, pos, commit_log_offset, size, tags_code)
+                mf.wrote_position = mf.committed_position = pos + CQ_UNIT_SIZE
+                self.max_physic_offset = commit_log_offset + size
+                return True
+        return self._put_slow(commit_log_offset, size, tags_code, expect)
+
+    def put_units(self, units: bytes, queue_offset: int, end_offset: int) -> None:
+        """Write consecutive units (as laid out by ``fastpath.write_batch``) starting at
+        ``queue_offset``, for records ending by ``end_offset``: one copy when they fit."""
+        n = len(units)
+        if not n:
+            return
+        mf = self.last_file
+        if mf is not None:
+            pos = mf.wrote_position
+            if mf.file_from_offset + pos == queue_offset * CQ_UNIT_SIZE and pos + n <= mf.file_size:
+                if pos + n > mf.reserved_upto:
+                    mf.ensure_reserved(pos + n)
+                mf.mv[pos : pos + n] = units
+                mf.wrote_position = mf.committed_position = pos + n
+                self.max_physic_offset = end_offset
+                return
+        for i in range(n // CQ_UNIT_SIZE):
+            off, size, tags = CQ_UNIT.unpack_from(units, i * CQ_UNIT_SIZE)
+            self.put(off, size, tags, queue_offset + i)
+
+    def _put_slow(self, commit_log_offset: int, size: int, tags_code: int, expect: int) -> bool:
+        max_logic = self.mfq.max_offset()
+        if not self.mfq.files:
+            max_logic = expect
+            self.min_logic_offset = expect
+        if expect < max_logic:
+            return False  # already indexed
+        if expect > max_logic:
+            # A gap: units between are lost forever (their log records are gone). Mark them as
+            # holes so readers skip them, then continue.
+            while self.mfq.max_offset() < expect:
+                mf = self.mfq.last_file_for_write(expect)
+                pos = mf.wrote_position
+                mf.ensure_reserved(pos + CQ_UNIT_SIZE)
+                CQ_UNIT.pack_into(mf.mv, pos, -1, 0, 0)
+                mf.wrote_position = mf.committed_position = pos + CQ_UNIT_SIZE
+        mf = self.mfq.last_file_for_write(expect)
+        self.last_file = mf
+        pos = mf.wrote_position
+        mf.ensure_reserved(pos + CQ_UNIT_SIZE)
+        CQ_UNIT.pack_into(mf.mv, pos, commit_log_offset, size, tags_code)
+        mf.wrote_position = mf.committed_position = pos + CQ_UNIT_SIZE
+        self.max_physic_offset = commit_log_offset + size
+        return True
+
+    # --- reading ---------------------------------------------------------------------------
+    def units(self, queue_offset: int, max_units: int) -> tuple[memoryview, int] | None:
+        """Up to ``max_units`` units from ``queue_offset`` as a slice of one file, with the
+        count; None when the offset is outside the queue."""
+        logic = queue_offset * CQ_UNIT_SIZE
+        if logic < self.min_logic_offset:
+            return None
+        mf = self.mfq.find_by_offset(logic)
+        if mf is None:
+            return None
+        pos = logic - mf.file_from_offset
+        end = min(mf.wrote_position, pos + max_units * CQ_UNIT_SIZE)
+        if end <= pos:
+            return None
+        return mf.mv[pos:end], (end - pos) // CQ_UNIT_SIZE
+
+    def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
+        found = self.units(queue_offset, 1)
+        if found is None:
+            return None
+        off, size, tags = CQ_UNIT.unpack_from(found[0], 0)
+        return int(off), int(size), int(tags)
+
+    def offset_by_time(self, timestamp_ms: int, store_timestamp_at: Callable[[int], int]) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms`` (the
+        max offset when none was). Binary search: store timestamps grow with log order."""
+        lo = self.min_offset_in_queue()
+        hi = self.max_offset_in_queue()
+        while lo < hi:
+            mid = (lo + hi) // 2
+            u = self.unit(mid)
+            ts = store_timestamp_at(u[0]) if u is not None and u[0] >= 0 else -1
+            if ts < 0:
+                lo = mid + 1  # a removed or missing record: older than anything still there
+            elif ts < timestamp_ms:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    # --- recovery and cleanup --------------------------------------------------------------
+    def load(self) -> None:
+        self.mfq.load()
+
+    def recover(self) -> None:
+        """Find the last valid unit: every file but the last is full; scan the last ones."""
+        files = self.mfq.files
+        self.max_physic_offset = -1
+        if not files:
+            return
+        # Walk back over trailing files that hold no valid unit at all.
+        while files:
+            mf = files[-1]
+            end = self._valid_end(mf)
+            if end > 0 or len(files) == 1:
+                mf.set_positions(end)
+                break
+            self.mfq.files.pop()
+            mf.destroy()
+        if files:
+            last = files[-1]
+            if last.wrote_position >= CQ_UNIT_SIZE:
+                off, size, _ = CQ_UNIT.unpack_from(last.mv, last.wrote_position - CQ_UNIT_SIZE)
+                if off >= 0:
+                    self.max_physic_offset = off + size
+            first = files[0]
+            self.min_logic_offset = max(self.min_logic_offset, first.file_from_offset)
+            self.mfq.flushed_where = self.mfq.max_offset()
+        self.last_file = files[-1] if files else None
+
+    @staticmethod
+    def _valid_end(mf: MappedFile) -> int:
+        mv = mf.mv
+        unpack = CQ_UNIT.unpack_from
+        pos = 0
+        while pos + CQ_UNIT_SIZE <= mf.file_size:
+            off, size, _ = unpack(mv, pos)
+            if size <= 0 and off != -1:
+                break
+            pos += CQ_UNIT_SIZE
+        return pos
+
+    def truncate_dirty(self, phy_offset: int) -> None:
+        """Drop units that point at or past ``phy_offset`` (log bytes that did not survive)."""
+        files = self.mfq.files
+        while files:
+            mf = files[-1]
+            pos = mf.wrote_position
+            while pos >= CQ_UNIT_SIZE:
+                off, size, _ = CQ_UNIT.unpack_from(mf.mv, pos - CQ_UNIT_SIZE)
+                if off == -1 or off + size <= phy_offset:
+                    break
+                pos -= CQ_UNIT_SIZE
+            if pos == 0 and mf.wrote_position > 0 and len(files) > 1:
+                files.pop()
+                mf.destroy()
+                continue
+            if pos < mf.wrote_position:
+                mf.zero_from(pos)
+                mf.set_positions(pos)
+            break
+        self.last_file = files[-1] if files else None
+        self.max_physic_offset = -1
+        if files and files[-1].wrote_position >= CQ_UNIT_SIZE:
+            last = files[-1]
+            off, size, _ = CQ_UNIT.unpack_from(last.mv, last.wrote_position - CQ_UNIT_SIZE)
+            self.max_physic_offset = off + size
+        self.mfq.flushed_where = min(self.mfq.flushed_where, self.mfq.max_offset())
+
+    def correct_min_offset(self, phy_min_offset: int) -> None:
+        """After CommitLog files were deleted: the first unit whose record still exists."""
+        files = self.mfq.files
+        if not files:
+            return
+        mf = files[0]
+        lo = max(0, self.min_logic_offset - mf.file_from_offset) // CQ_UNIT_SIZE
+        hi = mf.wrote_position // CQ_UNIT_SIZE
+        while lo < hi:
+            mid = (lo + hi) // 2
+            off, _, _ = CQ_UNIT.unpack_from(mf.mv, mid * CQ_UNIT_SIZE)
+            if off < phy_min_offset:
+                lo = mid + 1
+            else:
+                hi = mid
+        self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + lo * CQ_UNIT_SIZE)
+
+    def delete_expired_files(self, phy_min_offset: int) -> int:
+        """Delete leading files whose every unit points below ``phy_min_offset``."""
+        files = self.mfq.files
+        count = 0
+        for mf in files[:-1]:
+            off, size, _ = CQ_UNIT.unpack_from(mf.mv, mf.file_size - CQ_UNIT_SIZE)
+            if off + size <= phy_min_offset:
+                count += 1
+            else:
+                break
+        self.mfq.delete_first_files(count)
+        self.correct_min_offset(phy_min_offset)
+        return count
+
+    def flush(self, least_pages: int) -> None:
+        self.mfq.flush(least_pages)
+
+    def close(self) -> None:
+        self.mfq.close()
+        self.last_file = None
+
+    def destroy(self) -> None:
+        self.mfq.destroy()
+        self.last_file = None

@@ -1,0 +1,151 @@
+"""Dispatcher: turns CommitLog records into ConsumeQueue units and IndexFile entries.
+
+Two ways in, one way out:
+
+* on a master, ``CommitLog.append`` hands the ``DispatchRequest`` of every record it wrote
+  straight to ``dispatch`` (under the append lock, right after the bytes are in the log);
+* on recovery and on a slave, ``redispatch`` walks the log itself (``CommitLog.scan``) and feeds
+  the same requests to ``dispatch``.
+
+Either way a ConsumeQueue unit is written only after its record is in the log, so a reader never
+sees a unit whose record is not there. ``dispatched_offset`` is the log offset below which
+everything has been dispatched.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from data_plane.store.commit_log import CommitLog, DispatchRequest, queue_offset_advances
+from data_plane.store.consume_queue import CQ_UNIT_SIZE, ConsumeQueue
+from data_plane.store.index_file import IndexService
+
+log = logging.getLogger(__name__)
+
+
+class ConsumeQueueTable:
+    """Every ConsumeQueue of the store, by (topic, queue id)."""
+
+    def __init__(self, root: str, units_per_file: int) -> None:
+        self.root = root
+        self.units_per_file = units_per_file
+        self.queues: dict[tuple[str, int], ConsumeQueue] = {}
+        os.makedirs(root, exist_ok=True)
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        return self.queues.get((topic, queue_id))
+
+    def get_or_create(self, topic: str, queue_id: int) -> ConsumeQueue:
+        key = (topic, queue_id)
+        cq = self.queues.get(key)
+        if cq is None:
+            cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file)
+            self.queues[key] = cq
+        return cq
+
+    def load(self) -> None:
+        for topic in sorted(os.listdir(self.root)):
+            tdir = os.path.join(self.root, topic)
+            if not os.path.isdir(tdir):
+                continue
+            for qid in sorted(os.listdir(tdir)):
+                if not qid.isdigit():
+                    continue
+                cq = self.get_or_create(topic, int(qid))
+                cq.load()
+
+    def topics(self) -> set[str]:
+        return {t for t, _ in self.queues}
+
+    def of_topic(self, topic: str) -> list[ConsumeQueue]:
+        return [cq for (t, _), cq in self.queues.items() if t == topic]
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self.queues.values()))
+
+    def close(self) -> None:
+        for cq in self:
+            cq.close()
+
+
+class Dispatcher:
+    def __init__(self, queues: ConsumeQueueTable, index: IndexService | None) -> None:
+        self.queues = queues
+        self.index = index
+        self.dispatched_offset = 0
+
+    def dispatch(self, requests: Iterable[DispatchRequest]) -> None:
+        queues = self.queues.queues
+        index = self.index
+        end = -1
+        for req in requests:
+            if queue_offset_advances(req.sys_flag):
+                cq = queues.get((req.topic, req.queue_id))
+                if cq is None:
+                    cq = self.queues.get_or_create(req.topic, req.queue_id)
+                cq.put(req.commit_log_offset, req.size, req.tags_code, req.queue_offset)
+            if index is not None:
+                index.build(req)
+            end = req.commit_log_offset + req.size
+        self.dispatched_offset = max(self.dispatched_offset, end)
+
+    def targets(self, topic: str, queue_id: int, first_queue_offset: int) -> tuple[Any, ...]:
+        """Where ``fastpath.write_batch`` may write units and index entries directly."""
+        cq = self.queues.queues.get((topic, queue_id))
+        mf = cq.last_file if cq is not None else None
+        if mf is None or mf.file_from_offset + mf.wrote_position != first_queue_offset * CQ_UNIT_SIZE:
+            cq_args: tuple[Any, ...] = (None, 0, 0)
+        else:
+            cq_args = (mf.mv, mf.wrote_position, min(mf.reserved_upto, mf.file_size))
+        index = self.index
+        if index is None or not index.files:
+            return cq_args
+        f = index.files[-1]
+        return (*cq_args, f.mf.mv, index.hash_slots, f.index_count, f.reserved_entries(), f.begin_timestamp)
+
+    def dispatch_appended(
+        self, topic: str, queue_id: int, cq_out: bytes | int, first_queue_offset: int, index_out: bytes | int,
+        last_indexed: int, store_timestamp: int, end_offset: int,
+    ) -> None:
+        """Finish indexing a batch just appended by ``CommitLog.append``: record where the
+        direct writes ended, or write what could not be written directly."""
+        cq = self.queues.queues.get((topic, queue_id))
+        if type(cq_out) is int:
+            assert cq is not None
+            assert cq.last_file is not None
+            mf = cq.last_file
+            mf.wrote_position = mf.committed_position = cq_out
+            cq.max_physic_offset = end_offset
+        elif cq_out:
+            if cq is None:
+                cq = self.queues.get_or_create(topic, queue_id)
+            cq.put_units(cq_out, first_queue_offset, end_offset)  # type: ignore[arg-type]
+        if type(index_out) is int:
+            assert self.index is not None
+            f = self.index.files[-1]
+            f.index_count = index_out
+            f.end_phy_offset = last_indexed
+            f.end_timestamp = store_timestamp
+        elif index_out and self.index is not None:
+            self.index.put_items(index_out, store_timestamp)  # type: ignore[arg-type]
+        self.dispatched_offset = end_offset
+
+    def redispatch(self, commit_log: CommitLog, start_offset: int, *, check_crc: bool = True) -> int:
+        """Dispatch every sound record from ``start_offset``; returns where the valid log ends.
+        Units already present are left as they are (``ConsumeQueue.put`` skips them)."""
+        end = start_offset
+        batch: list[DispatchRequest] = []
+        for item in commit_log.scan(start_offset, check_crc=check_crc):
+            end, req = item
+            if req is not None:
+                batch.append(req)
+                if len(batch) >= 1024:
+                    self.dispatch(batch)
+                    batch = []
+        if batch:
+            self.dispatch(batch)
+        self.dispatched_offset = max(self.dispatched_offset, end)
+        return end

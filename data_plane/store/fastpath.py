@@ -1,0 +1,229 @@
+"""The write path's per-message loops, in pure Python, and the switch to their compiled twin.
+
+``write_batch`` lays out a batch of messages of one (topic, queue id) as CommitLog records and
+returns, with them, the ConsumeQueue units and the index items they need::
+
+    cq_units:    n x [CommitLog offset 8 | size 4 | tag hash 8]        (consume_queue.CQ_UNIT)
+    index_items: k x [key hash 4 | CommitLog offset 8]                 (INDEX_ITEM)
+
+where the key hash is CRC-32C of ``topic#key`` masked to 31 bits, for the UNIQ_KEY and each of
+the KEYS of every message (rolled-back transaction records are not indexed). ``index_write``
+adds index items to an IndexFile mapping (layout in index_file.py) and returns
+``(new entry count, next item, CommitLog offset of the last item added)``.
+
+Given a ConsumeQueue target (its mapping, the write position, the end of the reserved
+blocks) and an IndexFile target (mapping, slots, entry count, max entries, begin timestamp),
+``write_batch`` also writes the units and index entries straight into them when they fit, and
+returns the new CQ position / entry count in place of the bytes; otherwise the caller writes
+the bytes it gets back.
+
+``_speedups.c`` implements both functions byte for byte; it is used when it was built and
+``ORBIT_PURE_PYTHON`` is not set. Tests run both and compare their output.
+
+Return values of ``write_batch``::
+
+    (0, end_pos, next_queue_offset, first_queue_offset, cq, index, last_indexed_offset)   written
+    (1, bytes_needed)                                                            does not fit
+    (2, message_index, status_name, reason)                                      refused
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Callable
+from typing import Any
+
+from crc32c import crc32c
+
+from data_plane.store.message import (
+    MESSAGE_MAGIC_CODE,
+    RECORD_HEADER,
+    TRANSACTION_COMMIT_TYPE,
+    TRANSACTION_ROLLBACK_TYPE,
+    TRANSACTION_TYPE_MASK,
+    Message,
+    tags_hash_code,
+)
+
+INDEX_ITEM = struct.Struct(">Iq")
+assert INDEX_ITEM.size == 12
+_CQ_UNIT = struct.Struct(">qiq")
+_INDEX_ENTRY = struct.Struct(">iqii")
+_SLOT = struct.Struct(">i")
+_HEADER = RECORD_HEADER.size
+
+
+def py_write_batch(
+    buf: memoryview,
+    pos: int,
+    limit: int,
+    file_from: int,
+    msgs: list[Message],
+    topic_b: bytes,
+    queue_id: int,
+    first_qo: int,
+    store_ts: int,
+    store_host: bytes,
+    max_props: int,
+    max_msg: int,
+    index_enabled: bool,
+    cq_target: memoryview | None = None,
+    cq_pos: int = 0,
+    cq_limit: int = 0,
+    ix_target: memoryview | None = None,
+    ix_slots: int = 0,
+    ix_count: int = 0,
+    ix_max: int = 0,
+    ix_begin_ts: int = 0,
+) -> tuple[Any, ...]:
+    encoded: list[tuple[Message, bytes, int]] = []
+    need = 0
+    for i, m in enumerate(msgs):
+        if not m.body:
+            return (2, i, "MESSAGE_ILLEGAL", "message body is empty")
+        if len(m.born_host) != 8:
+            return (2, i, "MESSAGE_ILLEGAL", "born_host must be 8 bytes")
+        if not all(-(2**31) <= v < 2**31 for v in (m.flag, m.sys_flag, m.reconsume_times)):
+            return (2, i, "MESSAGE_ILLEGAL", "a 4-byte field is out of range")
+        parts = []
+        properties: dict[object, object] = m.properties  # type: ignore[assignment]
+        for k, v in properties.items():
+            if not isinstance(k, str) or not isinstance(v, str):
+                return (2, i, "MESSAGE_ILLEGAL", "property names and values must be strings")
+            if not k or "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
+                return (
+                    2, i, "MESSAGE_ILLEGAL",
+                    f"property {k!r} is empty or holds a reserved separator character (\\x01 or \\x02)",
+                )
+            parts.append(f"{k}\x01{v}\x02")
+        try:
+            props = "".join(parts).encode()
+        except UnicodeEncodeError:
+            return (2, i, "MESSAGE_ILLEGAL", "properties are not valid text")
+        if len(props) > max_props:
+            return (2, i, "PROPERTIES_SIZE_EXCEEDED", f"properties take {len(props)} bytes, more than {max_props}")
+        total = _HEADER + len(m.body) + 1 + len(topic_b) + 2 + len(props)
+        if total > max_msg:
+            return (2, i, "MESSAGE_ILLEGAL", f"message takes {total} bytes, more than the {max_msg} allowed")
+        encoded.append((m, props, total))
+        need += total
+    if pos + need > limit:
+        return (1, need)
+    cq = bytearray()
+    idx = bytearray()
+    qo = first_qo
+    batch_first_qo = -1
+    prefix = topic_b + b"#"
+    for m, props, total in encoded:
+        phys = file_from + pos
+        tran = m.sys_flag & TRANSACTION_TYPE_MASK
+        advances = tran in (0, TRANSACTION_COMMIT_TYPE)
+        my_qo = qo if advances else 0
+        if advances:
+            qo += 1
+        if batch_first_qo < 0:
+            batch_first_qo = my_qo
+        body = m.body
+        RECORD_HEADER.pack_into(
+            buf, pos, total, MESSAGE_MAGIC_CODE, crc32c(body) & 0x7FFFFFFF, queue_id, m.flag, my_qo, phys,
+            m.sys_flag, m.born_timestamp, m.born_host, store_ts, store_host, m.reconsume_times,
+            m.prepared_transaction_offset, len(body),
+        )
+        p = pos + _HEADER
+        buf[p : p + len(body)] = body
+        p += len(body)
+        buf[p] = len(topic_b)
+        buf[p + 1 : p + 1 + len(topic_b)] = topic_b
+        p += 1 + len(topic_b)
+        buf[p : p + 2] = len(props).to_bytes(2, "big")
+        buf[p + 2 : p + 2 + len(props)] = props
+        tags = m.properties.get("TAGS")
+        if advances:
+            cq += _CQ_UNIT.pack(phys, total, tags_hash_code(tags) if tags else 0)
+        if index_enabled and tran != TRANSACTION_ROLLBACK_TYPE:
+            uniq = m.properties.get("UNIQ_KEY")
+            if uniq:
+                idx += INDEX_ITEM.pack(crc32c(prefix + uniq.encode()) & 0x7FFFFFFF, phys)
+            keys = m.properties.get("KEYS")
+            if keys:
+                for k in keys.split(" "):
+                    if k:
+                        idx += INDEX_ITEM.pack(crc32c(prefix + k.encode()) & 0x7FFFFFFF, phys)
+        pos += total
+    cq_out: bytes | int = bytes(cq)
+    idx_out: bytes | int = bytes(idx)
+    last_ix = -1
+    if cq_target is not None and cq and cq_pos >= 0 and cq_pos + len(cq) <= cq_limit <= len(cq_target):
+        cq_target[cq_pos : cq_pos + len(cq)] = cq
+        cq_out = cq_pos + len(cq)
+    nix = len(idx) // 12
+    if ix_target is not None and nix and ix_slots > 0 and ix_count > 1 and ix_count + nix <= ix_max:
+        idx_out, _, last_ix = py_index_write(
+            ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, store_ts, bytes(idx), 0
+        )
+    return (0, pos, qo, max(batch_first_qo, 0), cq_out, idx_out, last_ix)
+
+
+def py_index_write(
+    buf: memoryview,
+    slots: int,
+    count: int,
+    max_entries: int,
+    begin_ts: int,
+    store_ts: int,
+    items: bytes,
+    start: int,
+) -> tuple[int, int, int]:
+    entries_at = 40 + slots * 4
+    last_phys = -1
+    diff = 0 if store_ts < begin_ts else min((store_ts - begin_ts) // 1000, 0x7FFFFFFF)
+    n = len(items) // 12
+    i = start
+    while i < n and count < max_entries:
+        h, phys = INDEX_ITEM.unpack_from(items, i * 12)
+        slot_pos = 40 + (h % slots) * 4
+        (prev,) = _SLOT.unpack_from(buf, slot_pos)
+        if prev <= 0 or prev >= count:
+            prev = 0
+        _INDEX_ENTRY.pack_into(buf, entries_at + count * 20, h, phys, diff, prev)
+        _SLOT.pack_into(buf, slot_pos, count)
+        count += 1
+        i += 1
+        last_phys = phys
+    return count, i, last_phys
+
+
+WriteBatch = Callable[..., tuple[Any, ...]]
+IndexWrite = Callable[..., tuple[int, int, int]]
+
+write_batch: WriteBatch = py_write_batch
+index_write: IndexWrite = py_index_write
+COMPILED = False
+
+if not os.environ.get("ORBIT_PURE_PYTHON"):
+    try:
+        from data_plane.store import _speedups  # type: ignore[attr-defined]
+    except ImportError:  # not built (no compiler): the pure-Python twin serves
+        pass
+    else:
+        write_batch = _speedups.write_batch
+        index_write = _speedups.index_write
+        COMPILED = True
+
+
+def use_compiled(enabled: bool) -> bool:
+    """Switch implementations at run time (tests compare them); returns whether the compiled
+    one is in use afterwards."""
+    global write_batch, index_write, COMPILED
+    if enabled:
+        try:
+            from data_plane.store import _speedups  # type: ignore[attr-defined]
+        except ImportError:
+            enabled = False
+        else:
+            write_batch, index_write = _speedups.write_batch, _speedups.index_write
+    if not enabled:
+        write_batch, index_write = py_write_batch, py_index_write
+    COMPILED = enabled
+    return enabled

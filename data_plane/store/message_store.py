@@ -1,0 +1,566 @@
+"""MessageStore: the store's one entry point (RocketMQ's DefaultMessageStore).
+
+    put_message / put_messages ─▶ CommitLog.append ─▶ Dispatcher ─▶ ConsumeQueue, IndexFile
+                                        │
+                                        └─ SYNC_FLUSH: GroupCommitService (fdatasync off-loop)
+    get_message(topic, queue, offset) ─▶ ConsumeQueue units ─▶ CommitLog slices (memoryview)
+
+Threading: appends, reads and retention run on the caller's thread (the broker's event loop);
+appends also take the CommitLog lock so a tool on another thread may append safely. Flushing
+runs on service threads. Nothing here blocks an event loop on disk: page-cache writes are
+memory copies, new CommitLog files are created ahead of need on a worker thread, and every
+``fdatasync`` happens on a service thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import errno
+import fcntl
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from data_plane.store import retention
+from data_plane.store.checkpoint import StoreCheckpoint, create_abort_file, delete_abort_file
+from data_plane.store.commit_log import CommitLog, PutRefused
+from data_plane.store.config import FlushDiskType, StoreConfig
+from data_plane.store.consume_queue import CQ_UNIT
+from data_plane.store.dispatcher import ConsumeQueueTable, Dispatcher
+from data_plane.store.flush import (
+    FlushConsumeQueueService,
+    FlushRealTimeService,
+    GroupCommitService,
+)
+from data_plane.store.index_file import IndexService
+from data_plane.store.mapped_file_queue import AllocateMappedFileService
+from data_plane.store.message import (
+    MAGIC_AND_SIZE,
+    MESSAGE_MAGIC_CODE,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    Message,
+    RecordError,
+    StoredMessage,
+    decode_message_id,
+    decode_record,
+)
+from data_plane.store.status import (
+    AppendMessageStatus,
+    GetMessageResult,
+    GetMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+)
+
+log = logging.getLogger(__name__)
+
+RecordFilter = Callable[[memoryview], bool]
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class MessageStore:
+    def __init__(
+        self,
+        config: StoreConfig,
+        *,
+        clock_ms: Callable[[], int] = _wall_clock_ms,
+        disk_usage_ratio: Callable[[str], float] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock_ms = clock_ms
+        self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
+        os.makedirs(config.store_path, exist_ok=True)
+        self._allocator = (
+            AllocateMappedFileService(warm_up=config.warm_mapped_file_enabled)
+            if config.preallocate_next_file
+            else None
+        )
+        self.commit_log = CommitLog(config, clock_ms=clock_ms, allocator=self._allocator)
+        self.queues = ConsumeQueueTable(config.consume_queue_path, config.consume_queue_units_per_file)
+        self.index = (
+            IndexService(config.index_path, config.index_hash_slots, config.index_max_entries, clock_ms=clock_ms)
+            if config.index_enabled
+            else None
+        )
+        self.dispatcher = Dispatcher(self.queues, self.index)
+        self.checkpoint = StoreCheckpoint(config.checkpoint_path)
+        self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        self.disk_full = False
+        self.dispatch_broken = False  # a dispatch failed (full disk); puts wait for a redispatch
+        self.running = False
+        self.recovered_abnormally = False
+        self._lock_fd = -1
+        self._group_commit: GroupCommitService | None = None
+        self._flush_log: FlushRealTimeService | None = None
+        self._flush_cq: FlushConsumeQueueService | None = None
+        self._last_release_all = time.monotonic()
+        self.put_count = 0
+        self.put_bytes = 0
+        self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
+        self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
+        self._flush_waiters: collections.deque[tuple[float, asyncio.Future[bool]]] = collections.deque()
+        self._sweeper_scheduled = False
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Lock the directory, load, recover, start the flush services."""
+        cfg = self.config
+        self._lock_fd = os.open(os.path.join(cfg.store_path, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+            raise RuntimeError(f"store {cfg.store_path} is in use by another process") from None
+        crashed = os.path.exists(cfg.abort_path)
+        self.checkpoint = StoreCheckpoint.load(cfg.checkpoint_path)
+        self.commit_log.mfq.load()
+        self.queues.load()
+        if self.index is not None:
+            self.index.load()
+        self._recover(crashed)
+        try:
+            # Have the file appends go to (and, through the allocator, the one after it) ready
+            # before the first message arrives.
+            self.commit_log.mfq.last_file_for_write(self.commit_log.max_offset())
+        except OSError as e:
+            self.disk_full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            log.error("cannot create a CommitLog file at start: %s", e)
+        if self.index is not None:
+            try:
+                self.index.ensure_writable()
+            except OSError as e:
+                self.disk_full = True
+                log.error("cannot create an IndexFile at start: %s", e)
+        create_abort_file(cfg.abort_path)
+        self._start_services()
+        self.running = True
+
+    def _recover(self, crashed: bool) -> None:
+        """Find where the log really ends, and make every index agree with it."""
+        from data_plane.store.recovery import recover
+
+        self.recovered_abnormally = crashed
+        recover(self, crashed=crashed)
+
+    def _start_services(self) -> None:
+        cfg = self.config
+        mfq = self.commit_log.mfq
+        if self.sync_flush:
+            self._group_commit = GroupCommitService(mfq, after_flush=self._after_log_flush)
+            self._group_commit.start()
+        else:
+            self._flush_log = FlushRealTimeService(
+                mfq,
+                interval_ms=cfg.flush_interval_commit_log_ms,
+                least_pages=cfg.flush_commit_log_least_pages,
+                thorough_interval_ms=cfg.flush_commit_log_thorough_interval_ms,
+                after_flush=self._after_log_flush,
+            )
+            self._flush_log.start()
+        self._flush_cq = FlushConsumeQueueService(
+            interval_ms=cfg.flush_interval_consume_queue_ms, flush_once=self.flush_indexes
+        )
+        self._flush_cq.start()
+
+    def shutdown(self) -> None:
+        """Stop services, flush everything, write the checkpoint, remove the abort file."""
+        if not self.running:
+            return
+        self.running = False
+        for svc in (self._group_commit, self._flush_log, self._flush_cq):
+            if svc is not None:
+                svc.stop()
+        with self.commit_log.lock:
+            self.commit_log.mfq.flush_all()
+            self.flush_indexes(True)
+            if self._allocator is not None:
+                self._allocator.shutdown()
+            self.commit_log.mfq.close()
+            self.queues.close()
+            if self.index is not None:
+                self.index.close()
+        if not self.dispatch_broken:
+            delete_abort_file(self.config.abort_path)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def destroy(self) -> None:
+        """Shut down and delete every file of the store."""
+        self.shutdown()
+        shutil.rmtree(self.config.store_path, ignore_errors=True)
+
+    # --- flushing --------------------------------------------------------------------------
+    def _after_log_flush(self) -> None:
+        cfg = self.config
+        mfq = self.commit_log.mfq
+        if cfg.release_flushed_pages:
+            mfq.release_flushed_pages(cfg.release_keep_bytes)
+            now = time.monotonic()
+            if now - self._last_release_all >= 5.0:
+                # Pages faulted back in by reads of older files.
+                self._last_release_all = now
+                for mf in mfq.files[:-1]:
+                    mf.release_all_pages()
+
+    def flush_indexes(self, thorough: bool) -> None:
+        """Flush ConsumeQueues and IndexFiles, then record the checkpoint."""
+        cfg = self.config
+        dispatched = self.dispatcher.dispatched_offset
+        least = 0 if thorough else cfg.flush_consume_queue_least_pages
+        for cq in self.queues:
+            cq.flush(least)
+            if cfg.release_flushed_pages:
+                cq.mfq.release_flushed_pages(64 * 1024)
+        if self.index is not None:
+            self.index.flush()
+            if cfg.release_flushed_pages:
+                for f in self.index.files:
+                    f.release_entries(1 << 20)
+        cp = self.checkpoint
+        cp.physic_offset = self.commit_log.mfq.flushed_where
+        # Units and entries for every record below `dispatched` were written before the
+        # flushes above began, so they are durable now.
+        cp.logics_offset = cp.index_offset = dispatched
+        now = self.clock_ms()
+        cp.physic_msg_timestamp = cp.logics_msg_timestamp = cp.index_msg_timestamp = now
+        try:
+            cp.flush()
+        except OSError:
+            log.exception("checkpoint write failed")
+
+    # --- writing ---------------------------------------------------------------------------
+    @property
+    def writable(self) -> bool:
+        return self.running and not self.disk_full and not self.dispatch_broken
+
+    def _refuse(self) -> PutMessageResult:
+        if not self.running:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is not running")
+        return PutMessageResult(PutMessageStatus.DISK_FULL, reason="disk is full; writes resume when space returns")
+
+    def append(self, msgs: Sequence[Message]) -> tuple[PutMessageResult, int]:
+        """Append and dispatch ``msgs`` as one batch (one topic and queue id, as RocketMQ's
+        batches are), without waiting for a flush. Returns the result and the log offset the
+        batch ends at (-1 when nothing was written). The hot path: keep it short."""
+        if not self.writable:
+            return self._refuse(), -1
+        n = len(msgs)
+        if n == 0:
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, None, "no message to put"), -1
+        first = msgs[0]
+        topic = first.topic
+        queue_id = first.queue_id
+        if n > 1:
+            for m in msgs:
+                if m.topic != topic or m.queue_id != queue_id:
+                    return PutMessageResult(
+                        PutMessageStatus.MESSAGE_ILLEGAL, None, "the messages of a batch must share topic and queue"
+                    ), -1
+        cl = self.commit_log
+        lock = cl.lock
+        if not lock.acquire(False) and not lock.acquire(timeout=self._busy_timeout_s):
+            return PutMessageResult(PutMessageStatus.OS_PAGECACHE_BUSY, None, "commit log lock busy"), -1
+        try:
+            topic_b = cl.topic_bytes(topic)
+            if not 0 <= queue_id < 2**31:
+                raise PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {queue_id} out of range")
+            dispatcher = self.dispatcher
+            targets = dispatcher.targets(topic, queue_id, cl.queue_offsets.get((topic, queue_id), 0))
+            batch = msgs if type(msgs) is list else list(msgs)
+            result, cq_out, index_out, last_indexed = cl.append(batch, topic_b, queue_id, targets)
+            if result.status is not AppendMessageStatus.PUT_OK:
+                return PutMessageResult(
+                    PutMessageStatus.MESSAGE_ILLEGAL, result, "the batch is larger than a CommitLog file"
+                ), -1
+            end = result.wrote_offset + result.wrote_bytes
+            try:
+                dispatcher.dispatch_appended(
+                    topic, queue_id, cq_out, result.queue_offset, index_out, last_indexed, result.store_timestamp, end
+                )
+            except OSError as e:
+                # The records are in the log; their indexes will be rebuilt from it once there
+                # is room again. Until then refuse writes (and say why).
+                self.dispatch_broken = True
+                log.error("dispatch failed, writes paused until it can be redone: %s", e)
+        except PutRefused as e:
+            return PutMessageResult(e.status, None, e.reason), -1
+        except OSError as e:
+            return self._io_refusal(e), -1
+        finally:
+            lock.release()
+        self.put_count += n
+        self.put_bytes += result.wrote_bytes
+        return PutMessageResult(PutMessageStatus.PUT_OK, result), end
+
+    def _io_refusal(self, e: OSError) -> PutMessageResult:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            self.disk_full = True
+            return PutMessageResult(PutMessageStatus.DISK_FULL, reason=f"no room for a new CommitLog file: {e}")
+        log.error("creating a CommitLog file failed: %s", e)
+        return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, reason=str(e))
+
+    def _wants_flush_wait(self, msgs: Sequence[Message]) -> bool:
+        return self.sync_flush and msgs[0].properties.get(PROPERTY_WAIT_STORE_MSG_OK) != "false"
+
+    async def put_message(self, msg: Message) -> PutMessageResult:
+        return await self.put_messages((msg,))
+
+    async def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
+        """Append ``msgs`` (one batch); with SYNC_FLUSH, answer once they are on disk."""
+        result, end = self.append(msgs)
+        if end < 0 or not self._wants_flush_wait(msgs):
+            return result
+        assert self._group_commit is not None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        if not self._group_commit.submit(end, fut):
+            result.status = PutMessageStatus.OS_PAGECACHE_BUSY
+            result.reason = "too many appends waiting for a flush"
+            return result
+        self._flush_waiters.append((loop.time() + self._sync_timeout_s, fut))
+        if not self._sweeper_scheduled:
+            self._sweeper_scheduled = True
+            loop.call_later(0.05, self._sweep_flush_waiters, loop)
+        if not await fut:
+            result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+            result.reason = "not flushed within sync_flush_timeout_ms"
+        return result
+
+    def _sweep_flush_waiters(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Answer FLUSH_DISK_TIMEOUT to waiters past their deadline (one timer for all of them,
+        not one per append). Deadlines are in submission order."""
+        waiters = self._flush_waiters
+        now = loop.time()
+        while waiters and (waiters[0][1].done() or waiters[0][0] <= now):
+            _deadline, fut = waiters.popleft()
+            if not fut.done():
+                fut.set_result(False)
+        if waiters:
+            loop.call_later(0.05, self._sweep_flush_waiters, loop)
+        else:
+            self._sweeper_scheduled = False
+
+    def put_messages_blocking(self, msgs: Sequence[Message]) -> PutMessageResult:
+        """``put_messages`` for callers without an event loop (tools, benchmarks)."""
+        result, end = self.append(msgs)
+        if end < 0 or not self._wants_flush_wait(msgs):
+            return result
+        assert self._group_commit is not None
+        fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._group_commit.submit(end, fut)
+        try:
+            ok = fut.result(timeout=self.config.sync_flush_timeout_ms / 1000)
+        except concurrent.futures.TimeoutError:
+            ok = False
+        if not ok:
+            result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+        return result
+
+    def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:
+        """A slave's write path: copy log bytes as they are, then dispatch what they complete."""
+        with self.commit_log.lock:
+            end = self.commit_log.append_raw(data, at_offset)
+            self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
+        return end
+
+    # --- reading ---------------------------------------------------------------------------
+    def get_message(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msg_nums: int,
+        *,
+        tags_codes: Collection[int] | None = None,
+        record_filter: RecordFilter | None = None,
+    ) -> GetMessageResult:
+        """Up to ``max_msg_nums`` messages of a queue from ``offset``: RocketMQ's pull read.
+        ``tags_codes`` filters on the ConsumeQueue's tag hash (None: every tag);
+        ``record_filter`` is then applied to each record's bytes."""
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=0)
+        min_offset = cq.min_offset_in_queue()
+        max_offset = cq.max_offset_in_queue()
+        result = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, min_offset=min_offset, max_offset=max_offset)
+        if max_offset == 0:
+            result.status = GetMessageStatus.NO_MESSAGE_IN_QUEUE
+            result.next_begin_offset = 0
+            return result
+        if offset < min_offset:
+            result.status = GetMessageStatus.OFFSET_TOO_SMALL
+            result.next_begin_offset = min_offset
+            return result
+        if offset == max_offset:
+            result.status = GetMessageStatus.OFFSET_OVERFLOW_ONE
+            result.next_begin_offset = offset
+            return result
+        if offset > max_offset:
+            result.status = GetMessageStatus.OFFSET_OVERFLOW_BADLY
+            result.next_begin_offset = min_offset if min_offset == 0 else max_offset
+            return result
+        max_msg_nums = max(1, max_msg_nums)
+        # Scan at least a page of units so that a selective tag filter still makes progress.
+        found = cq.units(offset, max(max_msg_nums, 800 if tags_codes is not None or record_filter else 0))
+        if found is None:
+            result.status = GetMessageStatus.OFFSET_FOUND_NULL
+            result.next_begin_offset = offset + 1
+            return result
+        units, n = found
+        cl = self.commit_log
+        log_min = cl.min_offset()
+        max_bytes = self.config.max_transfer_bytes_on_message
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        messages = result.messages
+        queue_offsets = result.queue_offsets
+        total_bytes = 0
+        unpack = CQ_UNIT.unpack_from
+        cur = None
+        cur_from = cur_end = 0
+        i = 0
+        last_phy = 0
+        while i < n:
+            phy, size, tags = unpack(units, i * 20)
+            if messages and (len(messages) >= max_msg_nums or total_bytes + size > max_bytes):
+                break
+            i += 1
+            if phy < log_min or size <= 0:
+                if not messages:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            if tags_codes is not None and tags not in tags_codes:
+                continue
+            if not cur_from <= phy < cur_end:
+                mf = cl.mfq.find_by_offset(phy)
+                if mf is None:
+                    if not messages:
+                        status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                    continue
+                cur = mf.mv
+                cur_from = mf.file_from_offset
+                cur_end = cur_from + mf.wrote_position
+            pos = phy - cur_from
+            if phy + size > cur_end or cur is None:
+                if not messages:
+                    status = GetMessageStatus.OFFSET_FOUND_NULL
+                continue
+            record = cur[pos : pos + size]
+            if record_filter is not None and not record_filter(record):
+                continue
+            messages.append(record)
+            queue_offsets.append(offset + i - 1)
+            total_bytes += size
+            last_phy = phy
+            status = GetMessageStatus.FOUND
+        result.status = status
+        result.next_begin_offset = offset + i
+        result.buffer_total_size = total_bytes
+        if messages:
+            behind = cl.max_offset() - last_phy
+            result.suggest_pulling_from_slave = behind > retention.memory_for_hot_data_bytes()
+        return result
+
+    def read_record(self, commit_log_offset: int) -> memoryview | None:
+        """The raw record at a CommitLog offset (what a PULL ships), or None."""
+        return self.commit_log.read_record(commit_log_offset)
+
+    def look_message_by_offset(self, commit_log_offset: int) -> StoredMessage | None:
+        raw = self.commit_log.read_record(commit_log_offset)
+        if raw is None:
+            return None
+        try:
+            return decode_record(raw)
+        except RecordError:
+            return None
+
+    def view_message_by_id(self, msg_id: str) -> StoredMessage | None:
+        """Decode a message id (raises ValueError when malformed) and read its record."""
+        _ip, _port, offset = decode_message_id(msg_id)
+        return self.look_message_by_offset(offset)
+
+    def query_message(
+        self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[StoredMessage]:
+        """Messages of ``topic`` whose KEYS or UNIQ_KEY is ``key``, newest first."""
+        if self.index is None:
+            return []
+        max_num = max(1, min(max_num, 64 * 1024))
+        out: list[StoredMessage] = []
+        # Ask for a few more offsets than wanted: hash collisions are dropped below.
+        for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
+            msg = self.look_message_by_offset(phy)
+            if msg is None or msg.topic != topic:
+                continue
+            if key in msg.keys or msg.properties.get("UNIQ_KEY") == key:
+                out.append(msg)
+                if len(out) >= max_num:
+                    break
+        return out
+
+    def min_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        return cq.min_offset_in_queue() if cq is not None else 0
+
+    def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        return cq.max_offset_in_queue() if cq is not None else 0
+
+    def offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return cq.offset_by_time(timestamp_ms, self.commit_log.store_timestamp_at)
+
+    def commit_log_offset_in_queue(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        cq = self.queues.get(topic, queue_id)
+        u = cq.unit(queue_offset) if cq is not None else None
+        return u[0] if u is not None else -1
+
+    def message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        phy = self.commit_log_offset_in_queue(topic, queue_id, queue_offset)
+        return self.commit_log.store_timestamp_at(phy) if phy >= 0 else -1
+
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_offset()
+
+    def max_phy_offset(self) -> int:
+        return self.commit_log.max_offset()
+
+    def is_record_at(self, commit_log_offset: int) -> bool:
+        mf = self.commit_log.mfq.find_by_offset(commit_log_offset)
+        if mf is None:
+            return False
+        pos = commit_log_offset - mf.file_from_offset
+        if pos + 8 > mf.wrote_position:
+            return False
+        return bool(MAGIC_AND_SIZE.unpack_from(mf.mv, pos)[1] == MESSAGE_MAGIC_CODE)
+
+    def topics(self) -> set[str]:
+        return self.queues.topics()
+
+    # --- retention -------------------------------------------------------------------------
+    def clean_once(self, now_s: float | None = None) -> retention.CleanReport:
+        """Delete expired files, watch the disk, resume writes when room returns. Run it on the
+        thread that reads (the broker's loop): see ``retention``."""
+        return retention.clean_once(self, time.time() if now_s is None else now_s)
+
+    async def run_maintenance(self) -> None:
+        """Run ``clean_once`` every ``clean_resource_interval_ms`` until cancelled."""
+        interval = self.config.clean_resource_interval_ms / 1000
+        while self.running:
+            try:
+                self.clean_once()
+            except Exception:
+                log.exception("store maintenance failed")
+            await asyncio.sleep(interval)
+
+

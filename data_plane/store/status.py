@@ -1,0 +1,131 @@
+"""Outcomes of the store's operations: returned as values, never raised.
+
+The names are RocketMQ's (``PutMessageStatus``, ``AppendMessageStatus``, ``GetMessageStatus``)
+so the broker can map them onto RocketMQ response codes one to one. ``DISK_FULL`` is Orbit's
+own: RocketMQ folds it into SERVICE_NOT_AVAILABLE, which hides the reason from operators.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class PutMessageStatus(enum.Enum):
+    PUT_OK = "PUT_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+    SERVICE_NOT_AVAILABLE = "SERVICE_NOT_AVAILABLE"
+    CREATE_MAPPED_FILE_FAILED = "CREATE_MAPPED_FILE_FAILED"
+    MESSAGE_ILLEGAL = "MESSAGE_ILLEGAL"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    OS_PAGECACHE_BUSY = "OS_PAGECACHE_BUSY"
+    DISK_FULL = "DISK_FULL"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+    @property
+    def ok(self) -> bool:
+        return self is PutMessageStatus.PUT_OK
+
+
+class AppendMessageStatus(enum.Enum):
+    """What one MappedFile said to an append."""
+
+    PUT_OK = "PUT_OK"
+    END_OF_FILE = "END_OF_FILE"
+    MESSAGE_SIZE_EXCEEDED = "MESSAGE_SIZE_EXCEEDED"
+    PROPERTIES_SIZE_EXCEEDED = "PROPERTIES_SIZE_EXCEEDED"
+    UNKNOWN_ERROR = "UNKNOWN_ERROR"
+
+
+class GetMessageStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_MATCHED_MESSAGE = "NO_MATCHED_MESSAGE"
+    MESSAGE_WAS_REMOVING = "MESSAGE_WAS_REMOVING"
+    OFFSET_FOUND_NULL = "OFFSET_FOUND_NULL"
+    OFFSET_OVERFLOW_BADLY = "OFFSET_OVERFLOW_BADLY"
+    OFFSET_OVERFLOW_ONE = "OFFSET_OVERFLOW_ONE"
+    OFFSET_TOO_SMALL = "OFFSET_TOO_SMALL"
+    NO_MATCHED_LOGIC_QUEUE = "NO_MATCHED_LOGIC_QUEUE"
+    NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
+
+
+class AppendResult:
+    """Where the append put the first (or only) message and how much it wrote. A plain class
+    with positional arguments: it is built once per append, on the hottest path there is."""
+
+    __slots__ = (
+        "_host_hex",
+        "msg_num",
+        "queue_offset",
+        "status",
+        "store_timestamp",
+        "wrote_bytes",
+        "wrote_offset",
+    )
+
+    def __init__(
+        self,
+        status: AppendMessageStatus,
+        wrote_offset: int = 0,
+        wrote_bytes: int = 0,
+        store_timestamp: int = 0,
+        queue_offset: int = 0,
+        msg_num: int = 1,
+        host_hex: str = "",
+    ) -> None:
+        self.status = status
+        self.wrote_offset = wrote_offset
+        self.wrote_bytes = wrote_bytes
+        self.store_timestamp = store_timestamp
+        self.queue_offset = queue_offset
+        self.msg_num = msg_num
+        self._host_hex = host_hex
+
+    @property
+    def msg_id(self) -> str:
+        """The first message's id: store host and CommitLog offset as 32 hex digits."""
+        return self._host_hex + format(self.wrote_offset, "016X")
+
+    def __repr__(self) -> str:
+        return (
+            f"AppendResult({self.status.value}, wrote_offset={self.wrote_offset}, wrote_bytes={self.wrote_bytes}, "
+            f"queue_offset={self.queue_offset}, msg_num={self.msg_num})"
+        )
+
+
+class PutMessageResult:
+    __slots__ = ("append", "reason", "status")
+
+    def __init__(self, status: PutMessageStatus, append: AppendResult | None = None, reason: str = "") -> None:
+        self.status = status
+        self.append = append
+        self.reason = reason
+
+    def __repr__(self) -> str:
+        return f"PutMessageResult({self.status.value}, {self.append!r}, reason={self.reason!r})"
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+@dataclass(slots=True)
+class GetMessageResult:
+    """Messages of one queue, as memoryview slices of the CommitLog mapping (no copies)."""
+
+    status: GetMessageStatus
+    next_begin_offset: int = 0
+    min_offset: int = 0
+    max_offset: int = 0
+    messages: list[memoryview] = field(default_factory=list)
+    queue_offsets: list[int] = field(default_factory=list)
+    buffer_total_size: int = 0
+    # True when the data read lies far behind the write point: a hint that a slave should serve
+    # this consumer (seed 7.15).
+    suggest_pulling_from_slave: bool = False
+
+    @property
+    def message_count(self) -> int:
+        return len(self.messages)

@@ -1,0 +1,85 @@
+"""Shared fixtures. Randomized tests print their seed; set ORBIT_TEST_SEED to replay one."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from data_plane.store import MessageStore, StoreConfig, fastpath
+
+
+@pytest.fixture
+def seed(request: pytest.FixtureRequest) -> int:
+    """A seed for a randomized test: printed, and replayable with ORBIT_TEST_SEED."""
+    value = int(os.environ.get("ORBIT_TEST_SEED", random.SystemRandom().randrange(2**32)))
+    print(f"\n[seed] {request.node.nodeid}: ORBIT_TEST_SEED={value}")
+    return value
+
+
+@pytest.fixture(params=["compiled", "pure-python"])
+def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run a test against both twins of the write path's fast loops."""
+    was = fastpath.COMPILED
+    if request.param == "compiled" and not fastpath.use_compiled(True):
+        pytest.skip("the compiled fast path is not built here")
+    if request.param == "pure-python":
+        fastpath.use_compiled(False)
+    try:
+        yield request.param
+    finally:
+        fastpath.use_compiled(was)
+
+
+class ManualClock:
+    """The store's injected clock, moved by the test."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self.now_ms = start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, ms: int) -> None:
+        self.now_ms += ms
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+def small_config(path: str, **changes: object) -> StoreConfig:
+    """Geometry small enough that tests cross file boundaries with a few messages."""
+    base: dict[str, object] = {
+        "store_path": path,
+        "commit_log_file_size_bytes": 64 * 1024,
+        "max_message_size_bytes": 16 * 1024,
+        "consume_queue_units_per_file": 64,
+        "index_hash_slots": 64,
+        "index_max_entries": 256,
+        "flush_interval_commit_log_ms": 50,
+        "flush_interval_consume_queue_ms": 50,
+        "preallocate_next_file": False,
+    }
+    base.update(changes)
+    return StoreConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def make_store(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., MessageStore]]:
+    """``make_store(**config changes)`` → a started store under tmp_path (shut down after)."""
+    made: list[MessageStore] = []
+
+    def make(path: str | None = None, **changes: object) -> MessageStore:
+        store = MessageStore(small_config(path or str(tmp_path / "store"), **changes), clock_ms=clock)
+        store.start()
+        made.append(store)
+        return store
+
+    yield make
+    for store in made:
+        store.shutdown()
