@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -17,10 +18,13 @@ def _bench_store(args: argparse.Namespace) -> int:
     from data_plane.store import bench
 
     opts = bench.BenchOptions.quick(args.dir) if args.quick else bench.BenchOptions(directory=args.dir)
-    if args.messages:
-        opts = bench.BenchOptions(**{**_fields(opts), "messages": args.messages})
-    if args.rss_gb is not None:
-        opts = bench.BenchOptions(**{**_fields(opts), "rss_gb": args.rss_gb})
+    overrides = {
+        name: getattr(args, name, None)
+        for name in ("messages", "queue_messages", "sync_seconds", "rss_gb", "disk_mb")
+        if getattr(args, name, None) is not None
+    }
+    if overrides:
+        opts = dataclasses.replace(opts, **overrides)
     result = bench.run(opts, log=lambda m: print(m, file=sys.stderr, flush=True))
     text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
     if args.out:
@@ -32,10 +36,6 @@ def _bench_store(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fields(opts: object) -> dict[str, object]:
-    return {name: getattr(opts, name) for name in opts.__slots__}  # type: ignore[attr-defined]
-
-
 def _dev_up(args: argparse.Namespace) -> int:
     print(
         "orbit dev up: the local cluster (name server, broker, control plane) arrives with the broker "
@@ -44,8 +44,6 @@ def _dev_up(args: argparse.Namespace) -> int:
     )
     args.dir = None
     args.out = None
-    args.messages = None
-    args.rss_gb = None
     return _bench_store(args)
 
 
@@ -59,7 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--dir", help="store directory (default: a new temporary directory)")
     store.add_argument("--out", help="also write the full JSON (with RSS samples) here")
     store.add_argument("--messages", type=int, help="messages per append figure")
+    store.add_argument("--queue-messages", type=int, help="messages for each of the 16 / 10,000 queue runs")
+    store.add_argument("--sync-seconds", type=float, help="seconds of SYNC_FLUSH load")
     store.add_argument("--rss-gb", type=float, help="GiB to write while watching resident memory")
+    store.add_argument("--disk-mb", type=int, help="MiB written to measure the disk's bandwidth")
     store.set_defaults(func=_bench_store)
     dev = sub.add_parser("dev", help="the local development cluster")
     dev_sub = dev.add_subparsers(dest="what", required=True)

@@ -49,6 +49,9 @@ from data_plane.store.status import AppendMessageStatus, AppendResult, PutMessag
 log = logging.getLogger(__name__)
 
 _HEADER_SIZE = RECORD_HEADER.size
+# A CommitLog file made on the write path (at start, or when the allocator is behind) is
+# reserved this much at a time as appends reach it, instead of all at once.
+LAZY_RESERVE_BYTES = 4 * 1024 * 1024
 
 
 class DispatchRequest(NamedTuple):
@@ -128,10 +131,11 @@ class CommitLog:
         self.last_store_timestamp = now
         key = (msgs[0].topic, queue_id)
         first_qo = self.queue_offsets.get(key, 0)
-        for _ in range(2):
+        usable = self.file_size - END_FILE_MIN_BLANK_LENGTH
+        for _ in range(3):
             pos = mf.wrote_position
             r = fastpath.write_batch(
-                mf.mv, pos, mf.file_size - END_FILE_MIN_BLANK_LENGTH, mf.file_from_offset, msgs, topic_b,
+                mf.mv, pos, min(usable, mf.reserved_upto), mf.file_from_offset, msgs, topic_b,
                 queue_id, first_qo, now, self.store_host, cfg.max_properties_size_bytes,
                 cfg.max_message_size_bytes, cfg.index_enabled, *targets,
             )
@@ -139,7 +143,12 @@ class CommitLog:
                 break
             if r[0] == 2:
                 raise PutRefused(PutMessageStatus[r[2]], f"message {r[1]} of the batch: {r[3]}")
-            if r[1] + END_FILE_MIN_BLANK_LENGTH > self.file_size or pos == 0:
+            need = r[1]
+            if pos + need <= usable:
+                # Fits the file, not yet the reserved blocks (a file created on the write path).
+                mf.ensure_reserved(pos + need, LAZY_RESERVE_BYTES)
+                continue
+            if need > usable or pos == 0:
                 return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1
             self._write_blank(mf)
             mf = self.mfq.last_file_for_write()

@@ -29,6 +29,12 @@ CQ_UNIT_SIZE = CQ_UNIT.size
 assert CQ_UNIT_SIZE == 20, CQ_UNIT_SIZE
 
 
+def _reserve_chunk(pos: int) -> int:
+    """Reserve ahead in proportion to what the file holds: 4 KiB for a new queue, up to 1 MiB
+    for a busy one (10,000 queues must not reserve 10,000 MiB up front)."""
+    return min(1 << 20, max(4096, pos))
+
+
 class ConsumeQueue:
     __slots__ = (
         "file_size",
@@ -44,7 +50,7 @@ class ConsumeQueue:
         self.topic = topic
         self.queue_id = queue_id
         self.file_size = units_per_file * CQ_UNIT_SIZE
-        self.mfq = MappedFileQueue(os.path.join(root, topic, str(queue_id)), self.file_size, reserve=False)
+        self.mfq = MappedFileQueue(os.path.join(root, topic, str(queue_id)), self.file_size, keep_fd=False)
         self.max_physic_offset = -1  # end (offset + size) of the last record indexed
         self.min_logic_offset = 0
         self.last_file: MappedFile | None = None
@@ -66,7 +72,7 @@ class ConsumeQueue:
             pos = mf.wrote_position
             if mf.file_from_offset + pos == expect and pos + CQ_UNIT_SIZE <= mf.file_size:
                 if pos + CQ_UNIT_SIZE > mf.reserved_upto:
-                    mf.ensure_reserved(pos + CQ_UNIT_SIZE)
+                    mf.ensure_reserved(pos + CQ_UNIT_SIZE, _reserve_chunk(pos))
                 CQ_UNIT.pack_into(mf.mv, pos, commit_log_offset, size, tags_code)
                 mf.wrote_position = mf.committed_position = pos + CQ_UNIT_SIZE
                 self.max_physic_offset = commit_log_offset + size
@@ -84,7 +90,7 @@ class ConsumeQueue:
             pos = mf.wrote_position
             if mf.file_from_offset + pos == queue_offset * CQ_UNIT_SIZE and pos + n <= mf.file_size:
                 if pos + n > mf.reserved_upto:
-                    mf.ensure_reserved(pos + n)
+                    mf.ensure_reserved(pos + n, _reserve_chunk(pos))
                 mf.mv[pos : pos + n] = units
                 mf.wrote_position = mf.committed_position = pos + n
                 self.max_physic_offset = end_offset
@@ -106,13 +112,13 @@ class ConsumeQueue:
             while self.mfq.max_offset() < expect:
                 mf = self.mfq.last_file_for_write(expect)
                 pos = mf.wrote_position
-                mf.ensure_reserved(pos + CQ_UNIT_SIZE)
+                mf.ensure_reserved(pos + CQ_UNIT_SIZE, _reserve_chunk(pos))
                 CQ_UNIT.pack_into(mf.mv, pos, -1, 0, 0)
                 mf.wrote_position = mf.committed_position = pos + CQ_UNIT_SIZE
         mf = self.mfq.last_file_for_write(expect)
         self.last_file = mf
         pos = mf.wrote_position
-        mf.ensure_reserved(pos + CQ_UNIT_SIZE)
+        mf.ensure_reserved(pos + CQ_UNIT_SIZE, _reserve_chunk(pos))
         CQ_UNIT.pack_into(mf.mv, pos, commit_log_offset, size, tags_code)
         mf.wrote_position = mf.committed_position = pos + CQ_UNIT_SIZE
         self.max_physic_offset = commit_log_offset + size
@@ -260,6 +266,24 @@ class ConsumeQueue:
 
     def flush(self, least_pages: int) -> None:
         self.mfq.flush(least_pages)
+
+    def dirty_pages(self) -> int:
+        """Pages written since the last flush (0 when clean)."""
+        mf = self.last_file
+        if mf is None:
+            return 0
+        if self.mfq.flushed_where < mf.file_from_offset:
+            return 1 + (mf.wrote_position // 4096)  # a whole earlier file is unflushed too
+        if mf.wrote_position <= mf.flushed_position:
+            return 0
+        return (mf.wrote_position + 4095) // 4096 - mf.flushed_position // 4096
+
+    def mark_flushed(self, where: int) -> None:
+        """Everything below ``where`` was made durable by other means (sync(2))."""
+        for mf in self.mfq.files:
+            if mf.file_from_offset < where:
+                mf.flushed_position = max(mf.flushed_position, min(where - mf.file_from_offset, mf.wrote_position))
+        self.mfq.flushed_where = max(self.mfq.flushed_where, where)
 
     def close(self) -> None:
         self.mfq.close()

@@ -35,10 +35,15 @@ class AllocateMappedFileService:
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orbit-allocate")
         self._pending: dict[str, concurrent.futures.Future[MappedFile]] = {}
         self._lock = threading.Lock()
+        self._stopping = threading.Event()
 
     def _create(self, path: str, file_size: int) -> MappedFile:
-        mf = MappedFile(path, file_size, reserve=True, keep_fd=True)
-        if self._warm_up:
+        # Reserve (zero-fill) in steps so that a shutdown does not wait for a whole GiB.
+        mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
+        step = 16 * 1024 * 1024
+        while mf.reserved_upto < file_size and not self._stopping.is_set():
+            mf.ensure_reserved(mf.reserved_upto + step, step)
+        if self._warm_up and not self._stopping.is_set():
             mf.warm_up()
         return mf
 
@@ -49,18 +54,20 @@ class AllocateMappedFileService:
                 self._pending[path] = self._pool.submit(self._create, path, file_size)
 
     def take(self, path: str, file_size: int, next_path: str | None) -> MappedFile:
-        """The file at ``path``: the pre-created one when ready, else made now. Also starts
+        """The file at ``path``: the pre-created one (waiting for it if it is under way), else
+        one made now with its blocks reserved lazily as appends reach them. Also starts
         creating ``next_path``. Raises OSError when the file cannot be created."""
         with self._lock:
             fut = self._pending.pop(path, None)
         try:
-            mf = fut.result() if fut is not None else self._create(path, file_size)
+            mf = fut.result() if fut is not None else MappedFile(path, file_size, reserve=False, keep_fd=True)
         finally:
             if next_path is not None:
                 self.request(next_path, file_size)
         return mf
 
     def shutdown(self) -> None:
+        self._stopping.set()
         with self._lock:
             pending = list(self._pending.items())
             self._pending.clear()
@@ -83,15 +90,17 @@ class MappedFileQueue:
         file_size: int,
         *,
         allocator: AllocateMappedFileService | None = None,
-        reserve: bool = True,
+        keep_fd: bool = True,
     ) -> None:
+        """``keep_fd``: each file keeps a descriptor for flushing (few, busy files: the
+        CommitLog); otherwise one is opened per flush (thousands of ConsumeQueue files)."""
         self.directory = directory
         self.file_size = file_size
         self.files: list[MappedFile] = []
         self.flushed_where = 0
         self.committed_where = 0
         self._allocator = allocator
-        self._reserve = reserve
+        self._keep_fd = keep_fd
         self._zombies: list[MappedFile] = []  # destroyed but still referenced by a reader
         os.makedirs(directory, exist_ok=True)
 
@@ -109,7 +118,7 @@ class MappedFileQueue:
                     os.unlink(path)
                     continue
                 raise OSError(f"{path}: size {size} differs from the configured {self.file_size}")
-            mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._reserve)
+            mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
             mf.set_positions(self.file_size)
             self.files.append(mf)
 
@@ -160,7 +169,7 @@ class MappedFileQueue:
             next_path = os.path.join(self.directory, offset_to_file_name(create_offset + self.file_size))
             mf = self._allocator.take(path, self.file_size, next_path)
         else:
-            mf = MappedFile(path, self.file_size, reserve=self._reserve, keep_fd=self._reserve)
+            mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
         if last is None and create_offset < start_offset:
             # A queue that starts mid-file (a ConsumeQueue whose history was deleted, a slave
             # that starts late): positions before the start are a hole, never read.
@@ -210,6 +219,7 @@ class MappedFileQueue:
                 pos = offset - mf.file_from_offset
                 mf.zero_from(pos)
                 mf.set_positions(pos)
+                mf.reserved_upto = pos  # whatever follows is reserved again before use
                 keep.append(mf)
             else:
                 self._destroy(mf)
