@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -18,7 +19,7 @@ def _bench_store(args: argparse.Namespace) -> int:
     from data_plane.store import bench
 
     opts = bench.BenchOptions.quick(args.dir) if args.quick else bench.BenchOptions(directory=args.dir)
-    overrides = {
+    overrides: dict[str, Any] = {
         name: getattr(args, name, None)
         for name in ("messages", "queue_messages", "sync_seconds", "rss_gb", "disk_mb")
         if getattr(args, name, None) is not None
