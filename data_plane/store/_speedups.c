@@ -183,21 +183,12 @@ static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count,
  *     last_indexed_offset)
  *  | (1, bytes_needed)                       batch does not fit before `limit`
  *  | (2, msg_index, status_name, reason)     a message is refused; nothing written */
-static PyObject *write_batch(PyObject *self, PyObject *args) {
-    Py_buffer buf;
-    Py_ssize_t pos, limit;
-    long long file_from, first_qo, store_ts;
-    PyObject *msgs;
-    Py_buffer topic, host;
-    int queue_id, index_enabled;
-    Py_ssize_t max_props, max_msg, cq_pos = 0, cq_limit = 0;
-    PyObject *cq_target = Py_None, *ix_target = Py_None;
-    long long ix_slots = 0, ix_count = 0, ix_max = 0, ix_begin_ts = 0;
-    if (!PyArg_ParseTuple(args, "w*nnLO!y*iLLy*nnp|OnnOLLLL", &buf, &pos, &limit, &file_from, &PyList_Type, &msgs,
-                          &topic, &queue_id, &first_qo, &store_ts, &host, &max_props, &max_msg,
-                          &index_enabled, &cq_target, &cq_pos, &cq_limit, &ix_target, &ix_slots, &ix_count,
-                          &ix_max, &ix_begin_ts))
-        return NULL;
+static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t limit, long long file_from,
+                                  PyObject *msgs, const char *topic_buf, Py_ssize_t topic_len, int queue_id,
+                                  long long first_qo, long long store_ts, const char *host8, Py_ssize_t max_props,
+                                  Py_ssize_t max_msg, int index_enabled, PyObject *cq_target, Py_ssize_t cq_pos,
+                                  Py_ssize_t cq_limit, PyObject *ix_target, long long ix_slots, long long ix_count,
+                                  long long ix_max, long long ix_begin_ts) {
     PyObject *result = NULL;
     Py_ssize_t n = PyList_GET_SIZE(msgs);
     item_t *items = PyMem_Calloc(n ? n : 1, sizeof(item_t));
@@ -205,7 +196,7 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    if (host.len != 8 || topic.len < 1 || topic.len > 255 || pos < 0 || limit > buf.len) {
+    if (topic_len < 1 || topic_len > 255 || pos < 0 || limit > buf->len) {
         PyErr_SetString(PyExc_ValueError, "bad arguments to write_batch");
         release_items(items, n);
         goto done;
@@ -279,7 +270,7 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
             goto done;
         }
         it->props_len = plen;
-        it->total = HEADER_SIZE + it->body.len + 1 + topic.len + 2 + plen;
+        it->total = HEADER_SIZE + it->body.len + 1 + topic_len + 2 + plen;
         if (it->total > max_msg) {
             result = refuse(items, n, i, "MESSAGE_ILLEGAL",
                             PyUnicode_FromFormat("message takes %zd bytes, more than the %zd allowed",
@@ -305,9 +296,9 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     unsigned char *cqp = (unsigned char *)PyBytes_AS_STRING(cq);
     unsigned char *ixp = (unsigned char *)PyBytes_AS_STRING(idx);
     Py_ssize_t ncq = 0, nix = 0;
-    unsigned char *base = (unsigned char *)buf.buf;
+    unsigned char *base = (unsigned char *)buf->buf;
     long long qo = first_qo, batch_first_qo = -1;
-    uint32_t topic_crc = crc_update(0xFFFFFFFFu, (const unsigned char *)topic.buf, topic.len);
+    uint32_t topic_crc = crc_update(0xFFFFFFFFu, (const unsigned char *)topic_buf, topic_len);
     topic_crc = crc_update(topic_crc, (const unsigned char *)"#", 1);
     for (Py_ssize_t i = 0; i < n; i++) {
         item_t *it = &items[i];
@@ -329,16 +320,16 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         put64(r + 40, (uint64_t)it->born_ts);
         memcpy(r + 48, it->born_host, 8);
         put64(r + 56, (uint64_t)store_ts);
-        memcpy(r + 64, host.buf, 8);
+        memcpy(r + 64, host8, 8);
         put32(r + 72, (uint32_t)it->reconsume);
         put64(r + 76, (uint64_t)it->prepared);
         put32(r + 84, (uint32_t)it->body.len);
         unsigned char *p = r + HEADER_SIZE;
         memcpy(p, it->body.buf, it->body.len);
         p += it->body.len;
-        *p++ = (unsigned char)topic.len;
-        memcpy(p, topic.buf, topic.len);
-        p += topic.len;
+        *p++ = (unsigned char)topic_len;
+        memcpy(p, topic_buf, topic_len);
+        p += topic_len;
         *p++ = (unsigned char)(it->props_len >> 8);
         *p++ = (unsigned char)(it->props_len & 0xFF);
         int64_t tags_code = 0;
@@ -418,6 +409,33 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     }
     result = Py_BuildValue("(inLLNNL)", 0, pos, qo, batch_first_qo < 0 ? 0 : batch_first_qo, cq, idx, last_ix_phys);
 done:
+    return result;
+}
+
+
+static PyObject *write_batch(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    Py_ssize_t pos, limit;
+    long long file_from, first_qo, store_ts;
+    PyObject *msgs;
+    Py_buffer topic, host;
+    int queue_id, index_enabled;
+    Py_ssize_t max_props, max_msg, cq_pos = 0, cq_limit = 0;
+    PyObject *cq_target = Py_None, *ix_target = Py_None;
+    long long ix_slots = 0, ix_count = 0, ix_max = 0, ix_begin_ts = 0;
+    if (!PyArg_ParseTuple(args, "w*nnLO!y*iLLy*nnp|OnnOLLLL", &buf, &pos, &limit, &file_from, &PyList_Type, &msgs,
+                          &topic, &queue_id, &first_qo, &store_ts, &host, &max_props, &max_msg,
+                          &index_enabled, &cq_target, &cq_pos, &cq_limit, &ix_target, &ix_slots, &ix_count,
+                          &ix_max, &ix_begin_ts))
+        return NULL;
+    PyObject *result = NULL;
+    if (host.len != 8) {
+        PyErr_SetString(PyExc_ValueError, "store host must be 8 bytes");
+    } else {
+        result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo,
+                                  store_ts, host.buf, max_props, max_msg, index_enabled, cq_target, cq_pos,
+                                  cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts);
+    }
     PyBuffer_Release(&buf);
     PyBuffer_Release(&topic);
     PyBuffer_Release(&host);
@@ -449,6 +467,236 @@ done:
     return result;
 }
 
+
+/* ---- Appender: the whole single-message append in one call ------------------------------
+ * Works on the store's own Python objects (CommitLog, MappedFiles, ConsumeQueues, IndexFile,
+ * the queue-offset dict), reading and setting the same attributes the Python path does. It
+ * handles the common case only; whenever anything is unusual (a new topic or queue, a file to
+ * roll over or to reserve, a refused message) it writes nothing and returns None, and the
+ * caller takes the Python path, which is the reference behaviour. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *commit_log, *queue_offsets, *topic_bytes, *cq_table, *index, *dispatcher, *clock;
+    char host[8];
+    Py_ssize_t max_props, max_msg;
+    int index_enabled;
+    long long ix_slots;
+} Appender;
+
+static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_committed_position, *s_file_size,
+    *s_reserved_upto, *s_file_from_offset, *s_mv, *s_last_file, *s_last_store_timestamp, *s_max_physic_offset,
+    *s_index_count, *s_end_phy_offset, *s_end_timestamp, *s_begin_timestamp, *s_max_entries, *s_mf,
+    *s_dispatched_offset, *s_put_units, *s_put_items;
+
+static void Appender_dealloc(Appender *a) {
+    Py_XDECREF(a->commit_log); Py_XDECREF(a->queue_offsets); Py_XDECREF(a->topic_bytes);
+    Py_XDECREF(a->cq_table); Py_XDECREF(a->index); Py_XDECREF(a->dispatcher); Py_XDECREF(a->clock);
+    Py_TYPE(a)->tp_free((PyObject *)a);
+}
+
+/* Appender(commit_log, queue_offsets, topic_bytes, cq_table, index, dispatcher, clock,
+ *          store_host, max_props, max_msg, index_enabled, index_hash_slots) */
+static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
+    PyObject *cl, *qo, *tb, *cq, *ix, *disp, *clock;
+    Py_buffer host;
+    int ie;
+    long long slots;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpL", &cl, &PyDict_Type, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
+                          &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots))
+        return -1;
+    if (host.len != 8) {
+        PyBuffer_Release(&host);
+        PyErr_SetString(PyExc_ValueError, "store host must be 8 bytes");
+        return -1;
+    }
+    memcpy(a->host, host.buf, 8);
+    PyBuffer_Release(&host);
+    Py_INCREF(cl); Py_INCREF(qo); Py_INCREF(tb); Py_INCREF(cq); Py_INCREF(ix); Py_INCREF(disp); Py_INCREF(clock);
+    a->commit_log = cl; a->queue_offsets = qo; a->topic_bytes = tb; a->cq_table = cq; a->index = ix;
+    a->dispatcher = disp; a->clock = clock;
+    a->index_enabled = ie;
+    a->ix_slots = slots;
+    return 0;
+}
+
+static int get_ssize(PyObject *o, PyObject *name, Py_ssize_t *out) {
+    PyObject *v = PyObject_GetAttr(o, name);
+    if (!v) return -1;
+    *out = PyLong_AsSsize_t(v);
+    Py_DECREF(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int set_ll(PyObject *o, PyObject *name, long long v) {
+    PyObject *x = PyLong_FromLongLong(v);
+    if (!x) return -1;
+    int rc = PyObject_SetAttr(o, name, x);
+    Py_DECREF(x);
+    return rc;
+}
+
+static PyObject *Appender_append(Appender *a, PyObject *msg) {
+    PyObject *result = NULL, *topic = NULL, *qid_obj = NULL, *key = NULL, *mfq = NULL, *files = NULL;
+    PyObject *log_mv = NULL, *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
+    PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
+    Py_buffer lb;
+    int have_lb = 0;
+    topic = PyObject_GetAttr(msg, s_topic);
+    if (!topic) goto error;
+    PyObject *topic_b = PyUnicode_Check(topic) ? PyDict_GetItemWithError(a->topic_bytes, topic) : NULL;
+    if (!topic_b) { if (PyErr_Occurred()) goto error; goto slow; }
+    qid_obj = PyObject_GetAttr(msg, s_queue_id);
+    if (!qid_obj) goto error;
+    if (!PyLong_CheckExact(qid_obj)) goto slow;
+    long qid = PyLong_AsLong(qid_obj);
+    if (qid < 0 || qid > INT32_MAX) { PyErr_Clear(); goto slow; }
+    key = PyTuple_Pack(2, topic, qid_obj);
+    if (!key) goto error;
+    long long first_qo = 0;
+    PyObject *qo_obj = PyDict_GetItemWithError(a->queue_offsets, key);
+    if (qo_obj) first_qo = PyLong_AsLongLong(qo_obj);
+    else if (PyErr_Occurred()) goto error;
+    /* the CommitLog file appends go to */
+    mfq = PyObject_GetAttr(a->commit_log, s_mfq);
+    if (!mfq) goto error;
+    files = PyObject_GetAttr(mfq, s_files);
+    if (!files) goto error;
+    if (!PyList_Check(files) || PyList_GET_SIZE(files) == 0) goto slow;
+    PyObject *mf = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
+    Py_ssize_t wrote, file_size, reserved, file_from;
+    if (get_ssize(mf, s_wrote_position, &wrote) || get_ssize(mf, s_file_size, &file_size) ||
+        get_ssize(mf, s_reserved_upto, &reserved) || get_ssize(mf, s_file_from_offset, &file_from))
+        goto error;
+    Py_ssize_t limit = file_size - 8;
+    if (reserved < limit) limit = reserved;
+    /* the ConsumeQueue: must exist, with room for the unit where the queue offset says */
+    PyObject *cq = PyDict_GetItemWithError(a->cq_table, key);
+    if (!cq) { if (PyErr_Occurred()) goto error; goto slow; }
+    cq_mf = PyObject_GetAttr(cq, s_last_file);
+    if (!cq_mf) goto error;
+    if (cq_mf == Py_None) goto slow;
+    Py_ssize_t cq_pos, cq_from, cq_size, cq_res;
+    if (get_ssize(cq_mf, s_wrote_position, &cq_pos) || get_ssize(cq_mf, s_file_from_offset, &cq_from) ||
+        get_ssize(cq_mf, s_file_size, &cq_size) || get_ssize(cq_mf, s_reserved_upto, &cq_res))
+        goto error;
+    Py_ssize_t cq_limit = cq_res < cq_size ? cq_res : cq_size;
+    if (cq_from + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
+    cq_mv = PyObject_GetAttr(cq_mf, s_mv);
+    if (!cq_mv) goto error;
+    /* the IndexFile: begun, with room for this message's keys */
+    long long ix_count = 0, ix_max = 0, ix_begin = 0;
+    if (a->index_enabled && a->index != Py_None) {
+        files_ix = PyObject_GetAttr(a->index, s_files);
+        if (!files_ix) goto error;
+        if (!PyList_Check(files_ix) || PyList_GET_SIZE(files_ix) == 0) goto slow;
+        ixf = PyList_GET_ITEM(files_ix, PyList_GET_SIZE(files_ix) - 1);
+        Py_INCREF(ixf);
+        Py_ssize_t c;
+        if (get_ssize(ixf, s_index_count, &c)) goto error;
+        ix_count = c;
+        PyObject *re = PyObject_CallMethod(ixf, "reserved_entries", NULL);
+        if (!re) goto error;
+        ix_max = PyLong_AsLongLong(re);
+        Py_DECREF(re);
+        PyObject *bt = PyObject_GetAttr(ixf, s_begin_timestamp);
+        if (!bt) goto error;
+        ix_begin = PyLong_AsLongLong(bt);
+        Py_DECREF(bt);
+        if (ix_count <= 1 || ix_count + 64 > ix_max) goto slow;
+        ix_mf = PyObject_GetAttr(ixf, s_mf);
+        if (!ix_mf) goto error;
+        ix_mv = PyObject_GetAttr(ix_mf, s_mv);
+        if (!ix_mv) goto error;
+    }
+    /* the store timestamp never goes backwards */
+    now_obj = PyObject_CallNoArgs(a->clock);
+    if (!now_obj) goto error;
+    long long now = PyLong_AsLongLong(now_obj);
+    Py_ssize_t last_ts;
+    if (get_ssize(a->commit_log, s_last_store_timestamp, &last_ts)) goto error;
+    if (now < last_ts) now = last_ts;
+    log_mv = PyObject_GetAttr(mf, s_mv);
+    if (!log_mv) goto error;
+    if (PyObject_GetBuffer(log_mv, &lb, PyBUF_WRITABLE) < 0) goto error;
+    have_lb = 1;
+    list = PyList_New(1);
+    if (!list) goto error;
+    Py_INCREF(msg);
+    PyList_SET_ITEM(list, 0, msg);
+    r = write_batch_impl(&lb, wrote, limit, file_from, list, PyBytes_AS_STRING(topic_b), PyBytes_GET_SIZE(topic_b),
+                         (int)qid, first_qo, now, a->host, a->max_props, a->max_msg, a->index_enabled, cq_mv,
+                         cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count, ix_max, ix_begin);
+    if (!r) goto error;
+    if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
+    Py_ssize_t end = PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1));
+    PyObject *next_qo = PyTuple_GET_ITEM(r, 2);
+    PyObject *batch_qo = PyTuple_GET_ITEM(r, 3);
+    PyObject *cq_out = PyTuple_GET_ITEM(r, 4);
+    PyObject *ix_out = PyTuple_GET_ITEM(r, 5);
+    long long last_ix = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 6));
+    long long end_abs = (long long)file_from + end;
+    /* From here on the record is in the log: record every position, as the Python path does. */
+    if (PyDict_SetItem(a->queue_offsets, key, next_qo) < 0) goto error;
+    if (set_ll(mf, s_wrote_position, end) || set_ll(mf, s_committed_position, end)) goto error;
+    if (set_ll(a->commit_log, s_last_store_timestamp, now)) goto error;
+    if (PyLong_Check(cq_out)) {
+        if (PyObject_SetAttr(cq_mf, s_wrote_position, cq_out) || PyObject_SetAttr(cq_mf, s_committed_position, cq_out))
+            goto error;
+        if (set_ll(cq, s_max_physic_offset, end_abs)) goto error;
+    } else if (PyBytes_GET_SIZE(cq_out) > 0) {
+        PyObject *e = PyLong_FromLongLong(end_abs);
+        if (!e) goto error;
+        PyObject *x = PyObject_CallMethodObjArgs(cq, s_put_units, cq_out, batch_qo, e, NULL);
+        Py_DECREF(e);
+        if (!x) goto error;
+        Py_DECREF(x);
+    }
+    if (PyLong_Check(ix_out)) {
+        if (PyObject_SetAttr(ixf, s_index_count, ix_out) || set_ll(ixf, s_end_phy_offset, last_ix) ||
+            set_ll(ixf, s_end_timestamp, now))
+            goto error;
+    } else if (PyBytes_GET_SIZE(ix_out) > 0 && a->index != Py_None) {
+        PyObject *t = PyLong_FromLongLong(now);
+        if (!t) goto error;
+        PyObject *x = PyObject_CallMethodObjArgs(a->index, s_put_items, ix_out, t, NULL);
+        Py_DECREF(t);
+        if (!x) goto error;
+        Py_DECREF(x);
+    }
+    if (set_ll(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
+    result = Py_BuildValue("(LnLO)", (long long)file_from + wrote, end - wrote, now, batch_qo);
+    goto done;
+slow:
+    result = Py_None;
+    Py_INCREF(result);
+    goto done;
+error:
+    result = NULL;
+done:
+    if (have_lb) PyBuffer_Release(&lb);
+    Py_XDECREF(topic); Py_XDECREF(qid_obj); Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
+    Py_XDECREF(log_mv); Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
+    Py_XDECREF(ix_mv); Py_XDECREF(list); Py_XDECREF(r); Py_XDECREF(now_obj); Py_XDECREF(files_ix);
+    return result;
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)Appender_append, METH_O,
+     "Append one message on the common path: (wrote_offset, wrote_bytes, store_ts, queue_offset), or None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "data_plane.store._speedups.Appender",
+    .tp_basicsize = sizeof(Appender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_methods = Appender_methods,
+    .tp_doc = "The single-message append path of MessageStore, in C.",
+};
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer b;
     if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
@@ -477,5 +725,24 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(s_born_host, "born_host");
     INTERN(s_reconsume_times, "reconsume_times");
     INTERN(s_prepared, "prepared_transaction_offset");
-    return PyModule_Create(&module);
+#define INTERN2(var, s) if (!(var = PyUnicode_InternFromString(s))) return NULL
+    INTERN2(s_topic, "topic"); INTERN2(s_queue_id, "queue_id"); INTERN2(s_mfq, "mfq"); INTERN2(s_files, "files");
+    INTERN2(s_wrote_position, "wrote_position"); INTERN2(s_committed_position, "committed_position");
+    INTERN2(s_file_size, "file_size"); INTERN2(s_reserved_upto, "reserved_upto");
+    INTERN2(s_file_from_offset, "file_from_offset"); INTERN2(s_mv, "mv"); INTERN2(s_last_file, "last_file");
+    INTERN2(s_last_store_timestamp, "last_store_timestamp"); INTERN2(s_max_physic_offset, "max_physic_offset");
+    INTERN2(s_index_count, "index_count"); INTERN2(s_end_phy_offset, "end_phy_offset");
+    INTERN2(s_end_timestamp, "end_timestamp"); INTERN2(s_begin_timestamp, "begin_timestamp");
+    INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
+    INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
+    if (PyType_Ready(&AppenderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Py_INCREF(&AppenderType);
+    if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(&AppenderType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

@@ -101,19 +101,19 @@ class CommitLog:
         self.queue_offsets: dict[tuple[str, int], int] = {}
         self.lock = threading.Lock()
         self.last_store_timestamp = 0
-        self._topic_bytes: dict[str, bytes] = {}
+        self.topic_bytes_cache: dict[str, bytes] = {}
 
     # --- appending (under the lock) --------------------------------------------------------
     def topic_bytes(self, topic: str) -> bytes:
         """The topic as stored, validated once; raises PutRefused."""
-        topic_b = self._topic_bytes.get(topic)
+        topic_b = self.topic_bytes_cache.get(topic)
         if topic_b is None:
             problem = validate_topic(topic, self.config.max_topic_length)
             if problem:
                 raise PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, problem)
             topic_b = topic.encode()
-            if len(self._topic_bytes) < 100_000:
-                self._topic_bytes[topic] = topic_b
+            if len(self.topic_bytes_cache) < 100_000:
+                self.topic_bytes_cache[topic] = topic_b
         return topic_b
 
     def append(

@@ -212,6 +212,17 @@ if not os.environ.get("ORBIT_PURE_PYTHON"):
         COMPILED = True
 
 
+def speedups_module() -> Any:
+    """The compiled module when it is built and in use, else None."""
+    if not COMPILED:
+        return None
+    try:
+        from data_plane.store import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _speedups
+
+
 def use_compiled(enabled: bool) -> bool:
     """Switch implementations at run time (tests compare them); returns whether the compiled
     one is in use afterwards."""

@@ -27,7 +27,7 @@ from data_plane.store.config import PAGE_SIZE_BYTES
 
 FILE_NAME_DIGITS = 20
 RESERVE_CHUNK_BYTES = 64 * 1024  # sparse files reserve this much ahead of the writes
-ZERO_FILL_CHUNK_BYTES = 1024 * 1024
+ZERO_FILL_CHUNK_BYTES = 16 * 1024 * 1024  # one pwrite (GIL released) per 16 MiB; bytes(n) maps no memory
 
 
 def offset_to_file_name(offset: int) -> str:
@@ -62,6 +62,7 @@ class MappedFile:
         "_flush_lock",
         "_mm",
         "_released_upto",
+        "_reserve_lock",
         "committed_position",
         "destroyed",
         "file_from_offset",
@@ -125,6 +126,7 @@ class MappedFile:
         self.destroyed = False
         self._released_upto = 0
         self._flush_lock = threading.Lock()
+        self._reserve_lock = threading.Lock()
 
     # --- writing ---------------------------------------------------------------------------
     @property
@@ -141,16 +143,30 @@ class MappedFile:
         to a millisecond on ext4, taken with the GIL held."""
         if upto <= self.reserved_upto:
             return
-        end = min(self.file_size, max(upto, self.reserved_upto + chunk))
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            pos = self.reserved_upto
-            while pos < end:
-                n = min(ZERO_FILL_CHUNK_BYTES, end - pos)
-                pos += os.pwrite(fd, _ZEROS[:n], pos)
-        finally:
-            os.close(fd)
-        self.reserved_upto = end
+        with self._reserve_lock:  # the allocation thread may be reserving ahead of us
+            if upto <= self.reserved_upto or self.destroyed:
+                return
+            end = min(self.file_size, max(upto, self.reserved_upto + chunk))
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                pos = self.reserved_upto
+                while pos < end:
+                    n = min(ZERO_FILL_CHUNK_BYTES, end - pos)
+                    pos += os.pwrite(fd, _ZEROS[:n], pos)
+            finally:
+                os.close(fd)
+            self.reserved_upto = end
+
+    def trust_free_space(self, margin_bytes: int = 64 * 1024 * 1024) -> bool:
+        """A file made on the write path (at start, or when the allocation thread is behind)
+        is not zero-filled: that would stall the writer. Its blocks count as reserved when the
+        filesystem has room for the rest of the file plus ``margin_bytes``; otherwise appends
+        reserve as they go. True when trusted. (Pre-allocated files are zero-filled instead.)"""
+        st = os.statvfs(self.path)
+        if st.f_bavail * st.f_frsize >= (self.file_size - self.reserved_upto) + margin_bytes:
+            self.reserved_upto = self.file_size
+            return True
+        return False
 
     def append_bytes(self, data: bytes | memoryview) -> bool:
         """Copy ``data`` at the wrote position; False when it does not fit."""

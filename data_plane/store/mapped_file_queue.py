@@ -26,6 +26,10 @@ from data_plane.store.mapped_file import MappedFile, is_data_file_name, offset_t
 
 log = logging.getLogger(__name__)
 
+# Zero-filling proceeds in steps this large, so that a writer that catches up with the
+# allocation thread waits for one step at most.
+RESERVE_AHEAD_STEP_BYTES = 16 * 1024 * 1024
+
 
 class AllocateMappedFileService:
     """Creates the next CommitLog file on a worker thread before the current one fills up."""
@@ -40,7 +44,7 @@ class AllocateMappedFileService:
     def _create(self, path: str, file_size: int) -> MappedFile:
         # Reserve (zero-fill) in steps so that a shutdown does not wait for a whole GiB.
         mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
-        step = 16 * 1024 * 1024
+        step = RESERVE_AHEAD_STEP_BYTES
         while mf.reserved_upto < file_size and not self._stopping.is_set():
             mf.ensure_reserved(mf.reserved_upto + step, step)
         if self._warm_up and not self._stopping.is_set():
@@ -60,7 +64,11 @@ class AllocateMappedFileService:
         with self._lock:
             fut = self._pending.pop(path, None)
         try:
-            mf = fut.result() if fut is not None else MappedFile(path, file_size, reserve=False, keep_fd=True)
+            if fut is not None:
+                mf = fut.result()
+            else:
+                mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
+                mf.trust_free_space()
         finally:
             if next_path is not None:
                 self.request(next_path, file_size)
@@ -170,6 +178,8 @@ class MappedFileQueue:
             mf = self._allocator.take(path, self.file_size, next_path)
         else:
             mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
+            if self._keep_fd:
+                mf.trust_free_space()
         if last is None and create_offset < start_offset:
             # A queue that starts mid-file (a ConsumeQueue whose history was deleted, a slave
             # that starts late): positions before the start are a hole, never read.

@@ -24,8 +24,9 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
-from data_plane.store import retention
+from data_plane.store import fastpath, retention
 from data_plane.store.checkpoint import StoreCheckpoint, create_abort_file, delete_abort_file
 from data_plane.store.commit_log import CommitLog, PutRefused
 from data_plane.store.config import FlushDiskType, StoreConfig
@@ -50,6 +51,7 @@ from data_plane.store.message import (
 )
 from data_plane.store.status import (
     AppendMessageStatus,
+    AppendResult,
     GetMessageResult,
     GetMessageStatus,
     PutMessageResult,
@@ -107,6 +109,8 @@ class MessageStore:
         self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
         self._flush_waiters: collections.deque[tuple[float, asyncio.Future[bool]]] = collections.deque()
         self._sweeper_scheduled = False
+        self._appender: Any = None
+        self._host_hex = self.commit_log.store_host.hex().upper()
 
     # --- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -139,6 +143,7 @@ class MessageStore:
             except OSError as e:
                 self.disk_full = True
                 log.error("cannot create an IndexFile at start: %s", e)
+        self._appender = self._make_appender()
         create_abort_file(cfg.abort_path)
         self._start_services()
         self.running = True
@@ -149,6 +154,19 @@ class MessageStore:
 
         self.recovered_abnormally = crashed
         recover(self, crashed=crashed)
+
+    def _make_appender(self) -> Any:
+        """The compiled single-message append path, when it was built (see fastpath)."""
+        speedups = fastpath.speedups_module()
+        if speedups is None:
+            return None
+        cfg = self.config
+        cl = self.commit_log
+        return speedups.Appender(
+            cl, cl.queue_offsets, cl.topic_bytes_cache, self.queues.queues, self.index, self.dispatcher,
+            self.clock_ms, cl.store_host, cfg.max_properties_size_bytes, cfg.max_message_size_bytes,
+            cfg.index_enabled, cfg.index_hash_slots,
+        )
 
     def _start_services(self) -> None:
         cfg = self.config
@@ -264,6 +282,25 @@ class MessageStore:
         if not self.writable:
             return self._refuse(), -1
         n = len(msgs)
+        appender = self._appender
+        if n == 1 and appender is not None and fastpath.COMPILED:
+            lock = self.commit_log.lock
+            if lock.acquire(False):
+                try:
+                    r = appender.append(msgs[0])
+                except OSError as e:
+                    self.dispatch_broken = True
+                    log.error("dispatch failed, writes paused until it can be redone: %s", e)
+                    return PutMessageResult(PutMessageStatus.DISK_FULL, None, f"stored but not indexed: {e}"), -1
+                finally:
+                    lock.release()
+                if r is not None:
+                    self.put_count += 1
+                    self.put_bytes += r[1]
+                    return PutMessageResult(
+                        PutMessageStatus.PUT_OK,
+                        AppendResult(AppendMessageStatus.PUT_OK, r[0], r[1], r[2], r[3], 1, self._host_hex),
+                    ), r[0] + r[1]
         if n == 0:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, None, "no message to put"), -1
         first = msgs[0]
