@@ -9,8 +9,15 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
+#endif
 
 #define HEADER_SIZE 88
 #define MAGIC_CODE ((int32_t)0xDAA320A7)
@@ -336,6 +343,8 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         PyObject *k, *v;
         Py_ssize_t ppos = 0;
         int index_it = index_enabled && tran != TRAN_ROLLBACK;
+        const char *uniq_s = NULL, *keys_s = NULL;
+        Py_ssize_t uniq_l = 0, keys_l = 0;
         while (PyDict_Next(it->props, &ppos, &k, &v)) {
             Py_ssize_t kl, vl;
             const char *ks = PyUnicode_AsUTF8AndSize(k, &kl);
@@ -349,26 +358,31 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
             if (kl == 4 && memcmp(ks, "TAGS", 4) == 0) {
                 if (vl) tags_code = java_hash(v);
             } else if (index_it && kl == 8 && memcmp(ks, "UNIQ_KEY", 8) == 0) {
-                if (vl) {
-                    put32(ixp + nix * 12, ~crc_update(topic_crc, (const unsigned char *)vs, vl) & 0x7FFFFFFFu);
-                    put64(ixp + nix * 12 + 4, (uint64_t)phys);
-                    nix++;
-                }
+                uniq_s = vs;
+                uniq_l = vl;
             } else if (index_it && kl == 4 && memcmp(ks, "KEYS", 4) == 0) {
-                Py_ssize_t a = 0;
-                while (a < vl) {
-                    while (a < vl && vs[a] == ' ') a++;
-                    Py_ssize_t b = a;
-                    while (b < vl && vs[b] != ' ') b++;
-                    if (b > a) {
-                        put32(ixp + nix * 12,
-                              ~crc_update(topic_crc, (const unsigned char *)vs + a, b - a) & 0x7FFFFFFFu);
-                        put64(ixp + nix * 12 + 4, (uint64_t)phys);
-                        nix++;
-                    }
-                    a = b;
-                }
+                keys_s = vs;
+                keys_l = vl;
             }
+        }
+        /* Index items in a fixed order whatever the order of the properties: UNIQ_KEY, then
+         * each KEYS key (as the Python twin and IndexService.build do). */
+        if (uniq_l > 0) {
+            put32(ixp + nix * 12, ~crc_update(topic_crc, (const unsigned char *)uniq_s, uniq_l) & 0x7FFFFFFFu);
+            put64(ixp + nix * 12 + 4, (uint64_t)phys);
+            nix++;
+        }
+        Py_ssize_t a = 0;
+        while (a < keys_l) {
+            while (a < keys_l && keys_s[a] == ' ') a++;
+            Py_ssize_t b = a;
+            while (b < keys_l && keys_s[b] != ' ') b++;
+            if (b > a) {
+                put32(ixp + nix * 12, ~crc_update(topic_crc, (const unsigned char *)keys_s + a, b - a) & 0x7FFFFFFFu);
+                put64(ixp + nix * 12 + 4, (uint64_t)phys);
+                nix++;
+            }
+            a = b;
         }
         if (advances) {
             put64(cqp + ncq * 20, (uint64_t)phys);
@@ -697,6 +711,35 @@ static PyTypeObject AppenderType = {
     .tp_doc = "The single-message append path of MessageStore, in C.",
 };
 
+/* populate(buffer, start, length) -> errno (0 = done): maps [start, start+length) of a shared
+ * file mapping writable, page by page, with the GIL released (MADV_POPULATE_WRITE), so that the
+ * writer that comes later takes no page faults. */
+static PyObject *populate(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t start, length;
+    if (!PyArg_ParseTuple(args, "w*nn", &b, &start, &length)) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (start < 0 || length < 0 || start > b.len) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "populate: range outside the buffer");
+        return NULL;
+    }
+    if (start + length > b.len) length = b.len - start;
+    uintptr_t lo = ((uintptr_t)b.buf + start) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)b.buf + start + length + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t top = ((uintptr_t)b.buf + b.len) & ~(uintptr_t)(page - 1);
+    if (lo < (uintptr_t)b.buf) lo = (uintptr_t)b.buf;
+    if (hi > top) hi = top;
+    int err = 0;
+    if (hi > lo) {
+        Py_BEGIN_ALLOW_THREADS
+        if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) != 0) err = errno;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(err);
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer b;
     if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
@@ -709,6 +752,7 @@ static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
+    {"populate", populate, METH_VARARGS, "Map a range of a shared mapping writable, GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -36,6 +36,7 @@ from data_plane.store.message import (
     STORE_TIMESTAMP,
     TOTAL_SIZE,
     TRANSACTION_TYPE_MASK,
+    VALID_TOPIC,
     Message,
     RecordError,
     body_crc,
@@ -292,6 +293,12 @@ class CommitLog:
         p += 2
         if props_len & 0x8000 or p + props_len != end:
             raise RecordError("properties length does not end the record")
+        if props_len and mv[end - 1] != 2:
+            # Properties always end with the separator: a record whose tail did not reach the
+            # disk (a torn write leaves zeros) fails here even though its body CRC is sound.
+            raise RecordError("properties do not end with their separator (torn record)")
+        if not VALID_TOPIC.fullmatch(topic):
+            raise RecordError(f"topic {topic!r} is not a valid topic (torn or corrupt record)")
         tags_code = 0
         keys = uniq = ""
         if props_len:

@@ -27,6 +27,7 @@ from data_plane.store.mapped_file_queue import MappedFileQueue
 CQ_UNIT = struct.Struct(">qiq")
 CQ_UNIT_SIZE = CQ_UNIT.size
 assert CQ_UNIT_SIZE == 20, CQ_UNIT_SIZE
+HOLE_UNIT = CQ_UNIT.pack(-1, 0, 0)  # a unit whose record is gone for good: readers skip it
 
 
 def _reserve_chunk(pos: int) -> int:
@@ -104,6 +105,12 @@ class ConsumeQueue:
         if not self.mfq.files:
             max_logic = expect
             self.min_logic_offset = expect
+            mf = self.mfq.last_file_for_write(expect)
+            if mf.wrote_position:
+                # The queue starts mid-file (its history is gone, or a slave started late):
+                # fill the file's head with holes so recovery reads it as a whole file.
+                mf.ensure_reserved(mf.wrote_position, _reserve_chunk(mf.wrote_position))
+                mf.mv[: mf.wrote_position] = HOLE_UNIT * (mf.wrote_position // CQ_UNIT_SIZE)
         if expect < max_logic:
             return False  # already indexed
         if expect > max_logic:
@@ -238,17 +245,16 @@ class ConsumeQueue:
         files = self.mfq.files
         if not files:
             return
-        mf = files[0]
-        lo = max(0, self.min_logic_offset - mf.file_from_offset) // CQ_UNIT_SIZE
-        hi = mf.wrote_position // CQ_UNIT_SIZE
-        while lo < hi:
+        lo = max(self.min_logic_offset, files[0].file_from_offset) // CQ_UNIT_SIZE
+        hi = self.max_offset_in_queue()
+        while lo < hi:  # over every file: units point at ever larger CommitLog offsets
             mid = (lo + hi) // 2
-            off, _, _ = CQ_UNIT.unpack_from(mf.mv, mid * CQ_UNIT_SIZE)
-            if off < phy_min_offset:
+            u = self.unit(mid)
+            if u is None or u[0] < phy_min_offset:
                 lo = mid + 1
             else:
                 hi = mid
-        self.min_logic_offset = max(self.min_logic_offset, mf.file_from_offset + lo * CQ_UNIT_SIZE)
+        self.min_logic_offset = max(self.min_logic_offset, lo * CQ_UNIT_SIZE)
 
     def delete_expired_files(self, phy_min_offset: int) -> int:
         """Delete leading files whose every unit points below ``phy_min_offset``."""

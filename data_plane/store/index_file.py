@@ -140,7 +140,8 @@ class IndexFile:
             steps += 1
             eh, phy, diff, prev = INDEX_ENTRY.unpack_from(mv, self._entries_at + idx * INDEX_ENTRY_SIZE)
             ts = self.begin_timestamp + diff * 1000
-            if eh == h and begin_ms <= ts <= end_ms + 999 and phy not in out:
+            # ts is whole seconds after the file's begin: the entry was stored in [ts, ts + 999]
+            if eh == h and ts <= end_ms and begin_ms <= ts + 999 and phy not in out:
                 out.append(phy)
             if prev <= 0 or prev >= idx:
                 break
@@ -283,13 +284,11 @@ class IndexService:
         """Delete index files holding entries at or past ``phy_offset``; returns the log offset
         from which the index must be rebuilt (-1 when nothing was deleted)."""
         rebuild_from = -1
-        while self.files and self.files[-1].end_phy_offset >= phy_offset:
+        while self.files and (self.files[-1].end_phy_offset >= phy_offset or self.files[-1].index_count <= 1):
             f = self.files.pop()
             rebuild_from = f.begin_phy_offset if f.index_count > 1 else rebuild_from
             if not f.destroy():
                 self._zombies.append(f)
-        if rebuild_from >= 0 and self.files:
-            rebuild_from = max(rebuild_from, self.files[-1].end_phy_offset + 1)
         return rebuild_from
 
     def delete_expired(self, phy_min_offset: int) -> int:

@@ -71,6 +71,7 @@ class MappedFile:
         "flushed_position",
         "mv",
         "path",
+        "populated_upto",
         "reserved_upto",
         "store_timestamp",
         "wrote_position",
@@ -124,6 +125,7 @@ class MappedFile:
         self.flushed_position = 0
         self.store_timestamp = 0  # store timestamp of the last record written, if known
         self.destroyed = False
+        self.populated_upto = 0  # pages below are mapped writable (PopulateAheadService)
         self._released_upto = 0
         self._flush_lock = threading.Lock()
         self._reserve_lock = threading.Lock()

@@ -120,12 +120,17 @@ class MappedFileQueue:
             path = os.path.join(self.directory, name)
             size = os.path.getsize(path)
             if size != self.file_size:
-                # A file that was being created when the process died: never held data.
-                if size == 0 or name == names[-1]:
-                    log.warning("removing partially created file %s (%d bytes)", path, size)
+                if size == 0:
+                    log.warning("removing empty file %s (its creation was cut short)", path)
                     os.unlink(path)
                     continue
-                raise OSError(f"{path}: size {size} differs from the configured {self.file_size}")
+                if name != names[-1] or size > self.file_size:
+                    raise OSError(f"{path}: size {size} differs from the configured {self.file_size}")
+                # The last file lost its tail (a truncated copy, a filesystem that lost the
+                # end): give it back its size; recovery keeps what is sound in it.
+                log.warning("last file %s is %d bytes, not %d: extending it", path, size, self.file_size)
+                with open(path, "r+b") as f:
+                    f.truncate(self.file_size)
             mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
             mf.set_positions(self.file_size)
             self.files.append(mf)

@@ -87,7 +87,8 @@ KEY_SEPARATOR = " "
 NAME_VALUE_SEPARATOR = "\x01"
 PROPERTY_SEPARATOR = "\x02"
 
-VALID_TOPIC = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+_HEX32 = re.compile(r"[0-9A-Fa-f]{32}")
+VALID_TOPIC = re.compile(r"[%|a-zA-Z0-9_-]+")
 
 
 def pack_host(ip: str, port: int) -> bytes:
@@ -112,10 +113,9 @@ def decode_message_id(msg_id: str) -> tuple[str, int, int]:
     """``(store ip, store port, commit log offset)`` of a 32-hex-digit message id."""
     if len(msg_id) != 32:
         raise ValueError(f"a message id is 32 hex digits, got {len(msg_id)} characters")
-    try:
-        raw = bytes.fromhex(msg_id)
-    except ValueError:
-        raise ValueError(f"a message id is hex digits only: {msg_id!r}") from None
+    if not _HEX32.fullmatch(msg_id):
+        raise ValueError(f"a message id is hex digits only: {msg_id!r}")
+    raw = bytes.fromhex(msg_id)
     ip, port, offset = MESSAGE_ID.unpack(raw)
     return socket.inet_ntoa(ip), port, offset
 
@@ -159,7 +159,7 @@ def validate_topic(topic: str, max_length: int = 127) -> str | None:
         return "topic is empty"
     if len(topic) > max_length:
         return f"topic is {len(topic)} characters, more than {max_length}"
-    if not VALID_TOPIC.match(topic):
+    if not VALID_TOPIC.fullmatch(topic):
         return f"topic {topic!r} has characters outside [%|a-zA-Z0-9_-]"
     return None
 
@@ -275,13 +275,21 @@ def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = Tr
     p += 1
     if p + topic_len + 2 > end:
         raise RecordError("topic length runs past the record")
-    topic = bytes(mv[p : p + topic_len]).decode()
+    try:
+        topic = bytes(mv[p : p + topic_len]).decode()
+    except UnicodeDecodeError:
+        raise RecordError("topic is not UTF-8") from None
     p += topic_len
     (props_len,) = PROPS_LEN.unpack_from(mv, p)
     p += 2
     if props_len < 0 or p + props_len != end:
         raise RecordError("properties length does not end the record")
-    properties = decode_properties(mv[p : p + props_len])
+    if props_len and mv[end - 1] != 2:
+        raise RecordError("properties do not end with their separator (torn record)")
+    try:
+        properties = decode_properties(mv[p : p + props_len])
+    except UnicodeDecodeError:
+        raise RecordError("properties are not UTF-8") from None
     if check_crc and body_crc(body) != crc:
         raise RecordError("body CRC mismatch")
     return StoredMessage(

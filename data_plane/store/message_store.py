@@ -49,6 +49,7 @@ from data_plane.store.message import (
     decode_message_id,
     decode_record,
 )
+from data_plane.store.populate import PopulateAheadService
 from data_plane.store.status import (
     AppendMessageStatus,
     AppendResult,
@@ -102,6 +103,7 @@ class MessageStore:
         self._group_commit: GroupCommitService | None = None
         self._flush_log: FlushRealTimeService | None = None
         self._flush_cq: FlushConsumeQueueService | None = None
+        self._populate: PopulateAheadService | None = None
         self._last_release_all = time.monotonic()
         self.put_count = 0
         self.put_bytes = 0
@@ -187,13 +189,19 @@ class MessageStore:
             interval_ms=cfg.flush_interval_consume_queue_ms, flush_once=self.flush_indexes
         )
         self._flush_cq.start()
+        speedups = fastpath.speedups_module()
+        if speedups is not None and cfg.populate_ahead_bytes > 0:
+            self._populate = PopulateAheadService(
+                mfq, window_bytes=cfg.populate_ahead_bytes, populate=speedups.populate
+            )
+            self._populate.start()
 
     def shutdown(self) -> None:
         """Stop services, flush everything, write the checkpoint, remove the abort file."""
         if not self.running:
             return
         self.running = False
-        for svc in (self._group_commit, self._flush_log, self._flush_cq):
+        for svc in (self._populate, self._group_commit, self._flush_log, self._flush_cq):
             if svc is not None:
                 svc.stop()
         with self.commit_log.lock:
@@ -410,6 +418,7 @@ class MessageStore:
             ok = False
         if not ok:
             result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+            result.reason = "not flushed within sync_flush_timeout_ms"
         return result
 
     def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:

@@ -59,11 +59,18 @@ def recover(store: MessageStore, *, crashed: bool) -> int:
     # Drop index entries that point at bytes that did not survive.
     for cq in store.queues:
         cq.truncate_dirty(valid_end)
-    dispatch_from = min(safe, valid_end)
+    # Dispatch again from the safe point — or from further back when an index is behind it: a
+    # ConsumeQueue or IndexFile directory that was lost (or never flushed) is rebuilt from the
+    # log (RocketMQ's reput starts from the ConsumeQueues' max physical offset likewise).
+    cq_end = max((cq.max_physic_offset for cq in store.queues), default=-1)
+    dispatch_from = min(safe, valid_end, cq_end if cq_end >= 0 else log_min)
     if store.index is not None:
-        rebuild_from = store.index.truncate_after(valid_end)
-        if rebuild_from >= 0:
-            dispatch_from = min(dispatch_from, max(rebuild_from, log_min))
+        # IndexFiles holding entries past the end go; the index is rebuilt from the last
+        # record the remaining files index (that record may be indexed twice: queries dedupe).
+        store.index.truncate_after(valid_end)
+        ix_end = store.index.end_phy_offset()
+        dispatch_from = min(dispatch_from, ix_end if ix_end >= 0 else log_min)
+    dispatch_from = max(dispatch_from, log_min)
     # A queue whose last unit lies before the safe point is complete; one that is missing
     # units after it is filled in by the redispatch.
     store.dispatcher.dispatched_offset = dispatch_from

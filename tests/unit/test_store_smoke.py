@@ -19,7 +19,7 @@ def test_put_then_pull_returns_the_same_bytes_after_a_restart(
     assert len(store.commit_log.mfq.files) > 1, "the test must cross a file boundary"
     store.shutdown()
     store.start()
-    got = []
+    got: list[tuple[bytes, int]] = []
     for q in range(3):
         offset = 0
         while True:

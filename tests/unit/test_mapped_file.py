@@ -1,0 +1,238 @@
+"""MappedFile: one fixed-size mapped file with wrote/committed/flushed positions (mapped_file.py)."""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from data_plane.store.config import PAGE_SIZE_BYTES
+from data_plane.store.mapped_file import (
+    FILE_NAME_DIGITS,
+    MappedFile,
+    is_data_file_name,
+    offset_to_file_name,
+)
+
+SIZE = 16 * PAGE_SIZE_BYTES
+
+
+@pytest.fixture
+def opened(tmp_path: Path) -> Iterator[list[MappedFile]]:
+    """Files opened by a test, closed after it."""
+    files: list[MappedFile] = []
+    yield files
+    for mf in files:
+        mf.close()
+
+
+def _open(opened: list[MappedFile], tmp_path: Path, start: int = 0, size: int = SIZE, **kw: bool) -> MappedFile:
+    mf = MappedFile(str(tmp_path / offset_to_file_name(start)), size, **kw)
+    opened.append(mf)
+    return mf
+
+
+def test_file_names_are_the_start_offset_zero_padded_to_20_digits() -> None:
+    assert FILE_NAME_DIGITS == 20
+    assert offset_to_file_name(0) == "00000000000000000000"
+    assert offset_to_file_name(1073741824) == "00000000001073741824"
+    assert offset_to_file_name(2**63 - 1) == "09223372036854775807"
+    assert is_data_file_name("00000000001073741824")
+    assert not is_data_file_name("0000000000107374182")
+    assert not is_data_file_name("0000000000107374182x")
+    assert not is_data_file_name("abort")
+
+
+def test_a_mapped_file_knows_its_start_offset_from_its_name(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, start=3 * SIZE)
+    assert mf.file_name == "00000000000000196608"
+    assert mf.file_from_offset == 3 * SIZE
+    assert mf.file_size == SIZE
+    assert os.path.getsize(mf.path) == SIZE
+    assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (0, 0, 0)
+
+
+def test_append_bytes_moves_wrote_and_committed_but_not_flushed(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path)
+    assert mf.append_bytes(b"abc")
+    assert mf.append_bytes(memoryview(b"defgh"))
+    assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (8, 8, 0)
+    assert bytes(mf.mv[:8]) == b"abcdefgh"
+    assert mf.remaining == SIZE - 8
+    assert not mf.is_full()
+
+
+def test_flush_moves_flushed_up_to_the_committed_position(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, keep_fd=True)
+    mf.append_bytes(b"x" * 1000)
+    assert mf.flush() == 1000
+    assert mf.flushed_position == 1000
+    assert mf.flush() == 1000  # nothing new: unchanged
+    mf.append_bytes(b"y" * 10)
+    assert mf.flush() == 1010
+    with open(mf.path, "rb") as f:
+        assert f.read(1010) == b"x" * 1000 + b"y" * 10
+
+
+def test_a_file_without_a_kept_descriptor_flushes_too(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, keep_fd=False)
+    mf.append_bytes(b"z" * 5000)
+    assert mf.flush() == 5000
+    assert mf.flushed_position == 5000
+
+
+def test_set_positions_sets_wrote_committed_and_flushed(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, reserve=False)
+    assert mf.reserved_upto == 0
+    mf.set_positions(3000)
+    assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (3000, 3000, 3000)
+    assert mf.reserved_upto >= 3000
+    assert mf.append_bytes(b"next")
+    assert bytes(mf.mv[3000:3004]) == b"next"
+    mf.set_positions(SIZE)
+    assert mf.is_full()
+    assert mf.reserved_upto == SIZE
+
+
+def test_append_bytes_refuses_what_does_not_fit_and_writes_nothing(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path)
+    assert mf.append_bytes(b"a" * (SIZE - 10))
+    assert not mf.append_bytes(b"b" * 11)
+    assert mf.wrote_position == mf.committed_position == SIZE - 10
+    assert bytes(mf.mv[SIZE - 10 :]) == bytes(10)
+    assert mf.append_bytes(b"c" * 10)  # exactly what is left fits
+    assert mf.is_full()
+    assert mf.remaining == 0
+    assert not mf.append_bytes(b"d")
+
+
+def test_flush_with_least_pages_waits_until_that_many_pages_are_dirty(
+    opened: list[MappedFile], tmp_path: Path
+) -> None:
+    mf = _open(opened, tmp_path)
+    mf.append_bytes(b"p" * (3 * PAGE_SIZE_BYTES + 100))  # 3 whole pages dirty
+    assert mf.flush(least_pages=4) == 0
+    assert mf.flushed_position == 0
+    mf.append_bytes(b"p" * PAGE_SIZE_BYTES)  # now 4
+    assert mf.flush(least_pages=4) == 4 * PAGE_SIZE_BYTES + 100
+    assert mf.flushed_position == 4 * PAGE_SIZE_BYTES + 100
+    # Counting starts again from the flushed page.
+    mf.append_bytes(b"q" * PAGE_SIZE_BYTES)
+    assert mf.flush(least_pages=2) == 4 * PAGE_SIZE_BYTES + 100
+    assert mf.flush(least_pages=0) == 5 * PAGE_SIZE_BYTES + 100
+
+
+def test_flush_with_least_pages_always_flushes_a_full_file(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, size=2 * PAGE_SIZE_BYTES)
+    mf.append_bytes(b"f" * (2 * PAGE_SIZE_BYTES))
+    assert mf.is_full()
+    assert mf.flush(least_pages=100) == 2 * PAGE_SIZE_BYTES
+
+
+def test_ensure_reserved_grows_reserved_upto_by_at_least_a_chunk(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, reserve=False)
+    assert mf.reserved_upto == 0
+    mf.ensure_reserved(100, chunk=PAGE_SIZE_BYTES)
+    assert mf.reserved_upto == PAGE_SIZE_BYTES
+    mf.ensure_reserved(PAGE_SIZE_BYTES)  # already reserved: unchanged
+    assert mf.reserved_upto == PAGE_SIZE_BYTES
+    mf.ensure_reserved(5 * PAGE_SIZE_BYTES + 1, chunk=PAGE_SIZE_BYTES)
+    assert mf.reserved_upto == 5 * PAGE_SIZE_BYTES + 1
+    mf.ensure_reserved(SIZE + 12345, chunk=10 * SIZE)  # never past the end of the file
+    assert mf.reserved_upto == SIZE
+    assert os.path.getsize(mf.path) == SIZE
+
+
+def test_ensure_reserved_allocates_disk_blocks(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, reserve=False)
+    before = os.stat(mf.path).st_blocks
+    mf.ensure_reserved(8 * PAGE_SIZE_BYTES, chunk=PAGE_SIZE_BYTES)
+    assert os.stat(mf.path).st_blocks * 512 >= before * 512 + 8 * PAGE_SIZE_BYTES
+
+
+def test_a_reserved_file_is_reserved_whole(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, reserve=True)
+    assert mf.reserved_upto == SIZE
+    assert os.stat(mf.path).st_blocks * 512 >= SIZE
+
+
+def test_append_bytes_reserves_blocks_as_it_goes(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path, reserve=False)
+    assert mf.append_bytes(b"r" * 3 * PAGE_SIZE_BYTES)
+    assert mf.reserved_upto >= 3 * PAGE_SIZE_BYTES
+
+
+def test_reopening_a_file_keeps_its_bytes(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = _open(opened, tmp_path)
+    mf.append_bytes(b"persist me")
+    mf.flush()
+    assert mf.close()
+    again = _open(opened, tmp_path, reserve=False)
+    assert bytes(again.mv[:10]) == b"persist me"
+
+
+def test_opening_a_file_of_another_size_raises(opened: list[MappedFile], tmp_path: Path) -> None:
+    path = tmp_path / offset_to_file_name(0)
+    path.write_bytes(b"\0" * 100)
+    with pytest.raises(OSError, match="differs"):
+        MappedFile(str(path), SIZE)
+    assert path.stat().st_size == 100  # someone else's file is left alone
+
+
+def test_destroy_removes_the_file(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = MappedFile(str(tmp_path / offset_to_file_name(0)), SIZE)
+    mf.append_bytes(b"gone")
+    assert os.path.exists(mf.path)
+    assert mf.destroy()
+    assert not os.path.exists(mf.path)
+    assert mf.destroyed
+    assert mf.last_modified() == 0.0
+
+
+def test_zero_from_wipes_every_byte_after_the_position(
+    opened: list[MappedFile], tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    mf = _open(opened, tmp_path)
+    data = bytes(rng.randrange(1, 256) for _ in range(SIZE))
+    mf.append_bytes(data)
+    cut = rng.randrange(1, SIZE - 1)
+    mf.zero_from(cut)
+    assert bytes(mf.mv[:cut]) == data[:cut]
+    assert bytes(mf.mv[cut:]) == bytes(SIZE - cut)
+    with open(mf.path, "rb") as f:
+        on_disk = f.read()
+    assert on_disk[:cut] == data[:cut]
+    assert on_disk[cut:] == bytes(SIZE - cut)
+
+
+def test_zero_from_wipes_bytes_spread_over_more_than_a_megabyte(opened: list[MappedFile], tmp_path: Path) -> None:
+    size = 3 * 1024 * 1024
+    mf = _open(opened, tmp_path, size=size)
+    for at in (10, 1024 * 1024 - 1, 1024 * 1024 + 5, 2 * 1024 * 1024 + 77, size - 1):
+        mf.mv[at] = 0xAB
+    mf.zero_from(11)
+    assert mf.mv[10] == 0xAB
+    assert bytes(mf.mv[11:]) == bytes(size - 11)
+
+
+def test_close_returns_false_while_a_slice_is_held_and_true_after_it_is_released(
+    opened: list[MappedFile], tmp_path: Path
+) -> None:
+    mf = MappedFile(str(tmp_path / offset_to_file_name(0)), SIZE)
+    mf.append_bytes(b"held by a reader")
+    held = mf.mv[0:16]
+    assert not mf.close()
+    assert bytes(held) == b"held by a reader"  # the reader's bytes are still readable
+    held.release()
+    assert mf.close()
+
+
+def test_flush_after_close_does_nothing(opened: list[MappedFile], tmp_path: Path) -> None:
+    mf = MappedFile(str(tmp_path / offset_to_file_name(0)), SIZE, keep_fd=True)
+    mf.append_bytes(b"abc")
+    assert mf.close()
+    assert mf.flush() == 0
