@@ -554,7 +554,7 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     PyObject *log_mv = NULL, *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     Py_buffer lb;
-    int have_lb = 0;
+    int have_lb = 0, dispatch_failed = 0;
     topic = PyObject_GetAttr(msg, s_topic);
     if (!topic) goto error;
     PyObject *topic_b = PyUnicode_Check(topic) ? PyDict_GetItemWithError(a->topic_bytes, topic) : NULL;
@@ -662,8 +662,12 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         if (!e) goto error;
         PyObject *x = PyObject_CallMethodObjArgs(cq, s_put_units, cq_out, batch_qo, e, NULL);
         Py_DECREF(e);
-        if (!x) goto error;
-        Py_DECREF(x);
+        if (!x) {
+            if (!PyErr_ExceptionMatches(PyExc_OSError)) goto error;
+            PyErr_Clear(); /* stored, not indexed: the caller pauses writes until a redispatch */
+            dispatch_failed = 1;
+        }
+        Py_XDECREF(x);
     }
     if (PyLong_Check(ix_out)) {
         if (PyObject_SetAttr(ixf, s_index_count, ix_out) || set_ll(ixf, s_end_phy_offset, last_ix) ||
@@ -674,11 +678,15 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         if (!t) goto error;
         PyObject *x = PyObject_CallMethodObjArgs(a->index, s_put_items, ix_out, t, NULL);
         Py_DECREF(t);
-        if (!x) goto error;
-        Py_DECREF(x);
+        if (!x) {
+            if (!PyErr_ExceptionMatches(PyExc_OSError)) goto error;
+            PyErr_Clear();
+            dispatch_failed = 1;
+        }
+        Py_XDECREF(x);
     }
     if (set_ll(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
-    result = Py_BuildValue("(LnLO)", (long long)file_from + wrote, end - wrote, now, batch_qo);
+    result = Py_BuildValue("(LnLOi)", (long long)file_from + wrote, end - wrote, now, batch_qo, dispatch_failed);
     goto done;
 slow:
     result = Py_None;
@@ -696,7 +704,8 @@ done:
 
 static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)Appender_append, METH_O,
-     "Append one message on the common path: (wrote_offset, wrote_bytes, store_ts, queue_offset), or None."},
+     "Append one message on the common path: (wrote_offset, wrote_bytes, store_ts, queue_offset, "
+     "dispatch_failed), or None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -67,6 +67,12 @@ class IndexFile:
         # Header and slot table are written at random: reserve them whole now; entries are
         # written in order and reserved a chunk ahead (ENTRY_RESERVE_BYTES).
         self._entries_at = INDEX_HEADER_SIZE + hash_slots * HASH_SLOT_SIZE
+        if is_new:
+            try:  # before the first read through the mapping: a hole read on a full disk is SIGBUS
+                self.mf.ensure_reserved(self._entries_at + INDEX_ENTRY_SIZE * 2, ENTRY_RESERVE_BYTES)
+            except OSError:
+                self.mf.destroy()
+                raise
         begin_ts, end_ts, begin_phy, end_phy, slots, count = INDEX_HEADER.unpack_from(self.mf.mv, 0)
         self.begin_timestamp: int = begin_ts
         self.end_timestamp: int = end_ts
@@ -76,9 +82,7 @@ class IndexFile:
             raise OSError(f"{path}: {slots} hash slots on disk, {hash_slots} configured")
         self.index_count: int = max(count, 1)
         self._released_upto = self._entries_at
-        if is_new:
-            self.mf.ensure_reserved(self._entries_at + INDEX_ENTRY_SIZE * 2, ENTRY_RESERVE_BYTES)
-        else:
+        if not is_new:
             # Header and slots were reserved when the file was made; entries up to the count.
             self.mf.reserved_upto = self._entries_at + self.index_count * INDEX_ENTRY_SIZE
         self.end_phy_offset = max(self.end_phy_offset, -1) if count else -1

@@ -125,7 +125,7 @@ class MappedFile:
         self.flushed_position = 0
         self.store_timestamp = 0  # store timestamp of the last record written, if known
         self.destroyed = False
-        self.populated_upto = 0  # pages below are mapped writable (PopulateAheadService)
+        self.populated_upto = 0  # pages below are mapped writable (ReserveAheadService)
         self._released_upto = 0
         self._flush_lock = threading.Lock()
         self._reserve_lock = threading.Lock()
@@ -159,17 +159,6 @@ class MappedFile:
                 os.close(fd)
             self.reserved_upto = end
 
-    def trust_free_space(self, margin_bytes: int = 64 * 1024 * 1024) -> bool:
-        """A file made on the write path (at start, or when the allocation thread is behind)
-        is not zero-filled: that would stall the writer. Its blocks count as reserved when the
-        filesystem has room for the rest of the file plus ``margin_bytes``; otherwise appends
-        reserve as they go. True when trusted. (Pre-allocated files are zero-filled instead.)"""
-        st = os.statvfs(self.path)
-        if st.f_bavail * st.f_frsize >= (self.file_size - self.reserved_upto) + margin_bytes:
-            self.reserved_upto = self.file_size
-            return True
-        return False
-
     def append_bytes(self, data: bytes | memoryview) -> bool:
         """Copy ``data`` at the wrote position; False when it does not fit."""
         n = len(data)
@@ -188,19 +177,26 @@ class MappedFile:
         self.reserved_upto = max(self.reserved_upto, min(position, self.file_size))
 
     def zero_from(self, position: int) -> None:
-        """Wipe torn or dirty bytes after the last valid record so they can never be re-read."""
-        if position < self.file_size:
-            end = self.file_size
-            # Zero only what was touched: scan back for the last non-zero page.
-            chunk = 1024 * 1024
+        """Wipe torn or dirty bytes after the last valid record so they can never be re-read.
+        Through pread/pwrite, not the mapping: reading a hole through a mapping may have to
+        allocate a page (tmpfs), which on a full disk is SIGBUS; only non-zero chunks (whose
+        blocks exist) are rewritten."""
+        if position >= self.file_size:
+            return
+        chunk = 1024 * 1024
+        fd = os.open(self.path, os.O_RDWR)
+        try:
             p = position
-            zeros = bytes(chunk)
-            while p < end:
-                n = min(chunk, end - p)
-                if self._mm[p : p + n] != zeros[:n]:
-                    self.mv[p : p + n] = zeros[:n]
-                p += n
-            self._mm.flush()
+            while p < self.file_size:
+                data = os.pread(fd, min(chunk, self.file_size - p), p)
+                if not data:
+                    break
+                if data.count(0) != len(data):
+                    os.pwrite(fd, bytes(len(data)), p)
+                p += len(data)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     # --- durability ------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> int:

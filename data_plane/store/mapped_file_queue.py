@@ -29,6 +29,20 @@ log = logging.getLogger(__name__)
 # Zero-filling proceeds in steps this large, so that a writer that catches up with the
 # allocation thread waits for one step at most.
 RESERVE_AHEAD_STEP_BYTES = 16 * 1024 * 1024
+LAZY_FIRST_BYTES = 4 * 1024 * 1024
+
+
+def new_lazy_file(path: str, file_size: int) -> MappedFile:
+    """A CommitLog file made on the write path (at start, or when the allocation thread is
+    behind or failed): its first LAZY_FIRST_BYTES are reserved now; ReserveAheadService (or the
+    writer itself, should it catch up) reserves the rest ahead of the writes."""
+    mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
+    try:
+        mf.ensure_reserved(min(file_size, LAZY_FIRST_BYTES), LAZY_FIRST_BYTES)
+    except OSError:
+        mf.destroy()
+        raise
+    return mf
 
 
 class AllocateMappedFileService:
@@ -44,12 +58,23 @@ class AllocateMappedFileService:
     def _create(self, path: str, file_size: int) -> MappedFile:
         # Reserve (zero-fill) in steps so that a shutdown does not wait for a whole GiB.
         mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
-        step = RESERVE_AHEAD_STEP_BYTES
-        while mf.reserved_upto < file_size and not self._stopping.is_set():
-            mf.ensure_reserved(mf.reserved_upto + step, step)
-        if self._warm_up and not self._stopping.is_set():
-            mf.warm_up()
+        try:
+            step = RESERVE_AHEAD_STEP_BYTES
+            while mf.reserved_upto < file_size and not self._stopping.is_set():
+                mf.ensure_reserved(mf.reserved_upto + step, step)
+            if self._warm_up and not self._stopping.is_set():
+                mf.warm_up()
+        except OSError:
+            mf.destroy()  # a file we could not fill is not part of the log
+            raise
         return mf
+
+    def reopen(self) -> None:
+        """Make a shut-down service usable again (a store started after a shutdown)."""
+        with self._lock:
+            if self._stopping.is_set():
+                self._stopping.clear()
+                self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orbit-allocate")
 
     def request(self, path: str, file_size: int) -> None:
         """Start creating ``path`` in the background (no-op if already under way)."""
@@ -64,11 +89,15 @@ class AllocateMappedFileService:
         with self._lock:
             fut = self._pending.pop(path, None)
         try:
+            mf = None
             if fut is not None:
-                mf = fut.result()
-            else:
-                mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
-                mf.trust_free_space()
+                try:
+                    mf = fut.result()
+                except OSError as e:
+                    # Creating it ahead failed (a full disk, maybe since freed): try again now.
+                    log.warning("pre-creating %s had failed (%s); creating it now", path, e)
+            if mf is None:
+                mf = new_lazy_file(path, file_size)
         finally:
             if next_path is not None:
                 self.request(next_path, file_size)
@@ -182,9 +211,11 @@ class MappedFileQueue:
             next_path = os.path.join(self.directory, offset_to_file_name(create_offset + self.file_size))
             mf = self._allocator.take(path, self.file_size, next_path)
         else:
-            mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
-            if self._keep_fd:
-                mf.trust_free_space()
+            mf = (
+                new_lazy_file(path, self.file_size)
+                if self._keep_fd
+                else MappedFile(path, self.file_size, reserve=False, keep_fd=False)
+            )
         if last is None and create_offset < start_offset:
             # A queue that starts mid-file (a ConsumeQueue whose history was deleted, a slave
             # that starts late): positions before the start are a hole, never read.

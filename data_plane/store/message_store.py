@@ -49,7 +49,7 @@ from data_plane.store.message import (
     decode_message_id,
     decode_record,
 )
-from data_plane.store.populate import PopulateAheadService
+from data_plane.store.reserve_ahead import ReserveAheadService
 from data_plane.store.status import (
     AppendMessageStatus,
     AppendResult,
@@ -103,7 +103,7 @@ class MessageStore:
         self._group_commit: GroupCommitService | None = None
         self._flush_log: FlushRealTimeService | None = None
         self._flush_cq: FlushConsumeQueueService | None = None
-        self._populate: PopulateAheadService | None = None
+        self._reserve_ahead: ReserveAheadService | None = None
         self._last_release_all = time.monotonic()
         self.put_count = 0
         self.put_bytes = 0
@@ -126,6 +126,8 @@ class MessageStore:
             self._lock_fd = -1
             raise RuntimeError(f"store {cfg.store_path} is in use by another process") from None
         crashed = os.path.exists(cfg.abort_path)
+        if self._allocator is not None:
+            self._allocator.reopen()
         self.checkpoint = StoreCheckpoint.load(cfg.checkpoint_path)
         self.commit_log.mfq.load()
         self.queues.load()
@@ -190,18 +192,19 @@ class MessageStore:
         )
         self._flush_cq.start()
         speedups = fastpath.speedups_module()
-        if speedups is not None and cfg.populate_ahead_bytes > 0:
-            self._populate = PopulateAheadService(
-                mfq, window_bytes=cfg.populate_ahead_bytes, populate=speedups.populate
-            )
-            self._populate.start()
+        self._reserve_ahead = ReserveAheadService(
+            mfq,
+            window_bytes=cfg.reserve_ahead_bytes,
+            populate=speedups.populate if speedups is not None and cfg.populate_ahead else None,
+        )
+        self._reserve_ahead.start()
 
     def shutdown(self) -> None:
         """Stop services, flush everything, write the checkpoint, remove the abort file."""
         if not self.running:
             return
         self.running = False
-        for svc in (self._populate, self._group_commit, self._flush_log, self._flush_cq):
+        for svc in (self._reserve_ahead, self._group_commit, self._flush_log, self._flush_cq):
             if svc is not None:
                 svc.stop()
         with self.commit_log.lock:
@@ -303,6 +306,9 @@ class MessageStore:
                 finally:
                     lock.release()
                 if r is not None:
+                    if r[4]:
+                        self.dispatch_broken = True
+                        log.error("dispatch failed (full disk), writes paused until it can be redone")
                     self.put_count += 1
                     self.put_bytes += r[1]
                     return PutMessageResult(

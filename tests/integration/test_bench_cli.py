@@ -1,0 +1,124 @@
+"""``orbit bench store``, run as a user runs it: a process, its JSON on stdout, the --out file.
+
+The issue asks for these figures; each must be there and be a positive number. Their sizes are
+not judged (a benchmark is not a timed test); where a figure is a count the flags fix, the count
+is checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+MESSAGES = 2000
+QUEUE_MESSAGES = 2000
+RSS_GB = 0.01
+DISK_MB = 8
+
+
+def positive(value: Any, what: str) -> float:
+    assert isinstance(value, int | float), f"{what} is {value!r}, not a number"
+    assert not isinstance(value, bool), f"{what} is {value!r}, not a number"
+    assert math.isfinite(value), f"{what} is {value!r}"
+    assert value > 0, f"{what} is {value!r}, not positive"
+    return float(value)
+
+
+def figure(result: dict[str, Any], path: str) -> Any:
+    node: Any = result
+    for part in path.split("."):
+        assert isinstance(node, dict), f"{path}: {part!r} is under a {type(node).__name__}"
+        assert part in node, f"{path} is missing (have {sorted(node)})"
+        node = node[part]
+    return node
+
+
+def check_figures(result: dict[str, Any]) -> None:
+    for path in (
+        "disk_seq_write.mb_per_s",
+        "append_single.msgs_per_s",
+        "append_single.mb_per_s",
+        "append_batch32.msgs_per_s",
+        "read_sequential.msgs_per_s",
+        "sync_flush_64_writers.msgs_per_s",
+        "queues_16.msgs_per_s",
+        "queues_10000.msgs_per_s",
+        "ratio_to_disk.append_single",
+        "ratio_to_disk.append_batch32",
+    ):
+        positive(figure(result, path), path)
+    # The flags fix these counts.
+    assert figure(result, "disk_seq_write.megabytes") == DISK_MB
+    assert figure(result, "append_single.msgs") == MESSAGES
+    assert figure(result, "append_batch32.msgs") == MESSAGES // 32 * 32
+    # Every message appended above is read back.
+    assert figure(result, "read_sequential.msgs") == MESSAGES + MESSAGES // 32 * 32
+    assert figure(result, "queues_16.msgs") == QUEUE_MESSAGES
+    assert figure(result, "queues_10000.msgs") == QUEUE_MESSAGES
+    sync = figure(result, "sync_flush_64_writers")
+    assert sync["writers"] == 64
+    assert sync["failed"] == 0, f"{sync['failed']} SYNC_FLUSH puts failed"
+    positive(sync["msgs"], "sync_flush_64_writers.msgs")
+    # How much 10,000 queues cost relative to 16: a signed figure (noise can make it negative
+    # on small runs), derived from the two rates it compares.
+    cost = figure(result, "cost_of_10000_queues_ratio")
+    assert isinstance(cost, int | float)
+    assert math.isfinite(cost)
+    rate_16, rate_10000 = result["queues_16"]["msgs_per_s"], result["queues_10000"]["msgs_per_s"]
+    assert cost == pytest.approx(1 - rate_10000 / rate_16, abs=0.001)
+    rss = figure(result, "rss")
+    assert rss["written_gb"] == RSS_GB
+    for key in ("rss_mb_first_last_max", "rss_anon_mb_first_last_max"):
+        assert len(rss[key]) == 3
+        for i, v in enumerate(rss[key]):
+            positive(v, f"rss.{key}[{i}]")
+
+
+def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "data_plane.cli", "bench", "store",
+            "--messages", str(MESSAGES),
+            "--queue-messages", str(QUEUE_MESSAGES),
+            "--sync-seconds", "0.3",
+            "--rss-gb", str(RSS_GB),
+            "--disk-mb", str(DISK_MB),
+            "--dir", str(tmp_path / "bench"),
+            "--out", str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+        check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"orbit bench store exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    printed = json.loads(proc.stdout)
+    written = json.loads(out.read_text())
+    assert printed["schema"] == written["schema"] == "orbit.bench.store/1"
+    check_figures(printed)
+    check_figures(written)
+
+    # The file has the RSS samples too, taken while writing up to the amount asked for.
+    samples = written["rss"]["samples"]
+    assert len(samples) >= 2
+    for i, s in enumerate(samples):
+        for key in ("VmRSS", "RssAnon", "RssFile", "written_bytes"):
+            positive(s[key], f"rss.samples[{i}].{key}")
+    steps = [s["written_bytes"] for s in samples]
+    assert steps == sorted(steps)
+    assert steps[-1] >= RSS_GB * (1 << 30)
+    # Stdout is the file without the samples.
+    assert "samples" not in printed["rss"]
+    without_samples = {**written, "rss": {k: v for k, v in written["rss"].items() if k != "samples"}}
+    assert printed == without_samples
