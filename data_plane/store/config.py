@@ -53,8 +53,8 @@ class StoreConfig:
     warm_mapped_file_enabled: bool = False
     # Keep this much after the CommitLog write position reserved (zero-filled) and, with
     # populate_ahead, mapped ahead of the writer (see reserve_ahead.py).
-    reserve_ahead_bytes: int = 64 * 1024 * 1024
-    populate_ahead: bool = True
+    reserve_ahead_bytes: int = 256 * 1024 * 1024
+    populate_ahead: bool = False
     preallocate_next_file: bool = True
     # Pages behind the flush point are dropped from this process's page tables (the page
     # cache keeps them), so resident memory does not grow with the amount stored.
