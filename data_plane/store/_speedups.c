@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #ifndef MADV_POPULATE_WRITE
@@ -494,7 +495,7 @@ typedef struct {
     char host[8];
     Py_ssize_t max_props, max_msg;
     int index_enabled;
-    long long ix_slots;
+    long long ix_slots, ix_max_entries;
 } Appender;
 
 static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_committed_position, *s_file_size,
@@ -508,15 +509,15 @@ static void Appender_dealloc(Appender *a) {
     Py_TYPE(a)->tp_free((PyObject *)a);
 }
 
-/* Appender(commit_log, queue_offsets, topic_bytes, cq_table, index, dispatcher, clock,
- *          store_host, max_props, max_msg, index_enabled, index_hash_slots) */
+/* Appender(commit_log, queue_offsets, topic_bytes, cq_table, index, dispatcher, clock or None,
+ *          store_host, max_props, max_msg, index_enabled, index_hash_slots, index_max_entries) */
 static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     PyObject *cl, *qo, *tb, *cq, *ix, *disp, *clock;
     Py_buffer host;
     int ie;
     long long slots;
-    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpL", &cl, &PyDict_Type, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
-                          &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots))
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL", &cl, &PyDict_Type, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
+                          &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots, &a->ix_max_entries))
         return -1;
     if (host.len != 8) {
         PyBuffer_Release(&host);
@@ -608,24 +609,32 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         Py_ssize_t c;
         if (get_ssize(ixf, s_index_count, &c)) goto error;
         ix_count = c;
-        PyObject *re = PyObject_CallMethod(ixf, "reserved_entries", NULL);
-        if (!re) goto error;
-        ix_max = PyLong_AsLongLong(re);
-        Py_DECREF(re);
+        ix_mf = PyObject_GetAttr(ixf, s_mf);
+        if (!ix_mf) goto error;
+        Py_ssize_t ix_res;
+        if (get_ssize(ix_mf, s_reserved_upto, &ix_res)) goto error;
+        /* IndexFile.reserved_entries(): entries that fit the blocks reserved so far */
+        ix_max = (ix_res - (40 + a->ix_slots * 4)) / 20;
+        if (ix_max > a->ix_max_entries) ix_max = a->ix_max_entries;
         PyObject *bt = PyObject_GetAttr(ixf, s_begin_timestamp);
         if (!bt) goto error;
         ix_begin = PyLong_AsLongLong(bt);
         Py_DECREF(bt);
         if (ix_count <= 1 || ix_count + 64 > ix_max) goto slow;
-        ix_mf = PyObject_GetAttr(ixf, s_mf);
-        if (!ix_mf) goto error;
         ix_mv = PyObject_GetAttr(ix_mf, s_mv);
         if (!ix_mv) goto error;
     }
-    /* the store timestamp never goes backwards */
-    now_obj = PyObject_CallNoArgs(a->clock);
-    if (!now_obj) goto error;
-    long long now = PyLong_AsLongLong(now_obj);
+    /* the store timestamp never goes backwards; clock None = the wall clock, read here */
+    long long now;
+    if (a->clock == Py_None) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+    } else {
+        now_obj = PyObject_CallNoArgs(a->clock);
+        if (!now_obj) goto error;
+        now = PyLong_AsLongLong(now_obj);
+    }
     Py_ssize_t last_ts;
     if (get_ssize(a->commit_log, s_last_store_timestamp, &last_ts)) goto error;
     if (now < last_ts) now = last_ts;

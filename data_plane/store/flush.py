@@ -4,8 +4,9 @@
   CommitLog once ``flush_commit_log_least_pages`` pages are dirty, and everything at least every
   ``flush_commit_log_thorough_interval_ms``.
 * ``GroupCommitService`` (SYNC_FLUSH): appenders hand in "durable up to offset X" requests; one
-  ``fdatasync`` answers every request waiting at that moment (group commit). Answers go back to
-  each waiter's event loop with one ``call_soon_threadsafe`` per loop per round.
+  ``fdatasync`` answers every request waiting at that moment (group commit). The answer — how
+  far the log is durable — goes to each waiting event loop with one ``call_soon_threadsafe``
+  per round; the loop resolves its own waiters.
 * ``FlushConsumeQueueService``: flushes ConsumeQueues and IndexFiles, then writes the checkpoint
   (the log offsets below which each structure is durable).
 
@@ -14,9 +15,6 @@ All three run on their own threads and call ``fdatasync``, which releases the GI
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import logging
 import threading
 import time
@@ -27,9 +25,6 @@ from data_plane.store.mapped_file_queue import MappedFileQueue
 from data_plane.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
-
-Waiter = asyncio.Future[bool] | concurrent.futures.Future[bool]
-
 
 class FlushRealTimeService(ServiceThread):
     name = "orbit-flush-commitlog"
@@ -69,75 +64,62 @@ class FlushRealTimeService(ServiceThread):
 
 
 class GroupCommitService(ServiceThread):
+    """SYNC_FLUSH's flusher. Appenders ask for "durable up to X" (``request``); the thread
+    flushes up to the highest offset asked for — one ``fdatasync`` for every append waiting at
+    that moment — and then tells each listener how far the log is durable. Waiters stay with
+    their own event loop (``MessageStore``): per round this thread does O(1) Python work."""
+
     name = "orbit-group-commit"
 
-    def __init__(self, mfq: MappedFileQueue, *, after_flush: Callable[[], None], max_pending: int = 1_000_000):
+    def __init__(self, mfq: MappedFileQueue, *, after_flush: Callable[[], None]):
         super().__init__()
         self._mfq = mfq
         self._after_flush = after_flush
-        self._cond = threading.Condition()
-        self._requests: list[tuple[int, Waiter]] = []
-        self._max_pending = max_pending
+        self._requested = 0
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[int, bool], None]] = []
 
-    def submit(self, next_offset: int, waiter: Waiter) -> bool:
-        """Ask for the log to be durable up to ``next_offset``; ``waiter`` gets True once it is
-        (False on an I/O error). Returns False when the queue of waiters is full."""
-        with self._cond:
-            if len(self._requests) >= self._max_pending:
-                return False
-            self._requests.append((next_offset, waiter))
-            if len(self._requests) == 1:
-                self._cond.notify()
-        return True
+    def add_listener(self, listener: Callable[[int, bool], None]) -> None:
+        """``listener(durable_offset, ok)`` runs on this thread after every round."""
+        with self._lock:
+            self._listeners = [*self._listeners, listener]
 
-    def stop(self) -> None:
-        self._stop.set()
-        with self._cond:
-            self._cond.notify()
-        super().stop()
+    def remove_listener(self, listener: Callable[[int, bool], None]) -> None:
+        with self._lock:
+            self._listeners = [x for x in self._listeners if x is not listener]
+
+    def request(self, offset: int) -> None:
+        if offset > self._requested:
+            with self._lock:
+                self._requested = max(self._requested, offset)
+        if not self._wakeup.is_set():  # Event.set takes a lock: skip it when already set
+            self._wakeup.set()
 
     def run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._requests and not self._stop.is_set():
-                    self._cond.wait(0.5)
-                requests, self._requests = self._requests, []
-            if not requests:
-                if self._stop.is_set():
-                    return
-                continue
-            self._serve(requests)
-
-    def _serve(self, requests: list[tuple[int, Waiter]]) -> None:
-        target = max(r[0] for r in requests)
         mfq = self._mfq
-        error = False
-        try:
-            for _ in range(len(mfq.files) + 2):
-                if mfq.flushed_where >= target:
-                    break
-                mfq.flush(0)
-        except OSError:
-            log.exception("group commit flush failed")
-            error = True
-        flushed = mfq.flushed_where
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[bool], bool]]] = {}
-        for offset, waiter in requests:
-            ok = not error and offset <= flushed
-            if isinstance(waiter, asyncio.Future):
-                by_loop.setdefault(waiter.get_loop(), []).append((waiter, ok))
-            elif not waiter.done():
-                waiter.set_result(ok)
-        for loop, items in by_loop.items():
-            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                loop.call_soon_threadsafe(_resolve_all, items)
-        self._after_flush()
-
-
-def _resolve_all(items: list[tuple[asyncio.Future[bool], bool]]) -> None:
-    for fut, ok in items:
-        if not fut.done():
-            fut.set_result(ok)
+        while True:
+            self._wakeup.wait(0.5)
+            self._wakeup.clear()
+            stopping = self._stop.is_set()
+            target = self._requested
+            ok = True
+            if target > mfq.flushed_where:
+                try:
+                    for _ in range(len(mfq.files) + 2):
+                        if mfq.flushed_where >= target:
+                            break
+                        mfq.flush(0)
+                except OSError:
+                    log.exception("group commit flush failed")
+                    ok = False
+                for listener in self._listeners:
+                    try:
+                        listener(mfq.flushed_where, ok)
+                    except Exception:  # one broken listener must not stop the flusher
+                        log.exception("group commit listener failed")
+                self._after_flush()
+            if stopping:
+                return
 
 
 class FlushConsumeQueueService(ServiceThread):

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import concurrent.futures
+import contextlib
 import errno
 import fcntl
 import logging
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
@@ -62,6 +63,25 @@ from data_plane.store.status import (
 log = logging.getLogger(__name__)
 
 RecordFilter = Callable[[memoryview], bool]
+
+
+# (log offset the append ends at, deadline on the loop's clock, future)
+FlushWaiter = tuple[int, float, "asyncio.Future[bool]"]
+_MAX_FLUSH_WAITERS = 1_000_000
+
+
+def _resolve_flushed(waiters: collections.deque[FlushWaiter], durable: int, ok: bool) -> None:
+    """On the loop: every waiter whose bytes are now durable gets True (in log order); after a
+    failed flush, the rest get False."""
+    while waiters and waiters[0][0] <= durable:
+        fut = waiters.popleft()[2]
+        if not fut.done():
+            fut.set_result(True)
+    if not ok:
+        while waiters:
+            fut = waiters.popleft()[2]
+            if not fut.done():
+                fut.set_result(False)
 
 
 def _wall_clock_ms() -> int:
@@ -109,7 +129,7 @@ class MessageStore:
         self.put_bytes = 0
         self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
         self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
-        self._flush_waiters: collections.deque[tuple[float, asyncio.Future[bool]]] = collections.deque()
+        self._loop_waiters: dict[asyncio.AbstractEventLoop, collections.deque[FlushWaiter]] = {}
         self._sweeper_scheduled = False
         self._appender: Any = None
         self._host_hex = self.commit_log.store_host.hex().upper()
@@ -168,8 +188,9 @@ class MessageStore:
         cl = self.commit_log
         return speedups.Appender(
             cl, cl.queue_offsets, cl.topic_bytes_cache, self.queues.queues, self.index, self.dispatcher,
-            self.clock_ms, cl.store_host, cfg.max_properties_size_bytes, cfg.max_message_size_bytes,
-            cfg.index_enabled, cfg.index_hash_slots,
+            None if self.clock_ms is _wall_clock_ms else self.clock_ms, cl.store_host,
+            cfg.max_properties_size_bytes, cfg.max_message_size_bytes, cfg.index_enabled, cfg.index_hash_slots,
+            cfg.index_max_entries,
         )
 
     def _start_services(self) -> None:
@@ -382,12 +403,16 @@ class MessageStore:
             return result
         assert self._group_commit is not None
         loop = asyncio.get_running_loop()
-        fut: asyncio.Future[bool] = loop.create_future()
-        if not self._group_commit.submit(end, fut):
+        waiters = self._loop_waiters.get(loop)
+        if waiters is None:
+            waiters = self._watch_flushes(loop)
+        if len(waiters) >= _MAX_FLUSH_WAITERS:
             result.status = PutMessageStatus.OS_PAGECACHE_BUSY
             result.reason = "too many appends waiting for a flush"
             return result
-        self._flush_waiters.append((loop.time() + self._sync_timeout_s, fut))
+        fut: asyncio.Future[bool] = loop.create_future()
+        waiters.append((end, loop.time() + self._sync_timeout_s, fut))
+        self._group_commit.request(end)
         if not self._sweeper_scheduled:
             self._sweeper_scheduled = True
             loop.call_later(0.05, self._sweep_flush_waiters, loop)
@@ -396,13 +421,27 @@ class MessageStore:
             result.reason = "not flushed within sync_flush_timeout_ms"
         return result
 
+    def _watch_flushes(self, loop: asyncio.AbstractEventLoop) -> collections.deque[FlushWaiter]:
+        """Waiters of one event loop, answered when the group commit says how far it got."""
+        waiters: collections.deque[FlushWaiter] = collections.deque()
+        self._loop_waiters[loop] = waiters
+
+        def on_flushed(durable: int, ok: bool) -> None:  # on the flush thread
+            if waiters:
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
+                    loop.call_soon_threadsafe(_resolve_flushed, waiters, durable, ok)
+
+        assert self._group_commit is not None
+        self._group_commit.add_listener(on_flushed)
+        return waiters
+
     def _sweep_flush_waiters(self, loop: asyncio.AbstractEventLoop) -> None:
         """Answer FLUSH_DISK_TIMEOUT to waiters past their deadline (one timer for all of them,
-        not one per append). Deadlines are in submission order."""
-        waiters = self._flush_waiters
+        not one per append). Deadlines grow with the waiters' order."""
+        waiters = self._loop_waiters.get(loop)
         now = loop.time()
-        while waiters and (waiters[0][1].done() or waiters[0][0] <= now):
-            _deadline, fut = waiters.popleft()
+        while waiters and (waiters[0][2].done() or waiters[0][1] <= now):
+            fut = waiters.popleft()[2]
             if not fut.done():
                 fut.set_result(False)
         if waiters:
@@ -416,12 +455,18 @@ class MessageStore:
         if end < 0 or not self._wants_flush_wait(msgs):
             return result
         assert self._group_commit is not None
-        fut: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        self._group_commit.submit(end, fut)
+        done = threading.Event()
+
+        def on_flushed(durable: int, ok: bool) -> None:
+            if durable >= end or not ok:
+                done.set()
+
+        self._group_commit.add_listener(on_flushed)
         try:
-            ok = fut.result(timeout=self.config.sync_flush_timeout_ms / 1000)
-        except concurrent.futures.TimeoutError:
-            ok = False
+            self._group_commit.request(end)
+            ok = done.wait(self._sync_timeout_s) and self.commit_log.mfq.flushed_where >= end
+        finally:
+            self._group_commit.remove_listener(on_flushed)
         if not ok:
             result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
             result.reason = "not flushed within sync_flush_timeout_ms"
