@@ -51,10 +51,10 @@ class StoreConfig:
     sync_flush_timeout_ms: int = 5_000
     # --- Allocation and page cache ------------------------------------------------------------
     warm_mapped_file_enabled: bool = False
-    # Keep this much after the CommitLog write position reserved (zero-filled) and, with
-    # populate_ahead, mapped ahead of the writer (see reserve_ahead.py).
-    reserve_ahead_bytes: int = 256 * 1024 * 1024
-    populate_ahead: bool = False
+    # Keep this much after the CommitLog write position reserved and, with populate_ahead,
+    # mapped ahead of the writer by a background thread (see reserve_ahead.py).
+    reserve_ahead_bytes: int = 128 * 1024 * 1024
+    populate_ahead: bool = True
     preallocate_next_file: bool = True
     # Pages behind the flush point are dropped from this process's page tables (the page
     # cache keeps them), so resident memory does not grow with the amount stored.

@@ -63,6 +63,7 @@ class MappedFile:
         "_mm",
         "_released_upto",
         "_reserve_lock",
+        "_zero_fill",
         "committed_position",
         "destroyed",
         "file_from_offset",
@@ -84,8 +85,7 @@ class MappedFile:
         otherwise blocks are reserved chunk by chunk as writes reach them (``ensure_reserved``).
         ``keep_fd`` keeps a descriptor for flushing (CommitLog files); others open one per flush
         so that thousands of ConsumeQueue files do not pin thousands of descriptors.
-        ``zero_fill`` reserves by writing zeros (sequential writers: minor faults later);
-        otherwise by ``posix_fallocate`` (randomly written files: no up-front write)."""
+        ``zero_fill`` chooses how blocks are reserved (see ``ensure_reserved``)."""
         self.path = path
         self.file_name = os.path.basename(path)
         self.file_from_offset = int(self.file_name)
@@ -129,6 +129,7 @@ class MappedFile:
         self._released_upto = 0
         self._flush_lock = threading.Lock()
         self._reserve_lock = threading.Lock()
+        self._zero_fill = zero_fill
 
     # --- writing ---------------------------------------------------------------------------
     @property
@@ -140,9 +141,12 @@ class MappedFile:
 
     def ensure_reserved(self, upto: int, chunk: int = RESERVE_CHUNK_BYTES) -> None:
         """Reserve disk blocks up to byte ``upto`` and at least ``chunk`` past the last
-        reservation, by writing zeros (raises OSError(ENOSPC) on a full disk). Zeros rather than
-        ``posix_fallocate``: the first write fault on an fallocated (unwritten) extent costs up
-        to a millisecond on ext4, taken with the GIL held."""
+        reservation (raises OSError(ENOSPC) on a full disk). Small randomly or sparsely written
+        files (ConsumeQueues, IndexFiles) are reserved by writing zeros: the first write fault
+        into a small fallocated (unwritten) ext4 extent cost up to a millisecond here (ext4
+        zeroes it out on disk, in the fault, with the GIL held). CommitLog files
+        (``zero_fill=False``) use ``posix_fallocate``: sequential writes into one large extent
+        split it cheaply, and no zeros are copied through the page cache."""
         if upto <= self.reserved_upto:
             return
         with self._reserve_lock:  # the allocation thread may be reserving ahead of us
@@ -152,7 +156,9 @@ class MappedFile:
             fd = os.open(self.path, os.O_RDWR)
             try:
                 pos = self.reserved_upto
-                while pos < end:
+                if not self._zero_fill:
+                    os.posix_fallocate(fd, pos, end - pos)
+                while self._zero_fill and pos < end:
                     n = min(ZERO_FILL_CHUNK_BYTES, end - pos)
                     pos += os.pwrite(fd, _ZEROS[:n], pos)
             finally:

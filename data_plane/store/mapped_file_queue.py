@@ -26,23 +26,12 @@ from data_plane.store.mapped_file import MappedFile, is_data_file_name, offset_t
 
 log = logging.getLogger(__name__)
 
-# Zero-filling proceeds in steps this large, so that a writer that catches up with the
-# allocation thread waits for one step at most.
-RESERVE_AHEAD_STEP_BYTES = 16 * 1024 * 1024
-LAZY_FIRST_BYTES = 4 * 1024 * 1024
 
 
-def new_lazy_file(path: str, file_size: int) -> MappedFile:
-    """A CommitLog file made on the write path (at start, or when the allocation thread is
-    behind or failed): its first LAZY_FIRST_BYTES are reserved now; ReserveAheadService (or the
-    writer itself, should it catch up) reserves the rest ahead of the writes."""
-    mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
-    try:
-        mf.ensure_reserved(min(file_size, LAZY_FIRST_BYTES), LAZY_FIRST_BYTES)
-    except OSError:
-        mf.destroy()
-        raise
-    return mf
+def new_commit_log_file(path: str, file_size: int) -> MappedFile:
+    """A CommitLog file with every block reserved (``posix_fallocate``): a full disk is an
+    OSError here, never a SIGBUS in an append."""
+    return MappedFile(path, file_size, reserve=True, keep_fd=True, zero_fill=False)
 
 
 class AllocateMappedFileService:
@@ -56,12 +45,8 @@ class AllocateMappedFileService:
         self._stopping = threading.Event()
 
     def _create(self, path: str, file_size: int) -> MappedFile:
-        # Reserve (zero-fill) in steps so that a shutdown does not wait for a whole GiB.
-        mf = MappedFile(path, file_size, reserve=False, keep_fd=True)
+        mf = new_commit_log_file(path, file_size)
         try:
-            step = RESERVE_AHEAD_STEP_BYTES
-            while mf.reserved_upto < file_size and not self._stopping.is_set():
-                mf.ensure_reserved(mf.reserved_upto + step, step)
             if self._warm_up and not self._stopping.is_set():
                 mf.warm_up()
         except OSError:
@@ -97,7 +82,7 @@ class AllocateMappedFileService:
                     # Creating it ahead failed (a full disk, maybe since freed): try again now.
                     log.warning("pre-creating %s had failed (%s); creating it now", path, e)
             if mf is None:
-                mf = new_lazy_file(path, file_size)
+                mf = new_commit_log_file(path, file_size)
         finally:
             if next_path is not None:
                 self.request(next_path, file_size)
@@ -160,7 +145,7 @@ class MappedFileQueue:
                 log.warning("last file %s is %d bytes, not %d: extending it", path, size, self.file_size)
                 with open(path, "r+b") as f:
                     f.truncate(self.file_size)
-            mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
+            mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd, zero_fill=not self._keep_fd)
             mf.set_positions(self.file_size)
             self.files.append(mf)
 
@@ -212,7 +197,7 @@ class MappedFileQueue:
             mf = self._allocator.take(path, self.file_size, next_path)
         else:
             mf = (
-                new_lazy_file(path, self.file_size)
+                new_commit_log_file(path, self.file_size)
                 if self._keep_fd
                 else MappedFile(path, self.file_size, reserve=False, keep_fd=False)
             )
