@@ -758,6 +758,32 @@ static PyObject *populate(PyObject *self, PyObject *args) {
     return PyLong_FromLong(err);
 }
 
+/* release(buffer, start, length) -> errno: drops [start, start+length) of a shared file mapping
+ * from the process's page tables (MADV_DONTNEED; dirty pages stay dirty in the page cache),
+ * GIL released. */
+static PyObject *release(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t start, length;
+    if (!PyArg_ParseTuple(args, "w*nn", &b, &start, &length)) return NULL;
+    long page = sysconf(_SC_PAGESIZE);
+    if (start < 0 || length < 0 || start > b.len) {
+        PyBuffer_Release(&b);
+        PyErr_SetString(PyExc_ValueError, "release: range outside the buffer");
+        return NULL;
+    }
+    if (start + length > b.len) length = b.len - start;
+    uintptr_t lo = ((uintptr_t)b.buf + start + page - 1) & ~(uintptr_t)(page - 1);
+    uintptr_t hi = ((uintptr_t)b.buf + start + length) & ~(uintptr_t)(page - 1);
+    int err = 0;
+    if (hi > lo) {
+        Py_BEGIN_ALLOW_THREADS
+        if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) err = errno;
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&b);
+    return PyLong_FromLong(err);
+}
+
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     Py_buffer b;
     if (!PyArg_ParseTuple(args, "y*", &b)) return NULL;
@@ -771,6 +797,7 @@ static PyMethodDef methods[] = {
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
     {"populate", populate, METH_VARARGS, "Map a range of a shared mapping writable, GIL released."},
+    {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -73,6 +73,7 @@ class MappedFile:
         "mv",
         "path",
         "populated_upto",
+        "released_behind",
         "reserved_upto",
         "store_timestamp",
         "wrote_position",
@@ -126,6 +127,7 @@ class MappedFile:
         self.store_timestamp = 0  # store timestamp of the last record written, if known
         self.destroyed = False
         self.populated_upto = 0  # pages below are mapped writable (ReserveAheadService)
+        self.released_behind = 0  # pages below were dropped from the page tables (ditto)
         self._released_upto = 0
         self._flush_lock = threading.Lock()
         self._reserve_lock = threading.Lock()

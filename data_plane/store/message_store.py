@@ -50,7 +50,7 @@ from data_plane.store.message import (
     decode_message_id,
     decode_record,
 )
-from data_plane.store.reserve_ahead import ReserveAheadService
+from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
     AppendMessageStatus,
     AppendResult,
@@ -216,7 +216,15 @@ class MessageStore:
         self._reserve_ahead = ReserveAheadService(
             mfq,
             window_bytes=cfg.reserve_ahead_bytes,
+            keep_behind_bytes=cfg.release_keep_bytes,
             populate=speedups.populate if speedups is not None and cfg.populate_ahead else None,
+            release=(
+                None
+                if not cfg.release_flushed_pages
+                else (lambda mf, a, b: speedups.release(mf.mv, a, b - a))
+                if speedups is not None
+                else release_with_madvise
+            ),
         )
         self._reserve_ahead.start()
 

@@ -14,9 +14,11 @@ mapping, and both are slow enough to matter on the hot path:
   to 40 % of a batched append. Done here, it happens on the other core.
 
 This thread keeps ``reserve_ahead_bytes`` (128 MiB) after the write position reserved and
-mapped. A writer that catches up simply takes its own faults. Pages behind the flush point are
-dropped again (``MessageStore._after_log_flush``), so resident memory stays bounded (the window
-plus 16 MiB). Without the compiled module the mapping step is skipped.
+mapped, and drops the pages more than ``release_keep_bytes`` (16 MiB) behind the writer from the
+process's page tables (they stay in the page cache, dirty or not), so resident memory stays
+bounded — the window plus 16 MiB — however fast the writer goes and however far the flusher
+lags. A writer that catches up simply takes its own faults. Without the compiled module the
+mapping step is skipped and the release holds the GIL.
 """
 
 from __future__ import annotations
@@ -25,10 +27,19 @@ import logging
 from collections.abc import Callable
 
 from data_plane.store.config import PAGE_SIZE_BYTES
+from data_plane.store.mapped_file import MappedFile
 from data_plane.store.mapped_file_queue import MappedFileQueue
 from data_plane.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
+
+
+Release = Callable[[MappedFile, int, int], None]
+
+
+def release_with_madvise(mf: MappedFile, start: int, end: int) -> None:
+    """The pure-Python release (holds the GIL for the madvise)."""
+    mf.release_range(start, end)
 
 
 class ReserveAheadService(ServiceThread):
@@ -39,20 +50,40 @@ class ReserveAheadService(ServiceThread):
         mfq: MappedFileQueue,
         *,
         window_bytes: int,
+        keep_behind_bytes: int,
         populate: Callable[[memoryview, int, int], int] | None,
+        release: Release | None,
     ) -> None:
         super().__init__()
         self._mfq = mfq
         self._window = window_bytes
+        self._keep = keep_behind_bytes
         self._step = max(window_bytes // 4, PAGE_SIZE_BYTES)
         self._populate = populate
+        self._release = release
+
+    def _release_behind(self, mf: MappedFile, upto: int) -> bool:
+        """Drop pages the writer has left behind (they stay in the page cache, dirty or not):
+        resident memory stays at the window plus ``keep_behind_bytes`` however fast it writes."""
+        upto -= upto % PAGE_SIZE_BYTES
+        if self._release is None or (upto - mf.released_behind < self._step and upto < mf.file_size):
+            return False
+        if upto <= mf.released_behind:
+            return False
+        self._release(mf, mf.released_behind, upto)
+        mf.released_behind = upto
+        return True
 
     def run(self) -> None:
+        previous: MappedFile | None = None
         while not self._stop.is_set():
             mf = self._mfq.last
             if mf is None or mf.destroyed:
                 self.wait_for_running(0.002)
                 continue
+            if previous is not None and previous is not mf and not previous.destroyed:
+                self._release_behind(previous, previous.file_size)  # the writer moved on
+            previous = mf
             wrote = mf.wrote_position
             target = min(mf.file_size, wrote + self._window)
             worked = False
@@ -76,5 +107,6 @@ class ReserveAheadService(ServiceThread):
                 else:
                     mf.populated_upto = end
                 worked = True
+            worked = self._release_behind(mf, wrote - self._keep) or worked
             if not worked:
                 self.wait_for_running(0.002)
