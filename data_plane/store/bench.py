@@ -8,8 +8,8 @@ Every figure comes from this run on this machine:
   a stock RocketMQ producer sends), ASYNC_FLUSH, in-process, ConsumeQueue and index included;
 * ``read_sequential``: every message back through ``get_message`` (32 a call);
 * ``sync_flush_64_writers``: SYNC_FLUSH, 64 asyncio tasks each awaiting ``put_message``;
-* ``queues_16`` vs ``queues_10000``: the same single-append load spread over 16 and over
-  10,000 queues;
+* ``queues_16`` vs ``queues_10000``: the same load spread over 16 and over 10,000 queues,
+  as single appends and as batches of 32 (``*_batch32``);
 * ``rss``: resident memory while ``rss_gb`` GiB are written (``RssAnon`` is the process's own
   memory; ``RssFile`` the mapped file pages it currently holds).
 """
@@ -191,7 +191,7 @@ def _run_loop(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _spread_once(directory: str, body: bytes, queues: int, n: int) -> dict[str, float]:
+def _spread_once(directory: str, body: bytes, queues: int, n: int, batch: int) -> dict[str, float]:
     store = _store(directory, f"queues{queues}")
     pool = _messages(min(n, 20_000), body, queues)
     size = len(pool)
@@ -202,24 +202,30 @@ def _spread_once(directory: str, body: bytes, queues: int, n: int) -> dict[str, 
             m.queue_id = q
             store.append([m])
         append = store.append
+        rounds = n // batch
         t = time.perf_counter()
-        for i in range(n):
-            m = pool[i % size]
-            m.queue_id = i % queues
-            append([m])
-        return _rate(n, time.perf_counter() - t)
+        for i in range(rounds):
+            q = i % queues
+            msgs = [pool[(i * batch + k) % size] for k in range(batch)]
+            for m in msgs:
+                m.queue_id = q
+            append(msgs)
+        return _rate(rounds * batch, time.perf_counter() - t)
     finally:
         store.destroy()
 
 
 def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
+    """The same load over 16 and over 10,000 queues: single messages (each append lands in a
+    different queue's files than the one before) and batches of 32 (one queue a batch)."""
     body = os.urandom(opts.body_bytes)
-    out: dict[str, Any] = {
-        f"queues_{q}": _spread_once(directory, body, q, opts.queue_messages) for q in (16, 10_000)
-    }
-    a = out["queues_16"]["msgs_per_s"]
-    b = out["queues_10000"]["msgs_per_s"]
-    out["cost_of_10000_queues_ratio"] = round(1 - b / a, 3) if a else None
+    out: dict[str, Any] = {}
+    for batch, label in ((1, ""), (32, "_batch32")):
+        for q in (16, 10_000):
+            out[f"queues_{q}{label}"] = _spread_once(directory, body, q, opts.queue_messages, batch)
+        a = out[f"queues_16{label}"]["msgs_per_s"]
+        b = out[f"queues_10000{label}"]["msgs_per_s"]
+        out[f"cost_of_10000_queues{label}_ratio"] = round(1 - b / a, 3) if a else None
     return out
 
 
