@@ -729,59 +729,46 @@ static PyTypeObject AppenderType = {
     .tp_doc = "The single-message append path of MessageStore, in C.",
 };
 
-/* populate(buffer, start, length) -> errno (0 = done): maps [start, start+length) of a shared
- * file mapping writable, page by page, with the GIL released (MADV_POPULATE_WRITE), so that the
- * writer that comes later takes no page faults. */
-static PyObject *populate(PyObject *self, PyObject *args) {
+/* madvise over [start, start+length) of a buffer (a shared file mapping) with the GIL released;
+ * returns errno (0 = done). `inward` rounds the range inward to whole pages (never touching a
+ * page only partly inside it), otherwise outward. */
+static PyObject *madvise_range(PyObject *args, int advice, int inward, const char *what) {
     Py_buffer b;
     Py_ssize_t start, length;
     if (!PyArg_ParseTuple(args, "w*nn", &b, &start, &length)) return NULL;
-    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
     if (start < 0 || length < 0 || start > b.len) {
         PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_ValueError, "populate: range outside the buffer");
+        PyErr_Format(PyExc_ValueError, "%s: range outside the buffer", what);
         return NULL;
     }
     if (start + length > b.len) length = b.len - start;
-    uintptr_t lo = ((uintptr_t)b.buf + start) & ~(uintptr_t)(page - 1);
-    uintptr_t hi = ((uintptr_t)b.buf + start + length + page - 1) & ~(uintptr_t)(page - 1);
-    uintptr_t top = ((uintptr_t)b.buf + b.len) & ~(uintptr_t)(page - 1);
-    if (lo < (uintptr_t)b.buf) lo = (uintptr_t)b.buf;
+    uintptr_t base = (uintptr_t)b.buf, first = base + start, last = base + start + length;
+    uintptr_t lo = inward ? (first + page - 1) & ~(page - 1) : first & ~(page - 1);
+    uintptr_t hi = inward ? last & ~(page - 1) : (last + page - 1) & ~(page - 1);
+    uintptr_t top = (base + b.len) & ~(page - 1);
+    if (lo < base) lo = (base + page - 1) & ~(page - 1);
     if (hi > top) hi = top;
     int err = 0;
     if (hi > lo) {
         Py_BEGIN_ALLOW_THREADS
-        if (madvise((void *)lo, hi - lo, MADV_POPULATE_WRITE) != 0) err = errno;
+        if (madvise((void *)lo, hi - lo, advice) != 0) err = errno;
         Py_END_ALLOW_THREADS
     }
     PyBuffer_Release(&b);
     return PyLong_FromLong(err);
 }
 
-/* release(buffer, start, length) -> errno: drops [start, start+length) of a shared file mapping
- * from the process's page tables (MADV_DONTNEED; dirty pages stay dirty in the page cache),
- * GIL released. */
+/* populate(buffer, start, length) -> errno: maps the range writable, page by page
+ * (MADV_POPULATE_WRITE), so that the writer that comes later takes no page faults. */
+static PyObject *populate(PyObject *self, PyObject *args) {
+    return madvise_range(args, MADV_POPULATE_WRITE, 0, "populate");
+}
+
+/* release(buffer, start, length) -> errno: drops the pages wholly inside the range from the
+ * process's page tables (MADV_DONTNEED; dirty pages stay dirty in the page cache). */
 static PyObject *release(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    Py_ssize_t start, length;
-    if (!PyArg_ParseTuple(args, "w*nn", &b, &start, &length)) return NULL;
-    long page = sysconf(_SC_PAGESIZE);
-    if (start < 0 || length < 0 || start > b.len) {
-        PyBuffer_Release(&b);
-        PyErr_SetString(PyExc_ValueError, "release: range outside the buffer");
-        return NULL;
-    }
-    if (start + length > b.len) length = b.len - start;
-    uintptr_t lo = ((uintptr_t)b.buf + start + page - 1) & ~(uintptr_t)(page - 1);
-    uintptr_t hi = ((uintptr_t)b.buf + start + length) & ~(uintptr_t)(page - 1);
-    int err = 0;
-    if (hi > lo) {
-        Py_BEGIN_ALLOW_THREADS
-        if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) err = errno;
-        Py_END_ALLOW_THREADS
-    }
-    PyBuffer_Release(&b);
-    return PyLong_FromLong(err);
+    return madvise_range(args, MADV_DONTNEED, 1, "release");
 }
 
 static PyObject *py_crc32c(PyObject *self, PyObject *args) {

@@ -105,7 +105,7 @@ def _index_buffer(rng: random.Random, slots: int, max_entries: int, begin_ts: in
     return buf, count
 
 
-def _run_both(
+def _assert_twins_agree(
     compiled: WriteBatch, head: tuple[Any, ...], buf_size: int, targets: tuple[Any, ...] = ()
 ) -> tuple[tuple[Any, ...], bytearray, list[bytearray]]:
     """Run both twins on identical copies; assert they agree; return the Python one's output."""
@@ -140,7 +140,7 @@ def test_both_twins_write_identical_records_units_and_index_items_for_random_bat
         index_enabled = rng.random() < 0.8
         head = (pos, pos + need + rng.randint(0, 100), file_from, msgs, topic_b, queue_id, first_qo, STORE_TS,
                 STORE_HOST, MAX_PROPS, MAX_MSG, index_enabled)
-        result, _, _ = _run_both(speedups.write_batch, head, pos + need + 200)
+        result, _, _ = _assert_twins_agree(speedups.write_batch, head, pos + need + 200)
         assert result[0] == 0
         assert result[1] == pos + need
 
@@ -161,7 +161,7 @@ def test_both_twins_write_units_and_index_entries_straight_into_their_targets(
         cq_limit = rng.choice([len(cq), cq_pos + 20 * rng.randint(0, 12)])
         head = (0, need, 4096, msgs, topic_b, queue_id, 17, STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG, True)
         targets = (cq, cq_pos, cq_limit, ix, slots, count, max_entries, begin_ts)
-        _run_both(speedups.write_batch, head, need, targets)
+        _assert_twins_agree(speedups.write_batch, head, need, targets)
 
 
 def test_both_twins_add_identical_index_entries(speedups: ModuleType, seed: int) -> None:
