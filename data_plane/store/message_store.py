@@ -53,7 +53,6 @@ from data_plane.store.message import (
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
     AppendMessageStatus,
-    AppendResult,
     GetMessageResult,
     GetMessageStatus,
     PutMessageResult,
@@ -340,10 +339,7 @@ class MessageStore:
                         log.error("dispatch failed (full disk), writes paused until it can be redone")
                     self.put_count += 1
                     self.put_bytes += r[1]
-                    return PutMessageResult(
-                        PutMessageStatus.PUT_OK,
-                        AppendResult(AppendMessageStatus.PUT_OK, r[0], r[1], r[2], r[3], 1, self._host_hex),
-                    ), r[0] + r[1]
+                    return PutMessageResult.stored(r, self._host_hex), r[0] + r[1]
         if n == 0:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, None, "no message to put"), -1
         first = msgs[0]

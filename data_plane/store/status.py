@@ -96,12 +96,39 @@ class AppendResult:
 
 
 class PutMessageResult:
-    __slots__ = ("append", "reason", "status")
+    """The answer to a put. ``append`` says where it went; on the compiled single-message path
+    it is built on first access from the raw ``(offset, bytes, store ts, queue offset)``."""
+
+    __slots__ = ("_append", "_host_hex", "_raw", "reason", "status")
 
     def __init__(self, status: PutMessageStatus, append: AppendResult | None = None, reason: str = "") -> None:
         self.status = status
-        self.append = append
+        self._append = append
         self.reason = reason
+        self._raw: tuple[int, int, int, int] | None = None
+        self._host_hex = ""
+
+    @classmethod
+    def stored(cls, raw: tuple[int, int, int, int, int], host_hex: str) -> PutMessageResult:
+        """PUT_OK for one message appended at ``raw`` (the compiled Appender's answer)."""
+        result = cls(PutMessageStatus.PUT_OK)
+        result._raw = raw[:4]
+        result._host_hex = host_hex
+        return result
+
+    @property
+    def append(self) -> AppendResult | None:
+        if self._append is None and self._raw is not None:
+            offset, size, store_ts, queue_offset = self._raw
+            self._append = AppendResult(
+                AppendMessageStatus.PUT_OK, offset, size, store_ts, queue_offset, 1, self._host_hex
+            )
+        return self._append
+
+    @append.setter
+    def append(self, value: AppendResult | None) -> None:
+        self._append = value
+        self._raw = None
 
     def __repr__(self) -> str:
         return f"PutMessageResult({self.status.value}, {self.append!r}, reason={self.reason!r})"
