@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 
@@ -74,8 +74,6 @@ class StoreConfig:
     # --- Identity of this store on the wire ---------------------------------------------------
     store_host: str = "127.0.0.1"
     store_port: int = 10911
-    # Extra, rarely changed knobs for tests and tools.
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems = []
