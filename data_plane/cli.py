@@ -21,7 +21,7 @@ def _bench_store(args: argparse.Namespace) -> int:
     opts = bench.BenchOptions.quick(args.dir) if args.quick else bench.BenchOptions(directory=args.dir)
     overrides: dict[str, Any] = {
         name: getattr(args, name, None)
-        for name in ("messages", "queue_messages", "sync_seconds", "rss_gb", "disk_mb")
+        for name in ("messages", "queue_messages", "sync_seconds", "rss_gb", "disk_mb", "repeats")
         if getattr(args, name, None) is not None
     }
     if overrides:
@@ -62,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--sync-seconds", type=float, help="seconds of SYNC_FLUSH load")
     store.add_argument("--rss-gb", type=float, help="GiB to write while watching resident memory")
     store.add_argument("--disk-mb", type=int, help="MiB written to measure the disk's bandwidth")
+    store.add_argument("--repeats", type=int, help="runs of each figure; the median is reported (default 3)")
     store.set_defaults(func=_bench_store)
     dev = sub.add_parser("dev", help="the local development cluster")
     dev_sub = dev.add_subparsers(dest="what", required=True)

@@ -1,6 +1,7 @@
 """``orbit bench store``: the store's throughput and memory figures, printed as JSON.
 
-Every figure comes from this run on this machine:
+Every figure comes from this run on this machine; each is the median of ``repeats`` runs
+(3 by default; ``runs_msgs_per_s`` keeps them all — runs on the project's VM vary a lot):
 
 * ``disk_seq_write``: raw sequential write bandwidth of the disk holding the store directory
   (1 MiB ``write`` calls, then ``fdatasync``), the yardstick for the rest;
@@ -40,15 +41,22 @@ class BenchOptions:
     directory: str | None = None
     messages: int = 1_000_000
     body_bytes: int = 1024
-    sync_seconds: float = 5.0
+    sync_seconds: float = 3.0
     queue_messages: int = 300_000
     rss_gb: float = 10.0
     disk_mb: int = 1024
+    repeats: int = 3
 
     @classmethod
     def quick(cls, directory: str | None = None) -> BenchOptions:
         return cls(
-            directory=directory, messages=200_000, sync_seconds=2.0, queue_messages=100_000, rss_gb=1.0, disk_mb=256
+            directory=directory,
+            messages=200_000,
+            sync_seconds=2.0,
+            queue_messages=100_000,
+            rss_gb=1.0,
+            disk_mb=256,
+            repeats=1,
         )
 
 
@@ -66,6 +74,26 @@ def _messages(count: int, body: bytes, queues: int) -> list[Message]:
 
 def _rate(count: int, seconds: float) -> dict[str, float]:
     return {"msgs": count, "seconds": round(seconds, 3), "msgs_per_s": round(count / seconds) if seconds else 0.0}
+
+
+def _measure(run: Callable[[], tuple[int, int]], repeats: int) -> dict[str, Any]:
+    """Time ``run`` (returning messages and bytes done) ``repeats`` times; the figure is the
+    median run, every run's rate is kept (this machine's runs vary by up to 3x)."""
+    runs = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        count, nbytes = run()
+        dt = time.perf_counter() - t
+        runs.append((count / dt if dt else 0.0, count, dt, nbytes))
+    runs.sort()
+    rate, count, dt, nbytes = runs[len(runs) // 2]
+    return {
+        "msgs": count,
+        "seconds": round(dt, 3),
+        "msgs_per_s": round(rate),
+        "mb_per_s": round(nbytes / dt / 1e6, 1) if dt else 0.0,
+        "runs_msgs_per_s": [round(r[0]) for r in runs],
+    }
 
 
 def disk_seq_write(directory: str, megabytes: int) -> dict[str, float]:
@@ -107,28 +135,25 @@ def bench_append_and_read(directory: str, opts: BenchOptions) -> dict[str, Any]:
         append = store.append
         n = opts.messages
 
-        def singles() -> int:
+        def singles() -> tuple[int, int]:
+            before = store.put_bytes
             for i in range(n):
                 append([pool[i & 8191]])
-            return n
+            return n, store.put_bytes - before
 
-        count, dt = _timed(singles)
-        out["append_single"] = _rate(count, dt)
-        out["append_single"]["mb_per_s"] = round(store.put_bytes / dt / 1e6, 1)
+        out["append_single"] = _measure(singles, opts.repeats)
         batches = [list(pool[q::16])[:32] for q in range(16)]
-        bytes_before = store.put_bytes
 
-        def batched() -> int:
+        def batched() -> tuple[int, int]:
+            before = store.put_bytes
             for i in range(n // 32):
                 append(batches[i & 15])
-            return (n // 32) * 32
+            return (n // 32) * 32, store.put_bytes - before
 
-        count, dt = _timed(batched)
-        out["append_batch32"] = _rate(count, dt)
-        out["append_batch32"]["mb_per_s"] = round((store.put_bytes - bytes_before) / dt / 1e6, 1)
+        out["append_batch32"] = _measure(batched, opts.repeats)
 
-        def read_all() -> int:
-            got = 0
+        def read_all() -> tuple[int, int]:
+            got = nbytes = 0
             get = store.get_message
             for q in range(16):
                 offset = 0
@@ -137,11 +162,11 @@ def bench_append_and_read(directory: str, opts: BenchOptions) -> dict[str, Any]:
                     if not r.messages:
                         break
                     got += len(r.messages)
+                    nbytes += r.buffer_total_size
                     offset = r.next_begin_offset
-            return got
+            return got, nbytes
 
-        count, dt = _timed(read_all)
-        out["read_sequential"] = _rate(count, dt)
+        out["read_sequential"] = _measure(read_all, opts.repeats)
     finally:
         store.destroy()
     return out
@@ -173,10 +198,12 @@ def bench_sync_flush(directory: str, opts: BenchOptions, writers: int = 64) -> d
             await asyncio.gather(*(writer(k) for k in range(writers)))
             return done, time.perf_counter() - t, failed
 
-        done, dt, failed = _run_loop(run())
-        out = _rate(done, dt)
+        samples = sorted((_run_loop(run()) for _ in range(opts.repeats)), key=lambda x: x[0] / x[1])
+        done, dt, _failed = samples[len(samples) // 2]
+        out: dict[str, Any] = dict(_rate(done, dt))
+        out["runs_msgs_per_s"] = [round(d / t) for d, t, _f in samples]
         out["writers"] = writers
-        out["failed"] = failed
+        out["failed"] = sum(f for _d, _t, f in samples)
         return out
     finally:
         store.destroy()
@@ -191,7 +218,7 @@ def _run_loop(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _spread_once(directory: str, body: bytes, queues: int, n: int, batch: int) -> dict[str, float]:
+def _spread_once(directory: str, body: bytes, queues: int, n: int, batch: int, repeats: int) -> dict[str, Any]:
     store = _store(directory, f"queues{queues}")
     pool = _messages(min(n, 20_000), body, queues)
     size = len(pool)
@@ -203,14 +230,18 @@ def _spread_once(directory: str, body: bytes, queues: int, n: int, batch: int) -
             store.append([m])
         append = store.append
         rounds = n // batch
-        t = time.perf_counter()
-        for i in range(rounds):
-            q = i % queues
-            msgs = [pool[(i * batch + k) % size] for k in range(batch)]
-            for m in msgs:
-                m.queue_id = q
-            append(msgs)
-        return _rate(rounds * batch, time.perf_counter() - t)
+
+        def run() -> tuple[int, int]:
+            before = store.put_bytes
+            for i in range(rounds):
+                q = i % queues
+                msgs = [pool[(i * batch + k) % size] for k in range(batch)]
+                for m in msgs:
+                    m.queue_id = q
+                append(msgs)
+            return rounds * batch, store.put_bytes - before
+
+        return _measure(run, repeats)
     finally:
         store.destroy()
 
@@ -222,7 +253,7 @@ def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for batch, label in ((1, ""), (32, "_batch32")):
         for q in (16, 10_000):
-            out[f"queues_{q}{label}"] = _spread_once(directory, body, q, opts.queue_messages, batch)
+            out[f"queues_{q}{label}"] = _spread_once(directory, body, q, opts.queue_messages, batch, opts.repeats)
         a = out[f"queues_16{label}"]["msgs_per_s"]
         b = out[f"queues_10000{label}"]["msgs_per_s"]
         out[f"cost_of_10000_queues{label}_ratio"] = round(1 - b / a, 3) if a else None

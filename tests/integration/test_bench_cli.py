@@ -23,6 +23,7 @@ MESSAGES = 2000
 QUEUE_MESSAGES = 2000
 RSS_GB = 0.01
 DISK_MB = 8
+REPEATS = 2
 
 
 def positive(value: Any, what: str) -> float:
@@ -60,8 +61,13 @@ def check_figures(result: dict[str, Any]) -> None:
     assert figure(result, "disk_seq_write.megabytes") == DISK_MB
     assert figure(result, "append_single.msgs") == MESSAGES
     assert figure(result, "append_batch32.msgs") == MESSAGES // 32 * 32
-    # Every message appended above is read back.
-    assert figure(result, "read_sequential.msgs") == MESSAGES + MESSAGES // 32 * 32
+    # Every message appended above (in every repeat) is read back.
+    assert figure(result, "read_sequential.msgs") == REPEATS * (MESSAGES + MESSAGES // 32 * 32)
+    # Each figure is the median of REPEATS runs, all of them kept.
+    for name in ("append_single", "append_batch32", "read_sequential", "sync_flush_64_writers", "queues_16"):
+        runs = figure(result, f"{name}.runs_msgs_per_s")
+        assert len(runs) == REPEATS, f"{name}: {runs}"
+        assert figure(result, f"{name}.msgs_per_s") in runs
     assert figure(result, "queues_16.msgs") == QUEUE_MESSAGES
     assert figure(result, "queues_10000.msgs") == QUEUE_MESSAGES
     sync = figure(result, "sync_flush_64_writers")
@@ -93,6 +99,7 @@ def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
             "--sync-seconds", "0.3",
             "--rss-gb", str(RSS_GB),
             "--disk-mb", str(DISK_MB),
+            "--repeats", str(REPEATS),
             "--dir", str(tmp_path / "bench"),
             "--out", str(out),
         ],
