@@ -36,12 +36,11 @@ from data_plane.store.message import (
     STORE_TIMESTAMP,
     TOTAL_SIZE,
     TRANSACTION_TYPE_MASK,
-    VALID_TOPIC,
     Message,
     RecordError,
-    body_crc,
     decode_properties,
     pack_host,
+    parse_record,
     tags_hash_code,
     validate_topic,
 )
@@ -267,43 +266,18 @@ class CommitLog:
 
     @staticmethod
     def _check_record(mv: memoryview, pos: int, total: int, phys_expected: int, check_crc: bool) -> DispatchRequest:
-        (
-            _total, _magic, crc, queue_id, _flag, queue_offset, phys, sys_flag, _born_ts, _born_host,
-            store_ts, _store_host, _reconsume, _prepared, body_len,
-        ) = RECORD_HEADER.unpack_from(mv, pos)
+        parsed = parse_record(mv, pos, check_crc=check_crc)
+        queue_id, queue_offset, phys, sys_flag, store_ts = (
+            parsed.header[3], parsed.header[5], parsed.header[6], parsed.header[7], parsed.header[10]
+        )
         if phys != phys_expected:
             raise RecordError(f"physical offset field {phys} != position {phys_expected}")
-        end = pos + total
-        p = pos + _HEADER_SIZE
-        if body_len < 0 or p + body_len + 3 > end:
-            raise RecordError("body length runs past the record")
-        if check_crc and body_crc(mv[p : p + body_len]) != crc:
-            raise RecordError("body CRC mismatch")
-        p += body_len
-        topic_len = mv[p]
-        p += 1
-        if p + topic_len + 2 > end:
-            raise RecordError("topic length runs past the record")
-        try:
-            topic = bytes(mv[p : p + topic_len]).decode()
-        except UnicodeDecodeError:
-            raise RecordError("topic is not UTF-8") from None
-        p += topic_len
-        props_len = (mv[p] << 8) | mv[p + 1]
-        p += 2
-        if props_len & 0x8000 or p + props_len != end:
-            raise RecordError("properties length does not end the record")
-        if props_len and mv[end - 1] != 2:
-            # Properties always end with the separator: a record whose tail did not reach the
-            # disk (a torn write leaves zeros) fails here even though its body CRC is sound.
-            raise RecordError("properties do not end with their separator (torn record)")
-        if not VALID_TOPIC.fullmatch(topic):
-            raise RecordError(f"topic {topic!r} is not a valid topic (torn or corrupt record)")
+        topic = parsed.topic
         tags_code = 0
         keys = uniq = ""
-        if props_len:
+        if parsed.properties:
             try:
-                props = decode_properties(mv[p:end])
+                props = decode_properties(parsed.properties)
             except UnicodeDecodeError:
                 raise RecordError("properties are not UTF-8") from None
             tags = props.get(PROPERTY_TAGS)

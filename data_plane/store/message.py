@@ -30,6 +30,7 @@ import re
 import socket
 import struct
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -173,8 +174,24 @@ def validate_properties(properties: dict[str, str]) -> str | None:
     return None
 
 
+class _TagsAndKeys:
+    """``tags`` and ``keys`` read from the properties (RocketMQ's TAGS and KEYS)."""
+
+    __slots__ = ()
+    properties: dict[str, str]
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
+
+
 @dataclass(slots=True)
-class Message:
+class Message(_TagsAndKeys):
     """A message as handed to the store. ``born_host`` is ``pack_host(ip, port)``."""
 
     topic: str
@@ -188,18 +205,9 @@ class Message:
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
 
-    @property
-    def tags(self) -> str | None:
-        return self.properties.get(PROPERTY_TAGS)
-
-    @property
-    def keys(self) -> list[str]:
-        raw = self.properties.get(PROPERTY_KEYS)
-        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
-
 
 @dataclass(slots=True)
-class StoredMessage:
+class StoredMessage(_TagsAndKeys):
     """A record read back from the CommitLog, every field decoded (RocketMQ's MessageExt)."""
 
     total_size: int
@@ -223,53 +231,41 @@ class StoredMessage:
     def msg_id(self) -> str:
         return encode_message_id(pack_host(*self.store_host), self.commit_log_offset)
 
-    @property
-    def tags(self) -> str | None:
-        return self.properties.get(PROPERTY_TAGS)
-
-    @property
-    def keys(self) -> list[str]:
-        raw = self.properties.get(PROPERTY_KEYS)
-        return [k for k in raw.split(KEY_SEPARATOR) if k] if raw else []
-
 
 class RecordError(ValueError):
     """A record's bytes are not a well-formed message (torn, corrupt or not a record)."""
 
 
-def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True) -> StoredMessage:
-    """Decode the record at ``buf[pos:]``; raises ``RecordError`` when it is not whole and sound."""
+class ParsedRecord(NamedTuple):
+    """The fields of a record whose shape was verified (``parse_record``)."""
+
+    header: tuple[Any, ...]  # RECORD_HEADER's 15 fields, in order
+    body_at: int  # the body is buf[body_at : body_at + header[14]]
+    topic: str
+    properties: memoryview  # name\x01value\x02... (not yet decoded)
+
+
+def parse_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True) -> ParsedRecord:
+    """Verify the record at ``buf[pos:]`` — magic, lengths that nest exactly, body CRC, a valid
+    topic, properties that end with their separator (a torn tail leaves zeros) — and split it.
+    Raises ``RecordError`` when it is not whole and sound. Recovery and reads share this."""
     mv = memoryview(buf)
     if len(mv) - pos < RECORD_HEADER.size:
         raise RecordError("fewer bytes than a record header")
-    (
-        total,
-        magic,
-        crc,
-        queue_id,
-        flag,
-        queue_offset,
-        physical,
-        sys_flag,
-        born_ts,
-        born_host,
-        store_ts,
-        store_host,
-        reconsume,
-        prepared,
-        body_len,
-    ) = RECORD_HEADER.unpack_from(mv, pos)
+    header = RECORD_HEADER.unpack_from(mv, pos)
+    total, magic, crc, sys_flag, body_len = header[0], header[1], header[2], header[7], header[14]
     if magic != MESSAGE_MAGIC_CODE:
         raise RecordError(f"bad magic code {magic:#x}")
     if sys_flag & (FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6):
         raise RecordError("IPv6 hosts are not supported in records")
     end = pos + total
-    if total < RECORD_HEADER.size + 3 or end > len(mv) or body_len < 0:
+    if total < RECORD_HEADER.size + 3 or end > len(mv):
         raise RecordError(f"total size {total} does not fit the buffer")
-    p = pos + RECORD_HEADER.size
-    if p + body_len + 3 > end:
+    body_at = p = pos + RECORD_HEADER.size
+    if body_len < 0 or p + body_len + 3 > end:
         raise RecordError("body length runs past the record")
-    body = bytes(mv[p : p + body_len])
+    if check_crc and body_crc(mv[p : p + body_len]) != crc:
+        raise RecordError("body CRC mismatch")
     p += body_len
     topic_len = mv[p]
     p += 1
@@ -279,19 +275,33 @@ def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = Tr
         topic = bytes(mv[p : p + topic_len]).decode()
     except UnicodeDecodeError:
         raise RecordError("topic is not UTF-8") from None
+    if not VALID_TOPIC.fullmatch(topic):
+        raise RecordError(f"topic {topic!r} is not a valid topic (torn or corrupt record)")
     p += topic_len
     (props_len,) = PROPS_LEN.unpack_from(mv, p)
     p += 2
     if props_len < 0 or p + props_len != end:
         raise RecordError("properties length does not end the record")
     if props_len and mv[end - 1] != 2:
+        # Properties always end with the separator: a record whose tail did not reach the disk
+        # (a torn write leaves zeros) fails here even though its body CRC is sound.
         raise RecordError("properties do not end with their separator (torn record)")
+    return ParsedRecord(header, body_at, topic, mv[p:end])
+
+
+def decode_record(buf: bytes | memoryview, pos: int = 0, *, check_crc: bool = True) -> StoredMessage:
+    """Decode the record at ``buf[pos:]``; raises ``RecordError`` when it is not whole and sound."""
+    parsed = parse_record(buf, pos, check_crc=check_crc)
+    (
+        total, _magic, crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts, born_host,
+        store_ts, store_host, reconsume, prepared, body_len,
+    ) = parsed.header  # fmt: skip
     try:
-        properties = decode_properties(mv[p : p + props_len])
+        properties = decode_properties(parsed.properties)
     except UnicodeDecodeError:
         raise RecordError("properties are not UTF-8") from None
-    if check_crc and body_crc(body) != crc:
-        raise RecordError("body CRC mismatch")
+    body = bytes(memoryview(buf)[parsed.body_at : parsed.body_at + body_len])
+    topic = parsed.topic
     return StoredMessage(
         total_size=total,
         body_crc=crc,
