@@ -360,7 +360,10 @@ class MessageStore:
             if not 0 <= queue_id < 2**31:
                 raise PutRefused(PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {queue_id} out of range")
             dispatcher = self.dispatcher
-            targets = dispatcher.targets(topic, queue_id, cl.queue_offsets.get((topic, queue_id), 0))
+            # The batch's ConsumeQueue units start at the queue's next offset (its first message
+            # may be a prepared transaction, which takes no unit).
+            first_unit_offset = cl.queue_offsets.get((topic, queue_id), 0)
+            targets = dispatcher.targets(topic, queue_id, first_unit_offset)
             batch = msgs if type(msgs) is list else list(msgs)
             result, cq_out, index_out, last_indexed = cl.append(batch, topic_b, queue_id, targets)
             if result.status is not AppendMessageStatus.PUT_OK:
@@ -370,7 +373,7 @@ class MessageStore:
             end = result.wrote_offset + result.wrote_bytes
             try:
                 dispatcher.dispatch_appended(
-                    topic, queue_id, cq_out, result.queue_offset, index_out, last_indexed, result.store_timestamp, end
+                    topic, queue_id, cq_out, first_unit_offset, index_out, last_indexed, result.store_timestamp, end
                 )
             except OSError as e:
                 # The records are in the log; their indexes will be rebuilt from it once there

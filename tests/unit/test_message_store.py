@@ -554,3 +554,26 @@ def test_prepared_and_rolled_back_records_take_no_queue_slot_while_committed_one
         got = store.look_message_by_offset(appended.wrote_offset)
         assert got is not None
         assert (got.body, got.sys_flag) == (body, flag)
+
+
+def test_a_batch_led_by_a_prepared_transaction_indexes_the_rest_at_the_queue_s_next_offsets(
+    make_store: Callable[..., MessageStore], write_path: str
+) -> None:
+    # Two units a ConsumeQueue file: the batch's units spill into a new file, so they are not
+    # written straight into the current one but placed by their queue offsets.
+    store = make_store(consume_queue_units_per_file=2)
+    first, _ = store.append([Message(topic="T", body=b"before", queue_id=0)])
+    assert first.ok
+    batch = [Message(topic="T", body=b"half", queue_id=0, sys_flag=0x4)] + [
+        Message(topic="T", body=f"m{i}".encode(), queue_id=0) for i in range(3)
+    ]
+    result, _ = store.append(batch)
+    assert result.ok
+    assert store.max_offset_in_queue("T", 0) == 4  # the prepared record takes no unit
+    records = []
+    offset = 0
+    while (got := store.get_message("T", 0, offset, 32)).messages:  # one ConsumeQueue file a pull
+        records.extend(decode_record(m) for m in got.messages)
+        offset = got.next_begin_offset
+    assert [r.body for r in records] == [b"before", b"m0", b"m1", b"m2"]
+    assert [r.queue_offset for r in records] == [0, 1, 2, 3]
