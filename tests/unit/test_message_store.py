@@ -570,10 +570,6 @@ def test_a_batch_led_by_a_prepared_transaction_indexes_the_rest_at_the_queue_s_n
     result, _ = store.append(batch)
     assert result.ok
     assert store.max_offset_in_queue("T", 0) == 4  # the prepared record takes no unit
-    records = []
-    offset = 0
-    while (got := store.get_message("T", 0, offset, 32)).messages:  # one ConsumeQueue file a pull
-        records.extend(decode_record(m) for m in got.messages)
-        offset = got.next_begin_offset
+    records = _pull_all(store, "T", 0)
     assert [r.body for r in records] == [b"before", b"m0", b"m1", b"m2"]
     assert [r.queue_offset for r in records] == [0, 1, 2, 3]
