@@ -76,24 +76,36 @@ def _rate(count: int, seconds: float) -> dict[str, float]:
     return {"msgs": count, "seconds": round(seconds, 3), "msgs_per_s": round(count / seconds) if seconds else 0.0}
 
 
-def _measure(run: Callable[[], tuple[int, int]], repeats: int) -> dict[str, Any]:
-    """Time ``run`` (returning messages and bytes done) ``repeats`` times; the figure is the
-    median run, every run's rate is kept (this machine's runs vary by up to 3x)."""
-    runs = []
+Run = Callable[[], tuple[int, int]]  # does the work; returns (messages, bytes)
+
+
+def _measure_interleaved(runs: dict[str, Run], repeats: int) -> dict[str, dict[str, Any]]:
+    """Time each of ``runs`` ``repeats`` times, alternating between them so that the machine's
+    drift (large on this project's VM) hits all of them alike. Each figure is the median run;
+    every run's rate is kept."""
+    samples: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in runs}
     for _ in range(repeats):
-        t = time.perf_counter()
-        count, nbytes = run()
-        dt = time.perf_counter() - t
-        runs.append((count / dt if dt else 0.0, count, dt, nbytes))
-    runs.sort()
-    rate, count, dt, nbytes = runs[len(runs) // 2]
-    return {
-        "msgs": count,
-        "seconds": round(dt, 3),
-        "msgs_per_s": round(rate),
-        "mb_per_s": round(nbytes / dt / 1e6, 1) if dt else 0.0,
-        "runs_msgs_per_s": [round(r[0]) for r in runs],
-    }
+        for name, run in runs.items():
+            t = time.perf_counter()
+            count, nbytes = run()
+            dt = time.perf_counter() - t
+            samples[name].append((count / dt if dt else 0.0, count, dt, nbytes))
+    out = {}
+    for name, got in samples.items():
+        got.sort()
+        rate, count, dt, nbytes = got[len(got) // 2]
+        out[name] = {
+            "msgs": count,
+            "seconds": round(dt, 3),
+            "msgs_per_s": round(rate),
+            "mb_per_s": round(nbytes / dt / 1e6, 1) if dt else 0.0,
+            "runs_msgs_per_s": [round(r[0]) for r in got],
+        }
+    return out
+
+
+def _measure(run: Run, repeats: int) -> dict[str, Any]:
+    return _measure_interleaved({"run": run}, repeats)["run"]
 
 
 def disk_seq_write(directory: str, megabytes: int) -> dict[str, float]:
@@ -218,42 +230,51 @@ def _run_loop(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _spread_once(directory: str, body: bytes, queues: int, n: int, batch: int, repeats: int) -> dict[str, Any]:
-    store = _store(directory, f"queues{queues}")
+def _spread_workload(
+    directory: str, body: bytes, queues: int, n: int, batch: int
+) -> tuple[MessageStore, Run]:
+    store = _store(directory, f"queues{queues}-{batch}")
     pool = _messages(min(n, 20_000), body, queues)
     size = len(pool)
-    try:
-        # Every queue exists before the clock starts: this measures steady state, not creation.
-        for q in range(queues):
-            m = pool[q % size]
-            m.queue_id = q
-            store.append([m])
-        append = store.append
-        rounds = n // batch
+    # Every queue exists before the clock starts: this measures steady state, not creation.
+    for q in range(queues):
+        m = pool[q % size]
+        m.queue_id = q
+        store.append([m])
+    append = store.append
+    rounds = n // batch
 
-        def run() -> tuple[int, int]:
-            before = store.put_bytes
-            for i in range(rounds):
-                q = i % queues
-                msgs = [pool[(i * batch + k) % size] for k in range(batch)]
-                for m in msgs:
-                    m.queue_id = q
-                append(msgs)
-            return rounds * batch, store.put_bytes - before
+    def run() -> tuple[int, int]:
+        before = store.put_bytes
+        for i in range(rounds):
+            q = i % queues
+            msgs = [pool[(i * batch + k) % size] for k in range(batch)]
+            for m in msgs:
+                m.queue_id = q
+            append(msgs)
+        return rounds * batch, store.put_bytes - before
 
-        return _measure(run, repeats)
-    finally:
-        store.destroy()
+    return store, run
 
 
 def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
-    """The same load over 16 and over 10,000 queues: single messages (each append lands in a
-    different queue's files than the one before) and batches of 32 (one queue a batch)."""
+    """The same load over 16 and over 10,000 queues, the runs of the two alternating: single
+    messages (each append lands in another queue than the one before) and batches of 32 (one
+    queue a batch)."""
     body = os.urandom(opts.body_bytes)
     out: dict[str, Any] = {}
     for batch, label in ((1, ""), (32, "_batch32")):
-        for q in (16, 10_000):
-            out[f"queues_{q}{label}"] = _spread_once(directory, body, q, opts.queue_messages, batch, opts.repeats)
+        stores = []
+        runs: dict[str, Run] = {}
+        try:
+            for q in (16, 10_000):
+                store, run = _spread_workload(directory, body, q, opts.queue_messages, batch)
+                stores.append(store)
+                runs[f"queues_{q}{label}"] = run
+            out.update(_measure_interleaved(runs, opts.repeats))
+        finally:
+            for store in stores:
+                store.destroy()
         a = out[f"queues_16{label}"]["msgs_per_s"]
         b = out[f"queues_10000{label}"]["msgs_per_s"]
         out[f"cost_of_10000_queues{label}_ratio"] = round(1 - b / a, 3) if a else None
