@@ -132,12 +132,6 @@ def _store(directory: str, name: str, **changes: Any) -> MessageStore:
     return store
 
 
-def _timed(fn: Callable[[], int]) -> tuple[int, float]:
-    t = time.perf_counter()
-    n = fn()
-    return n, time.perf_counter() - t
-
-
 def bench_append_and_read(directory: str, opts: BenchOptions) -> dict[str, Any]:
     body = os.urandom(opts.body_bytes)
     pool = _messages(8192, body, 16)

@@ -34,7 +34,6 @@ from data_plane.store.message import (
     PROPERTY_UNIQ_KEY,
     RECORD_HEADER,
     STORE_TIMESTAMP,
-    TOTAL_SIZE,
     TRANSACTION_TYPE_MASK,
     Message,
     RecordError,
@@ -286,13 +285,3 @@ class CommitLog:
             keys = props.get(PROPERTY_KEYS, "")
             uniq = props.get(PROPERTY_UNIQ_KEY, "")
         return DispatchRequest(topic, queue_id, phys, total, tags_code, store_ts, queue_offset, keys, uniq, sys_flag)
-
-    def record_size_at(self, offset: int) -> int:
-        mf = self.mfq.find_by_offset(offset)
-        if mf is None:
-            return -1
-        pos = offset - mf.file_from_offset
-        if pos + 4 > mf.wrote_position:
-            return -1
-        return int(TOTAL_SIZE.unpack_from(mf.mv, pos)[0])
-

@@ -60,9 +60,6 @@ class ConsumeQueueTable:
     def topics(self) -> set[str]:
         return {t for t, _ in self.queues}
 
-    def of_topic(self, topic: str) -> list[ConsumeQueue]:
-        return [cq for (t, _), cq in self.queues.items() if t == topic]
-
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self.queues.values()))
 

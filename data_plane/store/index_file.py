@@ -165,9 +165,6 @@ class IndexFile:
         self.index_count = idx
         self.mf.reserved_upto = max(self.mf.reserved_upto, self._entries_at + idx * INDEX_ENTRY_SIZE)
 
-    def max_phy_offset_on_disk(self) -> int:
-        return self.end_phy_offset
-
     def flush(self) -> None:
         self.write_header()
         self.mf.committed_position = self.mf.wrote_position = self.file_size

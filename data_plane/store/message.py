@@ -165,15 +165,6 @@ def validate_topic(topic: str, max_length: int = 127) -> str | None:
     return None
 
 
-def validate_properties(properties: dict[str, str]) -> str | None:
-    for k, v in properties.items():
-        if not k:
-            return "a property name is empty"
-        if "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
-            return f"property {k!r} holds a reserved separator character (\\x01 or \\x02)"
-    return None
-
-
 class _TagsAndKeys:
     """``tags`` and ``keys`` read from the properties (RocketMQ's TAGS and KEYS)."""
 

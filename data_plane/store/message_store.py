@@ -41,8 +41,6 @@ from data_plane.store.flush import (
 from data_plane.store.index_file import IndexService
 from data_plane.store.mapped_file_queue import AllocateMappedFileService
 from data_plane.store.message import (
-    MAGIC_AND_SIZE,
-    MESSAGE_MAGIC_CODE,
     PROPERTY_WAIT_STORE_MSG_OK,
     Message,
     RecordError,
@@ -650,15 +648,6 @@ class MessageStore:
 
     def max_phy_offset(self) -> int:
         return self.commit_log.max_offset()
-
-    def is_record_at(self, commit_log_offset: int) -> bool:
-        mf = self.commit_log.mfq.find_by_offset(commit_log_offset)
-        if mf is None:
-            return False
-        pos = commit_log_offset - mf.file_from_offset
-        if pos + 8 > mf.wrote_position:
-            return False
-        return bool(MAGIC_AND_SIZE.unpack_from(mf.mv, pos)[1] == MESSAGE_MAGIC_CODE)
 
     def topics(self) -> set[str]:
         return self.queues.topics()

@@ -22,9 +22,6 @@ class ServiceThread:
         self._thread = threading.Thread(target=self._run_safely, name=self.name, daemon=True)
         self._thread.start()
 
-    def wakeup(self) -> None:
-        self._wakeup.set()
-
     def wait_for_running(self, interval_s: float) -> bool:
         """Sleep up to ``interval_s`` or until woken; False once stopping."""
         self._wakeup.wait(interval_s)

@@ -6,6 +6,7 @@ in for the operating system's statvfs figure."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -323,3 +324,27 @@ async def test_an_awaited_put_on_a_full_disk_answers_disk_full_with_a_reason(
     assert result.status is PutMessageStatus.DISK_FULL
     assert result.reason.strip()
     assert store.max_phy_offset() == 0
+
+
+# --- the periodic task ------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_run_maintenance_cleans_on_its_interval_until_cancelled(
+    open_store: Callable[..., MessageStore],
+) -> None:
+    store = open_store(Disk(0.10), file_reserved_time_hours=0.01, clean_resource_interval_ms=20)
+    _fill(store, 4)
+    names = _log_files(store)
+    _age(store, names[:2], hours=1)
+    task = asyncio.create_task(store.run_maintenance())
+    try:
+        deadline = time.monotonic() + 5
+        while _log_files(store) != names[2:]:
+            assert time.monotonic() < deadline, f"maintenance did not delete the old files: {_log_files(store)}"
+            await asyncio.sleep(0.01)
+        assert store.min_phy_offset() == 2 * FILE_SIZE
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
