@@ -75,7 +75,6 @@ class MappedFile:
         "populated_upto",
         "released_behind",
         "reserved_upto",
-        "store_timestamp",
         "wrote_position",
     )
 
@@ -124,7 +123,6 @@ class MappedFile:
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
-        self.store_timestamp = 0  # store timestamp of the last record written, if known
         self.destroyed = False
         self.populated_upto = 0  # pages below are mapped writable (ReserveAheadService)
         self.released_behind = 0  # pages below were dropped from the page tables (ditto)

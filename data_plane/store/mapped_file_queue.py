@@ -4,8 +4,8 @@
         [0, size)                 [size, 2*size)            [2*size, 3*size)
 
 Logical offset ``o`` lives in file ``(o - first.file_from_offset) // file_size`` at position
-``o % file_size``. The queue tracks ``flushed_where`` (everything before it is durable) and
-``committed_where``; its max offset is the last file's start plus its wrote position.
+``o % file_size``. The queue tracks ``flushed_where`` (everything before it is durable);
+its max offset is the last file's start plus its wrote position.
 
 The next file of a CommitLog is created ahead of need by ``AllocateMappedFileService`` on a
 worker thread (fallocate, map, optional warm-up), so a rollover on the write path only swaps in
@@ -120,7 +120,6 @@ class MappedFileQueue:
         self.file_size = file_size
         self.files: list[MappedFile] = []
         self.flushed_where = 0
-        self.committed_where = 0
         self._allocator = allocator
         self._keep_fd = keep_fd
         self._zombies: list[MappedFile] = []  # destroyed but still referenced by a reader
@@ -205,9 +204,9 @@ class MappedFileQueue:
             # A queue that starts mid-file (a ConsumeQueue whose history was deleted, a slave
             # that starts late): positions before the start are a hole, never read.
             mf.set_positions(start_offset - create_offset)
-            self.flushed_where = self.committed_where = start_offset
+            self.flushed_where = start_offset
         elif last is None:
-            self.flushed_where = self.committed_where = create_offset
+            self.flushed_where = create_offset
         self.files.append(mf)
         return mf
 
@@ -256,7 +255,6 @@ class MappedFileQueue:
                 self._destroy(mf)
         self.files = keep
         self.flushed_where = min(self.flushed_where, offset)
-        self.committed_where = min(self.committed_where, offset)
 
     def delete_first_files(self, count: int) -> list[MappedFile]:
         """Delete the ``count`` oldest files (never the last one)."""

@@ -257,8 +257,9 @@ class MessageStore:
     def _after_log_flush(self) -> None:
         cfg = self.config
         mfq = self.commit_log.mfq
+        # Pages behind the writer are dropped by ReserveAheadService as it goes; what remains
+        # is pages that reads of older files faulted back in.
         if cfg.release_flushed_pages:
-            mfq.release_flushed_pages(cfg.release_keep_bytes)
             now = time.monotonic()
             if now - self._last_release_all >= 5.0:
                 # Pages faulted back in by reads of older files.

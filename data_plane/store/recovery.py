@@ -54,7 +54,7 @@ def recover(store: MessageStore, *, crashed: bool) -> int:
         valid_end,
     )
     mfq.truncate_dirty_files(valid_end)
-    mfq.flushed_where = mfq.committed_where = valid_end
+    mfq.flushed_where = valid_end
 
     # Drop index entries that point at bytes that did not survive.
     for cq in store.queues:

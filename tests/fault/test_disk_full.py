@@ -232,6 +232,24 @@ def check_readable(store: MessageStore, written: Written, *, unindexed_tail: int
         assert [x.msg_id for x in found] == [msg_id]
 
 
+def run_child(what: str, *args: str) -> dict[str, Any]:
+    """Run this file as a child process (so that a SIGBUS fails the test, not the whole run)
+    and return the JSON report it prints last."""
+    child = subprocess.run(
+        [sys.executable, "-X", "faulthandler", __file__, *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, (
+        f"{what} (exit {child.returncode}{', SIGBUS' if child.returncode == -7 else ''}):\n{child.stderr[-4000:]}"
+    )
+    report: dict[str, Any] = json.loads(child.stdout.splitlines()[-1])
+    return report
+
+
 @pytest.mark.parametrize("preallocate", [False, True], ids=["on-demand", "preallocate"])
 def test_disk_full_is_refused_with_a_reason_and_writes_resume_when_space_returns(
     tmpfs: Path, open_store: Callable[[StoreConfig], MessageStore], seed: int, preallocate: bool
@@ -300,19 +318,7 @@ def test_a_restart_while_the_disk_is_full_recovers_and_stays_readable(
             }
         )
     )
-    child = subprocess.run(
-        [sys.executable, "-X", "faulthandler", __file__, "reopen", str(spec)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-    assert child.returncode == 0, (
-        f"restarting on a full disk killed the process (exit {child.returncode}"
-        f"{', SIGBUS' if child.returncode == -7 else ''}):\n{child.stderr[-4000:]}"
-    )
-    report = json.loads(child.stdout.splitlines()[-1])
+    report = run_child("restarting on a full disk killed the process", "reopen", str(spec))
     assert report["unreadable"] == [], "messages that answered PUT_OK are not readable after the restart"
     assert report["queue_counts"] == queue_counts(written)
     assert report["put_status"] in ("PUT_OK", "DISK_FULL"), report
@@ -492,19 +498,10 @@ def test_a_disk_filled_by_another_process_is_refused_not_a_crash(big_tmpfs: Path
     the mapping — and resume once the space is back. (Populating the mapping ahead of the
     writer is off: it is an optimisation, absent without the compiled module, not a guard.)
     Runs in a child process so that a SIGBUS fails this test, not the whole run."""
-    child = subprocess.run(
-        [sys.executable, "-X", "faulthandler", __file__, "filled-later", str(big_tmpfs), str(seed), str(preallocate)],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=120,
-        check=False,
-    )
-    assert child.returncode == 0, (
-        f"the store's process died when another process filled the disk (exit {child.returncode}"
-        f"{', SIGBUS' if child.returncode == -7 else ''}):\n{child.stderr[-4000:]}"
-    )
-    report = json.loads(child.stdout.splitlines()[-1])
+    report = run_child(
+        "the store's process died when another process filled the disk",
+        "filled-later", str(big_tmpfs), str(seed), str(preallocate),
+    )  # fmt: skip
     assert report["refused_status"] == "DISK_FULL", report
     assert report["refused_reason"]
     assert report["put_ok"] > 0
