@@ -1,5 +1,7 @@
 """The ``orbit`` command line.
 
+    orbit namesrv [--listen HOST:PORT]                     a name server
+    orbit broker [--config FILE] [flags]                   a broker
     orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
     orbit dev up [--quick]                                 the local cluster (see README)
 """
@@ -13,6 +15,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
+
+from data_plane.cli import servers
 
 
 def _bench_store(args: argparse.Namespace) -> int:
@@ -51,6 +55,8 @@ def _dev_up(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orbit", description="Orbit: a managed message queue.")
     sub = parser.add_subparsers(dest="command", required=True)
+    servers.add_namesrv_parser(sub)
+    servers.add_broker_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="what", required=True)
     store = bench_sub.add_parser("store", help="the message store, in-process")

@@ -1,0 +1,157 @@
+"""Administrative and offset requests: topics, subscription groups, consumer offsets, queue
+offsets by position and time, messages by id and key, runtime figures."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from data_plane.remoting import bodies
+from data_plane.remoting.codes import PERM_READ_WRITE, ResponseCode
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.remoting.headers import field_bool, field_int, field_str
+from data_plane.store import retention
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+_QID = {"lo": 0, "hi": 2**31 - 1}
+
+
+class AdminProcessor:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = broker.store
+
+    # --- topics ------------------------------------------------------------------------------
+    def create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        topic = field_str(ext, "topic", max_length=1024)
+        hi = self.broker.config.max_topic_queue_nums
+        read = field_int(ext, "readQueueNums", self.broker.config.default_topic_queue_nums, lo=1, hi=hi)
+        write = field_int(ext, "writeQueueNums", read, lo=1, hi=hi)
+        perm = field_int(ext, "perm", PERM_READ_WRITE, lo=0, hi=7)
+        order = field_bool(ext, "order", False)
+        sys_flag = field_int(ext, "topicSysFlag", 0, lo=0, hi=2**31 - 1)
+        try:
+            self.broker.topics.create_or_update(
+                topic, read_queue_nums=read, write_queue_nums=write, perm=perm, order=order, sys_flag=sys_flag
+            )
+        except ValueError as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
+        self.broker.topics_changed()
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        topic = field_str(cmd.ext_fields, "topic", max_length=1024)
+        if self.broker.topics.delete(topic):
+            self.broker.offsets.delete_topic(topic)
+            self.broker.topics_changed()
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        t = self.broker.topics
+        return cmd.response(
+            ResponseCode.SUCCESS, body=bodies.dumps({"topicConfigTable": t.topics, "dataVersion": t.data_version})
+        )
+
+    # --- subscription groups --------------------------------------------------------------------
+    def create_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        data = bodies.loads_object(cmd.body_bytes())
+        name = data.get("groupName")
+        if not isinstance(name, str) or not name or len(name) > 255:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "groupName is missing or too long")
+        self.broker.groups.update(name, data)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def all_groups(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        body = {"subscriptionGroupTable": self.broker.groups.groups, "dataVersion": self.broker.topics.data_version}
+        return cmd.response(ResponseCode.SUCCESS, body=bodies.dumps(body))
+
+    def delete_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        self.broker.groups.delete(field_str(cmd.ext_fields, "groupName"))
+        return cmd.response(ResponseCode.SUCCESS)
+
+    # --- consumer offsets ---------------------------------------------------------------------
+    def query_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        group = field_str(ext, "consumerGroup")
+        topic = field_str(ext, "topic")
+        queue_id = field_int(ext, "queueId", **_QID)
+        offset = self.broker.offsets.query(group, topic, queue_id)
+        if offset >= 0:
+            return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
+        # RocketMQ: a group new to a queue whose first message is still there, in memory,
+        # starts at 0 (so it sees the whole young queue); otherwise the client decides.
+        if self.store.min_offset_in_queue(topic, queue_id) <= 0:
+            phy = self.store.commit_log_offset_in_queue(topic, queue_id, 0)
+            if phy < 0 or self.store.max_phy_offset() - phy <= retention.memory_for_hot_data_bytes():
+                return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
+        return cmd.response(ResponseCode.QUERY_NOT_FOUND, "Not found, maybe this group consumer boot first")
+
+    def update_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        group = field_str(ext, "consumerGroup")
+        topic = field_str(ext, "topic")
+        queue_id = field_int(ext, "queueId", **_QID)
+        offset = field_int(ext, "commitOffset", lo=0)
+        if self.broker.topics.get(topic) is None:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist")
+        self.broker.offsets.commit(group, topic, queue_id, offset)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    # --- queue offsets ------------------------------------------------------------------------
+    def max_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        off = self.store.max_offset_in_queue(field_str(ext, "topic"), field_int(ext, "queueId", **_QID))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(off)})
+
+    def min_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        off = self.store.min_offset_in_queue(field_str(ext, "topic"), field_int(ext, "queueId", **_QID))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(off)})
+
+    def search_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        topic = field_str(ext, "topic")
+        queue_id = field_int(ext, "queueId", **_QID)
+        ts = field_int(ext, "timestamp", lo=0)
+        off = self.store.offset_in_queue_by_time(topic, queue_id, ts)
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(off)})
+
+    def earliest_msg_store_time(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        topic = field_str(ext, "topic")
+        queue_id = field_int(ext, "queueId", **_QID)
+        ts = self.store.message_store_timestamp(topic, queue_id, self.store.min_offset_in_queue(topic, queue_id))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": str(max(ts, 0))})
+
+    # --- messages -----------------------------------------------------------------------------
+    def view_message_by_id(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        offset = field_int(cmd.ext_fields, "offset", lo=0)
+        rec = self.store.read_record(offset)
+        if rec is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
+        return cmd.response(ResponseCode.SUCCESS, body=bytes(rec))
+
+    def query_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields
+        topic = field_str(ext, "topic")
+        key = field_str(ext, "key", max_length=4096)
+        max_num = field_int(ext, "maxNum", 32, lo=1, hi=2**31 - 1)
+        begin = field_int(ext, "beginTimestamp", 0)
+        end = field_int(ext, "endTimestamp", 2**62)
+        found = self.store.query_message(topic, key, min(max_num, self.broker.config.max_query_messages), begin, end)
+        records = [r for m in found if (r := self.store.read_record(m.commit_log_offset)) is not None]
+        ext_out = {
+            "indexLastUpdateTimestamp": str(int(time.time() * 1000)),
+            "indexLastUpdatePhyoffset": str(self.store.max_phy_offset()),
+        }
+        if not records:
+            remark = "can not find message, maybe time range not correct"
+            return cmd.response(ResponseCode.QUERY_NOT_FOUND, remark, ext_out)
+        return cmd.response(ResponseCode.SUCCESS, None, ext_out, body=[bytes(r) for r in records])
+
+    def runtime_info(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, body=bodies.dumps({"table": self.broker.runtime_info()}))

@@ -1,0 +1,319 @@
+"""Broker: the message store behind RocketMQ's request processors, registered with the name
+servers.
+
+    RemotingServer ─▶ Processors ─▶ SendProcessor ─▶ MessageStore.append ─▶ PullRequestHoldService.notify
+                               ├─▶ PullProcessor ─▶ MessageStore.get_message (memoryview slices → socket)
+                               ├─▶ ClientProcessor (heartbeats, consumer lists, queue locks)
+                               └─▶ AdminProcessor (topics, groups, offsets, queries)
+
+Everything runs on one event loop; the store's disk work runs on its own service threads.
+Every ``register_interval_s`` (30 s) — and at once when topics change — the broker sends
+REGISTER_BROKER with its topic table to every name server. State kept across restarts lives in
+``<store_dir>/config`` (topics, consumer offsets, subscription groups) and ``<store_dir>/store``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+from typing import Any
+
+from data_plane.broker.admin import AdminProcessor
+from data_plane.broker.client_manager import ClientManager
+from data_plane.broker.client_processor import ClientProcessor
+from data_plane.broker.config import BrokerConfig, advertised_address
+from data_plane.broker.consumer_offset import ConsumerOffsetManager
+from data_plane.broker.long_poll import PullRequestHoldService
+from data_plane.broker.pull import PullProcessor
+from data_plane.broker.rebalance_lock import RebalanceLockManager
+from data_plane.broker.send import SendProcessor
+from data_plane.broker.subscription_group import SubscriptionGroupManager
+from data_plane.broker.topic_config import TopicConfigManager
+from data_plane.remoting import bodies
+from data_plane.remoting.client import RemotingClient
+from data_plane.remoting.codes import RequestCode, ResponseCode
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.remoting.errors import RemotingError
+from data_plane.remoting.server import Processors, RemotingServer
+from data_plane.store import MessageStore
+from data_plane.store.message import Message
+
+log = logging.getLogger(__name__)
+
+BeforePut = Callable[[Connection, RemotingCommand, list[Message]], "RemotingCommand | None"]
+
+
+class Broker:
+    def __init__(self, config: BrokerConfig) -> None:
+        self.config = config
+        self.processors = Processors()
+        self.server = RemotingServer(
+            self.processors,
+            host=config.listen_host,
+            port=config.listen_port,
+            max_frame_bytes=config.max_frame_bytes,
+            idle_timeout_s=config.idle_timeout_s,
+            on_close=self._connection_closed,
+        )
+        conf_dir = os.path.join(config.store_dir, "config")
+        self.topics = TopicConfigManager(
+            os.path.join(conf_dir, "topics.json"),
+            broker_name=config.broker_name,
+            auto_create=config.auto_create_topic_enable,
+            default_queue_nums=config.default_topic_queue_nums,
+            max_queue_nums=config.max_topic_queue_nums,
+        )
+        self.offsets = ConsumerOffsetManager(os.path.join(conf_dir, "consumerOffset.json"))
+        self.groups = SubscriptionGroupManager(
+            os.path.join(conf_dir, "subscriptionGroup.json"), auto_create=config.auto_create_subscription_group
+        )
+        self.clients = ClientManager(channel_expired_s=config.channel_expired_s)
+        self.locks = RebalanceLockManager(expiry_s=config.rebalance_lock_expiry_s)
+        self.hold = PullRequestHoldService()
+        self.namesrv_client = RemotingClient()
+        self.store: MessageStore = None  # type: ignore[assignment]  # set in start(), once the port is known
+        self.address = ""
+        self.has_slave = False
+        self.before_put: BeforePut | None = None  # quota / auth hook of later layers
+        self.started_at = time.time()
+        self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._register_soon = False
+        self._stopping = False
+
+    # --- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        await self.server.start(serving=False)
+        self.address = advertised_address(self.config, self.server.port)
+        os.makedirs(self.config.store_dir, exist_ok=True)
+        self.store = MessageStore(self.config.store_config(self.server.port))
+        await asyncio.to_thread(self.store.start)
+        self.topics.load()
+        self.offsets.load()
+        self.groups.load()
+        self.topics.persist()
+        self._register_processors()
+        await self.server.start_serving()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._register_loop()),
+            loop.create_task(self._persist_loop()),
+            loop.create_task(self._scan_clients_loop()),
+            loop.create_task(self.store.run_maintenance()),
+        ]
+        if self.config.namesrv_addrs:
+            await self.register_all()
+        log.info("broker %s (%s) serving on %s", self.config.broker_name, self.config.broker_role.value, self.address)
+
+    def _register_processors(self) -> None:
+        p = self.processors
+        send = SendProcessor(self)
+        pull = PullProcessor(self)
+        client = ClientProcessor(self)
+        admin = AdminProcessor(self)
+        rc = RequestCode
+        for code, handler in (
+            (rc.SEND_MESSAGE, send.send_v1),
+            (rc.SEND_MESSAGE_V2, send.send_v2),
+            (rc.SEND_BATCH_MESSAGE, send.send_v2),
+            (rc.PULL_MESSAGE, pull.pull),
+            (rc.HEART_BEAT, client.heartbeat),
+            (rc.UNREGISTER_CLIENT, client.unregister),
+            (rc.GET_CONSUMER_LIST_BY_GROUP, client.consumer_list),
+            (rc.LOCK_BATCH_MQ, client.lock_batch),
+            (rc.UNLOCK_BATCH_MQ, client.unlock_batch),
+            (rc.CHECK_CLIENT_CONFIG, client.check_client_config),
+            (rc.UPDATE_AND_CREATE_TOPIC, admin.create_topic),
+            (rc.DELETE_TOPIC_IN_BROKER, admin.delete_topic),
+            (rc.GET_ALL_TOPIC_CONFIG, admin.all_topic_config),
+            (rc.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, admin.create_group),
+            (rc.GET_ALL_SUBSCRIPTIONGROUP_CONFIG, admin.all_groups),
+            (rc.DELETE_SUBSCRIPTIONGROUP, admin.delete_group),
+            (rc.QUERY_CONSUMER_OFFSET, admin.query_consumer_offset),
+            (rc.UPDATE_CONSUMER_OFFSET, admin.update_consumer_offset),
+            (rc.GET_MAX_OFFSET, admin.max_offset),
+            (rc.GET_MIN_OFFSET, admin.min_offset),
+            (rc.SEARCH_OFFSET_BY_TIMESTAMP, admin.search_offset),
+            (rc.GET_EARLIEST_MSG_STORETIME, admin.earliest_msg_store_time),
+            (rc.VIEW_MESSAGE_BY_ID, admin.view_message_by_id),
+            (rc.QUERY_MESSAGE, admin.query_message),
+            (rc.GET_BROKER_RUNTIME_INFO, admin.runtime_info),
+        ):
+            p.register(code, handler)
+
+    async def shutdown(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.hold.wake_all()
+        if self.config.namesrv_addrs and self.store is not None:
+            await self._unregister_all()
+        await self.namesrv_client.close()
+        await self.server.close()
+        if self.store is not None:
+            self.offsets.persist()
+            self.topics.persist()
+            self.groups.persist()
+            await asyncio.to_thread(self.store.shutdown)
+        log.info("broker %s stopped", self.config.broker_name)
+
+    # --- hooks of the processors ----------------------------------------------------------------
+    def topics_changed(self) -> None:
+        """Tell the name servers soon (one registration for a burst of changes)."""
+        if self._register_soon or not self.config.namesrv_addrs:
+            return
+        self._register_soon = True
+
+        async def later() -> None:
+            self._register_soon = False
+            await self.register_all()
+
+        asyncio.get_running_loop().create_task(later())
+
+    def on_stored(self, topic: str, n: int, nbytes: int) -> None:
+        s = self.stats
+        s["put_msgs"] += n
+        s["put_bytes"] += nbytes
+
+    def on_pulled(self, n: int, nbytes: int) -> None:
+        s = self.stats
+        s["get_msgs"] += n
+        s["get_bytes"] += nbytes
+
+    def _connection_closed(self, conn: Connection) -> None:
+        for group in self.clients.connection_closed(conn):
+            self.clients.notify_ids_changed(group)
+
+    def runtime_info(self) -> dict[str, str]:
+        st = self.store
+        info: dict[str, Any] = {
+            "brokerName": self.config.broker_name,
+            "brokerRole": self.config.broker_role.value,
+            "brokerVersionDesc": "Orbit",
+            "bootTimestamp": int(self.started_at * 1000),
+            "commitLogMinOffset": st.min_phy_offset(),
+            "commitLogMaxOffset": st.max_phy_offset(),
+            "putMessageTimesTotal": self.stats["put_msgs"],
+            "putMessageSizeTotal": self.stats["put_bytes"],
+            "getMessageTimesTotal": self.stats["get_msgs"],
+            "getMessageSizeTotal": self.stats["get_bytes"],
+            "connections": len(self.server.connections),
+            "heldPullRequests": self.hold.count,
+            "topicCount": len(self.topics.topics),
+            "diskFull": st.disk_full,
+        }
+        return {k: str(v) for k, v in info.items()}
+
+    # --- name servers ---------------------------------------------------------------------------
+    def _register_request(self) -> RemotingCommand:
+        cfg = self.config
+        body = {
+            "topicConfigSerializeWrapper": {
+                "topicConfigTable": self.topics.topics,
+                "dataVersion": self.topics.data_version,
+            },
+            "filterServerList": [],
+        }
+        return RemotingCommand(
+            RequestCode.REGISTER_BROKER,
+            ext_fields={
+                "brokerName": cfg.broker_name,
+                "brokerAddr": self.address,
+                "clusterName": cfg.cluster_name,
+                "haServerAddr": self.address,
+                "brokerId": str(cfg.broker_id),
+                "compressed": "false",
+            },
+            body=bodies.dumps(body),
+        )
+
+    async def register_all(self) -> None:
+        async def one(addr: str) -> None:
+            try:
+                r = await self.namesrv_client.invoke(addr, self._register_request(), self.config.register_timeout_ms)
+            except RemotingError as e:
+                log.warning("registering with name server %s failed: %s", addr, e)
+                return
+            if r.code != ResponseCode.SUCCESS:
+                log.warning("name server %s refused the registration: %s %s", addr, r.code, r.remark)
+
+        await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))
+
+    async def _unregister_all(self) -> None:
+        cfg = self.config
+        for addr in cfg.namesrv_addrs:
+            cmd = RemotingCommand(
+                RequestCode.UNREGISTER_BROKER,
+                ext_fields={
+                    "brokerName": cfg.broker_name,
+                    "brokerAddr": self.address,
+                    "clusterName": cfg.cluster_name,
+                    "brokerId": str(cfg.broker_id),
+                },
+            )
+            with contextlib.suppress(RemotingError):
+                await self.namesrv_client.invoke(addr, cmd, 3000)
+
+    # --- periodic work ------------------------------------------------------------------------
+    async def _register_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.register_interval_s)
+            await self.register_all()
+
+    async def _persist_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.consumer_offset_persist_interval_s)
+            if self.offsets.dirty:
+                try:
+                    self.offsets.persist()
+                except OSError:
+                    log.exception("persisting consumer offsets failed")
+
+    async def _scan_clients_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.client_scan_interval_s)
+            for conn in self.clients.expired_connections():
+                log.info("closing %s: no heartbeat for %.0f s", conn.peer, self.config.channel_expired_s)
+                conn.close()
+                self._connection_closed(conn)
+
+
+def write_ready_file(path: str, info: dict[str, Any]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(bodies.dumps(info))
+    os.replace(tmp, path)
+
+
+async def serve(config: BrokerConfig, ready_file: str | None = None) -> int:
+    broker = Broker(config)
+    await broker.start()
+    if ready_file:
+        write_ready_file(
+            ready_file,
+            {
+                "address": broker.address,
+                "pid": os.getpid(),
+                "broker_name": config.broker_name,
+                "store_dir": config.store_dir,
+            },
+        )
+    print(f"broker {config.broker_name} listening on {broker.address}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.shutdown()
+    return 0

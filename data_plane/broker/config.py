@@ -1,0 +1,181 @@
+"""BrokerConfig: one frozen object per broker process, read once at start.
+
+Sources, later wins: defaults here → a TOML file (top-level keys are BrokerConfig fields, a
+``[store]`` table holds StoreConfig fields) → command-line flags. Units are in the names.
+
+    broker_name = "broker-a"
+    cluster_name = "DefaultCluster"
+    listen = "0.0.0.0:10911"
+    namesrv_addrs = ["127.0.0.1:9876"]
+    store_dir = "/var/lib/orbit/broker-a"
+
+    [store]
+    flush_disk_type = "SYNC_FLUSH"
+    commit_log_file_size_bytes = 1073741824
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from data_plane.store.config import FlushDiskType, StoreConfig
+
+
+class BrokerRole(enum.Enum):
+    ASYNC_MASTER = "ASYNC_MASTER"
+    SYNC_MASTER = "SYNC_MASTER"
+    SLAVE = "SLAVE"
+
+
+class ConfigError(ValueError):
+    """A config file or flag that cannot be used; the message says which and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    broker_name: str = "broker-a"
+    cluster_name: str = "DefaultCluster"
+    broker_id: int = 0  # 0 = master
+    broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
+    listen: str = "127.0.0.1:10911"
+    # The address published to name servers and clients (default: the listen address, or
+    # 127.0.0.1 when listening on every interface).
+    advertised_host: str = ""
+    namesrv_addrs: tuple[str, ...] = ()
+    store_dir: str = "./orbit-data/broker-a"
+    register_interval_s: float = 30.0
+    register_timeout_ms: int = 6_000
+    auto_create_topic_enable: bool = True
+    auto_create_subscription_group: bool = True
+    default_topic_queue_nums: int = 4
+    max_topic_queue_nums: int = 1024
+    long_polling_enable: bool = True
+    max_suspend_ms: int = 60_000
+    short_polling_ms: int = 1_000  # hold time when long polling is off
+    channel_expired_s: float = 120.0
+    client_scan_interval_s: float = 10.0
+    rebalance_lock_expiry_s: float = 60.0
+    consumer_offset_persist_interval_s: float = 1.0
+    idle_timeout_s: float = 120.0
+    max_frame_bytes: int = 16 * 1024 * 1024
+    max_pull_messages: int = 1024
+    max_query_messages: int = 64
+    store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
+
+    @property
+    def listen_host(self) -> str:
+        return self.listen.rpartition(":")[0] or "0.0.0.0"
+
+    @property
+    def listen_port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def is_master(self) -> bool:
+        return self.broker_role is not BrokerRole.SLAVE
+
+    def store_config(self, port: int) -> StoreConfig:
+        values: dict[str, Any] = {"store_path": os.path.join(self.store_dir, "store")}
+        for k, v in self.store.items():
+            values[k] = FlushDiskType(v) if k == "flush_disk_type" and isinstance(v, str) else v
+        values["store_host"] = self.advertised_host or _default_host(self.listen_host)
+        values["store_port"] = port
+        try:
+            return StoreConfig(**values)
+        except TypeError as e:
+            raise ConfigError(f"[store]: {e}") from None
+
+    def validate(self) -> BrokerConfig:
+        from data_plane.store.message import validate_topic
+
+        problems = []
+        if validate_topic(self.broker_name) is not None:
+            problems.append(f"broker_name {self.broker_name!r} is not a valid name")
+        if self.broker_id < 0:
+            problems.append("broker_id must be >= 0")
+        if (self.broker_id == 0) != self.is_master:
+            problems.append(f"broker_id {self.broker_id} does not match role {self.broker_role.value}")
+        _host, sep, port = self.listen.rpartition(":")
+        if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+            problems.append(f"listen {self.listen!r} is not host:port")
+        for a in self.namesrv_addrs:
+            if not a.rpartition(":")[2].isdigit():
+                problems.append(f"name server address {a!r} is not host:port")
+        if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
+            problems.append("default_topic_queue_nums must be within 1..max_topic_queue_nums")
+        unknown = set(self.store) - {f.name for f in dataclasses.fields(StoreConfig)}
+        if unknown:
+            problems.append(f"unknown [store] keys: {', '.join(sorted(unknown))}")
+        if problems:
+            raise ConfigError("; ".join(problems))
+        return self
+
+
+def _default_host(listen_host: str) -> str:
+    return "127.0.0.1" if listen_host in ("", "0.0.0.0", "::") else listen_host
+
+
+def advertised_address(config: BrokerConfig, port: int) -> str:
+    return f"{config.advertised_host or _default_host(config.listen_host)}:{port}"
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    f = _FIELDS.get(name)
+    if f is None:
+        raise ConfigError(f"unknown broker setting {name!r}")
+    default = f.default if f.default is not dataclasses.MISSING else None
+    try:
+        if name == "broker_role":
+            return BrokerRole(str(value).upper())
+        if name == "namesrv_addrs":
+            if isinstance(value, str):
+                return tuple(a.strip() for a in value.replace(",", ";").split(";") if a.strip())
+            return tuple(str(a) for a in value)
+        if name == "store":
+            if not isinstance(value, dict):
+                raise ConfigError("[store] must be a table")
+            return dict(value)
+        if isinstance(default, bool):
+            if isinstance(value, str):
+                return value.lower() in ("1", "true", "yes", "on")
+            return bool(value)
+        if isinstance(default, int):
+            return int(value)
+        if isinstance(default, float):
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"setting {name!r}: {e}") from None
+
+
+def load(path: str | None = None, overrides: dict[str, Any] | None = None) -> BrokerConfig:
+    """Defaults ← TOML file at ``path`` ← ``overrides`` (flag values; None means unset)."""
+    values: dict[str, Any] = {}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                raw = tomllib.load(f)
+        except OSError as e:
+            raise ConfigError(f"cannot read {path}: {e}") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path} is not valid TOML: {e}") from None
+        for k, v in raw.items():
+            values[k] = _coerce(k, v)
+    for k, v in (overrides or {}).items():
+        if v is None:
+            continue
+        if k == "store":
+            merged = dict(values.get("store", {}))
+            merged.update(v)
+            values["store"] = merged
+        else:
+            values[k] = _coerce(k, v)
+    return BrokerConfig(**values).validate()

@@ -1,0 +1,98 @@
+"""PullRequestHoldService: pulls that found nothing wait here for new messages (long polling).
+
+A held pull waits on its queue until a message it can use arrives (the queue's max offset
+passes the pull's offset and the message's tag hash is one the pull asked for) or until its
+suspend time runs out; either way the pull is then read again and answered. Arrivals are
+announced by the send path (``notify``) right after the append, so the wake-up costs one dict
+lookup per send and no polling."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection
+
+MAX_HELD = 100_000
+
+
+class _Held:
+    __slots__ = ("fut", "offset", "tags_codes", "timer")
+
+    def __init__(self, fut: asyncio.Future[bool], offset: int, tags_codes: Collection[int] | None) -> None:
+        self.fut = fut
+        self.offset = offset
+        self.tags_codes = tags_codes
+        self.timer: asyncio.TimerHandle | None = None
+
+
+class PullRequestHoldService:
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, int], list[_Held]] = {}
+        self.count = 0
+
+    def hold(
+        self, topic: str, queue_id: int, offset: int, timeout_s: float, tags_codes: Collection[int] | None
+    ) -> asyncio.Future[bool] | None:
+        """A future resolved with True on a matching arrival, False on timeout (or None when
+        too many pulls are held already: answer the pull at once)."""
+        if self.count >= MAX_HELD:
+            return None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[bool] = loop.create_future()
+        h = _Held(fut, offset, tags_codes)
+        key = (topic, queue_id)
+        lst = self.held.get(key)
+        if lst is None:
+            lst = self.held[key] = []
+        lst.append(h)
+        self.count += 1
+        h.timer = loop.call_later(timeout_s, self._expire, key, h)
+        return fut
+
+    def _remove(self, key: tuple[str, int], h: _Held) -> None:
+        lst = self.held.get(key)
+        if lst is not None:
+            try:
+                lst.remove(h)
+                self.count -= 1
+            except ValueError:
+                return
+            if not lst:
+                del self.held[key]
+
+    def _expire(self, key: tuple[str, int], h: _Held) -> None:
+        self._remove(key, h)
+        if not h.fut.done():
+            h.fut.set_result(False)
+
+    def notify(self, topic: str, queue_id: int, max_offset: int, tags_code: int | None = None) -> None:
+        """Messages up to ``max_offset`` (exclusive) are readable in the queue."""
+        lst = self.held.get((topic, queue_id))
+        if not lst:
+            return
+        keep = []
+        for h in lst:
+            if h.fut.done():
+                self.count -= 1
+                continue
+            if max_offset > h.offset and (h.tags_codes is None or tags_code is None or tags_code in h.tags_codes):
+                self.count -= 1
+                if h.timer is not None:
+                    h.timer.cancel()
+                h.fut.set_result(True)
+            else:
+                keep.append(h)
+        if keep:
+            self.held[(topic, queue_id)] = keep
+        else:
+            del self.held[(topic, queue_id)]
+
+    def wake_all(self) -> None:
+        """Answer every held pull now (shutdown)."""
+        for lst in self.held.values():
+            for h in lst:
+                if h.timer is not None:
+                    h.timer.cancel()
+                if not h.fut.done():
+                    h.fut.set_result(False)
+        self.held.clear()
+        self.count = 0

@@ -1,0 +1,154 @@
+"""PULL_MESSAGE (11): read a queue from an offset, filtered by tag hash, with long polling.
+
+Request ext: consumerGroup topic queueId queueOffset maxMsgNums sysFlag commitOffset
+suspendTimeoutMillis subscription subVersion expressionType. Response ext: nextBeginOffset
+minOffset maxOffset suggestWhichBrokerId; body: the stored records back to back, handed to the
+socket as slices of the CommitLog mapping (no per-message copy).
+
+Store read status → response code (RocketMQ's PullMessageProcessor):
+
+    FOUND                                   SUCCESS
+    NO_MATCHED_MESSAGE, MESSAGE_WAS_REMOVING PULL_RETRY_IMMEDIATELY
+    NO_MESSAGE_IN_QUEUE, NO_MATCHED_LOGIC_QUEUE  PULL_NOT_FOUND at offset 0, else PULL_OFFSET_MOVED
+    OFFSET_OVERFLOW_ONE, OFFSET_FOUND_NULL   PULL_NOT_FOUND (held when the pull may suspend)
+    OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL  PULL_OFFSET_MOVED
+
+Tags are matched by hash here; clients check the tag string again (seed 7.4)."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from data_plane.remoting.codes import (
+    PERM_READ,
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    ResponseCode,
+)
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.remoting.headers import field_int, field_str
+from data_plane.store.message import tags_hash_code
+from data_plane.store.status import GetMessageResult, GetMessageStatus
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+MAX_TAGS = 1024
+
+
+def parse_tag_expression(expression: str | None) -> frozenset[int] | None:
+    """Tag hash codes of ``"TagA || TagB"``; None for every tag (``*`` or empty)."""
+    if expression is None:
+        return None
+    expression = expression.strip()
+    if not expression or expression == "*":
+        return None
+    tags = [t.strip() for t in expression.split("||")]
+    tags = [t for t in tags if t]
+    if not tags:
+        return None
+    if len(tags) > MAX_TAGS:
+        raise ValueError(f"a subscription names more than {MAX_TAGS} tags")
+    return frozenset(tags_hash_code(t) for t in tags)
+
+
+_NOT_FOUND = {GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_FOUND_NULL}
+_RETRY = {GetMessageStatus.NO_MATCHED_MESSAGE, GetMessageStatus.MESSAGE_WAS_REMOVING}
+_MOVED = {GetMessageStatus.OFFSET_OVERFLOW_BADLY, GetMessageStatus.OFFSET_TOO_SMALL}
+_EMPTY = {GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.NO_MATCHED_LOGIC_QUEUE}
+
+
+class PullProcessor:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.hold = broker.hold
+        self.config = broker.config
+
+    def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        ext = cmd.ext_fields
+        group = field_str(ext, "consumerGroup", max_length=1024)
+        topic = field_str(ext, "topic", max_length=1024)
+        queue_id = field_int(ext, "queueId", lo=0, hi=2**31 - 1)
+        offset = field_int(ext, "queueOffset", lo=0)
+        max_nums = field_int(ext, "maxMsgNums", 32, lo=1, hi=2**31 - 1)
+        sys_flag = field_int(ext, "sysFlag", 0, lo=0, hi=2**31 - 1)
+        suspend_ms = field_int(ext, "suspendTimeoutMillis", 0, lo=0, hi=2**31 - 1)
+        broker = self.broker
+        tc = broker.topics.get(topic)
+        if tc is None:
+            return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
+        if not tc["perm"] & PERM_READ:
+            return cmd.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] pulling message is forbidden")
+        if queue_id >= tc["readQueueNums"]:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{tc['readQueueNums']}]",
+            )
+        g = broker.groups.find(group)
+        if g is not None and not g.get("consumeEnable", True):
+            return cmd.response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
+        expression_type = (ext or {}).get("expressionType", "TAG") or "TAG"
+        if expression_type.upper() != "TAG":
+            return cmd.response(
+                ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"expression type {expression_type} is not supported"
+            )
+        if sys_flag & PULL_FLAG_SUBSCRIPTION:
+            expression: str | None = (ext or {}).get("subscription", "*")
+        else:
+            sd = broker.clients.subscription(group, topic)
+            expression = sd.get("subString") if sd else None
+        try:
+            codes = parse_tag_expression(expression)
+        except ValueError as e:
+            return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e))
+        max_nums = min(max_nums, self.config.max_pull_messages)
+        if sys_flag & PULL_FLAG_COMMIT_OFFSET and broker.config.is_master:
+            commit = field_int(ext, "commitOffset", -1)
+            if commit >= 0:
+                broker.offsets.commit(group, topic, queue_id, commit)
+        result = self.store.get_message(topic, queue_id, offset, max_nums, tags_codes=codes)
+        nothing = result.status in _NOT_FOUND or (result.status in _EMPTY and offset == 0)
+        if nothing and sys_flag & PULL_FLAG_SUSPEND:
+            hold_ms = min(suspend_ms, self.config.max_suspend_ms)
+            if not self.config.long_polling_enable:
+                hold_ms = min(hold_ms, self.config.short_polling_ms)
+            if hold_ms > 0:
+                fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes)
+                if fut is not None:
+                    return self._held(cmd, fut, topic, queue_id, offset, max_nums, codes)
+        return self._answer(cmd, result, offset)
+
+    async def _held(
+        self,
+        cmd: RemotingCommand,
+        fut: Awaitable[bool],
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        codes: frozenset[int] | None,
+    ) -> RemotingCommand:
+        await fut
+        result = self.store.get_message(topic, queue_id, offset, max_nums, tags_codes=codes)
+        return self._answer(cmd, result, offset)
+
+    def _answer(self, cmd: RemotingCommand, result: GetMessageResult, offset: int) -> RemotingCommand:
+        status = result.status
+        ext = {
+            "nextBeginOffset": str(result.next_begin_offset),
+            "minOffset": str(result.min_offset),
+            "maxOffset": str(result.max_offset),
+            "suggestWhichBrokerId": "1" if result.suggest_pulling_from_slave and self.broker.has_slave else "0",
+        }
+        if status is GetMessageStatus.FOUND:
+            self.broker.on_pulled(result.message_count, result.buffer_total_size)
+            return cmd.response(ResponseCode.SUCCESS, "FOUND", ext, body=result.messages)
+        if status in _RETRY:
+            return cmd.response(ResponseCode.PULL_RETRY_IMMEDIATELY, status.value, ext)
+        if status in _MOVED or (status in _EMPTY and offset != 0):
+            return cmd.response(ResponseCode.PULL_OFFSET_MOVED, status.value, ext)
+        return cmd.response(ResponseCode.PULL_NOT_FOUND, status.value, ext)

@@ -1,0 +1,202 @@
+"""SEND_MESSAGE (10), SEND_MESSAGE_V2 (310) and SEND_BATCH_MESSAGE (320).
+
+V2 carries the same header as SEND_MESSAGE under one-letter names (a=producerGroup b=topic
+c=defaultTopic d=defaultTopicQueueNums e=queueId f=sysFlag g=bornTimestamp h=flag i=properties
+j=reconsumeTimes k=unitMode l=maxReconsumeTimes m=batch). Under ASYNC_FLUSH a send is answered
+in the same loop turn as its append; under SYNC_FLUSH once the group commit covers it."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING
+
+from data_plane.remoting.bodies import decode_batch
+from data_plane.remoting.codes import PERM_WRITE, ResponseCode
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.remoting.errors import HeaderError
+from data_plane.remoting.headers import field_int, field_str
+from data_plane.store.message import (
+    PROPERTY_TAGS,
+    Message,
+    decode_properties,
+    pack_host,
+    tags_hash_code,
+)
+from data_plane.store.status import PutMessageResult, PutMessageStatus
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+V2_NAMES = {
+    "a": "producerGroup",
+    "b": "topic",
+    "c": "defaultTopic",
+    "d": "defaultTopicQueueNums",
+    "e": "queueId",
+    "f": "sysFlag",
+    "g": "bornTimestamp",
+    "h": "flag",
+    "i": "properties",
+    "j": "reconsumeTimes",
+    "k": "unitMode",
+    "l": "maxReconsumeTimes",
+    "m": "batch",
+}
+
+_STATUS_CODES = {
+    PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
+    PutMessageStatus.FLUSH_DISK_TIMEOUT: ResponseCode.FLUSH_DISK_TIMEOUT,
+    PutMessageStatus.FLUSH_SLAVE_TIMEOUT: ResponseCode.FLUSH_SLAVE_TIMEOUT,
+    PutMessageStatus.SLAVE_NOT_AVAILABLE: ResponseCode.SLAVE_NOT_AVAILABLE,
+    PutMessageStatus.SERVICE_NOT_AVAILABLE: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.DISK_FULL: ResponseCode.SERVICE_NOT_AVAILABLE,
+    PutMessageStatus.CREATE_MAPPED_FILE_FAILED: ResponseCode.SYSTEM_ERROR,
+    PutMessageStatus.MESSAGE_ILLEGAL: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.PROPERTIES_SIZE_EXCEEDED: ResponseCode.MESSAGE_ILLEGAL,
+    PutMessageStatus.OS_PAGECACHE_BUSY: ResponseCode.SYSTEM_BUSY,
+    PutMessageStatus.UNKNOWN_ERROR: ResponseCode.SYSTEM_ERROR,
+}
+
+
+def v2_to_v1(ext: dict[str, str] | None) -> dict[str, str]:
+    if not ext:
+        return {}
+    return {V2_NAMES.get(k, k): v for k, v in ext.items()}
+
+
+def _born_host(conn: Connection) -> bytes:
+    h = conn.attrs.get("born_host")
+    if h is None:
+        ip, _, port = conn.peer.rpartition(":")
+        try:
+            h = pack_host(ip, int(port))
+        except (ValueError, OSError):
+            h = pack_host("127.0.0.1", 0)
+        conn.attrs["born_host"] = h
+    return h
+
+
+class SendProcessor:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.store = broker.store
+        self.topics = broker.topics
+        self.hold = broker.hold
+        self.sync_flush = broker.store.sync_flush
+        self.max_message_bytes = broker.store.config.max_message_size_bytes
+        self.max_batch_bytes = broker.config.max_frame_bytes
+
+    def send_v2(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        return self._send(conn, cmd, v2_to_v1(cmd.ext_fields))
+
+    def send_v1(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        return self._send(conn, cmd, cmd.ext_fields or {})
+
+    def _send(
+        self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str]
+    ) -> RemotingCommand | Awaitable[RemotingCommand]:
+        broker = self.broker
+        if not broker.config.is_master:
+            remark = f"broker {broker.address} is a slave: send to the master"
+            return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark)
+        topic = field_str(ext, "topic", max_length=1024)
+        batch = cmd.code == 320 or ext.get("batch") == "true"
+        tc = self.topics.get(topic)
+        if tc is None:
+            default_topic = ext.get("defaultTopic") or ""
+            queue_nums = field_int(ext, "defaultTopicQueueNums", 4, lo=1, hi=broker.config.max_topic_queue_nums)
+            try:
+                tc = self.topics.create_in_send(topic, default_topic, queue_nums)
+            except ValueError as e:
+                return cmd.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
+            if tc is None:
+                return cmd.response(
+                    ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
+                )
+            broker.topics_changed()
+        if not tc["perm"] & PERM_WRITE:
+            return cmd.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending is forbidden")
+        queue_id = field_int(ext, "queueId", -1, lo=-(2**31), hi=2**31 - 1)
+        nq = tc["writeQueueNums"]
+        if queue_id < 0:
+            queue_id = random.randrange(nq)
+        elif queue_id >= nq:
+            return cmd.response(
+                ResponseCode.SYSTEM_ERROR,
+                f"request queueId[{queue_id}] is illegal, topic {topic} has {nq} write queues",
+            )
+        body = cmd.body_bytes()
+        if not body:
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "the message body is empty")
+        limit = self.max_batch_bytes if batch else self.max_message_bytes
+        if len(body) > limit:
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes, over {limit}")
+        sys_flag = field_int(ext, "sysFlag", 0, lo=0, hi=2**31 - 1)
+        born_ts = field_int(ext, "bornTimestamp", 0)
+        reconsume = field_int(ext, "reconsumeTimes", 0, lo=0, hi=2**31 - 1)
+        born_host = _born_host(conn)
+        try:
+            props = decode_properties(ext.get("properties", ""))
+        except ValueError as e:
+            raise HeaderError(f"header field 'properties' is malformed: {e}") from None
+        if batch:
+            msgs = []
+            for flag, b, praw in decode_batch(body):
+                try:
+                    p = decode_properties(praw)
+                except ValueError as e:
+                    raise HeaderError(f"a batch message's properties are malformed: {e}") from None
+                msgs.append(Message(topic, b, queue_id, flag, p, sys_flag, born_ts, born_host, reconsume))
+        else:
+            flag = field_int(ext, "flag", 0, lo=-(2**31), hi=2**31 - 1)
+            msgs = [Message(topic, body, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
+        if broker.before_put is not None:
+            refused = broker.before_put(conn, cmd, msgs)
+            if refused is not None:
+                return refused
+        if self.sync_flush:
+            return self._put_and_wait(cmd, msgs, topic, queue_id)
+        result, _end = self.store.append(msgs)
+        return self._answer(cmd, result, msgs, topic, queue_id)
+
+    async def _put_and_wait(
+        self, cmd: RemotingCommand, msgs: list[Message], topic: str, queue_id: int
+    ) -> RemotingCommand:
+        result = await self.store.put_messages(msgs)
+        return self._answer(cmd, result, msgs, topic, queue_id)
+
+    def _answer(
+        self, cmd: RemotingCommand, result: PutMessageResult, msgs: list[Message], topic: str, queue_id: int
+    ) -> RemotingCommand:
+        status = result.status
+        a = result.append
+        if a is None:
+            code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
+            return cmd.response(code, result.reason or status.value)
+        # Stored (perhaps not yet durable): wake held pulls of this queue.
+        tags = msgs[-1].properties.get(PROPERTY_TAGS)
+        self.hold.notify(topic, queue_id, a.queue_offset + a.msg_num, tags_hash_code(tags) if tags else 0)
+        self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
+        code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
+        ext = {
+            "msgId": a.msg_id if a.msg_num == 1 else ",".join(self._batch_ids(a.wrote_offset, a.msg_num)),
+            "queueId": str(queue_id),
+            "queueOffset": str(a.queue_offset),
+            "MSG_REGION": "DefaultRegion",
+            "TRACE_ON": "true",
+        }
+        return cmd.response(code, None if status is PutMessageStatus.PUT_OK else result.reason or status.value, ext)
+
+    def _batch_ids(self, offset: int, n: int) -> list[str]:
+        """The message id of each record of a batch, walking the records just written."""
+        ids = []
+        cl = self.store.commit_log
+        for _ in range(n):
+            rec = self.store.read_record(offset)
+            if rec is None:
+                break
+            ids.append(cl.msg_id(offset))
+            offset += len(rec)
+        return ids

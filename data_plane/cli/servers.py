@@ -1,0 +1,113 @@
+"""``orbit namesrv`` and ``orbit broker``: run one server process in the foreground.
+
+Both bind their ``--listen`` address (port 0 picks a free port), print it, write it to
+``--ready-file`` as JSON once they serve, and stop cleanly on SIGTERM / Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from typing import Any
+
+from data_plane.broker import config as broker_config
+
+
+def run_loop(coro: Any) -> int:
+    try:
+        import uvloop
+    except ImportError:
+        return int(asyncio.run(coro))
+    return int(uvloop.run(coro))
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def parse_value(text: str) -> Any:
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _pairs(items: list[str] | None, what: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise broker_config.ConfigError(f"{what} {item!r} is not key=value")
+        out[key.strip().replace("-", "_")] = parse_value(value.strip())
+    return out
+
+
+def add_broker_parser(sub: Any) -> None:
+    p = sub.add_parser("broker", help="run a broker", description=__doc__)
+    p.add_argument("--config", help="TOML file of broker settings ([store] table for the store)")
+    p.add_argument("--listen", help="host:port to serve clients on (default 127.0.0.1:10911)")
+    p.add_argument("--namesrv", action="append", help="name server host:port (repeatable, or ';'-separated)")
+    p.add_argument("--broker-name")
+    p.add_argument("--cluster", dest="cluster_name")
+    p.add_argument("--broker-id", type=int)
+    p.add_argument("--role", dest="broker_role", choices=[r.value for r in broker_config.BrokerRole])
+    p.add_argument("--store-dir")
+    p.add_argument("--advertised-host", help="host published to name servers and clients")
+    p.add_argument("--flush", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], help="flush mode of the CommitLog")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="any broker setting")
+    p.add_argument("--store-set", action="append", metavar="KEY=VALUE", help="any store setting")
+    p.add_argument("--ready-file", help="write {address, pid} here as JSON once serving")
+    p.add_argument("--log-level", default="INFO")
+    p.set_defaults(func=run_broker)
+
+
+def load_broker_config(args: argparse.Namespace) -> broker_config.BrokerConfig:
+    overrides: dict[str, Any] = _pairs(args.set, "--set")
+    for name in ("listen", "broker_name", "cluster_name", "broker_id", "broker_role", "store_dir", "advertised_host"):
+        v = getattr(args, name, None)
+        if v is not None:
+            overrides[name] = v
+    if args.namesrv:
+        overrides["namesrv_addrs"] = ";".join(args.namesrv)
+    store = _pairs(args.store_set, "--store-set")
+    if args.flush:
+        store["flush_disk_type"] = args.flush
+    if store:
+        overrides["store"] = store
+    return broker_config.load(args.config, overrides)
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    from data_plane.broker.broker import serve
+
+    setup_logging(args.log_level)
+    try:
+        config = load_broker_config(args)
+    except broker_config.ConfigError as e:
+        print(f"orbit broker: {e}", file=sys.stderr)
+        return 2
+    return run_loop(serve(config, args.ready_file))
+
+
+def add_namesrv_parser(sub: Any) -> None:
+    # No option prefix: REMAINDER alone does not take arguments that start with "-", so every
+    # argument after "namesrv" goes, untouched, to data_plane.namesrv.server.main.
+    p = sub.add_parser("namesrv", help="run a name server", add_help=False, prefix_chars="\x00")
+    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run_namesrv)
+
+
+def run_namesrv(args: argparse.Namespace) -> int:
+    from data_plane.namesrv.server import main
+
+    return int(main(args.rest))

@@ -1,0 +1,115 @@
+"""RemotingClient: connections by address, requests with timeouts, answers to the peer's
+requests (a broker asks clients things too: NOTIFY_CONSUMER_IDS_CHANGED, CHECK_TRANSACTION_STATE)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
+from data_plane.remoting.connection import Connection, Dispatch
+from data_plane.remoting.errors import RemotingConnectError, RemotingTimeoutError
+
+log = logging.getLogger(__name__)
+
+
+def split_addr(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise ValueError(f"address {addr!r} is not host:port")
+    return host, int(port)
+
+
+class RemotingClient:
+    def __init__(
+        self,
+        dispatch: Dispatch | None = None,
+        *,
+        connect_timeout_ms: int = 3000,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_timeout_s: float = 0,
+    ) -> None:
+        self.dispatch = dispatch
+        self.connect_timeout_ms = connect_timeout_ms
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self._conns: dict[str, Connection] = {}
+        self._connecting: dict[str, asyncio.Future[Connection]] = {}
+        self.closed = False
+
+    def _forget(self, addr: str, conn: Connection) -> None:
+        if self._conns.get(addr) is conn:
+            del self._conns[addr]
+
+    async def connection(self, addr: str) -> Connection:
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.closed:
+            return conn
+        if self.closed:
+            raise RemotingConnectError(addr, "client is closed")
+        pending = self._connecting.get(addr)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Connection] = loop.create_future()
+        self._connecting[addr] = fut
+        try:
+            host, port = split_addr(addr)
+            try:
+                _, proto = await asyncio.wait_for(
+                    loop.create_connection(
+                        lambda: Connection(
+                            self.dispatch,
+                            max_frame_bytes=self.max_frame_bytes,
+                            idle_timeout_s=self.idle_timeout_s,
+                            on_close=lambda c: self._forget(addr, c),
+                        ),
+                        host,
+                        port,
+                    ),
+                    self.connect_timeout_ms / 1000,
+                )
+            except (OSError, TimeoutError) as e:
+                raise RemotingConnectError(addr, str(e) or type(e).__name__) from None
+            self._conns[addr] = proto
+            fut.set_result(proto)
+            return proto
+        except BaseException as e:
+            if not fut.done():
+                fut.set_exception(e)
+                fut.exception()  # retrieved: waiters that shield it re-raise it themselves
+            raise
+        finally:
+            del self._connecting[addr]
+
+    async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int = 3000) -> RemotingCommand:
+        conn = await self.connection(addr)
+        try:
+            return await conn.invoke(cmd, timeout_ms)
+        except RemotingTimeoutError:
+            raise
+        except RemotingConnectError:
+            self._forget(addr, conn)
+            raise
+
+    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        conn = await self.connection(addr)
+        conn.invoke_oneway(cmd)
+
+    def close_connection(self, addr: str) -> None:
+        conn = self._conns.pop(addr, None)
+        if conn is not None:
+            conn.close()
+
+    async def close(self) -> None:
+        self.closed = True
+        conns = list(self._conns.values())
+        self._conns.clear()
+        for c in conns:
+            c.close()
+        for c in conns:
+            if not c.closed:
+                try:
+                    await asyncio.wait_for(c.closed_event.wait(), 1.0)
+                except TimeoutError:
+                    c.abort()

@@ -1,0 +1,346 @@
+"""RemotingCommand and its codec: RocketMQ 4.x "remoting" frames, as pure functions.
+
+A frame on the wire (all integers big-endian)::
+
+    ┌──────────────┬─────────────────────────────┬──────────────────┬───────────┐
+    │ length  (4)  │ type (1) │ header length (3) │ header (n bytes) │ body      │
+    └──────────────┴─────────────────────────────┴──────────────────┴───────────┘
+      length counts everything after itself: 4 + header length + body length.
+
+``type`` is the header's serialization: 0 = JSON ``{code, language, version, opaque, flag,
+remark, extFields}``, 1 = RocketMQ's binary form::
+
+    code (2) │ language (1) │ version (2) │ opaque (4) │ flag (4) │
+    remark length (4) │ remark │ extFields length (4) │ { key length (2) │ key │ value length (4) │ value }*
+
+A response is encoded with the serialization of its request. ``extFields`` are strings on the
+wire; real clients send numbers too, so decoding turns every value into a string.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from data_plane.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE
+
+SERIALIZE_JSON = 0
+SERIALIZE_ROCKETMQ = 1
+
+FRAME_PREFIX = struct.Struct(">II")  # total length, (type << 24) | header length
+assert FRAME_PREFIX.size == 8
+_LENGTH = struct.Struct(">I")
+_BINARY_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
+assert _BINARY_FIXED.size == 13
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+
+MAX_FRAME_BYTES = 16 * 1024 * 1024  # default limit on one frame (the length field's value)
+MAX_HEADER_BYTES = 1024 * 1024
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+# LanguageCode ordinals, for the binary header.
+LANGUAGES = ("JAVA", "CPP", "DOTNET", "PYTHON", "DELPHI", "ERLANG", "RUBY", "OTHER", "HTTP", "GO", "PHP", "OMS")
+_LANGUAGE_ORDINAL = {name: i for i, name in enumerate(LANGUAGES)}
+
+Body = bytes | bytearray | memoryview
+
+
+class FrameError(ValueError):
+    """Bytes that are not a well-formed frame. The connection that sent them is closed."""
+
+
+class FrameTooLarge(FrameError):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"frame of {size} bytes is over the {limit}-byte limit")
+        self.size = size
+        self.limit = limit
+
+
+class RemotingCommand:
+    """One request or response. ``ext_fields`` maps names to strings; ``body`` is bytes, or a
+    sequence of buffers written back to back (a pull response's records, without copying)."""
+
+    __slots__ = ("body", "code", "ext_fields", "flag", "language", "opaque", "remark", "serialize_type", "version")
+
+    def __init__(
+        self,
+        code: int,
+        *,
+        opaque: int = 0,
+        flag: int = 0,
+        remark: str | None = None,
+        ext_fields: dict[str, str] | None = None,
+        body: Body | Sequence[Body] | None = None,
+        language: str = "PYTHON",
+        version: int = 399,
+        serialize_type: int = SERIALIZE_JSON,
+    ) -> None:
+        self.code = code
+        self.opaque = opaque
+        self.flag = flag
+        self.remark = remark
+        self.ext_fields = ext_fields
+        self.body = body
+        self.language = language
+        self.version = version
+        self.serialize_type = serialize_type
+
+    @property
+    def is_response(self) -> bool:
+        return bool(self.flag & FLAG_RESPONSE)
+
+    @property
+    def is_oneway(self) -> bool:
+        return bool(self.flag & FLAG_ONEWAY)
+
+    def body_bytes(self) -> bytes:
+        b = self.body
+        if b is None:
+            return b""
+        if isinstance(b, bytes):
+            return b
+        if isinstance(b, bytearray | memoryview):
+            return bytes(b)
+        return b"".join(b)
+
+    def response(
+        self, code: int, remark: str | None = None, ext_fields: dict[str, str] | None = None, body: Any = None
+    ) -> RemotingCommand:
+        """The response to this request: same opaque, version and serialization."""
+        return RemotingCommand(
+            code,
+            opaque=self.opaque,
+            flag=FLAG_RESPONSE,
+            remark=remark,
+            ext_fields=ext_fields,
+            body=body,
+            language="JAVA",
+            version=self.version,
+            serialize_type=self.serialize_type,
+        )
+
+    def __repr__(self) -> str:
+        kind = "response" if self.is_response else "request"
+        return (
+            f"RemotingCommand({kind} code={self.code} opaque={self.opaque} flag={self.flag} "
+            f"remark={self.remark!r} ext={self.ext_fields!r} body={len(self.body_bytes())}B)"
+        )
+
+
+# --- encoding ------------------------------------------------------------------------------
+def encode_header(cmd: RemotingCommand) -> bytes:
+    if cmd.serialize_type == SERIALIZE_ROCKETMQ:
+        return _encode_binary_header(cmd)
+    h: dict[str, Any] = {
+        "code": cmd.code,
+        "language": cmd.language,
+        "version": cmd.version,
+        "opaque": cmd.opaque,
+        "flag": cmd.flag,
+        "serializeTypeCurrentRPC": "JSON",
+    }
+    if cmd.remark is not None:
+        h["remark"] = cmd.remark
+    if cmd.ext_fields is not None:
+        h["extFields"] = cmd.ext_fields
+    return orjson.dumps(h)
+
+
+def _encode_binary_header(cmd: RemotingCommand) -> bytes:
+    parts = [_BINARY_FIXED.pack(cmd.code, _LANGUAGE_ORDINAL.get(cmd.language, 7), cmd.version, cmd.opaque, cmd.flag)]
+    remark = cmd.remark.encode() if cmd.remark else b""
+    parts.append(_U32.pack(len(remark)))
+    parts.append(remark)
+    ext = bytearray()
+    for k, v in (cmd.ext_fields or {}).items():
+        kb, vb = k.encode(), str(v).encode()
+        ext += _U16.pack(len(kb))
+        ext += kb
+        ext += _U32.pack(len(vb))
+        ext += vb
+    parts.append(_U32.pack(len(ext)))
+    parts.append(bytes(ext))
+    return b"".join(parts)
+
+
+def encode(cmd: RemotingCommand) -> list[Body]:
+    """The frame of ``cmd`` as buffers to write back to back (the body is not copied)."""
+    header = encode_header(cmd)
+    body = cmd.body
+    if body is None:
+        pieces: Sequence[Body] = ()
+        body_len = 0
+    elif isinstance(body, bytes | bytearray | memoryview):
+        pieces = (body,)
+        body_len = len(body)
+    else:
+        pieces = body
+        body_len = sum(len(p) for p in body)
+    prefix = FRAME_PREFIX.pack(4 + len(header) + body_len, (cmd.serialize_type << 24) | len(header))
+    return [prefix + header, *pieces]
+
+
+def encode_bytes(cmd: RemotingCommand) -> bytes:
+    return b"".join(encode(cmd))
+
+
+# --- decoding ------------------------------------------------------------------------------
+def _as_str(v: Any) -> str:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return ""
+    if isinstance(v, int | float):
+        return str(v)
+    return orjson.dumps(v).decode()
+
+
+def decode_frame(frame: Body) -> RemotingCommand:
+    """Decode one frame without its 4-byte length prefix. Raises FrameError."""
+    mv = memoryview(frame)
+    if len(mv) < 4:
+        raise FrameError("frame shorter than its header-length field")
+    (mark,) = _LENGTH.unpack_from(mv, 0)
+    stype = mark >> 24
+    hlen = mark & 0xFFFFFF
+    if hlen > len(mv) - 4 or hlen > MAX_HEADER_BYTES:
+        raise FrameError(f"header length {hlen} does not fit a frame of {len(mv)} bytes")
+    header = mv[4 : 4 + hlen]
+    if stype == SERIALIZE_JSON:
+        cmd = _decode_json_header(header)
+    elif stype == SERIALIZE_ROCKETMQ:
+        cmd = _decode_binary_header(header)
+    else:
+        raise FrameError(f"unknown header serialization type {stype}")
+    cmd.serialize_type = stype
+    if len(mv) > 4 + hlen:
+        cmd.body = bytes(mv[4 + hlen :])
+    return cmd
+
+
+def _decode_json_header(raw: memoryview) -> RemotingCommand:
+    try:
+        h = orjson.loads(raw)
+    except orjson.JSONDecodeError as e:
+        raise FrameError(f"header is not JSON: {e}") from None
+    if not isinstance(h, dict):
+        raise FrameError("header is not a JSON object")
+    try:
+        code = int(h["code"])
+        opaque = int(h.get("opaque", 0))
+        flag = int(h.get("flag", 0))
+        version = int(h.get("version", 0) or 0)
+    except (KeyError, TypeError, ValueError) as e:
+        raise FrameError(f"header field missing or not a number: {e}") from None
+    if not all(_INT32_MIN <= n <= _INT32_MAX for n in (code, opaque, flag, version)):
+        # Java's fields are ints; an opaque out of range could not even be answered.
+        raise FrameError("a header number is outside the range of a 32-bit int")
+    ext = h.get("extFields")
+    ext_fields: dict[str, str] | None
+    if ext is None:
+        ext_fields = None
+    elif isinstance(ext, dict):
+        ext_fields = {str(k): _as_str(v) for k, v in ext.items()}
+    else:
+        raise FrameError("extFields is not an object")
+    remark = h.get("remark")
+    return RemotingCommand(
+        code,
+        opaque=opaque,
+        flag=flag,
+        remark=None if remark is None else _as_str(remark),
+        ext_fields=ext_fields,
+        language=_as_str(h.get("language", "OTHER")),
+        version=version,
+    )
+
+
+def _decode_binary_header(raw: memoryview) -> RemotingCommand:
+    try:
+        code, lang, version, opaque, flag = _BINARY_FIXED.unpack_from(raw, 0)
+        pos = _BINARY_FIXED.size
+        (rlen,) = _U32.unpack_from(raw, pos)
+        pos += 4
+        if pos + rlen > len(raw):
+            raise FrameError("remark runs past the header")
+        remark = bytes(raw[pos : pos + rlen]).decode() if rlen else None
+        pos += rlen
+        (elen,) = _U32.unpack_from(raw, pos)
+        pos += 4
+        end = pos + elen
+        if end > len(raw):
+            raise FrameError("extFields run past the header")
+        ext: dict[str, str] | None = {} if elen else None
+        while pos < end:
+            (klen,) = _U16.unpack_from(raw, pos)
+            pos += 2
+            key = bytes(raw[pos : pos + klen]).decode()
+            pos += klen
+            (vlen,) = _U32.unpack_from(raw, pos)
+            pos += 4
+            if pos + vlen > end:
+                raise FrameError("an extFields value runs past the header")
+            assert ext is not None
+            ext[key] = bytes(raw[pos : pos + vlen]).decode()
+            pos += vlen
+    except struct.error as e:
+        raise FrameError(f"binary header truncated: {e}") from None
+    except UnicodeDecodeError as e:
+        raise FrameError(f"binary header text is not UTF-8: {e}") from None
+    language = LANGUAGES[lang] if lang < len(LANGUAGES) else "OTHER"
+    return RemotingCommand(
+        code, opaque=opaque, flag=flag, remark=remark, ext_fields=ext, language=language, version=version
+    )
+
+
+class FrameDecoder:
+    """Splits a byte stream into frames. ``feed`` returns the complete frames (each without
+    its length prefix) and keeps the rest; a length over ``max_frame_bytes`` or under 4 raises
+    FrameError before anything of that frame is buffered."""
+
+    __slots__ = ("_buf", "max_frame_bytes")
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+        self._buf = bytearray()
+        self.max_frame_bytes = max_frame_bytes
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def feed(self, data: Body) -> list[Body]:
+        frames: list[Body] = []
+        if self._buf:
+            self._buf += data
+            src: Body = self._buf
+        else:
+            src = data
+        mv = memoryview(src)
+        n = len(mv)
+        pos = 0
+        limit = self.max_frame_bytes
+        unpack = _LENGTH.unpack_from
+        while n - pos >= 4:
+            (length,) = unpack(mv, pos)
+            if length > limit:
+                raise FrameTooLarge(length, limit)
+            if length < 4:
+                raise FrameError(f"frame length {length} is shorter than its header-length field")
+            if n - pos - 4 < length:
+                break
+            frames.append(bytes(mv[pos + 4 : pos + 4 + length]))
+            pos += 4 + length
+        if src is self._buf:
+            mv.release()
+            del self._buf[:pos]
+        else:
+            if pos < n:
+                self._buf += mv[pos:]
+            mv.release()
+        return frames

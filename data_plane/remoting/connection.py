@@ -1,0 +1,288 @@
+"""Connection: one TCP connection speaking remoting frames, both ways.
+
+The connection owns the transport, the frame decoder, the table of requests waiting for an
+answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never touches a socket.
+
+* Incoming requests go to ``dispatch(connection, command)``, which returns the response, an
+  awaitable of it, or None (no answer: oneway requests, or a handler that answers later
+  through ``send``). At most ``max_inflight`` awaitable requests per connection; past that the
+  answer is SYSTEM_BUSY, so one client cannot pile up unbounded work.
+* Responses written while handling one read are gathered and written together.
+* A frame over ``max_frame_bytes`` or bytes that are not a frame close the connection; a handler
+  error answers SYSTEM_ERROR (or the header error's remark) and keeps the connection.
+* A connection with no traffic for ``idle_timeout_s`` is closed.
+* Back-pressure (server side): while the peer does not read what we write (the transport's buffer is over its
+  high-water mark), we stop reading from it, so a stalled client cannot make us buffer without end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import socket
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from data_plane.remoting.codes import FLAG_ONEWAY, ResponseCode
+from data_plane.remoting.command import (
+    MAX_FRAME_BYTES,
+    Body,
+    FrameDecoder,
+    FrameError,
+    RemotingCommand,
+    decode_frame,
+    encode,
+)
+from data_plane.remoting.errors import (
+    HeaderError,
+    RemotingConnectError,
+    RemotingTimeoutError,
+    RemotingTooMuchRequestError,
+)
+
+log = logging.getLogger(__name__)
+
+Dispatch = Callable[["Connection", RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
+
+IDLE_TIMEOUT_S = 120.0
+MAX_INFLIGHT = 4096  # awaitable requests being handled per connection
+MAX_PENDING = 65536  # our own requests waiting for answers per connection
+WRITE_HIGH_WATER = 8 * 1024 * 1024
+
+
+class Connection(asyncio.Protocol):
+    def __init__(
+        self,
+        dispatch: Dispatch | None = None,
+        *,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        max_inflight: int = MAX_INFLIGHT,
+        on_close: Callable[[Connection], None] | None = None,
+        server_side: bool = False,
+    ) -> None:
+        self.dispatch = dispatch
+        # Only a server stops reading while its peer does not read: a client that stopped
+        # reading answers because its own requests queue up would deadlock with the server.
+        self.server_side = server_side
+        self.decoder = FrameDecoder(max_frame_bytes)
+        self.idle_timeout_s = idle_timeout_s
+        self.max_inflight = max_inflight
+        self.on_close = on_close
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.peer = ""
+        self.closed = False
+        self.closed_event = asyncio.Event()
+        self.inflight = 0
+        self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
+        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], asyncio.TimerHandle | None]] = {}
+        self._opaque = itertools.count(1)
+        self._out: list[Body] = []
+        self._flush_scheduled = False
+        self._in_read = False
+        self._write_paused = False
+        self._last_active = self.loop.time()
+        self._idle_timer: asyncio.TimerHandle | None = None
+
+    # --- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
+        if self.idle_timeout_s > 0:
+            self._idle_timer = self.loop.call_later(self.idle_timeout_s, self._check_idle)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_active = self.loop.time()
+        try:
+            frames = self.decoder.feed(data)
+        except FrameError as e:
+            log.warning("closing %s: %s", self.peer, e)
+            self.abort()
+            return
+        self._in_read = True
+        try:
+            for frame in frames:
+                try:
+                    cmd = decode_frame(frame)
+                except FrameError as e:
+                    log.warning("closing %s: malformed frame: %s", self.peer, e)
+                    self.abort()
+                    return
+                if cmd.is_response:
+                    self._on_response(cmd)
+                else:
+                    self._on_request(cmd)
+        finally:
+            self._in_read = False
+        if self._out:
+            self._flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.closed_event.set()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+        pending, self._pending = self._pending, {}
+        for fut, timer in pending.values():
+            if timer is not None:
+                timer.cancel()
+            if not fut.done():
+                fut.set_exception(RemotingConnectError(self.peer, f"connection closed ({exc or 'by peer'})"))
+        self._out.clear()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        if self.transport is not None and self.server_side:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self.transport is not None and self.server_side and not self.closed:
+            self.transport.resume_reading()
+
+    # --- requests from the peer -------------------------------------------------------------
+    def _on_request(self, cmd: RemotingCommand) -> None:
+        dispatch = self.dispatch
+        if dispatch is None:
+            self._answer(
+                cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} not supported")
+            )
+            return
+        if self.inflight >= self.max_inflight:
+            self._answer(cmd, cmd.response(ResponseCode.SYSTEM_BUSY, "too many requests in flight on this connection"))
+            return
+        try:
+            r = dispatch(self, cmd)
+        except HeaderError as e:
+            self._answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, str(e)))
+            return
+        except Exception as e:
+            log.exception("request code %s from %s failed", cmd.code, self.peer)
+            self._answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
+            return
+        if r is None:
+            return
+        if isinstance(r, RemotingCommand):
+            self._answer(cmd, r)
+            return
+        self.inflight += 1
+        task: asyncio.Future[RemotingCommand | None] = asyncio.ensure_future(r)
+        task.add_done_callback(lambda t: self._finish(cmd, t))
+
+    def _finish(self, cmd: RemotingCommand, task: asyncio.Future[RemotingCommand | None]) -> None:
+        self.inflight -= 1
+        if task.cancelled():
+            return
+        e = task.exception()
+        if e is None:
+            r = task.result()
+            if r is not None:
+                self._answer(cmd, r)
+        elif isinstance(e, HeaderError):
+            self._answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, str(e)))
+        else:
+            log.error("request code %s from %s failed", cmd.code, self.peer, exc_info=e)
+            self._answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
+
+    def _answer(self, request: RemotingCommand, response: RemotingCommand) -> None:
+        if request.flag & FLAG_ONEWAY:
+            return
+        response.opaque = request.opaque
+        self.send(response)
+
+    # --- writing ----------------------------------------------------------------------------
+    def send(self, cmd: RemotingCommand) -> None:
+        """Queue ``cmd`` for writing (gathered with others written in the same loop turn)."""
+        if self.closed:
+            return
+        self._out.extend(encode(cmd))
+        if not self._in_read and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        out = self._out
+        if not out or self.closed or self.transport is None:
+            out.clear()
+            return
+        self._out = []
+        self._last_active = self.loop.time()
+        if len(out) == 1:
+            self.transport.write(out[0])  # the network write
+        else:
+            self.transport.writelines(out)  # the network write
+
+    @property
+    def write_buffer_bytes(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    # --- our requests to the peer -------------------------------------------------------------
+    def invoke(self, cmd: RemotingCommand, timeout_ms: int) -> asyncio.Future[RemotingCommand]:
+        """Send a request; the future gets its response, RemotingTimeoutError after
+        ``timeout_ms``, or RemotingConnectError when the connection closes first."""
+        fut: asyncio.Future[RemotingCommand] = self.loop.create_future()
+        if self.closed:
+            fut.set_exception(RemotingConnectError(self.peer, "connection closed"))
+            return fut
+        if len(self._pending) >= MAX_PENDING:
+            fut.set_exception(RemotingTooMuchRequestError(f"{MAX_PENDING} requests to {self.peer} await answers"))
+            return fut
+        opaque = next(self._opaque) & 0x7FFFFFFF
+        cmd.opaque = opaque
+        timer = self.loop.call_later(timeout_ms / 1000, self._expire, opaque, cmd.code, timeout_ms)
+        self._pending[opaque] = (fut, timer)
+        self.send(cmd)
+        return fut
+
+    def invoke_oneway(self, cmd: RemotingCommand) -> None:
+        cmd.flag |= FLAG_ONEWAY
+        cmd.opaque = next(self._opaque) & 0x7FFFFFFF
+        self.send(cmd)
+
+    def _expire(self, opaque: int, code: int, timeout_ms: int) -> None:
+        entry = self._pending.pop(opaque, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(RemotingTimeoutError(self.peer, code, timeout_ms))
+
+    def _on_response(self, cmd: RemotingCommand) -> None:
+        entry = self._pending.pop(cmd.opaque, None)
+        if entry is None:
+            return  # answered after its timeout
+        fut, timer = entry
+        if timer is not None:
+            timer.cancel()
+        if not fut.done():
+            fut.set_result(cmd)
+
+    # --- closing ----------------------------------------------------------------------------
+    def _check_idle(self) -> None:
+        if self.closed:
+            return
+        idle = self.loop.time() - self._last_active
+        if idle >= self.idle_timeout_s and not self._pending and self.inflight == 0:
+            log.info("closing %s: idle for %.0f s", self.peer, idle)
+            self.close()
+            return
+        self._idle_timer = self.loop.call_later(max(1.0, self.idle_timeout_s - idle), self._check_idle)
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            if self._out:
+                self._flush()
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.abort()

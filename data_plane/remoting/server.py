@@ -1,0 +1,101 @@
+"""RemotingServer: accepts connections and hands their requests to a ``Processors`` table."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from data_plane.remoting.codes import ResponseCode
+from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
+from data_plane.remoting.connection import IDLE_TIMEOUT_S, Connection
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
+
+
+class Processors:
+    """Request code → handler. Unknown codes get REQUEST_CODE_NOT_SUPPORTED and the connection
+    stays open. ``before`` runs ahead of every handler (authentication) and may answer instead."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[int, Handler] = {}
+        self.before: Callable[[Connection, RemotingCommand], RemotingCommand | None] | None = None
+
+    def register(self, code: int, handler: Handler) -> None:
+        self.handlers[int(code)] = handler
+
+    def __call__(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand | Awaitable[RemotingCommand | None] | None:
+        handler = self.handlers.get(cmd.code)
+        if handler is None:
+            return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} not supported")
+        if self.before is not None:
+            refused = self.before(conn, cmd)
+            if refused is not None:
+                return refused
+        return handler(conn, cmd)
+
+
+class RemotingServer:
+    def __init__(
+        self,
+        processors: Processors,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        on_close: Callable[[Connection], None] | None = None,
+    ) -> None:
+        self.processors = processors
+        self.host = host
+        self.port = port
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.connections: set[Connection] = set()
+        self._on_close_hook = on_close
+        self._server: asyncio.base_events.Server | None = None
+
+    def _closed(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+        if self._on_close_hook is not None:
+            self._on_close_hook(conn)
+
+    def _make(self) -> Connection:
+        conn = Connection(
+            self.processors,
+            max_frame_bytes=self.max_frame_bytes,
+            idle_timeout_s=self.idle_timeout_s,
+            on_close=self._closed,
+            server_side=True,
+        )
+        self.connections.add(conn)
+        return conn
+
+    async def start(self, *, serving: bool = True) -> None:
+        """Bind (port 0 picks a free port, read back into ``port``) and, with ``serving``,
+        accept connections; otherwise call ``start_serving`` once the handlers are ready."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._make, self.host, self.port, reuse_address=True, backlog=1024, start_serving=serving
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def start_serving(self) -> None:
+        assert self._server is not None
+        await self._server.start_serving()
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            for conn in list(self.connections):
+                conn.close()
+            await self._server.wait_closed()
+            self._server = None

@@ -1,0 +1,138 @@
+"""Real name server and broker processes on 127.0.0.1, port 0.
+
+Each process is ``python -m data_plane.cli <namesrv|broker> ... --ready-file F``; it binds
+port 0 and writes ``{"address": "127.0.0.1:<port>", ...}`` to F once it serves, which is how
+the test learns the port. Processes are stopped (SIGTERM, then SIGKILL) after the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+READY_TIMEOUT_S = 30.0
+
+
+@dataclass
+class ServerProcess:
+    kind: str
+    address: str
+    proc: subprocess.Popen[bytes]
+    args: list[str]
+    ready_file: Path
+    log_path: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """SIGTERM and wait: a clean shutdown."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """kill -9: no shutdown at all."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+def spawn(kind: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> ServerProcess:
+    """Start ``orbit <kind> <args>`` and wait for its ready file."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    n = len(list(workdir.glob(f"{kind}-*.ready")))
+    ready = workdir / f"{kind}-{n}.ready"
+    log_path = workdir / f"{kind}-{n}.log"
+    full = [sys.executable, "-m", "data_plane.cli", kind, *args, "--ready-file", str(ready)]
+    penv = dict(os.environ)
+    penv.update(env or {})
+    with open(log_path, "ab") as logf:
+        proc = subprocess.Popen(full, stdout=logf, stderr=subprocess.STDOUT, env=penv)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if ready.exists():
+            with contextlib.suppress(ValueError):
+                info = json.loads(ready.read_text())
+                return ServerProcess(kind, info["address"], proc, full, ready, log_path, info)
+        if proc.poll() is not None:
+            break
+        time.sleep(0.02)
+    proc.kill()
+    proc.wait()
+    raise RuntimeError(f"{kind} did not become ready; log:\n{log_path.read_text(errors='replace')[-4000:]}")
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[list[ServerProcess]]:
+    started: list[ServerProcess] = []
+    yield started
+    for p in reversed(started):
+        p.stop()
+
+
+@pytest.fixture
+def start_namesrv(tmp_path: Path, processes: list[ServerProcess]) -> Callable[..., ServerProcess]:
+    def start(*extra: str) -> ServerProcess:
+        p = spawn("namesrv", ["--listen", "127.0.0.1:0", *extra], tmp_path / "run")
+        processes.append(p)
+        return p
+
+    return start
+
+
+@pytest.fixture
+def namesrv(start_namesrv: Callable[..., ServerProcess]) -> ServerProcess:
+    return start_namesrv()
+
+
+@pytest.fixture
+def start_broker(tmp_path: Path, processes: list[ServerProcess]) -> Callable[..., ServerProcess]:
+    """``start_broker(namesrv_addr, name="broker-a", store_dir=None, *extra_flags)``: a broker
+    process with its store under tmp_path (the same name → the same store dir on restart)."""
+
+    def start(namesrv_addr: str, *extra: str, name: str = "broker-a", store_dir: Path | None = None) -> ServerProcess:
+        store = store_dir or tmp_path / "stores" / name
+        args = [
+            "--listen",
+            "127.0.0.1:0",
+            "--namesrv",
+            namesrv_addr,
+            "--broker-name",
+            name,
+            "--store-dir",
+            str(store),
+            *extra,
+        ]
+        p = spawn("broker", args, tmp_path / "run")
+        processes.append(p)
+        return p
+
+    return start
+
+
+@pytest.fixture
+def cluster(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> tuple[ServerProcess, ServerProcess]:
+    """One name server and one broker (ASYNC_FLUSH), registered."""
+    return namesrv, start_broker(namesrv.address)
