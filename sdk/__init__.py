@@ -1,1 +1,67 @@
-"""sdk."""
+"""Orbit's client SDK: asyncio producers and consumers speaking RocketMQ 4.x's protocol, with a
+thin blocking facade (``sdk.blocking``) for code without an event loop.
+
+::
+
+    from sdk import Message, Producer, PushConsumer, ConsumeResult
+
+    async with Producer("my-producer", namesrv_addrs="127.0.0.1:9876") as producer:
+        result = await producer.send(Message("orders", b"hello", tags="paid", keys="order-1"))
+
+See ``sdk/README.md`` for the design; every module opens with what it holds.
+"""
+
+from sdk.blocking import BlockingProducer, BlockingPullConsumer
+from sdk.client_instance import ClientInstance, Credentials
+from sdk.consumer import ConsumeFrom, MessageModel
+from sdk.errors import (
+    BrokerError,
+    ClientStateError,
+    ConnectionFailedError,
+    IllegalArgumentError,
+    IllegalMessageError,
+    MessageTooLargeError,
+    OrbitError,
+    RequestTimeoutError,
+    RouteNotFoundError,
+)
+from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus
+from sdk.producer import Producer, QueueSelector, select_by_sharding_key
+from sdk.pull_consumer import PullConsumer
+from sdk.push_consumer import ConsumeResult, PushConsumer
+from sdk.rebalance import AllocateAveragely, AllocateConsistentHash, AllocateStrategy
+from sdk.subscription import Subscription, parse_subscription
+
+__all__ = [
+    "AllocateAveragely",
+    "AllocateConsistentHash",
+    "AllocateStrategy",
+    "BlockingProducer",
+    "BlockingPullConsumer",
+    "BrokerError",
+    "ClientInstance",
+    "ClientStateError",
+    "ConnectionFailedError",
+    "ConsumeFrom",
+    "ConsumeResult",
+    "Credentials",
+    "IllegalArgumentError",
+    "IllegalMessageError",
+    "Message",
+    "MessageExt",
+    "MessageModel",
+    "MessageQueue",
+    "MessageTooLargeError",
+    "OrbitError",
+    "Producer",
+    "PullConsumer",
+    "PushConsumer",
+    "QueueSelector",
+    "RequestTimeoutError",
+    "RouteNotFoundError",
+    "SendResult",
+    "SendStatus",
+    "Subscription",
+    "parse_subscription",
+    "select_by_sharding_key",
+]

@@ -81,13 +81,14 @@ class BrokerConfig:
 
     def store_config(self, port: int) -> StoreConfig:
         values: dict[str, Any] = {"store_path": os.path.join(self.store_dir, "store")}
-        for k, v in self.store.items():
-            values[k] = FlushDiskType(v) if k == "flush_disk_type" and isinstance(v, str) else v
+        values.update(self.store)
         values["store_host"] = self.advertised_host or _default_host(self.listen_host)
         values["store_port"] = port
         try:
+            if isinstance(values.get("flush_disk_type"), str):
+                values["flush_disk_type"] = FlushDiskType(values["flush_disk_type"])
             return StoreConfig(**values)
-        except TypeError as e:
+        except (TypeError, ValueError) as e:  # a wrong type, or a value __post_init__ refuses
             raise ConfigError(f"[store]: {e}") from None
 
     def validate(self) -> BrokerConfig:
@@ -111,6 +112,13 @@ class BrokerConfig:
         unknown = set(self.store) - {f.name for f in dataclasses.fields(StoreConfig)}
         if unknown:
             problems.append(f"unknown [store] keys: {', '.join(sorted(unknown))}")
+        else:
+            # Build the store's config now (port 0 stands in for the bound port): a bad store
+            # value is a config error at load time, not a traceback once the broker starts.
+            try:
+                self.store_config(0)
+            except ConfigError as e:
+                problems.append(str(e))
         if problems:
             raise ConfigError("; ".join(problems))
         return self
@@ -145,9 +153,16 @@ def _coerce(name: str, value: Any) -> Any:
             return dict(value)
         if isinstance(default, bool):
             if isinstance(value, str):
-                return value.lower() in ("1", "true", "yes", "on")
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(f"{value!r} is not a boolean")
             return bool(value)
         if isinstance(default, int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError(f"{value!r} is not a whole number")
             return int(value)
         if isinstance(default, float):
             return float(value)

@@ -19,6 +19,7 @@ from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
 from data_plane.store.message import (
     PROPERTY_TAGS,
+    TOTAL_SIZE,
     Message,
     decode_properties,
     pack_host,
@@ -176,8 +177,16 @@ class SendProcessor:
             code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
             return cmd.response(code, result.reason or status.value)
         # Stored (perhaps not yet durable): wake held pulls of this queue.
-        tags = msgs[-1].properties.get(PROPERTY_TAGS)
-        self.hold.notify(topic, queue_id, a.queue_offset + a.msg_num, tags_hash_code(tags) if tags else 0)
+        # Every tag of a batch, not only its last message's: a pull held for the tag of an
+        # earlier message must wake too (RocketMQ notifies per dispatched message).
+        end = a.queue_offset + a.msg_num
+        if len(msgs) == 1:
+            tags = msgs[0].properties.get(PROPERTY_TAGS)
+            self.hold.notify(topic, queue_id, end, tags_hash_code(tags) if tags else 0)
+        else:
+            tag_codes = {tags_hash_code(t) if (t := m.properties.get(PROPERTY_TAGS)) else 0 for m in msgs}
+            for tag_code in tag_codes:
+                self.hold.notify(topic, queue_id, end, tag_code)
         self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
         code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         ext = {
@@ -190,13 +199,18 @@ class SendProcessor:
         return cmd.response(code, None if status is PutMessageStatus.PUT_OK else result.reason or status.value, ext)
 
     def _batch_ids(self, offset: int, n: int) -> list[str]:
-        """The message id of each record of a batch, walking the records just written."""
-        ids = []
+        """The message id of each record of a batch: the records lie back to back in one
+        CommitLog file, so walking their total-size fields is enough."""
         cl = self.store.commit_log
+        mf = cl.mfq.find_by_offset(offset)
+        if mf is None:
+            return []
+        mv = mf.mv
+        base = mf.file_from_offset
+        prefix = cl.msg_id(0)[:-16]
+        unpack = TOTAL_SIZE.unpack_from
+        ids = []
         for _ in range(n):
-            rec = self.store.read_record(offset)
-            if rec is None:
-                break
-            ids.append(cl.msg_id(offset))
-            offset += len(rec)
+            ids.append(prefix + format(offset, "016X"))
+            offset += unpack(mv, offset - base)[0]
         return ids

@@ -3,7 +3,9 @@
     orbit namesrv [--listen HOST:PORT]                     a name server
     orbit broker [--config FILE] [flags]                   a broker
     orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
-    orbit dev up [--quick]                                 the local cluster (see README)
+    orbit bench e2e [--quick] [--seconds S] [--out FILE]   end-to-end benchmark, JSON on stdout
+    orbit topic|produce|consume|message|group ...          cluster operations (see --help)
+    orbit dev up [--dir DIR]                               the local cluster (see README)
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from data_plane.cli import servers
+from data_plane.cli import admin, dev, servers
 
 
 def _bench_store(args: argparse.Namespace) -> int:
@@ -41,15 +43,19 @@ def _bench_store(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dev_up(args: argparse.Namespace) -> int:
-    print(
-        "orbit dev up: the local cluster (name server, broker, control plane) arrives with the broker "
-        "issue; until then it runs the store benchmark.",
-        file=sys.stderr,
-    )
-    args.dir = None
-    args.out = None
-    return _bench_store(args)
+def _bench_e2e(args: argparse.Namespace) -> int:
+    from loadtest import e2e
+
+    opts = e2e.E2EOptions.quick(args.dir) if args.quick else e2e.E2EOptions(directory=args.dir)
+    if args.seconds:
+        opts = dataclasses.replace(opts, seconds=args.seconds)
+    result = e2e.run(opts, log=lambda m: print(m, file=sys.stderr, flush=True))
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    print(text)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,11 +76,14 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--disk-mb", type=int, help="MiB written to measure the disk's bandwidth")
     store.add_argument("--repeats", type=int, help="runs of each figure; the median is reported (default 3)")
     store.set_defaults(func=_bench_store)
-    dev = sub.add_parser("dev", help="the local development cluster")
-    dev_sub = dev.add_subparsers(dest="what", required=True)
-    up = dev_sub.add_parser("up", help="run the local cluster")
-    up.add_argument("--quick", action="store_true", help="smaller amounts")
-    up.set_defaults(func=_dev_up)
+    e2e = bench_sub.add_parser("e2e", help="producers and consumers against one broker, over loopback")
+    e2e.add_argument("--quick", action="store_true", help="3-second phases")
+    e2e.add_argument("--dir", help="cluster directory (default: a new temporary directory)")
+    e2e.add_argument("--seconds", type=float, help="length of each publishing phase")
+    e2e.add_argument("--out", help="also write the JSON here")
+    e2e.set_defaults(func=_bench_e2e)
+    dev.add_parser(sub)
+    admin.add_parsers(sub)
     return parser
 
 

@@ -50,6 +50,7 @@ IDLE_TIMEOUT_S = 120.0
 MAX_INFLIGHT = 4096  # awaitable requests being handled per connection
 MAX_PENDING = 65536  # our own requests waiting for answers per connection
 WRITE_HIGH_WATER = 8 * 1024 * 1024
+_JOIN_BELOW_BYTES = 16 * 1024
 
 
 class Connection(asyncio.Protocol):
@@ -221,8 +222,14 @@ class Connection(asyncio.Protocol):
         self._last_active = self.loop.time()
         if len(out) == 1:
             self.transport.write(out[0])  # the network write
+            return
+        total = 0
+        for b in out:
+            total += len(b)
+        if total <= _JOIN_BELOW_BYTES:
+            self.transport.write(b"".join(out))  # the network write: one copy beats one syscall per piece
         else:
-            self.transport.writelines(out)  # the network write
+            self.transport.writelines(out)  # the network write: large bodies (pulls) go uncopied
 
     @property
     def write_buffer_bytes(self) -> int:
@@ -273,7 +280,10 @@ class Connection(asyncio.Protocol):
         idle = self.loop.time() - self._last_active
         if idle >= self.idle_timeout_s and not self._pending and self.inflight == 0:
             log.info("closing %s: idle for %.0f s", self.peer, idle)
-            self.close()
+            if self.write_buffer_bytes:
+                self.abort()  # the peer reads nothing: close() would wait for it forever
+            else:
+                self.close()
             return
         self._idle_timer = self.loop.call_later(max(1.0, self.idle_timeout_s - idle), self._check_idle)
 

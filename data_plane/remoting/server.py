@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -92,10 +93,16 @@ class RemotingServer:
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = 1.0) -> None:
         if self._server is not None:
             self._server.close()
-            for conn in list(self.connections):
+            conns = list(self.connections)
+            for conn in conns:
                 conn.close()
+            # close() waits for our answers to be read; a peer that never reads is dropped.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.gather(*(c.closed_event.wait() for c in conns)), grace_s)
+            for conn in conns:
+                conn.abort()
             await self._server.wait_closed()
             self._server = None

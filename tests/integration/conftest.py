@@ -110,15 +110,18 @@ def namesrv(start_namesrv: Callable[..., ServerProcess]) -> ServerProcess:
 @pytest.fixture
 def start_broker(tmp_path: Path, processes: list[ServerProcess]) -> Callable[..., ServerProcess]:
     """``start_broker(namesrv_addr, name="broker-a", store_dir=None, *extra_flags)``: a broker
-    process with its store under tmp_path (the same name → the same store dir on restart)."""
+    process with its store under tmp_path (the same name → the same store dir on restart).
+    ``namesrv_addr=None``: a broker without name servers (no --namesrv flag)."""
 
-    def start(namesrv_addr: str, *extra: str, name: str = "broker-a", store_dir: Path | None = None) -> ServerProcess:
+    def start(
+        namesrv_addr: str | None, *extra: str, name: str = "broker-a", store_dir: Path | None = None
+    ) -> ServerProcess:
         store = store_dir or tmp_path / "stores" / name
+        namesrv = ["--namesrv", namesrv_addr] if namesrv_addr is not None else []
         args = [
             "--listen",
             "127.0.0.1:0",
-            "--namesrv",
-            namesrv_addr,
+            *namesrv,
             "--broker-name",
             name,
             "--store-dir",

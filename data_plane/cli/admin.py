@@ -1,0 +1,348 @@
+"""The operator and tenant commands: ``orbit topic``, ``produce``, ``consume``, ``message`` and
+``group``. Each talks to the cluster through its name servers (``--namesrv``, or the
+ORBIT_NAMESRV environment variable, default 127.0.0.1:9876), prints results on stdout (JSON
+lines with ``--json``), and on failure prints one clear line on stderr and exits non-zero."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import datetime
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from data_plane.store.message import StoredMessage
+
+DEFAULT_NAMESRV = "127.0.0.1:9876"
+
+
+def _namesrv(args: argparse.Namespace) -> list[str]:
+    raw = args.namesrv or os.environ.get("ORBIT_NAMESRV") or DEFAULT_NAMESRV
+    return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
+
+
+def _out(args: argparse.Namespace, obj: Any, text: str) -> None:
+    if getattr(args, "json", False):
+        sys.stdout.write(orjson.dumps(obj).decode() + "\n")
+    else:
+        sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+
+
+def message_dict(m: StoredMessage) -> dict[str, Any]:
+    try:
+        body: str = m.body.decode()
+        encoding = "utf-8"
+    except UnicodeDecodeError:
+        body = base64.b64encode(m.body).decode()
+        encoding = "base64"
+    return {
+        "msg_id": m.msg_id,
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "tags": m.tags,
+        "keys": m.keys,
+        "properties": m.properties,
+        "born_timestamp": m.born_timestamp,
+        "store_timestamp": m.store_timestamp,
+        "reconsume_times": m.reconsume_times,
+        "body": body,
+        "body_encoding": encoding,
+    }
+
+
+def _run(coro_fn: Callable[[], Awaitable[int]]) -> int:
+    from sdk.errors import OrbitError
+
+    try:
+        return asyncio.run(coro_fn())  # type: ignore[arg-type]
+    except OrbitError as e:
+        print(f"orbit: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def parse_time(text: str) -> int:
+    """Milliseconds since the epoch from ms digits or an ISO-8601 time (UTC when no zone)."""
+    if text.isdigit():
+        return int(text)
+    try:
+        dt = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither epoch milliseconds nor an ISO-8601 time") from None
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.UTC)
+    return int(dt.timestamp() * 1000)
+
+
+# --- topic --------------------------------------------------------------------------------------
+def topic_create(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            brokers = await admin.create_topic(
+                args.topic, queue_nums=args.queues, cluster=args.cluster, order=args.order
+            )
+        _out(args, {"topic": args.topic, "brokers": brokers}, f"created {args.topic} on {', '.join(brokers)}")
+        return 0
+
+    return _run(go)
+
+
+def topic_list(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            topics = await admin.list_topics()
+        if args.json:
+            _out(args, topics, "")
+        else:
+            for t in topics:
+                print(t)
+        return 0
+
+    return _run(go)
+
+
+def topic_describe(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            queues = await admin.describe_topic(args.topic)
+        rows = [
+            {"broker": q.broker_name, "queue_id": q.queue_id, "min": q.min_offset, "max": q.max_offset} for q in queues
+        ]
+        if args.json:
+            _out(args, {"topic": args.topic, "queues": rows}, "")
+        else:
+            print(f"{'broker':<16} {'queue':>5} {'min offset':>12} {'max offset':>12}")
+            for r in rows:
+                print(f"{r['broker']:<16} {r['queue_id']:>5} {r['min']:>12} {r['max']:>12}")
+        return 0
+
+    return _run(go)
+
+
+# --- messages -----------------------------------------------------------------------------------
+def message_get(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            m = await admin.view_message(args.msg_id)
+        sys.stdout.write(orjson.dumps(message_dict(m), option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+
+    return _run(go)
+
+
+def message_query(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            found = await admin.query_by_key(args.topic, args.key, max_num=args.max)
+        for m in found:
+            sys.stdout.write(orjson.dumps(message_dict(m)).decode() + "\n")
+        if not found:
+            print(f"orbit: no message of {args.topic} has key {args.key!r}", file=sys.stderr)
+            return 1
+        return 0
+
+    return _run(go)
+
+
+# --- groups -------------------------------------------------------------------------------------
+def group_progress(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            rows = await admin.group_progress(args.group, args.topic)
+        total = sum(r.lag for r in rows)
+        if args.json:
+            _out(
+                args,
+                {
+                    "group": args.group,
+                    "topic": args.topic,
+                    "lag": total,
+                    "queues": [
+                        {
+                            "broker": r.broker_name,
+                            "queue_id": r.queue_id,
+                            "broker_offset": r.broker_offset,
+                            "consumer_offset": r.consumer_offset,
+                            "lag": r.lag,
+                        }
+                        for r in rows
+                    ],
+                },
+                "",
+            )
+        else:
+            print(f"{'broker':<16} {'queue':>5} {'broker offset':>14} {'consumer offset':>16} {'lag':>10}")
+            for r in rows:
+                print(f"{r.broker_name:<16} {r.queue_id:>5} {r.broker_offset:>14} {r.consumer_offset:>16} {r.lag:>10}")
+            print(f"total lag: {total}")
+        return 0
+
+    return _run(go)
+
+
+def group_reset(args: argparse.Namespace) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            done = await admin.reset_offset_to_time(args.group, args.topic, args.to_time)
+        for (broker, q), off in sorted(done.items()):
+            _out(args, {"broker": broker, "queue_id": q, "offset": off}, f"{broker}:{q} -> {off}")
+        return 0
+
+    return _run(go)
+
+
+# --- produce / consume ------------------------------------------------------------------------------
+def produce(args: argparse.Namespace) -> int:
+    from sdk import Message, Producer
+
+    async def go() -> int:
+        producer = Producer(args.group, namesrv_addrs=_namesrv(args))
+        await producer.start()
+        try:
+            bodies: list[bytes]
+            if args.body is not None:
+                bodies = [args.body.encode()] * args.count
+            else:
+                bodies = [line.rstrip(b"\n") for line in sys.stdin.buffer if line.strip()]
+            for b in bodies:
+                keys: list[str] = args.keys.split(",") if args.keys else []
+                msg = Message(args.topic, b, tags=args.tags, keys=keys)
+                r = await producer.send(msg, sharding_key=args.sharding_key)
+                _out(
+                    args,
+                    {
+                        "msg_id": r.msg_id,
+                        "offset_msg_id": r.offset_msg_id,
+                        "queue": r.message_queue.queue_id,
+                        "status": r.status.name,
+                    },
+                    f"{r.status.name} {r.offset_msg_id} queue={r.message_queue.queue_id} offset={r.queue_offset}",
+                )
+        finally:
+            await producer.shutdown()
+        return 0
+
+    return _run(go)
+
+
+def consume(args: argparse.Namespace) -> int:
+    from sdk import PullConsumer
+
+    async def go() -> int:
+        consumer = PullConsumer(
+            args.group, namesrv_addrs=_namesrv(args), consume_from="FIRST_OFFSET" if args.earliest else "LAST_OFFSET"
+        )
+        consumer.subscribe(args.topic, args.expression)
+        await consumer.start()
+        got = 0
+        deadline = time.monotonic() + args.timeout_s
+        try:
+            while got < args.max and time.monotonic() < deadline:
+                msgs = await consumer.poll(timeout_ms=int(min(1.0, max(0.0, deadline - time.monotonic())) * 1000))
+                for m in msgs:
+                    d = {
+                        "msg_id": m.msg_id,
+                        "topic": m.topic,
+                        "queue_id": m.queue_id,
+                        "queue_offset": m.queue_offset,
+                        "tags": m.tags,
+                        "keys": m.keys,
+                        "body": m.body.decode(errors="replace"),
+                    }
+                    _out(args, d, f"{m.queue_id}:{m.queue_offset} {m.tags or ''} {m.body.decode(errors='replace')}")
+                    got += 1
+                    if got >= args.max:
+                        break
+                if msgs:
+                    await consumer.commit()
+        finally:
+            await consumer.shutdown()
+        return 0
+
+    return _run(go)
+
+
+def add_parsers(sub: Any) -> None:
+    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        p.add_argument("--namesrv", help=f"name server host:port[;host:port] (env ORBIT_NAMESRV; {DEFAULT_NAMESRV})")
+        p.add_argument("--json", action="store_true", help="JSON output")
+        return p
+
+    topic = sub.add_parser("topic", help="create, list and describe topics")
+    tsub = topic.add_subparsers(dest="what", required=True)
+    p = common(tsub.add_parser("create", help="create or update a topic on every master"))
+    p.add_argument("topic")
+    p.add_argument("--queues", type=int, default=4, help="read and write queues per broker (default 4)")
+    p.add_argument("--cluster", help="only this cluster's brokers")
+    p.add_argument("--order", action="store_true", help="an ordered topic")
+    p.set_defaults(func=topic_create)
+    p = common(tsub.add_parser("list", help="every topic the name servers know"))
+    p.set_defaults(func=topic_list)
+    p = common(tsub.add_parser("describe", help="queues with their min and max offsets"))
+    p.add_argument("topic")
+    p.set_defaults(func=topic_describe)
+
+    p = common(sub.add_parser("produce", help="send messages (--body, or one per stdin line)"))
+    p.add_argument("--topic", required=True)
+    p.add_argument("--body", help="message body (default: read lines from stdin)")
+    p.add_argument("--count", type=int, default=1, help="send --body this many times")
+    p.add_argument("--tags")
+    p.add_argument("--keys", help="comma-separated message keys")
+    p.add_argument("--sharding-key", help="messages with one sharding key keep their order")
+    p.add_argument("--group", default="orbit-cli-producer")
+    p.set_defaults(func=produce)
+
+    p = common(sub.add_parser("consume", help="print messages of a topic"))
+    p.add_argument("--topic", required=True)
+    p.add_argument("--group", default="orbit-cli-consumer")
+    p.add_argument("--expression", default="*", help="tag expression, e.g. 'TagA || TagB'")
+    p.add_argument("--earliest", action="store_true", help="a new group starts at the oldest message")
+    p.add_argument("--max", type=int, default=2**62, help="stop after this many messages")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="stop after this many seconds")
+    p.set_defaults(func=consume)
+
+    msg = sub.add_parser("message", help="look messages up")
+    msub = msg.add_subparsers(dest="what", required=True)
+    p = common(msub.add_parser("get", help="a message by id"))
+    p.add_argument("msg_id")
+    p.set_defaults(func=message_get)
+    p = common(msub.add_parser("query", help="messages of a topic by key"))
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--max", type=int, default=32)
+    p.set_defaults(func=message_query)
+
+    group = sub.add_parser("group", help="consumer groups")
+    gsub = group.add_subparsers(dest="what", required=True)
+    p = common(gsub.add_parser("progress", help="committed offsets and lag per queue"))
+    p.add_argument("group")
+    p.add_argument("--topic", required=True)
+    p.set_defaults(func=group_progress)
+    p = common(gsub.add_parser("reset-offset", help="move a stopped group's offsets to a point in time"))
+    p.add_argument("group")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--to-time", required=True, type=parse_time, help="epoch ms or ISO-8601 (UTC)")
+    p.set_defaults(func=group_reset)

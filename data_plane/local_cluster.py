@@ -1,0 +1,141 @@
+"""LocalCluster: a name server and brokers as child processes on this machine, all state under
+one directory. ``orbit dev up`` runs one in the foreground; benchmarks start one per run.
+
+Each child is ``python -m data_plane.cli <namesrv|broker> ... --ready-file F``; a child is up
+once F holds its address. Stopping sends SIGTERM to brokers first (they unregister and flush),
+then to the name server, and waits."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+READY_TIMEOUT_S = 60.0
+
+
+class ClusterError(RuntimeError):
+    """A child did not start; the message ends with its log's tail."""
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    info: dict[str, Any]
+    log_path: str
+
+    @property
+    def address(self) -> str:
+        return str(self.info["address"])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def spawn(kind: str, name: str, args: list[str], run_dir: str, *, new_session: bool = True) -> Child:
+    """Start ``orbit <kind> <args>`` and wait until it serves."""
+    os.makedirs(run_dir, exist_ok=True)
+    ready = os.path.join(run_dir, f"{name}.ready")
+    if os.path.exists(ready):
+        os.unlink(ready)
+    log_path = os.path.join(run_dir, f"{name}.log")
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "data_plane.cli", kind, *args, "--ready-file", ready],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=new_session,  # Ctrl-C reaches the parent only; it stops children in order
+        )
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        if os.path.exists(ready):
+            with open(ready) as f:
+                return Child(name, proc, json.load(f), log_path)
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    with open(log_path, errors="replace") as f:
+        tail = f.read()[-3000:]
+    raise ClusterError(f"{name} did not start; the end of {log_path}:\n{tail}")
+
+
+@dataclass
+class LocalCluster:
+    root: str
+    host: str = "127.0.0.1"
+    namesrv_port: int = 9876
+    broker_port: int = 10911
+    flush: str = "ASYNC_FLUSH"
+    broker_flags: list[str] = field(default_factory=list)
+    children: list[Child] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> str:
+        return os.path.join(self.root, "run")
+
+    def start(self) -> LocalCluster:
+        try:
+            ns = spawn("namesrv", "namesrv", ["--listen", f"{self.host}:{self.namesrv_port}"], self.run_dir)
+            self.children.append(ns)
+            broker = spawn(
+                "broker",
+                "broker-a",
+                [
+                    "--listen",
+                    f"{self.host}:{self.broker_port}",
+                    "--namesrv",
+                    ns.address,
+                    "--broker-name",
+                    "broker-a",
+                    "--store-dir",
+                    os.path.join(self.root, "broker-a"),
+                    "--flush",
+                    self.flush,
+                    *self.broker_flags,
+                ],
+                self.run_dir,
+            )
+            self.children.append(broker)
+        except ClusterError:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def namesrv(self) -> str:
+        return self.children[0].address
+
+    @property
+    def brokers(self) -> dict[str, str]:
+        return {c.name: c.address for c in self.children[1:]}
+
+    def endpoints(self) -> dict[str, Any]:
+        return {"namesrv": self.namesrv, "brokers": self.brokers, "data_dir": self.root, "logs": self.run_dir}
+
+    def dead(self) -> list[Child]:
+        return [c for c in self.children if c.proc.poll() is not None]
+
+    def stop(self) -> None:
+        for c in reversed(self.children):
+            c.stop()
+        self.children.clear()
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,381 @@
+"""``orbit bench e2e``: end-to-end figures of one broker over loopback, printed as JSON.
+
+A fresh LocalCluster (name server + one broker process, ASYNC_FLUSH) under a temporary
+directory; producers and consumers are processes of their own using the SDK; 1 KiB messages.
+Phases, in order:
+
+1. ``publish_batched``: producer processes, each with several batches of 32 in flight —
+   published-and-acknowledged messages per second;
+2. ``publish_sync_16``: 16 producers (tasks over two processes), each sending one message and
+   awaiting its acknowledgement before the next — messages per second and send latency;
+3. ``consume``: consumer processes (one push-consumer group) drain what phases 1-2 stored:
+   consumed messages per second, from the first message received to the last;
+4. ``half_peak``: an open-loop publisher at half of phase 2's rate, with a push consumer on
+   the same topic — send latency measured from each message's *intended* send time (so a stall
+   is not hidden by coordinated omission) and end-to-end latency (stored in a property at the
+   intended send time, read at delivery).
+
+Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from data_plane.local_cluster import LocalCluster
+
+LOWEST_US = 1
+HIGHEST_US = 60_000_000
+DIGITS = 3
+
+
+def new_hist() -> HdrHistogram:
+    return HdrHistogram(LOWEST_US, HIGHEST_US, DIGITS)
+
+
+def encode_hist(h: HdrHistogram) -> str:
+    return base64.b64encode(h.encode()).decode() if h.get_total_count() else ""
+
+
+def merge(encoded: list[str]) -> HdrHistogram:
+    h = new_hist()
+    for e in encoded:
+        if e:
+            h.add(HdrHistogram.decode(base64.b64decode(e)))
+    return h
+
+
+def summary_ms(h: HdrHistogram, pcts: tuple[float, ...] = (50, 99, 99.9)) -> dict[str, float]:
+    out: dict[str, float] = {"count": h.get_total_count()}
+    for p in pcts:
+        out[f"p{p:g}"] = round(h.get_value_at_percentile(p) / 1000, 3)
+    out["max"] = round(h.get_max_value() / 1000, 3)
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class E2EOptions:
+    seconds: float = 10.0  # each publishing phase
+    message_bytes: int = 1024
+    batch: int = 32
+    producer_processes: int = 2
+    batches_in_flight: int = 8  # per producer process
+    sync_producers: int = 16
+    consumer_processes: int = 2
+    queues: int = 8
+    warmup_s: float = 1.0
+    directory: str | None = None
+
+    @classmethod
+    def quick(cls, directory: str | None = None) -> E2EOptions:
+        return cls(seconds=3.0, warmup_s=0.5, directory=directory)
+
+
+# --- worker processes (module-level functions: they run in spawned interpreters) -------------------
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def _body(size: int) -> bytes:
+    return (b"orbit-e2e-" * (size // 10 + 1))[:size]
+
+
+async def _closed_loop(
+    producer_group: str, namesrv: str, opts: dict[str, Any], lanes: int, send: Callable[[Any, bytes], Awaitable[int]]
+) -> dict[str, Any]:
+    """``lanes`` tasks, each calling ``send(producer, body)`` (which returns how many messages
+    it published) and awaiting it before the next call, for warm-up + ``seconds``."""
+    from sdk import Producer
+
+    producer = Producer(producer_group, namesrv_addrs=[namesrv])
+    await producer.start()
+    body = _body(opts["message_bytes"])
+    hist = new_hist()
+    acked = errors = 0
+    measure_from = time.perf_counter() + opts["warmup_s"]
+    stop_at = measure_from + opts["seconds"]
+
+    async def lane() -> None:
+        nonlocal acked, errors
+        while (t0 := time.perf_counter()) < stop_at:
+            try:
+                n = await send(producer, body)
+            except Exception:
+                errors += 1
+                continue
+            if t0 >= measure_from:
+                acked += n
+                hist.record_value(max(1, int((time.perf_counter() - t0) * 1e6)))
+
+    await asyncio.gather(*(lane() for _ in range(lanes)))
+    await producer.shutdown()
+    return {"acked": acked, "errors": errors, "seconds": opts["seconds"], "hist": encode_hist(hist)}
+
+
+async def _publish_batched(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
+    from sdk import Message
+
+    async def send(producer: Any, body: bytes) -> int:
+        await producer.send_batch([Message(topic, body, tags="bench") for _ in range(opts["batch"])])
+        return int(opts["batch"])
+
+    return await _closed_loop("bench-batched", namesrv, opts, opts["batches_in_flight"], send)
+
+
+async def _publish_sync(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
+    from sdk import Message
+
+    async def send(producer: Any, body: bytes) -> int:
+        await producer.send(Message(topic, body, tags="bench"))
+        return 1
+
+    return await _closed_loop("bench-sync", namesrv, opts, opts["tasks"], send)
+
+
+async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
+    from sdk import Message, Producer
+
+    producer = Producer("bench-open-loop", namesrv_addrs=[namesrv])
+    await producer.start()
+    body = _body(opts["message_bytes"])
+    hist = new_hist()
+    rate = opts["rate"]
+    interval = 1.0 / rate
+    sent = acked = errors = dropped = 0
+    outstanding = 0
+    max_outstanding = 20_000
+    done = asyncio.Event()
+    start = time.perf_counter() + 0.2
+    n_total = int(rate * opts["seconds"])
+    wall_minus_perf_ns = time.time_ns() - int(time.perf_counter() * 1e9)
+
+    async def send_one(intended: float) -> None:
+        nonlocal acked, errors, outstanding
+        props = {"bench_t_ns": str(wall_minus_perf_ns + int(intended * 1e9))}
+        try:
+            await producer.send(Message(topic, body, tags="bench", properties=props))
+            acked += 1
+            hist.record_value(max(1, int((time.perf_counter() - intended) * 1e6)))
+        except Exception:
+            errors += 1
+        outstanding -= 1
+        if outstanding == 0 and sent + dropped >= n_total:
+            done.set()
+
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+    i = 0
+    while i < n_total:
+        now = time.perf_counter()
+        while i < n_total and start + i * interval <= now:
+            if outstanding >= max_outstanding:
+                dropped += 1  # counted: the broker fell this far behind the schedule
+            else:
+                outstanding += 1
+                sent += 1
+                task = loop.create_task(send_one(start + i * interval))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            i += 1
+        if i < n_total:
+            await asyncio.sleep(max(0.0, start + i * interval - time.perf_counter()))
+    if outstanding:
+        await asyncio.wait_for(done.wait(), 60)
+    await producer.shutdown()
+    return {"acked": acked, "errors": errors, "dropped": dropped, "rate": rate, "hist": encode_hist(hist)}
+
+
+async def _consume(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
+    from sdk import ConsumeResult, PushConsumer
+
+    consumer = PushConsumer(
+        opts["group"],
+        namesrv_addrs=[namesrv],
+        consume_from="FIRST_OFFSET",
+        consume_batch_size=32,
+        pull_batch_size=32,
+    )
+    consumer.subscribe(topic, "*")
+    hist = new_hist()
+    count = 0
+    first = last = 0.0
+    measure_e2e = opts.get("e2e", False)
+
+    async def listener(msgs: list[Any]) -> Any:
+        nonlocal count, first, last
+        now = time.perf_counter()
+        if not count:
+            first = now
+        last = now
+        count += len(msgs)
+        if measure_e2e:
+            now_ns = time.time_ns()
+            for m in msgs:
+                t = m.properties.get("bench_t_ns")
+                if t:
+                    hist.record_value(max(1, (now_ns - int(t)) // 1000))
+        return ConsumeResult.SUCCESS
+
+    consumer.on_message(listener)
+    await consumer.start()
+    deadline = time.perf_counter() + opts["timeout_s"]
+    idle_s = opts["idle_s"]
+    while time.perf_counter() < deadline:
+        await asyncio.sleep(0.1)
+        if count and time.perf_counter() - last > idle_s:
+            break
+        if opts.get("expected") and count >= opts["expected"]:
+            break
+    await consumer.shutdown()
+    return {"consumed": count, "first": first, "last": last, "hist": encode_hist(hist)}
+
+
+def worker(kind: str, namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
+    fn = {
+        "batched": _publish_batched,
+        "sync": _publish_sync,
+        "open_loop": _publish_open_loop,
+        "consume": _consume,
+    }[kind]
+    result: dict[str, Any] = _run(fn(namesrv, topic, opts))
+    return result
+
+
+# --- the run --------------------------------------------------------------------------------------
+def _pool_run(jobs: list[tuple[str, str, str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(len(jobs)) as pool:
+        return pool.starmap(worker, jobs)
+
+
+def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    root = opts.directory or tempfile.mkdtemp(prefix="orbit-e2e-")
+    own_dir = opts.directory is None
+    base = {"message_bytes": opts.message_bytes, "seconds": opts.seconds, "warmup_s": opts.warmup_s}
+    result: dict[str, Any] = {"options": asdict(opts), "machine": {"cpus": os.cpu_count(), "python": sys.version}}
+    try:
+        with LocalCluster(root, namesrv_port=0, broker_port=0) as cluster:
+            ns = cluster.namesrv
+            _create_topics(ns, ["bench", "bench-lat"], opts.queues)
+
+            log("phase 1: batched publish")
+            rs = _pool_run(
+                [
+                    ("batched", ns, "bench", {**base, "batch": opts.batch, "batches_in_flight": opts.batches_in_flight})
+                    for _ in range(opts.producer_processes)
+                ]
+            )
+            acked = sum(r["acked"] for r in rs)
+            result["publish_batched"] = {
+                "msgs_per_s": round(acked / opts.seconds),
+                "mb_per_s": round(acked * opts.message_bytes / opts.seconds / 1e6, 1),
+                "batch": opts.batch,
+                "errors": sum(r["errors"] for r in rs),
+                "batch_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
+            }
+            log(f"  {result['publish_batched']}")
+
+            log("phase 2: 16 synchronous producers")
+            per = [opts.sync_producers // 2 + (i < opts.sync_producers % 2) for i in range(2)]
+            rs = _pool_run([("sync", ns, "bench", {**base, "tasks": n}) for n in per if n])
+            sync_rate = sum(r["acked"] for r in rs) / opts.seconds
+            result["publish_sync_16"] = {
+                "msgs_per_s": round(sync_rate),
+                "errors": sum(r["errors"] for r in rs),
+                "send_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
+            }
+            log(f"  {result['publish_sync_16']}")
+
+            stored = _stored_messages(ns, "bench")
+            log(f"phase 3: consume the {stored} stored messages")
+            rs = _pool_run(
+                [
+                    ("consume", ns, "bench", {"group": "bench-consume", "timeout_s": 300, "idle_s": 3.0, "expected": 0})
+                    for _ in range(opts.consumer_processes)
+                ]
+            )
+            consumed = sum(r["consumed"] for r in rs)
+            span = max(r["last"] for r in rs) - min(r["first"] for r in rs if r["consumed"]) if consumed else 0
+            result["consume"] = {
+                "msgs_per_s": round(consumed / span) if span > 0 else 0,
+                "consumed": consumed,
+                "stored": stored,
+            }
+            log(f"  {result['consume']}")
+
+            rate = max(100.0, sync_rate / 2)
+            log(f"phase 4: open-loop publish at {rate:.0f} msgs/s (half the synchronous peak) with a consumer")
+            jobs = [
+                ("open_loop", ns, "bench-lat", {**base, "rate": rate / 2}),
+                ("open_loop", ns, "bench-lat", {**base, "rate": rate / 2}),
+                (
+                    "consume",
+                    ns,
+                    "bench-lat",
+                    {
+                        "group": "bench-lat",
+                        "timeout_s": opts.seconds + 60,
+                        "idle_s": 3.0,
+                        "expected": int(rate * opts.seconds),
+                        "e2e": True,
+                    },
+                ),
+            ]
+            rs = _pool_run(jobs)
+            result["half_peak"] = {
+                "target_msgs_per_s": round(rate),
+                "acked": sum(r.get("acked", 0) for r in rs[:2]),
+                "dropped_behind_schedule": sum(r.get("dropped", 0) for r in rs[:2]),
+                "errors": sum(r.get("errors", 0) for r in rs[:2]),
+                "send_latency_ms": summary_ms(merge([r["hist"] for r in rs[:2]])),
+                "e2e_latency_ms": summary_ms(merge([rs[2]["hist"]]), (50, 99)),
+                "consumed": rs[2]["consumed"],
+            }
+            log(f"  {result['half_peak']}")
+    finally:
+        if own_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    result["targets"] = {
+        "publish_batched_msgs_per_s": 200_000,
+        "publish_sync_16_msgs_per_s": 50_000,
+        "consume_msgs_per_s": 300_000,
+        "half_peak_send_p99_ms": 5.0,
+    }
+    return result
+
+
+def _create_topics(namesrv: str, topics: list[str], queues: int) -> None:
+    from sdk.admin import AdminClient
+
+    async def go() -> None:
+        async with AdminClient([namesrv]) as admin:
+            for t in topics:
+                await admin.create_topic(t, queue_nums=queues)
+
+    asyncio.run(go())
+
+
+def _stored_messages(namesrv: str, topic: str) -> int:
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient([namesrv]) as admin:
+            return sum(q.max_offset - q.min_offset for q in await admin.describe_topic(topic))
+
+    return asyncio.run(go())

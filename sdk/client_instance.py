@@ -1,0 +1,437 @@
+"""ClientInstance: what producers and consumers of one process share (RocketMQ's MQClientInstance).
+
+One instance per (event loop, name servers, instance name, credentials hook) holds:
+
+* the ``RemotingClient`` — one connection per server, and the dispatch of the requests a
+  broker sends us (NOTIFY_CONSUMER_IDS_CHANGED → the group's consumer rebalances at once);
+* the route cache: topic → ``TopicRoute``, filled on demand from the name servers and refreshed
+  every ``route_refresh_interval_ms`` for every topic a member uses;
+* heartbeats: every ``heartbeat_interval_ms`` a HEART_BEAT with every producer group and
+  consumer group (with subscriptions) goes to every broker of those routes, so brokers know who
+  is in a group; UNREGISTER_CLIENT when a member leaves;
+* ``credentials``: a hook called with every request, returning extFields to add (the
+  control-plane issue signs requests with it). None by default.
+
+Members register with ``add_producer`` / ``add_consumer``; ``acquire`` / ``release`` count users
+so the last one closes the instance. Consumers of one group must be in different instances
+(pass different ``instance_name`` values), as brokers tell group members apart by client id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Protocol
+
+from data_plane.remoting import bodies
+from data_plane.remoting.client import RemotingClient
+from data_plane.remoting.codes import RequestCode
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.remoting.errors import RemotingError
+from data_plane.remoting.server import Processors
+from sdk import protocol
+from sdk.client_id import new_client_id
+from sdk.errors import (
+    BrokerNotFoundError,
+    ClientStateError,
+    ConnectionFailedError,
+    IllegalArgumentError,
+    OrbitError,
+    RouteNotFoundError,
+    from_remoting,
+)
+from sdk.message import DEFAULT_TOPIC, MessageQueue
+from sdk.route import MASTER_ID, TopicRoute, parse_route
+
+log = logging.getLogger(__name__)
+
+Credentials = Callable[[RemotingCommand], Mapping[str, str] | None]
+
+
+class ProducerMember(Protocol):
+    group: str
+
+    def topics(self) -> Iterable[str]: ...
+
+
+class ConsumerMember(Protocol):
+    group: str
+
+    def topics(self) -> Iterable[str]: ...
+
+    def consumer_data(self) -> bodies.ConsumerData: ...
+
+    def request_rebalance(self) -> None: ...
+
+
+def _split_namesrv(namesrv_addrs: str | Sequence[str]) -> tuple[str, ...]:
+    items = namesrv_addrs.split(";") if isinstance(namesrv_addrs, str) else list(namesrv_addrs)
+    addrs = tuple(a.strip() for a in items if a and a.strip())
+    if not addrs:
+        raise IllegalArgumentError("namesrv_addrs is empty")
+    for a in addrs:
+        host, sep, port = a.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise IllegalArgumentError(f"name server address {a!r} is not host:port")
+    return addrs
+
+
+class ClientInstance:
+    def __init__(
+        self,
+        namesrv_addrs: str | Sequence[str],
+        *,
+        instance_name: str = "DEFAULT",
+        credentials: Credentials | None = None,
+        request_timeout_ms: int = 3000,
+        route_refresh_interval_ms: int = 30000,
+        heartbeat_interval_ms: int = 30000,
+        connect_timeout_ms: int = 3000,
+    ) -> None:
+        self.namesrv_addrs = _split_namesrv(namesrv_addrs)
+        self.instance_name = instance_name
+        self.client_id = new_client_id()
+        self.credentials = credentials
+        self.request_timeout_ms = request_timeout_ms
+        self.route_refresh_interval_ms = route_refresh_interval_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        processors = Processors()
+        processors.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_consumer_ids_changed)
+        self.remoting = RemotingClient(processors, connect_timeout_ms=connect_timeout_ms)
+        self.routes: dict[str, TopicRoute] = {}
+        self._extra_brokers: dict[str, dict[int, str]] = {}  # brokers of borrowed (TBW102) routes
+        self.producers: dict[str, ProducerMember] = {}
+        self.consumers: dict[str, ConsumerMember] = {}
+        self._namesrv_index = 0
+        self._route_locks: dict[str, asyncio.Lock] = {}
+        self._refs = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._wake_heartbeat = asyncio.Event()
+        self.started = False
+        self.closed = False
+        self.on_close: Callable[[ClientInstance], None] | None = None
+
+    # --- life cycle -----------------------------------------------------------------------------------
+    async def acquire(self) -> None:
+        if self.closed:
+            raise ClientStateError("client instance is closed")
+        self._refs += 1
+        if not self.started:
+            self.started = True
+            self._tasks = [
+                asyncio.create_task(self._route_loop(), name=f"orbit-route-{self.client_id}"),
+                asyncio.create_task(self._heartbeat_loop(), name=f"orbit-heartbeat-{self.client_id}"),
+            ]
+
+    async def release(self) -> None:
+        self._refs -= 1
+        if self._refs <= 0:
+            await self.close()
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        await self.remoting.close()
+        if self.on_close is not None:
+            self.on_close(self)
+
+    # --- members ------------------------------------------------------------------------------------
+    def add_producer(self, member: ProducerMember) -> None:
+        if member.group in self.producers:
+            raise ClientStateError(
+                f"producer group {member.group!r} is already registered in client instance {self.instance_name!r}"
+            )
+        self.producers[member.group] = member
+
+    def add_consumer(self, member: ConsumerMember, *, heartbeat_interval_ms: int | None = None) -> None:
+        if member.group in self.consumers:
+            raise ClientStateError(
+                f"consumer group {member.group!r} is already registered in client instance "
+                f"{self.instance_name!r}; give each consumer of a group its own instance_name"
+            )
+        self.consumers[member.group] = member
+        if heartbeat_interval_ms is not None and heartbeat_interval_ms < self.heartbeat_interval_ms:
+            self.heartbeat_interval_ms = heartbeat_interval_ms
+            self._wake_heartbeat.set()
+
+    def remove_producer(self, group: str) -> None:
+        self.producers.pop(group, None)
+
+    def remove_consumer(self, group: str) -> None:
+        self.consumers.pop(group, None)
+
+    # --- requests -------------------------------------------------------------------------------------
+    def _sign(self, cmd: RemotingCommand) -> RemotingCommand:
+        if self.credentials is not None:
+            extra = self.credentials(cmd)
+            if extra:
+                cmd.ext_fields = {**(cmd.ext_fields or {}), **extra}
+        return cmd
+
+    async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int | None = None) -> RemotingCommand:
+        """Send a request and return the response (any code); transport failures raise OrbitError."""
+        if self.closed:
+            raise ClientStateError("client instance is closed")
+        try:
+            return await self.remoting.invoke(addr, self._sign(cmd), timeout_ms or self.request_timeout_ms)
+        except RemotingError as e:
+            raise from_remoting(e) from e
+
+    async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
+        if self.closed:
+            raise ClientStateError("client instance is closed")
+        try:
+            await self.remoting.invoke_oneway(addr, self._sign(cmd))
+        except RemotingError as e:
+            raise from_remoting(e) from e
+
+    async def invoke_namesrv(self, cmd: RemotingCommand, timeout_ms: int | None = None) -> tuple[str, RemotingCommand]:
+        """Ask the current name server; on a transport failure try the next ones in turn."""
+        n = len(self.namesrv_addrs)
+        last: OrbitError | None = None
+        for i in range(n):
+            addr = self.namesrv_addrs[(self._namesrv_index + i) % n]
+            try:
+                resp = await self.invoke(addr, cmd, timeout_ms)
+            except OrbitError as e:
+                if not e.retriable:
+                    raise
+                last = e
+                continue
+            self._namesrv_index = (self._namesrv_index + i) % n
+            return addr, resp
+        assert last is not None
+        raise last
+
+    # --- routes ---------------------------------------------------------------------------------------
+    async def fetch_route(self, topic: str) -> TopicRoute | None:
+        """Ask the name servers for a topic's route and cache it; None when it is unknown."""
+        lock = self._route_locks.setdefault(topic, asyncio.Lock())
+        async with lock:
+            addr, resp = await self.invoke_namesrv(protocol.route_request(topic))
+            data = protocol.parse_route_response(resp, addr)
+            if data is None:
+                return None
+            route = parse_route(topic, data)
+            old = self.routes.get(topic)
+            self.routes[topic] = route
+            if old is None or set(old.broker_addrs) != set(route.broker_addrs):
+                self._wake_heartbeat.set()  # new brokers hear from us at once
+            if old is not None and old != route:
+                for c in list(self.consumers.values()):
+                    if topic in set(c.topics()):
+                        c.request_rebalance()
+            return route
+
+    async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        route = None if refresh else self.routes.get(topic)
+        if route is None:
+            route = await self.fetch_route(topic)
+        if route is None:
+            raise RouteNotFoundError(topic, "unknown to the name servers")
+        return route
+
+    async def publish_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
+        """The route to send to: the topic's own, or — for a topic the name servers do not know
+        yet — the default topic's (TBW102) brokers with up to 4 queues, so that the first send
+        creates the topic on the broker (autoCreateTopicEnable)."""
+        route = None if refresh else self.routes.get(topic)
+        if route is None or not route.publish_queues:
+            route = await self.fetch_route(topic)
+        if route is not None and route.publish_queues:
+            return route
+        _, resp = await self.invoke_namesrv(protocol.route_request(DEFAULT_TOPIC))
+        data = protocol.parse_route_response(resp)
+        if data is not None:
+            borrowed = parse_route(topic, data, max_write_queues=protocol.DEFAULT_TOPIC_QUEUE_NUMS)
+            if borrowed.publish_queues:
+                for name, addrs in borrowed.broker_addrs.items():
+                    self._remember_broker(name, addrs)
+                return borrowed
+        if route is not None:
+            raise RouteNotFoundError(topic, "no broker takes writes for it")
+        raise RouteNotFoundError(topic, "unknown to the name servers, and no broker auto-creates topics")
+
+    def _remember_broker(self, name: str, addrs: dict[int, str]) -> None:
+        self._extra_brokers[name] = addrs
+
+    def broker_table(self) -> dict[str, dict[int, str]]:
+        """Broker name → broker id → address, over every cached route."""
+        table: dict[str, dict[int, str]] = {name: dict(a) for name, a in self._extra_brokers.items()}
+        for route in self.routes.values():
+            for name, addrs in route.broker_addrs.items():
+                table.setdefault(name, {}).update(addrs)
+        return table
+
+    def find_broker_addr(self, broker_name: str, broker_id: int = MASTER_ID) -> str | None:
+        """The address of a broker by id, else its master, else any of its addresses."""
+        addrs = self.broker_table().get(broker_name)
+        if not addrs:
+            return None
+        return addrs.get(broker_id) or addrs.get(MASTER_ID) or addrs[min(addrs)]
+
+    async def broker_addr(self, mq: MessageQueue, broker_id: int = MASTER_ID, *, master_only: bool = False) -> str:
+        """The address to send a queue's requests to; refreshes the route when it is unknown."""
+        for refresh in (False, True):
+            if refresh:
+                await self.fetch_route(mq.topic)
+            if master_only:
+                addr = self.broker_table().get(mq.broker_name, {}).get(MASTER_ID)
+            else:
+                addr = self.find_broker_addr(mq.broker_name, broker_id)
+            if addr is not None:
+                return addr
+        raise BrokerNotFoundError(f"no address for broker {mq.broker_name!r} (queue {mq})")
+
+    async def _route_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.route_refresh_interval_ms / 1000)
+            topics: set[str] = set()
+            for p in list(self.producers.values()):
+                topics.update(p.topics())
+            for c in list(self.consumers.values()):
+                topics.update(c.topics())
+            for topic in sorted(topics):
+                try:
+                    await self.fetch_route(topic)
+                except OrbitError as e:
+                    log.warning("route refresh of %s failed: %s", topic, e)
+                except Exception:
+                    log.exception("route refresh of %s failed", topic)
+
+    # --- heartbeats ---------------------------------------------------------------------------------------
+    def heartbeat_data(self) -> bodies.HeartbeatData:
+        return {
+            "clientID": self.client_id,
+            "producerDataSet": [{"groupName": g} for g in sorted(self.producers)],
+            "consumerDataSet": [self.consumers[g].consumer_data() for g in sorted(self.consumers)],
+        }
+
+    async def send_heartbeat_to_all_brokers(self) -> int:
+        """One HEART_BEAT to every known broker (slaves only when there are consumers); returns
+        how many brokers answered SUCCESS."""
+        if not self.producers and not self.consumers:
+            return 0
+        data = self.heartbeat_data()
+        addrs: set[str] = set()
+        for by_id in self.broker_table().values():
+            for bid, addr in by_id.items():
+                if bid == MASTER_ID or self.consumers:
+                    addrs.add(addr)
+
+        async def one(addr: str) -> bool:
+            try:
+                resp = await self.invoke(addr, protocol.heartbeat_request(data))
+                protocol.check(resp, addr)
+                return True
+            except OrbitError as e:
+                log.info("heartbeat to %s failed: %s", addr, e)
+                return False
+
+        results = await asyncio.gather(*(one(a) for a in sorted(addrs)))
+        return sum(results)
+
+    def wake_heartbeat(self) -> None:
+        self._wake_heartbeat.set()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake_heartbeat.wait(), self.heartbeat_interval_ms / 1000)
+            self._wake_heartbeat.clear()
+            try:
+                await self.send_heartbeat_to_all_brokers()
+            except Exception:
+                log.exception("heartbeat round failed")
+
+    async def unregister(self, *, producer_group: str = "", consumer_group: str = "", timeout_ms: int = 1000) -> None:
+        """Tell every broker a group member left (best effort)."""
+        addrs = {a for by_id in self.broker_table().values() for a in by_id.values()}
+
+        async def one(addr: str) -> None:
+            cmd = protocol.unregister_request(
+                self.client_id, producer_group=producer_group, consumer_group=consumer_group
+            )
+            try:
+                await self.invoke(addr, cmd, timeout_ms)
+            except OrbitError as e:
+                log.info("unregister from %s failed: %s", addr, e)
+
+        await asyncio.gather(*(one(a) for a in sorted(addrs)))
+
+    # --- group membership -----------------------------------------------------------------------------
+    async def consumer_ids(self, group: str, topic: str) -> list[str]:
+        """The client ids of a group's consumers, as a broker of the topic knows them."""
+        route = await self.route(topic)
+        names = route.brokers()
+        if not names:
+            return []
+        last: OrbitError | None = None
+        for name in names:
+            addr = self.find_broker_addr(name)
+            if addr is None:
+                continue
+            try:
+                resp = await self.invoke(addr, protocol.consumer_list_request(group))
+                return protocol.parse_consumer_list_response(resp, addr)
+            except OrbitError as e:
+                last = e
+        if last is not None:
+            raise last
+        return []
+
+    def _on_consumer_ids_changed(self, conn: Connection, cmd: RemotingCommand) -> None:
+        group = (cmd.ext_fields or {}).get("consumerGroup", "")
+        consumer = self.consumers.get(group)
+        log.info("consumer ids of group %s changed (from %s)", group, conn.peer)
+        if consumer is not None:
+            consumer.request_rebalance()
+
+
+# --- the per-process registry -----------------------------------------------------------------------------
+_instances: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[object, ...], ClientInstance]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def acquire_instance(
+    namesrv_addrs: str | Sequence[str],
+    *,
+    instance_name: str = "DEFAULT",
+    credentials: Credentials | None = None,
+    **options: int,
+) -> ClientInstance:
+    """The shared instance for these name servers, instance name and credentials hook on the
+    running loop (created on first use); the caller must ``release`` it."""
+    loop = asyncio.get_running_loop()
+    table = _instances.setdefault(loop, {})
+    key = (_split_namesrv(namesrv_addrs), instance_name, id(credentials) if credentials else None)
+    inst = table.get(key)
+    if inst is None or inst.closed:
+        inst = ClientInstance(namesrv_addrs, instance_name=instance_name, credentials=credentials, **options)
+        table[key] = inst
+
+        def forget(i: ClientInstance, key: tuple[object, ...] = key) -> None:
+            if table.get(key) is i:
+                del table[key]
+
+        inst.on_close = forget
+    await inst.acquire()
+    return inst
+
+
+async def gather_quietly(aws: Iterable[Awaitable[object]]) -> None:
+    """Await all, logging failures (used on shutdown paths)."""
+    for r in await asyncio.gather(*aws, return_exceptions=True):
+        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError | ConnectionFailedError):
+            log.warning("shutdown step failed: %r", r)

@@ -1,0 +1,274 @@
+"""Messages as the application sees them: ``Message`` (to send), ``MessageExt`` (received),
+``MessageQueue`` (a topic's queue on one broker), ``SendResult`` and ``SendStatus``.
+
+On the wire a message is a body plus a flat string map of properties (RocketMQ's
+``name \\x01 value \\x02`` encoding, ``data_plane.store.message.encode_properties``). Tags and
+keys are properties too: ``TAGS`` holds the tag, ``KEYS`` the keys separated by spaces. The
+producer adds ``UNIQ_KEY`` (a client-generated id, 32 hex digits, what ``SendResult.msg_id`` and
+``MessageExt.msg_id`` return) and ``WAIT`` (wait for the store before answering).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+import secrets
+import socket
+import struct
+import time
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from data_plane.store.message import (
+    FLAG_COMPRESSED,
+    KEY_SEPARATOR,
+    NAME_VALUE_SEPARATOR,
+    PROPERTY_KEYS,
+    PROPERTY_SEPARATOR,
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    StoredMessage,
+    encode_properties,
+    validate_topic,
+)
+from sdk.client_id import local_ip
+from sdk.errors import IllegalMessageError
+
+DEFAULT_TOPIC = "TBW102"  # the topic whose route a producer borrows for a topic not yet created
+MAX_TAGS_LENGTH = 255
+
+# Property names the SDK or the broker own (RocketMQ's MessageConst.STRING_HASH_SET); a user
+# property may not take one of them.
+SYSTEM_PROPERTIES = frozenset(
+    {
+        "KEYS", "TAGS", "WAIT", "DELAY", "RETRY_TOPIC", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP",
+        "MIN_OFFSET", "MAX_OFFSET", "BUYER_ID", "ORIGIN_MESSAGE_ID", "TRANSFER_FLAG", "CORRECTION_FLAG",
+        "MQ2_FLAG", "RECONSUME_TIME", "MSG_REGION", "TRACE_ON", "UNIQ_KEY", "MAX_RECONSUME_TIMES",
+        "CONSUME_START_TIME", "__STARTDELIVERTIME", "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES",
+        "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
+        "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "SHARDING_KEY",
+    }
+)  # fmt: skip
+
+
+def _check_text(what: str, value: str) -> None:
+    if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
+        raise IllegalMessageError(f"{what} {value!r} contains \\x01 or \\x02 (the property separators)")
+
+
+class Message:
+    """A message to send. ``topic`` and ``body`` are required; the rest is keyword-only.
+
+    ``keys`` (one string or several) index the message for lookups; a key may not contain a
+    space, the separator on the wire. ``properties`` are the user's own name → value pairs.
+    Validation happens here, so a bad message fails where it is built.
+    """
+
+    __slots__ = ("body", "keys", "properties", "tags", "topic")
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: str | Iterable[str] = (),
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        why = validate_topic(topic)
+        if why is not None:
+            raise IllegalMessageError(why)
+        if topic == DEFAULT_TOPIC:
+            raise IllegalMessageError(f"{DEFAULT_TOPIC} is the default topic and cannot take messages")
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise IllegalMessageError(f"body must be bytes, not {type(body).__name__}")
+        if len(body) == 0:
+            raise IllegalMessageError("body is empty")
+        if tags is not None:
+            if not tags.strip():
+                raise IllegalMessageError("tags is blank (use None for no tag)")
+            if "||" in tags:
+                raise IllegalMessageError(f"tags {tags!r} contains '||', the subscription expression's separator")
+            if len(tags) > MAX_TAGS_LENGTH:
+                raise IllegalMessageError(f"tags is {len(tags)} characters, more than {MAX_TAGS_LENGTH}")
+            _check_text("tags", tags)
+        key_list = [keys] if isinstance(keys, str) else list(keys)
+        for k in key_list:
+            if not isinstance(k, str) or not k:
+                raise IllegalMessageError(f"a key must be a non-empty string, got {k!r}")
+            if KEY_SEPARATOR in k:
+                raise IllegalMessageError(f"key {k!r} contains a space, the separator of keys")
+            _check_text("key", k)
+        props = dict(properties or {})
+        for name, value in props.items():
+            if not isinstance(name, str) or not isinstance(value, str) or not name:
+                raise IllegalMessageError(f"property {name!r}: names and values are strings, names non-empty")
+            if name in SYSTEM_PROPERTIES:
+                raise IllegalMessageError(f"property name {name!r} is reserved for the system")
+            _check_text("property name", name)
+            _check_text("property value", value)
+        self.topic = topic
+        self.body = bytes(body)
+        self.tags = tags
+        self.keys: tuple[str, ...] = tuple(key_list)
+        self.properties = props
+
+    def wire_properties(self, unique_id: str, *, wait_store_msg_ok: bool = True) -> dict[str, str]:
+        """The properties sent with the message: the user's, then KEYS, TAGS, WAIT, UNIQ_KEY."""
+        out = dict(self.properties)
+        if self.keys:
+            out[PROPERTY_KEYS] = KEY_SEPARATOR.join(self.keys)
+        if self.tags is not None:
+            out[PROPERTY_TAGS] = self.tags
+        out[PROPERTY_WAIT_STORE_MSG_OK] = "true" if wait_store_msg_ok else "false"
+        out[PROPERTY_UNIQ_KEY] = unique_id
+        return out
+
+    def encoded_properties(self, unique_id: str) -> bytes:
+        return encode_properties(self.wire_properties(unique_id))
+
+    def __repr__(self) -> str:
+        return f"Message(topic={self.topic!r}, body={len(self.body)}B, tags={self.tags!r}, keys={self.keys!r})"
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class MessageQueue:
+    """One queue of a topic on one broker (ordered like RocketMQ's: topic, broker, queue id)."""
+
+    topic: str
+    broker_name: str
+    queue_id: int
+
+    def __str__(self) -> str:
+        return f"{self.topic}@{self.broker_name}:{self.queue_id}"
+
+
+@dataclass(slots=True, eq=False)
+class MessageExt:
+    """A received message, every field the broker stored.
+
+    ``msg_id`` is the producer's unique id (UNIQ_KEY) when there is one, else the broker's
+    ``offset_msg_id`` (store host + CommitLog offset). ``reconsume_times`` counts redeliveries.
+    """
+
+    topic: str
+    body: bytes
+    properties: dict[str, str]
+    queue_id: int
+    queue_offset: int
+    broker_name: str
+    offset_msg_id: str
+    commit_log_offset: int
+    born_timestamp_ms: int
+    born_host: tuple[str, int]
+    store_timestamp_ms: int
+    store_host: tuple[str, int]
+    reconsume_times: int = 0
+    sys_flag: int = 0
+    flag: int = 0
+    store_size: int = 0
+    extra: dict[str, object] = field(default_factory=dict)  # the application's notes while it consumes
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        raw = self.properties.get(PROPERTY_KEYS)
+        return tuple(k for k in raw.split(KEY_SEPARATOR) if k) if raw else ()
+
+    @property
+    def msg_id(self) -> str:
+        return self.properties.get(PROPERTY_UNIQ_KEY) or self.offset_msg_id
+
+    @property
+    def message_queue(self) -> MessageQueue:
+        return MessageQueue(self.topic, self.broker_name, self.queue_id)
+
+    @classmethod
+    def from_stored(cls, m: StoredMessage, broker_name: str) -> MessageExt:
+        body = m.body
+        if m.sys_flag & FLAG_COMPRESSED:  # stock Java producers zlib-compress bodies over 4 KiB
+            body = zlib.decompress(body)
+        return cls(
+            topic=m.topic,
+            body=body,
+            properties=m.properties,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            broker_name=broker_name,
+            offset_msg_id=m.msg_id,
+            commit_log_offset=m.commit_log_offset,
+            born_timestamp_ms=m.born_timestamp,
+            born_host=m.born_host,
+            store_timestamp_ms=m.store_timestamp,
+            store_host=m.store_host,
+            reconsume_times=m.reconsume_times,
+            sys_flag=m.sys_flag,
+            flag=m.flag,
+            store_size=m.total_size,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"MessageExt({self.topic}@{self.broker_name}:{self.queue_id} offset={self.queue_offset} "
+            f"msg_id={self.msg_id} tags={self.tags!r} body={len(self.body)}B)"
+        )
+
+
+class SendStatus(enum.Enum):
+    """How a send ended. Only SEND_OK means stored as configured (flushed / replicated); the
+    other three mean the broker has the message but could not make it as durable as asked."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """The broker's answer to a send. For a batch, ``msg_id`` and ``offset_msg_id`` are
+    comma-separated, one id per message (``msg_ids`` splits them); ``queue_offset`` is the
+    first message's."""
+
+    status: SendStatus
+    msg_id: str
+    offset_msg_id: str
+    message_queue: MessageQueue
+    queue_offset: int
+
+    @property
+    def msg_ids(self) -> list[str]:
+        return self.msg_id.split(",") if self.msg_id else []
+
+
+# --- unique ids (UNIQ_KEY) ------------------------------------------------------------------------
+# 16 bytes as 32 upper-case hex digits, RocketMQ's MessageClientIDSetter layout:
+#   ip 4 │ pid 2 │ random 4 (per process) │ ms since the start of the month 4 │ counter 2
+_UNIQ_TAIL = struct.Struct(">IH")
+_counter = itertools.count()
+_prefix: str | None = None
+
+
+def _local_ip_bytes() -> bytes:
+    return socket.inet_aton(local_ip())
+
+
+def _month_start_ms(now_ms: int) -> int:
+    t = time.gmtime(now_ms / 1000)
+    return int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+
+
+def new_unique_id(now_ms: int | None = None) -> str:
+    """A new message id: unique per process by (ms, counter), across processes by ip/pid/random."""
+    global _prefix
+    if _prefix is None:
+        _prefix = (_local_ip_bytes() + struct.pack(">H", os.getpid() & 0xFFFF) + secrets.token_bytes(4)).hex().upper()
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    since = (now - _month_start_ms(now)) & 0xFFFFFFFF
+    return _prefix + _UNIQ_TAIL.pack(since, next(_counter) & 0xFFFF).hex().upper()

@@ -1,0 +1,195 @@
+"""ProcessQueue: one assigned queue's messages pulled but not yet consumed (RocketMQ's).
+
+Messages are kept by queue offset. Consumption may finish out of order (a concurrent
+listener), so the offset to commit is the lowest offset not yet consumed — a sliding window:
+with 1..4 cached and 1, 2, 4 consumed, the commit offset is 3 (message 3 is redelivered after a
+crash, 4 perhaps twice, none lost). When nothing is left it is the highest offset seen + 1.
+
+Flow control reads ``count`` and ``size_bytes`` (and ``span`` for concurrent consumers); the pull
+loop waits on ``wait_for_room`` while they are over the limits.
+
+Orderly consumption takes messages out in offset order into a "consuming" set (``take``), then
+either ``commit``s them or puts them back (``rollback``) to consume again.
+
+Not thread-safe: everything runs on the consumer's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+
+from sdk.message import MessageExt
+
+LOCK_MAX_LIVE_MS = 30000  # a broker lock not renewed for this long is not trusted for orderly consumption
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class ProcessQueue:
+    def __init__(self) -> None:
+        self._msgs: dict[int, MessageExt] = {}
+        self._heap: list[int] = []  # offsets in _msgs, lazily cleaned
+        self._consuming: dict[int, MessageExt] = {}  # orderly: taken, neither committed nor rolled back
+        self.count = 0  # messages cached (consuming included)
+        self.size_bytes = 0  # body bytes cached
+        self.max_offset = -1  # highest queue offset ever put
+        self.dropped = False
+        self.locked = False
+        self.last_lock_ms = 0
+        self.last_pull_ms = 0
+        self.last_consume_ms = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self.limits: tuple[int, int, int] | None = None  # (count, bytes, span) for flow control
+
+    # --- filling ---------------------------------------------------------------------------------
+    def put(self, msgs: list[MessageExt]) -> int:
+        """Add pulled messages; returns how many were new (an offset already cached is ignored)."""
+        added = 0
+        for m in msgs:
+            off = m.queue_offset
+            if off in self._msgs or off in self._consuming:
+                continue
+            self._msgs[off] = m
+            heapq.heappush(self._heap, off)
+            self.count += 1
+            self.size_bytes += len(m.body)
+            added += 1
+            self.max_offset = max(self.max_offset, off)
+        self._update_room()
+        return added
+
+    # --- concurrent consumption ---------------------------------------------------------------------
+    def _first(self) -> int | None:
+        heap, msgs = self._heap, self._msgs
+        while heap and heap[0] not in msgs:
+            heapq.heappop(heap)
+        return heap[0] if heap else None
+
+    def remove(self, msgs: list[MessageExt]) -> int:
+        """Mark messages consumed; returns the offset to commit (lowest not consumed), or -1 when
+        nothing was cached."""
+        if not self._msgs and not self._consuming:
+            return -1
+        for m in msgs:
+            got = self._msgs.pop(m.queue_offset, None)
+            if got is not None:
+                self.count -= 1
+                self.size_bytes -= len(got.body)
+        self.last_consume_ms = monotonic_ms()
+        self._update_room()
+        return self.commit_offset()
+
+    def commit_offset(self) -> int:
+        """The lowest offset not yet consumed (cached or being consumed), or max offset + 1."""
+        first = self._first()
+        lows = [o for o in (first, min(self._consuming, default=None)) if o is not None]
+        return min(lows) if lows else self.max_offset + 1
+
+    @property
+    def span(self) -> int:
+        """Highest minus lowest cached offset (a stuck message makes this grow)."""
+        first = self._first()
+        return 0 if first is None else self.max_offset - first
+
+    def messages(self) -> list[MessageExt]:
+        """The cached messages not being consumed, by offset."""
+        return [self._msgs[o] for o in sorted(self._msgs)]
+
+    # --- orderly consumption --------------------------------------------------------------------------
+    def take(self, n: int) -> list[MessageExt]:
+        """Up to ``n`` messages with the lowest offsets, moved to the consuming set."""
+        out: list[MessageExt] = []
+        while len(out) < n:
+            first = self._first()
+            if first is None:
+                break
+            heapq.heappop(self._heap)
+            m = self._msgs.pop(first)
+            self._consuming[first] = m
+            out.append(m)
+        if out:
+            self.last_consume_ms = monotonic_ms()
+        return out
+
+    def commit(self) -> int:
+        """The taken messages are consumed; returns the offset to commit (-1 if none were taken)."""
+        if not self._consuming:
+            return -1
+        last = max(self._consuming)
+        for m in self._consuming.values():
+            self.count -= 1
+            self.size_bytes -= len(m.body)
+        self._consuming.clear()
+        self._update_room()
+        first = self._first()
+        return first if first is not None else last + 1
+
+    def rollback(self, msgs: list[MessageExt] | None = None) -> None:
+        """Put taken messages back to be consumed again (all taken ones by default)."""
+        back = list(self._consuming.values()) if msgs is None else msgs
+        for m in back:
+            if self._consuming.pop(m.queue_offset, None) is not None:
+                self._msgs[m.queue_offset] = m
+                heapq.heappush(self._heap, m.queue_offset)
+
+    @property
+    def consuming(self) -> int:
+        return len(self._consuming)
+
+    def clear(self) -> None:
+        self._msgs.clear()
+        self._heap.clear()
+        self._consuming.clear()
+        self.count = 0
+        self.size_bytes = 0
+        self._update_room()
+
+    # --- locks (orderly, clustering) ----------------------------------------------------------------
+    def lock_expired(self, now_ms: int | None = None) -> bool:
+        return (now_ms if now_ms is not None else monotonic_ms()) - self.last_lock_ms > LOCK_MAX_LIVE_MS
+
+    def can_consume_orderly(self, now_ms: int | None = None) -> bool:
+        return self.locked and not self.lock_expired(now_ms)
+
+    # --- flow control ---------------------------------------------------------------------------------
+    def over_limits(self) -> str | None:
+        """Why pulling should pause (cache too big), or None."""
+        if self.limits is None or self.dropped:
+            return None
+        max_count, max_bytes, max_span = self.limits
+        if self.count > max_count:
+            return f"{self.count} messages cached, over {max_count}"
+        if self.size_bytes > max_bytes:
+            return f"{self.size_bytes} bytes cached, over {max_bytes}"
+        if max_span > 0 and self.span > max_span:
+            return f"offset span {self.span}, over {max_span}"
+        return None
+
+    def _update_room(self) -> None:
+        if self.over_limits() is None:
+            self._room.set()
+        else:
+            self._room.clear()
+
+    async def wait_for_room(self, timeout_s: float) -> bool:
+        """Wait until the cache is under its limits; False on timeout."""
+        if self._room.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._room.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    def is_dropped(self) -> bool:
+        """``dropped``, read afresh (after an await the queue may have been dropped)."""
+        return self.dropped
+
+    def drop(self) -> None:
+        self.dropped = True
+        self._room.set()

@@ -1,0 +1,350 @@
+"""Producer: sends messages to a topic's queues (RocketMQ's DefaultMQProducer).
+
+::
+
+    producer = Producer("orders-producer", namesrv_addrs="127.0.0.1:9876")
+    await producer.start()
+    result = await producer.send(Message("orders", b"...", tags="paid", keys="order-42"))
+    await producer.send(msg, sharding_key="order-42")    # ordered per key: same key → same queue
+    await producer.shutdown()
+
+A send picks a queue, asks the master broker of its broker name with SEND_MESSAGE_V2 and
+returns a ``SendResult``; FLUSH_DISK_TIMEOUT / FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE are
+statuses of a message that was stored, not errors.
+
+* Queue choice: round-robin over the topic's write queues, skipping brokers the latency fault
+  strategy (``sdk.fault``) marks unavailable; a retry avoids the broker that just failed.
+  A ``sharding_key`` picks ``queues[crc32(key) % len(queues)]`` (the same in every process, as
+  long as the number of queues does not change); a ``queue_selector(queues, msg)`` picks freely.
+* Retries: up to ``retry_times`` more attempts for retriable errors, all within
+  ``send_timeout_ms``. A retry can store a message twice (the first attempt may have landed):
+  delivery is at least once; ``msg_id`` (UNIQ_KEY) is the same on every attempt, so consumers
+  can de-duplicate.
+* A topic the name servers do not know is sent through the default topic's (TBW102) route,
+  so the broker creates it (autoCreateTopicEnable).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Required, TypedDict
+
+from data_plane.remoting.command import RemotingCommand
+from sdk import protocol
+from sdk.client_instance import ClientInstance, Credentials, acquire_instance
+from sdk.errors import (
+    ClientStateError,
+    IllegalArgumentError,
+    IllegalMessageError,
+    MessageTooLargeError,
+    OrbitError,
+    RequestTimeoutError,
+)
+from sdk.fault import Clock, MQFaultStrategy, TopicPublishQueues
+from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id
+from sdk.route import TopicRoute
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
+
+
+def select_by_sharding_key(queues: Sequence[MessageQueue], key: str) -> MessageQueue:
+    """The queue for a sharding key: crc32 of its UTF-8 bytes modulo the number of queues
+    (stable across processes and runs, unlike ``hash()``)."""
+    if not queues:
+        raise IllegalArgumentError("the topic has no write queues")
+    return queues[zlib.crc32(key.encode()) % len(queues)]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class ProducerOptions(TypedDict, total=False):
+    """``Producer``'s keyword options, for ``**options`` typing."""
+
+    namesrv_addrs: Required[str | Sequence[str]]
+    send_timeout_ms: int
+    retry_times: int
+    max_message_bytes: int
+    send_latency_fault_enable: bool
+    instance_name: str
+    credentials: Credentials | None
+    route_refresh_interval_ms: int
+    heartbeat_interval_ms: int
+    fault_clock_ms: Clock | None
+
+
+class Producer:
+    def __init__(
+        self,
+        group: str = "DEFAULT_PRODUCER",
+        *,
+        namesrv_addrs: str | Sequence[str],
+        send_timeout_ms: int = 3000,
+        retry_times: int = 2,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        send_latency_fault_enable: bool = True,
+        instance_name: str = "DEFAULT",
+        credentials: Credentials | None = None,
+        route_refresh_interval_ms: int = 30000,
+        heartbeat_interval_ms: int = 30000,
+        fault_clock_ms: Clock | None = None,
+    ) -> None:
+        if not group:
+            raise IllegalArgumentError("producer group is empty")
+        if send_timeout_ms <= 0 or retry_times < 0 or max_message_bytes <= 0:
+            raise IllegalArgumentError("send_timeout_ms and max_message_bytes must be > 0, retry_times >= 0")
+        self.group = group
+        self.namesrv_addrs = namesrv_addrs
+        self.send_timeout_ms = send_timeout_ms
+        self.retry_times = retry_times
+        self.max_message_bytes = max_message_bytes
+        self.instance_name = instance_name
+        self.credentials = credentials
+        self.route_refresh_interval_ms = route_refresh_interval_ms
+        self.heartbeat_interval_ms = heartbeat_interval_ms
+        self.fault = MQFaultStrategy(enabled=send_latency_fault_enable, clock_ms=fault_clock_ms)
+        self._instance: ClientInstance | None = None
+        self._publish: dict[str, TopicPublishQueues] = {}
+        self._topics: set[str] = set()
+        self._pending: set[asyncio.Task[SendResult]] = set()
+        self._closed = False
+
+    # --- life cycle -----------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._instance is not None or self._closed:
+            raise ClientStateError("producer already started" if self._instance else "producer was shut down")
+        inst = await acquire_instance(
+            self.namesrv_addrs,
+            instance_name=self.instance_name,
+            credentials=self.credentials,
+            route_refresh_interval_ms=self.route_refresh_interval_ms,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+        )
+        try:
+            inst.add_producer(self)
+        except BaseException:
+            await inst.release()
+            raise
+        self._instance = inst
+
+    async def shutdown(self) -> None:
+        """Wait for sends in flight (``send_async``), unregister, release the client instance."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=self.send_timeout_ms / 1000)
+        inst, self._instance = self._instance, None
+        if inst is not None:
+            inst.remove_producer(self.group)
+            if not inst.closed:
+                await inst.unregister(producer_group=self.group)
+            await inst.release()
+
+    async def __aenter__(self) -> Producer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.shutdown()
+
+    @property
+    def instance(self) -> ClientInstance:
+        if self._instance is None:
+            raise ClientStateError("producer is not started" if not self._closed else "producer was shut down")
+        return self._instance
+
+    def topics(self) -> Iterable[str]:
+        return set(self._topics)
+
+    # --- queues ---------------------------------------------------------------------------------------
+    async def fetch_publish_queues(self, topic: str) -> list[MessageQueue]:
+        """The topic's write queues, sorted (what sharding keys index into)."""
+        return list((await self.instance.publish_route(topic)).publish_queues)
+
+    def _publish_info(self, route: TopicRoute) -> TopicPublishQueues:
+        info = self._publish.get(route.topic)
+        if info is None or tuple(info.queues) != route.publish_queues:
+            info = TopicPublishQueues(route.publish_queues, start=zlib.crc32(self.instance.client_id.encode()) % 997)
+            self._publish[route.topic] = info
+        return info
+
+    # --- validation ---------------------------------------------------------------------------------------
+    def _check_message(self, msg: Message) -> None:
+        if not isinstance(msg, Message):
+            raise IllegalMessageError(f"expected a Message, got {type(msg).__name__}")
+        if len(msg.body) > self.max_message_bytes:
+            raise MessageTooLargeError(len(msg.body), self.max_message_bytes)
+
+    # --- sending ------------------------------------------------------------------------------------------
+    async def send(
+        self, msg: Message, *, sharding_key: str | None = None, queue_selector: QueueSelector | None = None
+    ) -> SendResult:
+        """Send and wait for the broker's answer. Raises OrbitError subclasses."""
+        self._check_message(msg)
+        uid = new_unique_id()
+
+        def build(mq: MessageQueue) -> RemotingCommand:
+            return protocol.send_request(
+                group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=_now_ms()
+            )
+
+        return await self._send(msg.topic, msg, build, uid, sharding_key, queue_selector)
+
+    def send_async(
+        self,
+        msg: Message,
+        *,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+        callback: Callable[[asyncio.Future[SendResult]], None] | None = None,
+    ) -> asyncio.Future[SendResult]:
+        """Start a send and return its future at once; ``callback(future)`` runs when it ends.
+        Validation errors raise here, not in the future."""
+        self._check_message(msg)
+        _ = self.instance
+        task = asyncio.ensure_future(self.send(msg, sharding_key=sharding_key, queue_selector=queue_selector))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+        if callback is not None:
+            task.add_done_callback(callback)
+        return task
+
+    async def send_oneway(
+        self, msg: Message, *, sharding_key: str | None = None, queue_selector: QueueSelector | None = None
+    ) -> None:
+        """Send without waiting for an answer (no result, no retry; a lost message goes unnoticed)."""
+        self._check_message(msg)
+        inst = self.instance
+        self._topics.add(msg.topic)
+        route = await inst.publish_route(msg.topic)
+        mq = self._choose(route, msg, sharding_key, queue_selector, None)
+        addr = await inst.broker_addr(mq, master_only=True)
+        cmd = protocol.send_request(
+            group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=new_unique_id(), born_timestamp_ms=_now_ms()
+        )
+        await inst.invoke_oneway(addr, cmd)
+
+    async def send_batch(
+        self,
+        msgs: Sequence[Message],
+        *,
+        sharding_key: str | None = None,
+        queue_selector: QueueSelector | None = None,
+    ) -> SendResult:
+        """Send several messages of one topic in one request (SEND_BATCH_MESSAGE); they are stored
+        together, in order, in one queue. ``msg_ids`` of the result lists their ids."""
+        msgs = list(msgs)
+        if not msgs:
+            raise IllegalMessageError("the batch is empty")
+        topic = msgs[0].topic
+        for m in msgs:
+            if not isinstance(m, Message):
+                raise IllegalMessageError(f"expected Messages, got {type(m).__name__}")
+            if m.topic != topic:
+                raise IllegalMessageError(f"a batch holds one topic: {topic!r} and {m.topic!r}")
+        uids = [new_unique_id() for _ in msgs]
+        size = len(protocol.batch_body(msgs, uids))
+        if size > self.max_message_bytes:
+            raise MessageTooLargeError(size, self.max_message_bytes)
+
+        def build(mq: MessageQueue) -> RemotingCommand:
+            return protocol.send_batch_request(
+                group=self.group, msgs=msgs, queue_id=mq.queue_id, unique_ids=uids, born_timestamp_ms=_now_ms()
+            )
+
+        return await self._send(topic, msgs[0], build, ",".join(uids), sharding_key, queue_selector)
+
+    def _choose(
+        self,
+        route: TopicRoute,
+        msg: Message,
+        sharding_key: str | None,
+        queue_selector: QueueSelector | None,
+        last_broker: str | None,
+    ) -> MessageQueue:
+        queues = route.publish_queues
+        if sharding_key is not None:
+            return select_by_sharding_key(queues, sharding_key)
+        if queue_selector is not None:
+            mq = queue_selector(queues, msg)
+            if mq not in queues:
+                raise IllegalArgumentError(f"queue_selector returned {mq}, not one of the topic's write queues")
+            return mq
+        return self.fault.select(self._publish_info(route), last_broker)
+
+    async def _send(
+        self,
+        topic: str,
+        msg: Message,
+        build: Callable[[MessageQueue], RemotingCommand],
+        msg_id: str,
+        sharding_key: str | None,
+        queue_selector: QueueSelector | None,
+    ) -> SendResult:
+        inst = self.instance
+        self._topics.add(topic)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.send_timeout_ms / 1000
+        last_broker: str | None = None
+        last_error: OrbitError | None = None
+        refresh = False
+        for attempt in range(1 + self.retry_times):
+            route = await inst.publish_route(topic, refresh=refresh)
+            mq = self._choose(route, msg, sharding_key, queue_selector, last_broker)
+            last_broker = mq.broker_name
+            remaining_ms = int((deadline - loop.time()) * 1000)
+            if remaining_ms <= 0:
+                break
+            begin = loop.time()
+            try:
+                addr = await inst.broker_addr(mq, master_only=True)
+                resp = await inst.invoke(addr, build(mq), remaining_ms)
+                result = protocol.parse_send_response(resp, mq, msg_id, addr)
+            except OrbitError as e:
+                self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=True)
+                if not e.retriable:
+                    raise
+                log.info("send to %s failed (attempt %d): %s", mq, attempt + 1, e)
+                last_error = e
+                refresh = e.invalid_metadata
+                continue
+            self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=False)
+            return result
+        if last_error is not None and loop.time() < deadline:
+            raise last_error
+        raise RequestTimeoutError(
+            f"send to {topic!r} did not succeed within send_timeout_ms={self.send_timeout_ms}"
+            + (f" (last error: {last_error})" if last_error else "")
+        )
+
+    # --- administration ---------------------------------------------------------------------------------
+    async def create_topic(self, topic: str, *, queue_nums: int = 4, perm: int = 6) -> list[str]:
+        """Create (or update) a topic on every master broker that serves the default topic
+        (UPDATE_AND_CREATE_TOPIC); returns the broker names. For tools and tests."""
+        inst = self.instance
+        route = await inst.route(DEFAULT_TOPIC, refresh=True)
+        done: list[str] = []
+        for name in route.brokers():
+            addr = route.master_addr(name)
+            if addr is None:
+                continue
+            resp = await inst.invoke(addr, protocol.create_topic_request(topic, queue_nums=queue_nums, perm=perm))
+            protocol.check(resp, addr)
+            done.append(name)
+        with contextlib.suppress(OrbitError):
+            await inst.fetch_route(topic)
+        return done
+

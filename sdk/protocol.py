@@ -1,0 +1,379 @@
+"""The requests the SDK sends and the answers it reads, as pure functions (no sockets).
+
+Each ``*_request`` returns a ``RemotingCommand`` with RocketMQ 4.x's request code and
+extFields (strings on the wire); each ``parse_*`` reads a response and raises the SDK's error
+for a failure code. ``client_instance`` sends them; tests feed them bytes directly.
+
+A PULL response's body is CommitLog records back to back (``data_plane.store.message``'s
+layout); ``decode_messages`` splits and decodes them.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from data_plane.remoting import bodies
+from data_plane.remoting.codes import (
+    PULL_FLAG_COMMIT_OFFSET,
+    PULL_FLAG_SUBSCRIPTION,
+    PULL_FLAG_SUSPEND,
+    RequestCode,
+    ResponseCode,
+)
+from data_plane.remoting.command import RemotingCommand
+from data_plane.store.message import (
+    PROPERTY_WAIT_STORE_MSG_OK,
+    RecordError,
+    decode_record,
+    encode_properties,
+)
+from sdk.errors import BrokerError, for_code
+from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus
+
+DEFAULT_TOPIC_QUEUE_NUMS = 4
+
+
+def check(resp: RemotingCommand, addr: str = "", ok: Iterable[int] = (ResponseCode.SUCCESS,)) -> RemotingCommand:
+    """``resp`` when its code is one of ``ok``, else the SDK error for its code."""
+    if resp.code not in tuple(ok):
+        raise for_code(resp.code, resp.remark, addr)
+    return resp
+
+
+def _ext(resp: RemotingCommand, name: str, addr: str = "") -> str:
+    v = (resp.ext_fields or {}).get(name)
+    if v is None or v == "":
+        raise BrokerError(f"{addr}: response code {resp.code} lacks header field {name!r}", addr=addr)
+    return v
+
+
+def _ext_int(resp: RemotingCommand, name: str, addr: str = "") -> int:
+    v = _ext(resp, name, addr)
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return int(float(v))
+        except ValueError:
+            raise BrokerError(f"{addr}: header field {name!r} is not a number: {v[:40]!r}", addr=addr) from None
+
+
+# --- name server ----------------------------------------------------------------------------------
+def route_request(topic: str) -> RemotingCommand:
+    return RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields={"topic": topic})
+
+
+def parse_route_response(resp: RemotingCommand, addr: str = "") -> dict[str, Any] | None:
+    """TopicRouteData, or None when the name server does not know the topic (code 17)."""
+    if resp.code == ResponseCode.TOPIC_NOT_EXIST:
+        return None
+    check(resp, addr)
+    try:
+        return bodies.loads_object(resp.body_bytes())
+    except ValueError as e:
+        raise BrokerError(f"{addr}: route body is not TopicRouteData: {e}", addr=addr) from None
+
+
+# --- send -------------------------------------------------------------------------------------------
+def _send_header(
+    *,
+    group: str,
+    topic: str,
+    queue_id: int,
+    properties: bytes,
+    born_timestamp_ms: int,
+    batch: bool,
+    reconsume_times: int = 0,
+    max_reconsume_times: int | None = None,
+) -> dict[str, str]:
+    ext = {
+        "a": group,
+        "b": topic,
+        "c": DEFAULT_TOPIC,
+        "d": str(DEFAULT_TOPIC_QUEUE_NUMS),
+        "e": str(queue_id),
+        "f": "0",
+        "g": str(born_timestamp_ms),
+        "h": "0",
+        "i": properties.decode(),
+        "j": str(reconsume_times),
+        "k": "false",
+        "m": "true" if batch else "false",
+    }
+    if max_reconsume_times is not None:
+        ext["l"] = str(max_reconsume_times)
+    return ext
+
+
+def send_request(
+    *, group: str, msg: Message, queue_id: int, unique_id: str, born_timestamp_ms: int
+) -> RemotingCommand:
+    """SEND_MESSAGE_V2 (310): the short-named header of SendMessageRequestHeaderV2."""
+    ext = _send_header(
+        group=group,
+        topic=msg.topic,
+        queue_id=queue_id,
+        properties=msg.encoded_properties(unique_id),
+        born_timestamp_ms=born_timestamp_ms,
+        batch=False,
+    )
+    return RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=ext, body=msg.body)
+
+
+def batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
+    return b"".join(
+        bodies.encode_batch_item(m.body, 0, m.encoded_properties(uid)) for m, uid in zip(msgs, unique_ids, strict=True)
+    )
+
+
+def send_batch_request(
+    *, group: str, msgs: Sequence[Message], queue_id: int, unique_ids: Sequence[str], born_timestamp_ms: int
+) -> RemotingCommand:
+    """SEND_BATCH_MESSAGE (320): the same header with m=true; the body holds every message."""
+    ext = _send_header(
+        group=group,
+        topic=msgs[0].topic,
+        queue_id=queue_id,
+        properties=encode_properties({PROPERTY_WAIT_STORE_MSG_OK: "true"}),
+        born_timestamp_ms=born_timestamp_ms,
+        batch=True,
+    )
+    return RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, ext_fields=ext, body=batch_body(msgs, unique_ids))
+
+
+_SEND_STATUS = {
+    ResponseCode.SUCCESS: SendStatus.SEND_OK,
+    ResponseCode.FLUSH_DISK_TIMEOUT: SendStatus.FLUSH_DISK_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: SendStatus.FLUSH_SLAVE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: SendStatus.SLAVE_NOT_AVAILABLE,
+}
+
+
+def parse_send_response(resp: RemotingCommand, mq: MessageQueue, msg_id: str, addr: str = "") -> SendResult:
+    status = _SEND_STATUS.get(resp.code)  # type: ignore[call-overload]
+    if status is None:
+        raise for_code(resp.code, resp.remark, addr)
+    ext = resp.ext_fields or {}
+    queue_id = int(ext.get("queueId") or mq.queue_id)
+    return SendResult(
+        status=status,
+        msg_id=msg_id,
+        offset_msg_id=ext.get("msgId", ""),
+        message_queue=MessageQueue(mq.topic, mq.broker_name, queue_id),
+        queue_offset=int(ext.get("queueOffset") or -1),
+    )
+
+
+# --- pull -----------------------------------------------------------------------------------------
+class PullStatus(enum.Enum):
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"  # PULL_NOT_FOUND (19)
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"  # PULL_RETRY_IMMEDIATELY (20)
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"  # PULL_OFFSET_MOVED (21)
+
+
+_PULL_STATUS = {
+    ResponseCode.SUCCESS: PullStatus.FOUND,
+    ResponseCode.PULL_NOT_FOUND: PullStatus.NO_NEW_MSG,
+    ResponseCode.PULL_RETRY_IMMEDIATELY: PullStatus.NO_MATCHED_MSG,
+    ResponseCode.PULL_OFFSET_MOVED: PullStatus.OFFSET_ILLEGAL,
+}
+
+
+@dataclass(slots=True)
+class PullResult:
+    status: PullStatus
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+    suggest_which_broker_id: int = 0
+    messages: list[MessageExt] = field(default_factory=list)
+
+
+def pull_request(
+    *,
+    group: str,
+    mq: MessageQueue,
+    offset: int,
+    max_nums: int,
+    subscription: str,
+    sub_version: int,
+    suspend_timeout_ms: int,
+    commit_offset: int = 0,
+    suspend: bool = True,
+) -> RemotingCommand:
+    """PULL_MESSAGE (11). The subscription always travels with the pull (flag bit 4), so the
+    broker filters even before it has this client's heartbeat."""
+    sys_flag = PULL_FLAG_SUBSCRIPTION
+    if commit_offset > 0:
+        sys_flag |= PULL_FLAG_COMMIT_OFFSET
+    if suspend:
+        sys_flag |= PULL_FLAG_SUSPEND
+    ext = {
+        "consumerGroup": group,
+        "topic": mq.topic,
+        "queueId": str(mq.queue_id),
+        "queueOffset": str(offset),
+        "maxMsgNums": str(max_nums),
+        "sysFlag": str(sys_flag),
+        "commitOffset": str(max(commit_offset, 0)),
+        "suspendTimeoutMillis": str(suspend_timeout_ms),
+        "subscription": subscription,
+        "subVersion": str(sub_version),
+        "expressionType": "TAG",
+    }
+    return RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext)
+
+
+def decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
+    """The records of a PULL body, in order. A record that is not sound raises BrokerError."""
+    mv = memoryview(body)
+    out: list[MessageExt] = []
+    pos = 0
+    while pos < len(mv):
+        try:
+            stored = decode_record(mv, pos, check_crc=check_crc)
+        except (RecordError, UnicodeDecodeError) as e:
+            raise BrokerError(f"pull body: record at byte {pos} is not sound: {e}") from None
+        out.append(MessageExt.from_stored(stored, broker_name))
+        pos += stored.total_size
+    return out
+
+
+def parse_pull_response(
+    resp: RemotingCommand, broker_name: str, addr: str = "", *, check_crc: bool = True
+) -> PullResult:
+    status = _PULL_STATUS.get(resp.code)  # type: ignore[call-overload]
+    if status is None:
+        raise for_code(resp.code, resp.remark, addr)
+    result = PullResult(
+        status=status,
+        next_begin_offset=_ext_int(resp, "nextBeginOffset", addr),
+        min_offset=_ext_int(resp, "minOffset", addr),
+        max_offset=_ext_int(resp, "maxOffset", addr),
+        suggest_which_broker_id=int((resp.ext_fields or {}).get("suggestWhichBrokerId") or 0),
+    )
+    if status is PullStatus.FOUND and resp.body is not None:
+        result.messages = decode_messages(resp.body_bytes(), broker_name, check_crc=check_crc)
+    return result
+
+
+# --- offsets ----------------------------------------------------------------------------------------
+def query_offset_request(group: str, mq: MessageQueue) -> RemotingCommand:
+    return RemotingCommand(
+        RequestCode.QUERY_CONSUMER_OFFSET,
+        ext_fields={"consumerGroup": group, "topic": mq.topic, "queueId": str(mq.queue_id)},
+    )
+
+
+def parse_query_offset_response(resp: RemotingCommand, addr: str = "") -> int | None:
+    """The committed offset, or None when the group has none for the queue (QUERY_NOT_FOUND)."""
+    if resp.code == ResponseCode.QUERY_NOT_FOUND:
+        return None
+    check(resp, addr)
+    return _ext_int(resp, "offset", addr)
+
+
+def update_offset_request(group: str, mq: MessageQueue, offset: int) -> RemotingCommand:
+    return RemotingCommand(
+        RequestCode.UPDATE_CONSUMER_OFFSET,
+        ext_fields={
+            "consumerGroup": group,
+            "topic": mq.topic,
+            "queueId": str(mq.queue_id),
+            "commitOffset": str(offset),
+        },
+    )
+
+
+def queue_offset_request(code: int, mq: MessageQueue) -> RemotingCommand:
+    """GET_MAX_OFFSET (30) / GET_MIN_OFFSET (31)."""
+    return RemotingCommand(code, ext_fields={"topic": mq.topic, "queueId": str(mq.queue_id)})
+
+
+def search_offset_request(mq: MessageQueue, timestamp_ms: int) -> RemotingCommand:
+    return RemotingCommand(
+        RequestCode.SEARCH_OFFSET_BY_TIMESTAMP,
+        ext_fields={"topic": mq.topic, "queueId": str(mq.queue_id), "timestamp": str(timestamp_ms)},
+    )
+
+
+def parse_offset_response(resp: RemotingCommand, addr: str = "") -> int:
+    check(resp, addr)
+    return _ext_int(resp, "offset", addr)
+
+
+# --- group membership, locks, heartbeat ----------------------------------------------------------------
+def consumer_list_request(group: str) -> RemotingCommand:
+    return RemotingCommand(RequestCode.GET_CONSUMER_LIST_BY_GROUP, ext_fields={"consumerGroup": group})
+
+
+def parse_consumer_list_response(resp: RemotingCommand, addr: str = "") -> list[str]:
+    check(resp, addr)
+    if not resp.body:
+        return []
+    try:
+        data = bodies.loads_object(resp.body_bytes())
+    except ValueError as e:
+        raise BrokerError(f"{addr}: consumer list body is not JSON: {e}", addr=addr) from None
+    return [str(c) for c in data.get("consumerIdList") or []]
+
+
+def _mq_data(mq: MessageQueue) -> bodies.MessageQueueData:
+    return {"topic": mq.topic, "brokerName": mq.broker_name, "queueId": mq.queue_id}
+
+
+def lock_batch_request(
+    group: str, client_id: str, mqs: Iterable[MessageQueue], *, unlock: bool = False
+) -> RemotingCommand:
+    body = bodies.dumps({"consumerGroup": group, "clientId": client_id, "mqSet": [_mq_data(q) for q in mqs]})
+    code = RequestCode.UNLOCK_BATCH_MQ if unlock else RequestCode.LOCK_BATCH_MQ
+    return RemotingCommand(code, body=body)
+
+
+def parse_lock_batch_response(resp: RemotingCommand, addr: str = "") -> set[MessageQueue]:
+    check(resp, addr)
+    if not resp.body:
+        return set()
+    try:
+        data = bodies.loads_object(resp.body_bytes())
+        return {
+            MessageQueue(q["topic"], q["brokerName"], q["queueId"])
+            for q in (bodies.message_queue(v) for v in data.get("lockOKMQSet") or [])
+        }
+    except ValueError as e:
+        raise BrokerError(f"{addr}: lock body is not LockBatchResponseBody: {e}", addr=addr) from None
+
+
+def heartbeat_request(data: bodies.HeartbeatData) -> RemotingCommand:
+    return RemotingCommand(RequestCode.HEART_BEAT, body=bodies.dumps(data))
+
+
+def unregister_request(client_id: str, *, producer_group: str = "", consumer_group: str = "") -> RemotingCommand:
+    ext = {"clientID": client_id}
+    if producer_group:
+        ext["producerGroup"] = producer_group
+    if consumer_group:
+        ext["consumerGroup"] = consumer_group
+    return RemotingCommand(RequestCode.UNREGISTER_CLIENT, ext_fields=ext)
+
+
+def create_topic_request(topic: str, *, queue_nums: int = 4, perm: int = 6) -> RemotingCommand:
+    """UPDATE_AND_CREATE_TOPIC (17), an admin request (tests and tools create topics with it)."""
+    return RemotingCommand(
+        RequestCode.UPDATE_AND_CREATE_TOPIC,
+        ext_fields={
+            "topic": topic,
+            "defaultTopic": DEFAULT_TOPIC,
+            "readQueueNums": str(queue_nums),
+            "writeQueueNums": str(queue_nums),
+            "perm": str(perm),
+            "topicFilterType": "SINGLE_TAG",
+            "topicSysFlag": "0",
+            "order": "false",
+        },
+    )
+

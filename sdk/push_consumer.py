@@ -1,0 +1,334 @@
+"""PushConsumer: pulls in the background and calls the application's listener (RocketMQ's
+DefaultMQPushConsumer).
+
+::
+
+    consumer = PushConsumer("orders-consumer", namesrv_addrs="127.0.0.1:9876")
+    consumer.subscribe("orders", "paid || refunded")
+
+    @consumer.on_message
+    async def handle(msgs: list[MessageExt]) -> ConsumeResult:
+        ...
+        return ConsumeResult.SUCCESS
+
+    await consumer.start()
+    ...
+    await consumer.shutdown()
+
+Two kinds of listener:
+
+* ``on_message`` — concurrent: up to ``consume_concurrency`` listener calls at once, each with up
+  to ``consume_batch_size`` messages of one queue, in any order. SUCCESS commits them (the queue's
+  committed offset is the lowest offset not yet consumed). RECONSUME_LATER or an exception
+  redelivers the batch to this consumer after ``reconsume_delay_ms``, up to
+  ``max_reconsume_times`` times, after which the message is logged and skipped. (RocketMQ sends
+  such messages back to the broker's retry topic, then its dead-letter queue; that arrives with
+  the retry-topic issue. Until then a redelivery lives in this process only: if it dies first, the
+  message comes back from the committed offset, so nothing is lost.)
+* ``on_message_orderly`` — orderly: one call at a time per queue, in queue order. In CLUSTERING
+  mode the member holds the broker's lock on each of its queues (LOCK_BATCH_MQ, renewed every
+  ``lock_interval_ms``; the broker lets a lock lapse after 60 s) and only consumes a queue it
+  holds, so during a rebalance the new owner starts after the old one committed and let go.
+  SUSPEND_CURRENT_QUEUE_A_MOMENT (or RECONSUME_LATER, or an exception) retries the same messages
+  in place after ``suspend_current_queue_ms``.
+
+The listener may be a coroutine function or a plain function.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Unpack
+
+from sdk import protocol
+from sdk.consumer import ConsumerBase, ConsumerOptions
+from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError
+from sdk.message import MessageExt, MessageQueue
+from sdk.process_queue import ProcessQueue, monotonic_ms
+
+log = logging.getLogger(__name__)
+
+
+class ConsumeResult(enum.Enum):
+    SUCCESS = "SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"  # concurrent: redeliver later
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"  # orderly: retry in place
+
+
+Listener = Callable[[list[MessageExt]], "Awaitable[ConsumeResult] | ConsumeResult"]
+
+
+class PushConsumer(ConsumerBase):
+    consume_type = "CONSUME_PASSIVELY"
+
+    def __init__(
+        self,
+        group: str,
+        *,
+        consume_batch_size: int = 1,
+        consume_concurrency: int = 20,
+        max_reconsume_times: int = 16,
+        reconsume_delay_ms: int = 1000,
+        suspend_current_queue_ms: int = 1000,
+        lock_interval_ms: int = 20000,
+        await_termination_ms: int = 30000,
+        **options: Unpack[ConsumerOptions],
+    ) -> None:
+        super().__init__(group, **options)
+        if consume_batch_size < 1 or consume_concurrency < 1:
+            raise IllegalArgumentError("consume_batch_size and consume_concurrency must be >= 1")
+        self.consume_batch_size = consume_batch_size
+        self.consume_concurrency = consume_concurrency
+        self.max_reconsume_times = max_reconsume_times
+        self.reconsume_delay_ms = reconsume_delay_ms
+        self.suspend_current_queue_ms = suspend_current_queue_ms
+        self.lock_interval_ms = lock_interval_ms
+        self.await_termination_ms = await_termination_ms
+        self._listener: Listener | None = None
+        self._sem = asyncio.Semaphore(consume_concurrency)
+        self._consume_tasks: set[asyncio.Task[None]] = set()
+        self._orderly_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
+        self._orderly_wakeup: dict[MessageQueue, asyncio.Event] = {}
+        self.consumed_count = 0
+
+    # --- listeners ------------------------------------------------------------------------------------
+    def on_message(self, listener: Listener) -> Listener:
+        """Register a concurrent listener (usable as a decorator)."""
+        self._set_listener(listener, orderly=False)
+        return listener
+
+    def on_message_orderly(self, listener: Listener) -> Listener:
+        """Register an orderly listener: per queue, one call at a time, in offset order."""
+        self._set_listener(listener, orderly=True)
+        return listener
+
+    def _set_listener(self, listener: Listener, *, orderly: bool) -> None:
+        if self._started:
+            raise ClientStateError("register the listener before start()")
+        if self._listener is not None:
+            raise ClientStateError("a listener is registered already")
+        self._listener = listener
+        self.orderly = orderly
+        if not orderly and self.max_span_per_queue == 0:
+            self.max_span_per_queue = 2000  # RocketMQ's consumeConcurrentlyMaxSpan
+
+    def _check_ready(self) -> None:
+        if self._listener is None:
+            raise ClientStateError("register a listener (on_message / on_message_orderly) before start()")
+        if not self.subscriptions:
+            raise ClientStateError("subscribe to a topic before start()")
+
+    def _extra_tasks(self) -> list[asyncio.Task[None]]:
+        if self.orderly and self.clustering:
+            return [asyncio.create_task(self._lock_loop(), name=f"orbit-lock-{self.group}")]
+        return []
+
+    async def _call_listener(self, msgs: list[MessageExt]) -> ConsumeResult:
+        assert self._listener is not None
+        try:
+            r: object = self._listener(msgs)
+            if inspect.isawaitable(r):
+                r = await r
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("consumer %s: listener raised on %d message(s) of %s", self.group, len(msgs), msgs[0])
+            return ConsumeResult.RECONSUME_LATER if not self.orderly else ConsumeResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        if not isinstance(r, ConsumeResult):
+            log.error("consumer %s: listener returned %r, not a ConsumeResult; consuming again later", self.group, r)
+            return ConsumeResult.RECONSUME_LATER
+        return r
+
+    async def _on_messages(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        if self.orderly:
+            ev = self._orderly_wakeup.get(mq)
+            if ev is not None:
+                ev.set()
+            return
+        for i in range(0, len(msgs), self.consume_batch_size):
+            self._submit(mq, pq, msgs[i : i + self.consume_batch_size], 0.0)
+
+    # --- concurrent consumption ---------------------------------------------------------------------------
+    def _submit(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt], delay_s: float) -> None:
+        task = asyncio.create_task(self._consume_concurrently(mq, pq, msgs, delay_s))
+        self._consume_tasks.add(task)
+        task.add_done_callback(self._consume_tasks.discard)
+
+    async def _consume_concurrently(
+        self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt], delay_s: float
+    ) -> None:
+        if delay_s > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), delay_s)
+        async with self._sem:
+            if pq.dropped or self._stop.is_set():
+                return  # not consumed: it comes back from the committed offset
+            result = await self._call_listener(msgs)
+        if pq.is_dropped():
+            return  # the queue moved to another member, which starts from the committed offset
+        if result is ConsumeResult.SUCCESS:
+            self.consumed_count += len(msgs)
+            self._committed(mq, pq.remove(msgs))
+            return
+        again: list[MessageExt] = []
+        skipped: list[MessageExt] = []
+        for m in msgs:
+            m.reconsume_times += 1
+            if 0 <= self.max_reconsume_times < m.reconsume_times:
+                skipped.append(m)
+            else:
+                again.append(m)
+        if skipped:
+            for m in skipped:
+                log.error(
+                    "consumer %s: %r failed %d times; skipping it (no dead-letter queue yet)",
+                    self.group, m, m.reconsume_times,
+                )  # fmt: skip
+            self._committed(mq, pq.remove(skipped))
+        if again and not self._stop.is_set():
+            self._submit(mq, pq, again, self.reconsume_delay_ms / 1000)
+
+    def _committed(self, mq: MessageQueue, offset: int) -> None:
+        if offset >= 0:
+            self.offset_store.update(mq, offset)
+
+    async def _finish_consuming(self) -> None:
+        tasks = list(self._consume_tasks) + list(self._orderly_tasks.values())
+        for ev in self._orderly_wakeup.values():
+            ev.set()
+        if tasks:
+            _, late = await asyncio.wait(tasks, timeout=self.await_termination_ms / 1000)
+            for t in late:
+                t.cancel()
+
+    # --- orderly consumption ------------------------------------------------------------------------------
+    async def _before_add(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
+        if not self.orderly:
+            return True
+        if self.clustering:
+            locked = await self.lock([mq])
+            if mq not in locked:
+                log.info("consumer %s: %s is locked by another member; will retry", self.group, mq)
+                return False
+            pq.locked = True
+            pq.last_lock_ms = monotonic_ms()
+        ev = asyncio.Event()
+        self._orderly_wakeup[mq] = ev
+        self._orderly_tasks[mq] = asyncio.create_task(self._consume_orderly(mq, pq, ev), name=f"orbit-orderly-{mq}")
+        return True
+
+    async def _queue_removed(self, mq: MessageQueue, pq: ProcessQueue) -> None:
+        ev = self._orderly_wakeup.pop(mq, None)
+        if ev is not None:
+            ev.set()
+        task = self._orderly_tasks.pop(mq, None)
+        if task is not None:  # let the batch in flight finish and commit before the offset is persisted
+            done, _ = await asyncio.wait([task], timeout=self.await_termination_ms / 1000)
+            if not done:
+                task.cancel()
+
+    async def _queue_released(self, mq: MessageQueue) -> None:
+        if self.orderly and self.clustering:
+            await self.unlock([mq])
+
+    async def _before_leave(self) -> None:
+        if self.orderly and self.clustering and self._pqs:
+            await self.unlock(list(self._pqs))
+
+    async def _may_pull(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
+        if self.orderly and self.clustering and not pq.locked:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.pull_retry_delay_ms / 1000)
+            return False
+        return await super()._may_pull(mq, pq)
+
+    async def _consume_orderly(self, mq: MessageQueue, pq: ProcessQueue, wakeup: asyncio.Event) -> None:
+        suspend_s = self.suspend_current_queue_ms / 1000
+        while not pq.dropped and not self._stop.is_set():
+            await wakeup.wait()
+            wakeup.clear()
+            while not pq.dropped and not self._stop.is_set():
+                if self.clustering and not pq.can_consume_orderly():
+                    if mq not in await self.lock([mq]):
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._stop.wait(), suspend_s)
+                        continue
+                    pq.locked = True
+                    pq.last_lock_ms = monotonic_ms()
+                msgs = pq.take(self.consume_batch_size)
+                if not msgs:
+                    break
+                result = await self._call_listener(msgs)
+                if result is ConsumeResult.SUCCESS:
+                    self.consumed_count += len(msgs)
+                    self._committed(mq, pq.commit())
+                    continue
+                pq.rollback(msgs)
+                for m in msgs:
+                    m.reconsume_times += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), suspend_s)
+
+    # --- broker locks ----------------------------------------------------------------------------------------
+    async def lock(self, mqs: list[MessageQueue]) -> set[MessageQueue]:
+        """LOCK_BATCH_MQ on each queue's broker; the queues this member now holds."""
+        inst = self.instance
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for mq in mqs:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        locked: set[MessageQueue] = set()
+        for qs in by_broker.values():
+            try:
+                addr = await inst.broker_addr(qs[0], master_only=True)
+                resp = await inst.invoke(addr, protocol.lock_batch_request(self.group, inst.client_id, qs))
+                locked |= protocol.parse_lock_batch_response(resp, addr)
+            except OrbitError as e:
+                log.warning("consumer %s: locking %s failed: %s", self.group, ", ".join(map(str, qs)), e)
+        return locked
+
+    async def unlock(self, mqs: list[MessageQueue]) -> None:
+        inst = self.instance
+        by_broker: dict[str, list[MessageQueue]] = {}
+        for mq in mqs:
+            by_broker.setdefault(mq.broker_name, []).append(mq)
+        for qs in by_broker.values():
+            try:
+                addr = await inst.broker_addr(qs[0], master_only=True)
+                cmd = protocol.lock_batch_request(self.group, inst.client_id, qs, unlock=True)
+                protocol.check(await inst.invoke(addr, cmd), addr)
+            except OrbitError as e:
+                log.warning("consumer %s: unlocking %s failed: %s", self.group, ", ".join(map(str, qs)), e)
+
+    async def _lock_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.lock_interval_ms / 1000)
+            try:
+                await self.lock_all()
+            except Exception:
+                log.exception("consumer %s: renewing locks failed", self.group)
+
+    async def lock_all(self) -> None:
+        """Renew the locks on every assigned queue; a queue whose lock is lost stops consuming."""
+        pqs = dict(self._pqs)
+        if not pqs:
+            return
+        locked = await self.lock(list(pqs))
+        now = monotonic_ms()
+        for mq, pq in pqs.items():
+            if mq in locked:
+                was = pq.locked
+                pq.locked = True
+                pq.last_lock_ms = now
+                if not was:
+                    ev = self._orderly_wakeup.get(mq)
+                    if ev is not None:
+                        ev.set()
+            else:
+                if pq.locked:
+                    log.warning("consumer %s: lost the lock on %s", self.group, mq)
+                pq.locked = False

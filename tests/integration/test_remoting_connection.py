@@ -1,0 +1,667 @@
+"""Remoting over real sockets on 127.0.0.1 (port 0): RemotingServer with a Processors table and
+RemotingClient in this process. Covers opaque multiplexing, oneway requests, timeouts, error
+answers that keep the connection, frames that close it (too large, malformed), idle closing,
+back-pressure from a client that never reads, connection loss, reconnecting, and one run under
+uvloop. Raw clients are asyncio streams speaking the frame format directly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import struct
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import uvloop
+
+from data_plane.remoting.client import RemotingClient
+from data_plane.remoting.codes import FLAG_ONEWAY, RequestCode, ResponseCode
+from data_plane.remoting.command import (
+    MAX_FRAME_BYTES,
+    SERIALIZE_ROCKETMQ,
+    RemotingCommand,
+    decode_frame,
+    encode_bytes,
+)
+from data_plane.remoting.connection import IDLE_TIMEOUT_S, WRITE_HIGH_WATER, Connection, Dispatch
+from data_plane.remoting.errors import (
+    HeaderError,
+    RemotingConnectError,
+    RemotingError,
+    RemotingTimeoutError,
+)
+from data_plane.remoting.server import Processors, RemotingServer
+
+pytestmark = pytest.mark.integration
+
+ECHO = 9001
+DELAYED = 9002
+HEADER_ERROR = 9003
+BOOM = 9004
+ASYNC_HEADER_ERROR = 9005
+ASYNC_BOOM = 9006
+NEVER = 9007
+ABORT = 9008
+BIG = 9009
+RECORD = 9010
+CALL_BACK = 9011
+NOT_REGISTERED = 9999
+BIG_BODY = b"B" * (256 * 1024)
+
+
+async def until(predicate: Callable[[], bool], timeout_s: float = 5.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until it holds; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} did not happen within {timeout_s} s")
+        await asyncio.sleep(0.005)
+
+
+class App:
+    """The handlers of the test server, and what they saw."""
+
+    def __init__(self) -> None:
+        self.recorded: list[RemotingCommand] = []
+        self.finish_order: list[str] = []
+        self.late_done = asyncio.Event()
+
+    def processors(self) -> Processors:
+        p = Processors()
+        p.register(ECHO, self.echo)
+        p.register(DELAYED, self.delayed)
+        p.register(HEADER_ERROR, self.header_error)
+        p.register(BOOM, self.boom)
+        p.register(ASYNC_HEADER_ERROR, self.async_header_error)
+        p.register(ASYNC_BOOM, self.async_boom)
+        p.register(NEVER, lambda conn, cmd: None)
+        p.register(ABORT, self.abort)
+        p.register(BIG, lambda conn, cmd: cmd.response(ResponseCode.SUCCESS, body=BIG_BODY))
+        p.register(RECORD, self.record)
+        p.register(CALL_BACK, self.call_back)
+        return p
+
+    def echo(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, remark="echo", ext_fields=cmd.ext_fields, body=cmd.body_bytes())
+
+    async def delayed(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        ext = cmd.ext_fields or {}
+        await asyncio.sleep(int(ext["delayMs"]) / 1000)
+        self.finish_order.append(ext["id"])
+        if ext.get("late"):
+            asyncio.get_running_loop().call_soon(self.late_done.set)
+        return cmd.response(ResponseCode.SUCCESS, remark=ext["id"])
+
+    def header_error(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        raise HeaderError("missing header field 'topic'")
+
+    def boom(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        raise RuntimeError("boom")
+
+    async def async_header_error(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await asyncio.sleep(0)
+        raise HeaderError("header field 'queueId' = 99 is outside [0, 7]")
+
+    async def async_boom(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        await asyncio.sleep(0)
+        raise RuntimeError("async boom")
+
+    def abort(self, conn: Connection, cmd: RemotingCommand) -> None:
+        conn.abort()
+
+    def record(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        self.recorded.append(cmd)
+        return cmd.response(ResponseCode.SUCCESS, remark="must not be sent to a oneway request")
+
+    async def call_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        answer = await conn.invoke(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, remark="ping"), 3000)
+        return cmd.response(ResponseCode.SUCCESS, remark=f"client said {answer.remark}")
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    app: App, *, max_frame_bytes: int = MAX_FRAME_BYTES, idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> AsyncIterator[RemotingServer]:
+    server = RemotingServer(app.processors(), port=0, max_frame_bytes=max_frame_bytes, idle_timeout_s=idle_timeout_s)
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+@contextlib.asynccontextmanager
+async def client_of(
+    *, dispatch: Dispatch | None = None, connect_timeout_ms: int = 3000
+) -> AsyncIterator[RemotingClient]:
+    client = RemotingClient(dispatch, connect_timeout_ms=connect_timeout_ms)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def echo(client: RemotingClient, addr: str, text: str = "hi", timeout_ms: int = 3000) -> None:
+    r = await client.invoke(addr, RemotingCommand(ECHO, ext_fields={"t": text}, body=text.encode()), timeout_ms)
+    assert r.is_response
+    assert (r.code, r.remark, r.ext_fields, r.body) == (ResponseCode.SUCCESS, "echo", {"t": text}, text.encode())
+
+
+@contextlib.asynccontextmanager
+async def raw_connection(addr: str) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter]]:
+    host, _, port = addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        yield reader, writer
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+
+
+async def read_frame(reader: asyncio.StreamReader) -> RemotingCommand:
+    (length,) = struct.unpack(">I", await reader.readexactly(4))
+    return decode_frame(await reader.readexactly(length))
+
+
+async def closed_by_peer(reader: asyncio.StreamReader, timeout_s: float = 5.0) -> bool:
+    """True once the server closed the connection (EOF or reset), reading anything it sent."""
+
+    async def drain() -> None:
+        while await reader.read(65536):
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), timeout_s)
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+    return True
+
+
+def delayed(ident: str, delay_ms: int, *, late: bool = False) -> RemotingCommand:
+    ext = {"id": ident, "delayMs": str(delay_ms)}
+    if late:
+        ext["late"] = "1"
+    return RemotingCommand(DELAYED, ext_fields=ext)
+
+
+# --- request / response ---------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_concurrent_requests_answered_out_of_order_each_get_their_own_answer(seed: int) -> None:
+    app = App()
+    rng = random.Random(seed)
+    n = 100
+    delays = list(range(0, 2 * n, 2))
+    rng.shuffle(delays)
+    async with serving(app) as server, client_of() as client:
+        answers = await asyncio.gather(
+            *(client.invoke(server.address, delayed(str(i), delays[i]), 10_000) for i in range(n))
+        )
+        assert [a.remark for a in answers] == [str(i) for i in range(n)]
+        assert all(a.code == ResponseCode.SUCCESS and a.is_response for a in answers)
+        # The server really did finish them out of order, and all on one connection.
+        assert app.finish_order != [str(i) for i in range(n)]
+        assert sorted(app.finish_order, key=int) == [str(i) for i in range(n)]
+        assert len(server.connections) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_oneway_request_is_handled_and_gets_no_response() -> None:
+    app = App()
+    async with serving(app) as server, raw_connection(server.address) as (reader, writer):
+        writer.write(encode_bytes(RemotingCommand(RECORD, opaque=1, flag=FLAG_ONEWAY, ext_fields={"n": "1"})))
+        writer.write(encode_bytes(RemotingCommand(ECHO, opaque=2, ext_fields={"t": "x"})))
+        await writer.drain()
+        first = await asyncio.wait_for(read_frame(reader), 5)
+        assert (first.opaque, first.remark) == (2, "echo")  # nothing came back for opaque 1
+        assert [c.ext_fields for c in app.recorded] == [{"n": "1"}]
+        assert app.recorded[0].is_oneway
+
+
+@pytest.mark.asyncio
+async def test_a_oneway_request_to_an_async_handler_gets_no_response() -> None:
+    app = App()
+    async with serving(app) as server, raw_connection(server.address) as (reader, writer):
+        oneway = delayed("x", 1)
+        oneway.opaque, oneway.flag = 1, FLAG_ONEWAY
+        writer.write(encode_bytes(oneway))
+        await writer.drain()
+        await until(lambda: app.finish_order == ["x"], what="the oneway handler")
+        writer.write(encode_bytes(RemotingCommand(ECHO, opaque=2)))
+        await writer.drain()
+        assert (await asyncio.wait_for(read_frame(reader), 5)).opaque == 2
+
+
+@pytest.mark.asyncio
+async def test_the_clients_invoke_oneway_reaches_the_handler() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        await client.invoke_oneway(server.address, RemotingCommand(RECORD, ext_fields={"k": "v"}))
+        await until(lambda: len(app.recorded) == 1, what="the oneway request")
+        assert app.recorded[0].ext_fields == {"k": "v"}
+        assert app.recorded[0].is_oneway
+        await echo(client, server.address)
+
+
+@pytest.mark.asyncio
+async def test_a_binary_request_gets_a_binary_response_on_the_wire() -> None:
+    app = App()
+    async with serving(app) as server, raw_connection(server.address) as (reader, writer):
+        request = RemotingCommand(ECHO, opaque=5, ext_fields={"t": "b"}, body=b"xyz", serialize_type=SERIALIZE_ROCKETMQ)
+        writer.write(encode_bytes(request))
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readexactly(8), 5)
+        assert head[4] == SERIALIZE_ROCKETMQ
+        (length,) = struct.unpack_from(">I", head)
+        rest = await reader.readexactly(length - 4)
+        response = decode_frame(head[4:] + rest)
+        assert (response.opaque, response.remark, response.ext_fields, response.body) == (5, "echo", {"t": "b"}, b"xyz")
+        assert response.serialize_type == SERIALIZE_ROCKETMQ
+
+
+@pytest.mark.asyncio
+async def test_a_request_that_times_out_raises_remoting_timeout_and_its_late_answer_is_ignored() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        started = time.monotonic()
+        with pytest.raises(RemotingTimeoutError) as info:
+            await client.invoke(server.address, delayed("late", 400, late=True), timeout_ms=50)
+        assert time.monotonic() - started < 0.35
+        assert isinstance(info.value, asyncio.TimeoutError)
+        assert isinstance(info.value, RemotingError)
+        assert (info.value.code, info.value.timeout_ms) == (DELAYED, 50)
+        conn = await client.connection(server.address)
+        await asyncio.wait_for(app.late_done.wait(), 5)
+        # The late answer is on the wire ahead of this echo's; it must not be taken for it.
+        await echo(client, server.address, "after")
+        assert await client.connection(server.address) is conn
+        assert not conn.closed
+
+
+@pytest.mark.asyncio
+async def test_timeout_is_catchable_as_asyncio_timeout_error() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        with pytest.raises(asyncio.TimeoutError):
+            await client.invoke(server.address, RemotingCommand(NEVER), timeout_ms=30)
+
+
+# --- error answers that keep the connection -----------------------------------------------------
+@pytest.mark.asyncio
+async def test_an_unknown_request_code_is_answered_not_supported_and_the_connection_stays() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        await echo(client, server.address)
+        conn = await client.connection(server.address)
+        r = await client.invoke(server.address, RemotingCommand(NOT_REGISTERED))
+        assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+        assert str(NOT_REGISTERED) in (r.remark or "")
+        await echo(client, server.address)
+        assert await client.connection(server.address) is conn
+        assert len(server.connections) == 1
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("code", "remark"),
+    [
+        (HEADER_ERROR, "missing header field 'topic'"),
+        (ASYNC_HEADER_ERROR, "header field 'queueId' = 99 is outside [0, 7]"),
+    ],
+)
+async def test_a_handler_header_error_is_answered_system_error_with_its_message(code: int, remark: str) -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        await echo(client, server.address)
+        conn = await client.connection(server.address)
+        r = await client.invoke(server.address, RemotingCommand(code))
+        assert (r.code, r.remark) == (ResponseCode.SYSTEM_ERROR, remark)
+        await echo(client, server.address)
+        assert await client.connection(server.address) is conn
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("code", "message"), [(BOOM, "RuntimeError: boom"), (ASYNC_BOOM, "RuntimeError: async boom")])
+async def test_a_handler_crash_is_answered_system_error_and_the_server_keeps_serving(code: int, message: str) -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        r = await client.invoke(server.address, RemotingCommand(code))
+        assert r.code == ResponseCode.SYSTEM_ERROR
+        assert message in (r.remark or "")
+        await echo(client, server.address)
+        async with client_of() as other:
+            await echo(other, server.address)
+
+
+@pytest.mark.asyncio
+async def test_a_before_hook_may_answer_instead_of_the_handler() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        server.processors.before = lambda conn, cmd: (
+            cmd.response(ResponseCode.NO_PERMISSION, "denied") if (cmd.ext_fields or {}).get("t") == "deny" else None
+        )
+        r = await client.invoke(server.address, RemotingCommand(ECHO, ext_fields={"t": "deny"}))
+        assert (r.code, r.remark) == (ResponseCode.NO_PERMISSION, "denied")
+        await echo(client, server.address, "allow")
+
+
+@pytest.mark.asyncio
+async def test_requests_over_the_inflight_limit_are_answered_system_busy() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        await echo(client, server.address)
+        (server_conn,) = server.connections
+        server_conn.max_inflight = 2
+        answers = await asyncio.gather(*(client.invoke(server.address, delayed(str(i), 200), 5000) for i in range(3)))
+        assert sorted(a.code for a in answers) == [ResponseCode.SUCCESS, ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY]
+        await echo(client, server.address)
+
+
+@pytest.mark.asyncio
+async def test_the_server_can_ask_the_client_and_the_client_answers() -> None:
+    app = App()
+
+    def client_dispatch(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.SUCCESS, remark=f"pong to {cmd.remark}")
+
+    async with serving(app) as server, client_of(dispatch=client_dispatch) as client:
+        r = await client.invoke(server.address, RemotingCommand(CALL_BACK))
+        assert (r.code, r.remark) == (ResponseCode.SUCCESS, "client said pong to ping")
+
+
+# --- frames that close the connection -----------------------------------------------------------
+@pytest.mark.asyncio
+async def test_a_frame_over_the_servers_limit_closes_only_that_connection() -> None:
+    app = App()
+    async with serving(app, max_frame_bytes=1024) as server, client_of() as big, client_of() as other:
+        await echo(other, server.address)
+        await echo(big, server.address, "x" * 300)
+        with pytest.raises(RemotingConnectError):
+            await big.invoke(server.address, RemotingCommand(ECHO, body=b"x" * 2000), timeout_ms=5000)
+        await until(lambda: len(server.connections) == 1, what="the server dropping the big client")
+        await echo(other, server.address)
+        # The offending client comes back on a new connection.
+        await echo(big, server.address, "small again")
+
+
+@pytest.mark.asyncio
+async def test_a_length_prefix_over_the_default_16_mib_closes_the_connection() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as other:
+        await echo(other, server.address)
+        async with raw_connection(server.address) as (reader, writer):
+            writer.write(struct.pack(">I", MAX_FRAME_BYTES + 1))
+            await writer.drain()
+            assert await closed_by_peer(reader)
+        await echo(other, server.address)
+        await until(lambda: len(server.connections) == 1, what="the server forgetting the closed connection")
+
+
+@pytest.mark.asyncio
+async def test_a_frame_of_exactly_the_limit_is_accepted() -> None:
+    app = App()
+    async with serving(app, max_frame_bytes=4096) as server, raw_connection(server.address) as (reader, writer):
+        probe = encode_bytes(RemotingCommand(ECHO, opaque=1))
+        body = b"y" * (4096 + 4 - len(probe))
+        frame = encode_bytes(RemotingCommand(ECHO, opaque=1, body=body))
+        assert struct.unpack_from(">I", frame)[0] == 4096
+        writer.write(frame)
+        await writer.drain()
+        assert (await asyncio.wait_for(read_frame(reader), 5)).body == body
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        struct.pack(">II", 13, 9) + b"{not json",
+        struct.pack(">II", 6, 2) + b"[]",
+        struct.pack(">II", 6, (7 << 24) | 2) + b"{}",
+        struct.pack(">I", 2) + b"ab",
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+    ],
+    ids=["non-json-header", "json-array-header", "unknown-serialization", "length-under-4", "http"],
+)
+async def test_a_malformed_frame_closes_that_connection_and_the_server_serves_others(garbage: bytes) -> None:
+    app = App()
+    async with serving(app) as server, client_of() as other:
+        await echo(other, server.address)
+        async with raw_connection(server.address) as (reader, writer):
+            writer.write(encode_bytes(RemotingCommand(ECHO, opaque=1)))
+            await writer.drain()
+            assert (await asyncio.wait_for(read_frame(reader), 5)).opaque == 1  # a good frame is answered
+            writer.write(garbage)
+            await writer.drain()
+            assert await closed_by_peer(reader)
+        await echo(other, server.address)
+        await until(lambda: len(server.connections) == 1, what="the server forgetting the closed connection")
+
+
+@pytest.mark.asyncio
+async def test_a_header_number_out_of_range_closes_the_connection_as_a_malformed_frame(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    app = App()
+    async with serving(app) as server, client_of() as other:
+        async with raw_connection(server.address) as (reader, writer):
+            header = b'{"code":9001,"opaque":1e300}'
+            writer.write(struct.pack(">II", 4 + len(header), len(header)) + header)
+            await writer.drain()
+            assert await closed_by_peer(reader)
+        await echo(other, server.address)
+    # Refused by the codec, not by an exception escaping the protocol into the event loop.
+    assert "malformed frame" in caplog.text
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+
+
+# --- idle, back-pressure, loss, reconnect -----------------------------------------------------
+@pytest.mark.asyncio
+async def test_an_idle_connection_is_closed_after_the_idle_timeout_but_an_active_one_is_not() -> None:
+    app = App()
+    async with serving(app, idle_timeout_s=0.3) as server, client_of() as client:
+        await echo(client, server.address)
+        conn = await client.connection(server.address)
+        # Traffic every 0.1 s for three idle timeouts keeps the connection.
+        end = time.monotonic() + 0.9
+        while time.monotonic() < end:
+            await echo(client, server.address)
+            await asyncio.sleep(0.1)
+        assert not conn.closed
+        assert await client.connection(server.address) is conn
+        # Silence closes it (from the server side; the client sees it close).
+        await asyncio.wait_for(conn.closed_event.wait(), 5)
+        await until(lambda: not server.connections, what="the server dropping the idle connection")
+        # The client connects again when next asked.
+        await echo(client, server.address)
+        assert await client.connection(server.address) is not conn
+
+
+@pytest.mark.asyncio
+async def test_an_idle_raw_connection_that_never_sent_anything_is_closed() -> None:
+    app = App()
+    async with serving(app, idle_timeout_s=0.3) as server, raw_connection(server.address) as (reader, _):
+        started = time.monotonic()
+        assert await closed_by_peer(reader, 5)
+        assert time.monotonic() - started >= 0.25
+
+
+async def stall(addr: str, requests: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A raw client that sends ``requests`` BIG requests and never reads the answers."""
+    host, _, port = addr.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port), limit=1024)
+    for i in range(requests):
+        writer.write(encode_bytes(RemotingCommand(BIG, opaque=i + 1)))
+    await writer.drain()
+    return reader, writer
+
+
+async def stalled_client_does_not_block_others() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as other:
+        await echo(other, server.address)
+        (other_conn,) = server.connections
+        _, writer = await stall(server.address, 80)  # 80 x 256 KiB = 20 MiB of answers
+        try:
+            await until(lambda: len(server.connections) == 2, what="the stalled client connecting")
+            (stalled,) = server.connections - {other_conn}
+            assert stalled.transport is not None
+            transport = stalled.transport
+            # Back-pressure engaged: the server buffers past its high-water mark and stops reading.
+            await until(lambda: stalled.write_buffer_bytes >= WRITE_HIGH_WATER, what="the write buffer filling")
+            await until(lambda: not transport.is_reading(), what="the server pausing its reads")
+            for i in range(20):
+                started = time.monotonic()
+                await echo(other, server.address, f"prompt {i}", timeout_ms=2000)
+                assert time.monotonic() - started < 1.0
+        finally:
+            writer.close()
+        await until(lambda: len(server.connections) == 1, what="the stalled connection going away")
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_never_reads_does_not_stop_the_server_answering_another() -> None:
+    await stalled_client_does_not_block_others()
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_never_reads_is_dropped_after_the_idle_timeout() -> None:
+    app = App()
+    async with serving(app, idle_timeout_s=0.3) as server:
+        _, writer = await stall(server.address, 80)
+        try:
+            await until(lambda: len(server.connections) == 1, what="the stalled client connecting")
+            (stalled,) = server.connections
+            await until(lambda: stalled.write_buffer_bytes > 0, what="answers piling up")
+            await until(lambda: stalled.closed, timeout_s=5, what="the stalled connection closing")
+        finally:
+            writer.close()
+
+
+@pytest.mark.asyncio
+async def test_closing_the_server_drops_a_client_that_never_reads() -> None:
+    app = App()
+    server = RemotingServer(app.processors(), port=0)
+    await server.start()
+    _, writer = await stall(server.address, 80)
+    try:
+        await until(lambda: len(server.connections) == 1, what="the stalled client connecting")
+        (stalled,) = server.connections
+        await until(lambda: stalled.write_buffer_bytes >= WRITE_HIGH_WATER, what="the write buffer filling")
+        await asyncio.wait_for(server.close(), 10)
+        await until(lambda: stalled.closed, timeout_s=5, what="the stalled connection closing")
+    finally:
+        writer.close()
+
+
+@pytest.mark.asyncio
+async def test_losing_the_connection_fails_pending_requests_with_remoting_connect_error() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        await echo(client, server.address)
+        conn = await client.connection(server.address)
+        pending = [
+            asyncio.ensure_future(client.invoke(server.address, RemotingCommand(NEVER), 30_000)) for _ in range(3)
+        ]
+        await client.invoke_oneway(server.address, RemotingCommand(ABORT))
+        results = await asyncio.wait_for(asyncio.gather(*pending, return_exceptions=True), 5)
+        assert all(isinstance(r, RemotingConnectError) for r in results), results
+        assert conn.closed
+        # A request on a closed connection fails at once, too.
+        with pytest.raises(RemotingConnectError):
+            await conn.invoke(RemotingCommand(ECHO), 1000)
+        # The client reconnects.
+        await echo(client, server.address)
+        assert await client.connection(server.address) is not conn
+
+
+@pytest.mark.asyncio
+async def test_the_client_reconnects_after_the_server_restarts_on_the_same_port() -> None:
+    app = App()
+    server = RemotingServer(app.processors(), port=0)
+    await server.start()
+    port = server.port
+    async with client_of(connect_timeout_ms=1000) as client:
+        try:
+            await echo(client, server.address)
+            conn = await client.connection(server.address)
+        finally:
+            await server.close()
+        await asyncio.wait_for(conn.closed_event.wait(), 5)
+        with pytest.raises(RemotingConnectError):
+            await echo(client, f"127.0.0.1:{port}")
+        again = RemotingServer(app.processors(), port=port)
+        await again.start()
+        try:
+            assert again.address == f"127.0.0.1:{port}"
+            await echo(client, again.address, "back")
+            assert await client.connection(again.address) is not conn
+        finally:
+            await again.close()
+
+
+@pytest.mark.asyncio
+async def test_concurrent_first_requests_share_one_connection() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        await asyncio.gather(*(echo(client, server.address, str(i)) for i in range(20)))
+        assert len(server.connections) == 1
+
+
+@pytest.mark.asyncio
+async def test_connecting_to_a_closed_port_raises_remoting_connect_error() -> None:
+    app = App()
+    server = RemotingServer(app.processors(), port=0)
+    await server.start()
+    addr = server.address
+    await server.close()
+    async with client_of(connect_timeout_ms=1000) as client:
+        with pytest.raises(RemotingConnectError, match=addr):
+            await echo(client, addr)
+
+
+# --- uvloop ---------------------------------------------------------------------------------------
+def run_on_uvloop(scenario: Callable[[], Awaitable[None]]) -> None:
+    loop = uvloop.new_event_loop()
+    try:
+        assert "uvloop" in type(loop).__module__
+        loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+
+
+def test_requests_oneway_timeouts_and_malformed_frames_behave_the_same_under_uvloop(seed: int) -> None:
+    rng = random.Random(seed)
+
+    async def scenario() -> None:
+        assert "uvloop" in type(asyncio.get_running_loop()).__module__
+        app = App()
+        async with serving(app) as server, client_of() as client:
+            delays = list(range(0, 100, 2))
+            rng.shuffle(delays)
+            answers = await asyncio.gather(
+                *(client.invoke(server.address, delayed(str(i), d), 10_000) for i, d in enumerate(delays))
+            )
+            assert [a.remark for a in answers] == [str(i) for i in range(50)]
+            assert app.finish_order != [str(i) for i in range(50)]
+            await client.invoke_oneway(server.address, RemotingCommand(RECORD))
+            await until(lambda: len(app.recorded) == 1, what="the oneway request")
+            with pytest.raises(RemotingTimeoutError):
+                await client.invoke(server.address, RemotingCommand(NEVER), timeout_ms=30)
+            r = await client.invoke(server.address, RemotingCommand(NOT_REGISTERED))
+            assert r.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+            async with raw_connection(server.address) as (reader, writer):
+                writer.write(struct.pack(">II", 13, 9) + b"{not json")
+                await writer.drain()
+                assert await closed_by_peer(reader)
+            await echo(client, server.address)
+            await until(lambda: len(server.connections) == 1, what="the server forgetting the closed connection")
+
+    run_on_uvloop(scenario)
+
+
+def test_a_client_that_never_reads_does_not_stop_the_server_answering_another_under_uvloop() -> None:
+    run_on_uvloop(stalled_client_does_not_block_others)
