@@ -84,6 +84,7 @@ class Broker:
         self.started_at = time.time()
         self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0}
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._register_soon = False
         self._stopping = False
 
@@ -179,7 +180,9 @@ class Broker:
             self._register_soon = False
             await self.register_all()
 
-        asyncio.get_running_loop().create_task(later())
+        task = asyncio.get_running_loop().create_task(later())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def on_stored(self, topic: str, n: int, nbytes: int) -> None:
         s = self.stats

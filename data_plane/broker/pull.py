@@ -47,9 +47,7 @@ def parse_tag_expression(expression: str | None) -> frozenset[int] | None:
     if not expression or expression == "*":
         return None
     tags = [t.strip() for t in expression.split("||")]
-    tags = [t for t in tags if t]
-    if not tags:
-        return None
+    tags = [t for t in tags if t]  # "||" alone names no tag: it matches nothing, as in RocketMQ
     if len(tags) > MAX_TAGS:
         raise ValueError(f"a subscription names more than {MAX_TAGS} tags")
     return frozenset(tags_hash_code(t) for t in tags)

@@ -18,6 +18,8 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
 from data_plane.store.message import (
+    FLAG_BORNHOST_V6,
+    FLAG_STOREHOST_V6,
     PROPERTY_TAGS,
     TOTAL_SIZE,
     Message,
@@ -134,7 +136,9 @@ class SendProcessor:
         limit = self.max_batch_bytes if batch else self.max_message_bytes
         if len(body) > limit:
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes, over {limit}")
-        sys_flag = field_int(ext, "sysFlag", 0, lo=0, hi=2**31 - 1)
+        # The broker, not the client, says what the hosts are (IPv4, 8 bytes each): a client's
+        # IPv6 host bits would make the record unreadable and cut the log there on recovery.
+        sys_flag = field_int(ext, "sysFlag", 0, lo=0, hi=2**31 - 1) & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
         born_ts = field_int(ext, "bornTimestamp", 0)
         reconsume = field_int(ext, "reconsumeTimes", 0, lo=0, hi=2**31 - 1)
         born_host = _born_host(conn)
