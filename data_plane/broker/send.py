@@ -8,8 +8,9 @@ in the same loop turn as its append; under SYNC_FLUSH once the group commit cove
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from data_plane.remoting.bodies import decode_batch
 from data_plane.remoting.codes import PERM_WRITE, ResponseCode
@@ -32,7 +33,7 @@ from data_plane.store.status import PutMessageResult, PutMessageStatus
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
 
-V2_NAMES = {
+V2_NAMES_TO_V1 = {
     "a": "producerGroup",
     "b": "topic",
     "c": "defaultTopic",
@@ -47,6 +48,9 @@ V2_NAMES = {
     "l": "maxReconsumeTimes",
     "m": "batch",
 }
+
+_V2_LETTERS = {v: k for k, v in V2_NAMES_TO_V1.items()}
+_V2_FIELD = re.compile(r"'([a-m])'")
 
 _STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -63,10 +67,26 @@ _STATUS_CODES = {
 }
 
 
-def v2_to_v1(ext: dict[str, str] | None) -> dict[str, str]:
-    if not ext:
-        return {}
-    return {V2_NAMES.get(k, k): v for k, v in ext.items()}
+class _HeaderNames(NamedTuple):
+    """Where each field of a send's header is: SEND_MESSAGE spells names out, V2 uses letters."""
+
+    topic: str
+    default_topic: str
+    default_topic_queue_nums: str
+    queue_id: str
+    sys_flag: str
+    born_timestamp: str
+    flag: str
+    properties: str
+    reconsume_times: str
+    batch: str
+
+
+V1_NAMES = _HeaderNames(
+    "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag", "bornTimestamp", "flag", "properties",
+    "reconsumeTimes", "batch",
+)
+V2_NAMES = _HeaderNames(*(_V2_LETTERS[n] for n in V1_NAMES))
 
 
 def _born_host(conn: Connection) -> bytes:
@@ -92,24 +112,27 @@ class SendProcessor:
         self.max_batch_bytes = broker.config.max_frame_bytes
 
     def send_v2(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
-        return self._send(conn, cmd, v2_to_v1(cmd.ext_fields))
+        try:
+            return self._send(conn, cmd, cmd.ext_fields or {}, V2_NAMES)
+        except HeaderError as e:  # say which field a letter stands for
+            raise HeaderError(_V2_FIELD.sub(lambda m: f"'{m[1]}' ('{V2_NAMES_TO_V1[m[1]]}')", str(e))) from None
 
     def send_v1(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
-        return self._send(conn, cmd, cmd.ext_fields or {})
+        return self._send(conn, cmd, cmd.ext_fields or {}, V1_NAMES)
 
     def _send(
-        self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str]
+        self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str], names: _HeaderNames
     ) -> RemotingCommand | Awaitable[RemotingCommand]:
         broker = self.broker
         if not broker.config.is_master:
             remark = f"broker {broker.address} is a slave: send to the master"
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark)
-        topic = field_str(ext, "topic", max_length=1024)
-        batch = cmd.code == 320 or ext.get("batch") == "true"
+        topic = field_str(ext, names.topic, max_length=1024)
+        batch = cmd.code == 320 or ext.get(names.batch) == "true"
         tc = self.topics.get(topic)
         if tc is None:
-            default_topic = ext.get("defaultTopic") or ""
-            queue_nums = field_int(ext, "defaultTopicQueueNums", 4, lo=1, hi=broker.config.max_topic_queue_nums)
+            default_topic = ext.get(names.default_topic) or ""
+            queue_nums = field_int(ext, names.default_topic_queue_nums, 4, lo=1, hi=broker.config.max_topic_queue_nums)
             try:
                 tc = self.topics.create_in_send(topic, default_topic, queue_nums)
             except ValueError as e:
@@ -121,7 +144,7 @@ class SendProcessor:
             broker.topics_changed()
         if not tc["perm"] & PERM_WRITE:
             return cmd.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending is forbidden")
-        queue_id = field_int(ext, "queueId", -1, lo=-(2**31), hi=2**31 - 1)
+        queue_id = field_int(ext, names.queue_id, -1, lo=-(2**31), hi=2**31 - 1)
         nq = tc["writeQueueNums"]
         if queue_id < 0:
             queue_id = random.randrange(nq)
@@ -138,12 +161,12 @@ class SendProcessor:
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes, over {limit}")
         # The broker, not the client, says what the hosts are (IPv4, 8 bytes each): a client's
         # IPv6 host bits would make the record unreadable and cut the log there on recovery.
-        sys_flag = field_int(ext, "sysFlag", 0, lo=0, hi=2**31 - 1) & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
-        born_ts = field_int(ext, "bornTimestamp", 0)
-        reconsume = field_int(ext, "reconsumeTimes", 0, lo=0, hi=2**31 - 1)
+        sys_flag = field_int(ext, names.sys_flag, 0, lo=0, hi=2**31 - 1) & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
+        born_ts = field_int(ext, names.born_timestamp, 0)
+        reconsume = field_int(ext, names.reconsume_times, 0, lo=0, hi=2**31 - 1)
         born_host = _born_host(conn)
         try:
-            props = decode_properties(ext.get("properties", ""))
+            props = decode_properties(ext.get(names.properties, ""))
         except ValueError as e:
             raise HeaderError(f"header field 'properties' is malformed: {e}") from None
         if batch:
@@ -155,7 +178,7 @@ class SendProcessor:
                     raise HeaderError(f"a batch message's properties are malformed: {e}") from None
                 msgs.append(Message(topic, b, queue_id, flag, p, sys_flag, born_ts, born_host, reconsume))
         else:
-            flag = field_int(ext, "flag", 0, lo=-(2**31), hi=2**31 - 1)
+            flag = field_int(ext, names.flag, 0, lo=-(2**31), hi=2**31 - 1)
             msgs = [Message(topic, body, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
         if broker.before_put is not None:
             refused = broker.before_put(conn, cmd, msgs)
@@ -180,11 +203,13 @@ class SendProcessor:
         if a is None:
             code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
             return cmd.response(code, result.reason or status.value)
-        # Stored (perhaps not yet durable): wake held pulls of this queue.
+        # Stored (perhaps not yet durable): wake held pulls of this queue, if any wait.
         # Every tag of a batch, not only its last message's: a pull held for the tag of an
         # earlier message must wake too (RocketMQ notifies per dispatched message).
         end = a.queue_offset + a.msg_num
-        if len(msgs) == 1:
+        if not self.hold.held:
+            pass
+        elif len(msgs) == 1:
             tags = msgs[0].properties.get(PROPERTY_TAGS)
             self.hold.notify(topic, queue_id, end, tags_hash_code(tags) if tags else 0)
         else:

@@ -238,7 +238,8 @@ def _decode_json_header(raw: memoryview) -> RemotingCommand:
         version = int(h.get("version", 0) or 0)
     except (KeyError, TypeError, ValueError) as e:
         raise FrameError(f"header field missing or not a number: {e}") from None
-    if not all(_INT32_MIN <= n <= _INT32_MAX for n in (code, opaque, flag, version)):
+    lo, hi = _INT32_MIN, _INT32_MAX
+    if not (lo <= code <= hi and lo <= opaque <= hi and lo <= flag <= hi and lo <= version <= hi):
         # Java's fields are ints; an opaque out of range could not even be answered.
         raise FrameError("a header number is outside the range of a 32-bit int")
     ext = h.get("extFields")
@@ -246,7 +247,11 @@ def _decode_json_header(raw: memoryview) -> RemotingCommand:
     if ext is None:
         ext_fields = None
     elif isinstance(ext, dict):
-        ext_fields = {str(k): _as_str(v) for k, v in ext.items()}
+        ext_fields = ext
+        for v in ext.values():
+            if v.__class__ is not str:  # a client habit: numbers and booleans; rebuild as strings
+                ext_fields = {str(k): _as_str(v) for k, v in ext.items()}
+                break
     else:
         raise FrameError("extFields is not an object")
     remark = h.get("remark")
