@@ -32,12 +32,14 @@ log = logging.getLogger(__name__)
 
 
 def disk_usage_ratio(path: str) -> float:
+    """Used space as ``df`` shows it: used / (used + available to us). The blocks a filesystem
+    reserves for root count neither way, so a 95%-full ext4 volume is 95% here too, not 100%."""
     st = os.statvfs(path)
-    total = st.f_blocks * st.f_frsize
-    if total <= 0:
+    used = (st.f_blocks - st.f_bfree) * st.f_frsize
+    usable = used + st.f_bavail * st.f_frsize
+    if usable <= 0:
         return 0.0
-    free = st.f_bavail * st.f_frsize
-    return 1.0 - free / total
+    return used / usable
 
 
 def memory_for_hot_data_bytes() -> int:
