@@ -306,46 +306,54 @@ def _decode_binary_header(raw: memoryview) -> RemotingCommand:
 
 class FrameDecoder:
     """Splits a byte stream into frames. ``feed`` returns the complete frames (each without
-    its length prefix) and keeps the rest; a length over ``max_frame_bytes`` or under 4 raises
-    FrameError before anything of that frame is buffered."""
+    its length prefix, as a memoryview of an immutable bytes object: no copy per frame) and
+    keeps the rest; a length over ``max_frame_bytes`` or under 4 raises FrameError before
+    anything of that frame is buffered. A frame spread over many reads is joined once, when
+    its last byte arrives."""
 
-    __slots__ = ("_buf", "max_frame_bytes")
+    __slots__ = ("_buf", "_need", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._buf = bytearray()
+        self._need = 0  # bytes the buffer must hold before its first frame is complete
         self.max_frame_bytes = max_frame_bytes
 
     @property
     def buffered(self) -> int:
         return len(self._buf)
 
+    def _check(self, length: int) -> None:
+        if length > self.max_frame_bytes:
+            raise FrameTooLarge(length, self.max_frame_bytes)
+        if length < 4:
+            raise FrameError(f"frame length {length} is shorter than its header-length field")
+
     def feed(self, data: Body) -> list[Body]:
-        frames: list[Body] = []
-        if self._buf:
-            self._buf += data
-            src: Body = self._buf
+        buf = self._buf
+        if buf:
+            buf += data
+            if len(buf) < self._need:
+                return []
+            src = bytes(buf)
+            buf.clear()
         else:
-            src = data
+            src = data if isinstance(data, bytes) else bytes(data)
         mv = memoryview(src)
         n = len(mv)
         pos = 0
-        limit = self.max_frame_bytes
+        frames: list[Body] = []
         unpack = _LENGTH.unpack_from
         while n - pos >= 4:
             (length,) = unpack(mv, pos)
-            if length > limit:
-                raise FrameTooLarge(length, limit)
-            if length < 4:
-                raise FrameError(f"frame length {length} is shorter than its header-length field")
-            if n - pos - 4 < length:
+            self._check(length)
+            end = pos + 4 + length
+            if end > n:
                 break
-            frames.append(bytes(mv[pos + 4 : pos + 4 + length]))
-            pos += 4 + length
-        if src is self._buf:
-            mv.release()
-            del self._buf[:pos]
+            frames.append(mv[pos + 4 : end])
+            pos = end
+        if pos < n:
+            buf += mv[pos:]
+            self._need = 4 + unpack(buf, 0)[0] if len(buf) >= 4 else 4
         else:
-            if pos < n:
-                self._buf += mv[pos:]
-            mv.release()
+            self._need = 0
         return frames
