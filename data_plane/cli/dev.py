@@ -27,6 +27,7 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--namesrv-port", type=int, default=9876, help="0 picks a free port")
     up.add_argument("--broker-port", type=int, default=10911, help="0 picks a free port")
     up.add_argument("--flush", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
+    up.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE", help="a broker store setting")
     up.add_argument("--ready-file", help="write the endpoints here as JSON once serving")
     up.set_defaults(func=dev_up)
 
@@ -46,6 +47,7 @@ def dev_up(args: argparse.Namespace) -> int:
         namesrv_port=args.namesrv_port,
         broker_port=args.broker_port,
         flush=args.flush,
+        broker_flags=[f for kv in args.store_set for f in ("--store-set", kv)],
     )
     try:
         cluster.start()

@@ -22,6 +22,18 @@ from typing import Any
 import pytest
 
 READY_TIMEOUT_S = 30.0
+# Test brokers' store geometry: 16 MiB CommitLog files, nothing reserved ahead, small indexes —
+# the production defaults would reserve a 1 GiB file (and 128 MiB of page cache) per broker.
+SMALL_STORE = [
+    "--store-set",
+    "commit_log_file_size_bytes=16777216",
+    "--store-set",
+    "reserve_ahead_bytes=0",
+    "--store-set",
+    "index_hash_slots=65536",
+    "--store-set",
+    "index_max_entries=262144",
+]
 
 
 @dataclass
@@ -126,7 +138,8 @@ def start_broker(tmp_path: Path, processes: list[ServerProcess]) -> Callable[...
             name,
             "--store-dir",
             str(store),
-            *extra,
+            *SMALL_STORE,
+            *extra,  # later --store-set values win over SMALL_STORE's
         ]
         p = spawn("broker", args, tmp_path / "run")
         processes.append(p)

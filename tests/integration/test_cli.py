@@ -1,0 +1,236 @@
+"""The ``orbit`` command line against a real cluster: ``orbit dev up`` starts a name server and a
+broker, prints the endpoints and stops cleanly on Ctrl-C; the topic, produce, consume, message and
+group commands work through the name server and fail with one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+DEADLINE_S = 60.0
+
+
+def orbit(
+    namesrv: str, *args: str, stdin: str | None = None, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, ORBIT_NAMESRV=namesrv)
+    return subprocess.run(
+        [sys.executable, "-m", "data_plane.cli", *args],
+        check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout_s,
+    )
+
+
+def json_lines(text: str) -> list[Any]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+@pytest.fixture
+def dev_cluster(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    ready = tmp_path / "dev.ready"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "data_plane.cli",
+            "dev",
+            "up",
+            "--dir",
+            str(tmp_path / "data"),
+            "--namesrv-port",
+            "0",
+            "--broker-port",
+            "0",
+            "--ready-file",
+            str(ready),
+            # Small files: every test's store would otherwise reserve a 1 GiB CommitLog file.
+            "--store-set",
+            "commit_log_file_size_bytes=16777216",
+            "--store-set",
+            "reserve_ahead_bytes=0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + DEADLINE_S
+    while not ready.exists():
+        assert proc.poll() is None, proc.communicate()[0]
+        assert time.monotonic() < deadline, "orbit dev up did not come up"
+        time.sleep(0.05)
+    info = json.loads(ready.read_text())
+    try:
+        yield proc, info
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+        else:
+            proc.communicate()
+
+
+def test_dev_up_prints_its_endpoints_and_stops_cleanly_on_ctrl_c(
+    dev_cluster: tuple[subprocess.Popen[str], dict[str, Any]], tmp_path: Path
+) -> None:
+    proc, info = dev_cluster
+    assert info["namesrv"].startswith("127.0.0.1:")
+    assert set(info["brokers"]) == {"broker-a"}
+    assert Path(info["data_dir"]) == tmp_path / "data"
+    # The broker registered with the name server: a topic created through it is routable.
+    r = orbit(info["namesrv"], "topic", "create", "cli-topic", "--queues", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"topic": "cli-topic", "brokers": ["broker-a"]}
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert info["namesrv"] in out
+    assert info["brokers"]["broker-a"] in out
+    assert "stopped." in out
+    # Both children are gone: their ports refuse connections.
+    for addr in (info["namesrv"], info["brokers"]["broker-a"]):
+        import socket
+
+        host, port = addr.rsplit(":", 1)
+        with pytest.raises(ConnectionRefusedError), socket.create_connection((host, int(port)), timeout=1):
+            pass
+
+
+def test_topic_produce_consume_message_and_group_commands(
+    dev_cluster: tuple[subprocess.Popen[str], dict[str, Any]],
+) -> None:
+    _, info = dev_cluster
+    ns = info["namesrv"]
+    r = orbit(ns, "topic", "create", "orders", "--queues", "3")
+    assert r.returncode == 0, r.stderr
+    r = orbit(ns, "topic", "list", "--json")
+    assert "orders" in json.loads(r.stdout)
+
+    sent = orbit(
+        ns,
+        "produce",
+        "--topic",
+        "orders",
+        "--tags",
+        "paid",
+        "--keys",
+        "order-1,order-2",
+        "--json",
+        stdin="first\nsecond\nthird\n",
+    )
+    assert sent.returncode == 0, sent.stderr
+    results = json_lines(sent.stdout)
+    assert [r["status"] for r in results] == ["SEND_OK"] * 3
+
+    described = orbit(ns, "topic", "describe", "orders", "--json")
+    queues = json.loads(described.stdout)["queues"]
+    assert len(queues) == 3
+    assert sum(q["max"] - q["min"] for q in queues) == 3
+
+    got = orbit(
+        ns,
+        "consume",
+        "--topic",
+        "orders",
+        "--group",
+        "cli-g",
+        "--earliest",
+        "--max",
+        "3",
+        "--json",
+        "--timeout-s",
+        "20",
+    )
+    assert got.returncode == 0, got.stderr
+    msgs = json_lines(got.stdout)
+    assert sorted(m["body"] for m in msgs) == ["first", "second", "third"]
+    assert {m["tags"] for m in msgs} == {"paid"}
+
+    progress = json.loads(orbit(ns, "group", "progress", "cli-g", "--topic", "orders", "--json").stdout)
+    assert progress["lag"] == 0
+    assert sum(q["consumer_offset"] for q in progress["queues"]) == 3
+
+    one = results[0]["offset_msg_id"]
+    shown = orbit(ns, "message", "get", one)
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["body"] == "first"
+
+    queried = orbit(ns, "message", "query", "--topic", "orders", "--key", "order-2")
+    assert sorted(m["body"] for m in json_lines(queried.stdout)) == ["first", "second", "third"]
+
+    reset = orbit(ns, "group", "reset-offset", "cli-g", "--topic", "orders", "--to-time", "0", "--json")
+    assert reset.returncode == 0, reset.stderr
+    assert {r["offset"] for r in json_lines(reset.stdout)} == {0}
+    progress = json.loads(orbit(ns, "group", "progress", "cli-g", "--topic", "orders", "--json").stdout)
+    assert progress["lag"] == 3
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("topic", "describe", "no-such-topic"), "does not exist"),
+        (("message", "get", "not-a-message-id"), "not a message id"),
+        (("message", "query", "--topic", "no-such-topic", "--key", "k"), "does not exist"),
+        (("group", "progress", "g", "--topic", "no-such-topic"), "does not exist"),
+    ],
+)
+def test_failures_print_one_clear_line_and_exit_non_zero(
+    dev_cluster: tuple[subprocess.Popen[str], dict[str, Any]], args: tuple[str, ...], says: str
+) -> None:
+    _, info = dev_cluster
+    r = orbit(info["namesrv"], *args)
+    assert r.returncode != 0
+    assert says in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_an_unreachable_name_server_is_a_clear_error() -> None:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nobody listens there
+    r = orbit(f"127.0.0.1:{port}", "topic", "list")
+    assert r.returncode != 0
+    assert "name server" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_a_bad_broker_setting_exits_with_a_clear_error(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data_plane.cli",
+            "broker",
+            "--listen",
+            "127.0.0.1:0",
+            "--store-dir",
+            str(tmp_path),
+            "--set",
+            "default_topic_queue_nums=0",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 2
+    assert "default_topic_queue_nums" in r.stderr
+    assert "Traceback" not in r.stderr
