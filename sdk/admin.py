@@ -102,9 +102,7 @@ class AdminClient:
 
     # --- cluster ------------------------------------------------------------------------------
     async def cluster_info(self) -> dict[str, Any]:
-        r = self._ok(
-            await self._namesrv(lambda: RemotingCommand(RequestCode.GET_BROKER_CLUSTER_INFO)), "cluster info"
-        )
+        r = self._ok(await self._namesrv(lambda: RemotingCommand(RequestCode.GET_BROKER_CLUSTER_INFO)), "cluster info")
         return bodies.loads_object(r.body_bytes())
 
     async def master_addrs(self, cluster: str | None = None) -> dict[str, str]:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from data_plane.remoting import bodies
@@ -34,11 +34,11 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors
 from sdk import protocol
+from sdk.aio import wait_event
 from sdk.client_id import new_client_id
 from sdk.errors import (
     BrokerNotFoundError,
     ClientStateError,
-    ConnectionFailedError,
     IllegalArgumentError,
     OrbitError,
     RouteNotFoundError,
@@ -341,13 +341,9 @@ class ClientInstance:
         results = await asyncio.gather(*(one(a) for a in sorted(addrs)))
         return sum(results)
 
-    def wake_heartbeat(self) -> None:
-        self._wake_heartbeat.set()
-
     async def _heartbeat_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake_heartbeat.wait(), self.heartbeat_interval_ms / 1000)
+            await wait_event(self._wake_heartbeat, self.heartbeat_interval_ms / 1000)
             self._wake_heartbeat.clear()
             try:
                 await self.send_heartbeat_to_all_brokers()
@@ -429,9 +425,3 @@ async def acquire_instance(
     await inst.acquire()
     return inst
 
-
-async def gather_quietly(aws: Iterable[Awaitable[object]]) -> None:
-    """Await all, logging failures (used on shutdown paths)."""
-    for r in await asyncio.gather(*aws, return_exceptions=True):
-        if isinstance(r, BaseException) and not isinstance(r, asyncio.CancelledError | ConnectionFailedError):
-            log.warning("shutdown step failed: %r", r)

@@ -33,8 +33,9 @@ from typing import Required, TypedDict, TypeVar
 from data_plane.remoting import bodies
 from data_plane.remoting.codes import RequestCode
 from sdk import protocol
+from sdk.aio import wait_event
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
-from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError
+from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError, RouteNotFoundError
 from sdk.message import MessageExt, MessageQueue
 from sdk.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from sdk.process_queue import ProcessQueue
@@ -163,7 +164,7 @@ class ConsumerBase:
         self.route_refresh_interval_ms = route_refresh_interval_ms
         self.persist_interval_ms = persist_interval_ms
         self.request_timeout_ms = request_timeout_ms
-        self.instance_name = instance_name or f"{group}-{os.getpid()}"
+        self.instance_name = instance_name or "DEFAULT"
         self.credentials = credentials
         self.offset_store_dir = offset_store_dir
         self.check_crc = check_crc
@@ -178,6 +179,7 @@ class ConsumerBase:
         self._started = False
         self._closed = False
         self._pulls_in_flight = 0
+        self.pulls_sent = 0  # PULL_MESSAGE requests sent (statistics, tests)
         self.rebalance_count = 0
 
     # --- configuration -------------------------------------------------------------------------------
@@ -235,7 +237,6 @@ class ConsumerBase:
         if self._started or self._closed:
             raise ClientStateError("consumer already started" if self._started else "consumer was shut down")
         self._check_ready()
-        self._started = True
         inst = await acquire_instance(
             self.namesrv_addrs,
             instance_name=self.instance_name,
@@ -250,6 +251,7 @@ class ConsumerBase:
             await inst.release()
             raise
         self._instance = inst
+        self._started = True
         try:
             if self.clustering:
                 self._offsets = RemoteOffsetStore(inst, self.group)
@@ -266,6 +268,7 @@ class ConsumerBase:
             inst.remove_consumer(self.group)
             await inst.release()
             self._instance = None
+            self._started = False
             raise
         self._tasks = [
             asyncio.create_task(self._rebalance_loop(), name=f"orbit-rebalance-{self.group}"),
@@ -334,8 +337,7 @@ class ConsumerBase:
     # --- rebalancing -----------------------------------------------------------------------------------
     async def _rebalance_loop(self) -> None:
         while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rebalance_wakeup.wait(), self.rebalance_interval_ms / 1000)
+            await wait_event(self._rebalance_wakeup, self.rebalance_interval_ms / 1000)
             self._rebalance_wakeup.clear()
             try:
                 complete = await self.rebalance()
@@ -369,6 +371,9 @@ class ConsumerBase:
         for topic in list(self._topics_to_balance()):
             try:
                 wanted = await self._wanted_queues(topic)
+            except RouteNotFoundError as e:
+                log.warning("consumer %s: %s; will look again in %d ms", self.group, e, self.rebalance_interval_ms)
+                continue
             except OrbitError as e:
                 log.warning("consumer %s: rebalance of %s failed: %s", self.group, topic, e)
                 complete = False
@@ -436,6 +441,8 @@ class ConsumerBase:
             offset = start_offset if start_offset is not None else await self.compute_pull_from(mq)
         except OrbitError as e:
             log.warning("consumer %s: cannot find where to start %s: %s", self.group, mq, e)
+            pq.drop()
+            await self._queue_removed(mq, pq)
             await self._queue_released(mq)
             return False
         self._pqs[mq] = pq
@@ -527,6 +534,7 @@ class ConsumerBase:
                 )
                 pq.last_pull_ms = int(time.monotonic() * 1000)
                 self._pulls_in_flight += 1
+                self.pulls_sent += 1
                 try:
                     resp = await inst.invoke(addr, cmd, timeout_ms)
                 finally:
@@ -537,8 +545,7 @@ class ConsumerBase:
                     return
                 log.warning("consumer %s: pull of %s failed: %s", self.group, mq, e)
                 broker_id = 0
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), self.pull_retry_delay_ms / 1000)
+                await wait_event(self._stop, self.pull_retry_delay_ms / 1000)
                 continue
             if pq.is_dropped():
                 return

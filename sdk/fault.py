@@ -81,9 +81,7 @@ class LatencyFaultTolerance:
         if not self.items:
             return None
         now = self.clock_ms()
-        ranked = sorted(
-            self.items.values(), key=lambda i: (not i.available(now), i.latency_ms, i.available_from_ms)
-        )
+        ranked = sorted(self.items.values(), key=lambda i: (not i.available(now), i.latency_ms, i.available_from_ms))
         half = max(1, len(ranked) // 2)
         return ranked[next(self._worst) % half].broker_name
 

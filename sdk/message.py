@@ -72,7 +72,7 @@ class Message:
     def __init__(
         self,
         topic: str,
-        body: bytes,
+        body: bytes | bytearray | memoryview,
         *,
         tags: str | None = None,
         keys: str | Iterable[str] = (),

@@ -20,6 +20,7 @@ import asyncio
 import heapq
 import time
 
+from sdk.aio import wait_event
 from sdk.message import MessageExt
 
 LOCK_MAX_LIVE_MS = 30000  # a broker lock not renewed for this long is not trusted for orderly consumption
@@ -178,13 +179,7 @@ class ProcessQueue:
 
     async def wait_for_room(self, timeout_s: float) -> bool:
         """Wait until the cache is under its limits; False on timeout."""
-        if self._room.is_set():
-            return True
-        try:
-            await asyncio.wait_for(self._room.wait(), timeout_s)
-        except TimeoutError:
-            return False
-        return True
+        return await wait_event(self._room, timeout_s)
 
     def is_dropped(self) -> bool:
         """``dropped``, read afresh (after an await the queue may have been dropped)."""

@@ -347,4 +347,3 @@ class Producer:
         with contextlib.suppress(OrbitError):
             await inst.fetch_route(topic)
         return done
-

@@ -108,9 +108,7 @@ def _send_header(
     return ext
 
 
-def send_request(
-    *, group: str, msg: Message, queue_id: int, unique_id: str, born_timestamp_ms: int
-) -> RemotingCommand:
+def send_request(*, group: str, msg: Message, queue_id: int, unique_id: str, born_timestamp_ms: int) -> RemotingCommand:
     """SEND_MESSAGE_V2 (310): the short-named header of SendMessageRequestHeaderV2."""
     ext = _send_header(
         group=group,
@@ -376,4 +374,3 @@ def create_topic_request(topic: str, *, queue_nums: int = 4, perm: int = 6) -> R
             "order": "false",
         },
     )
-

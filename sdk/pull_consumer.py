@@ -55,7 +55,6 @@ class PullConsumer(ConsumerBase):
         auto_commit_interval_ms: int = 5000,
         **options: Unpack[ConsumerOptions],
     ) -> None:
-        options.setdefault("pull_suspend_ms", 5000)
         super().__init__(group, **options)
         if auto_commit_interval_ms <= 0:
             raise IllegalArgumentError("auto_commit_interval_ms must be > 0")
@@ -121,14 +120,11 @@ class PullConsumer(ConsumerBase):
         return list((await self.instance.route(topic, refresh=True)).subscribe_queues)
 
     # --- queues coming and going -----------------------------------------------------------------------------
-    async def _add_queue(self, mq: MessageQueue, start_offset: int | None = None) -> bool:
-        seek = self._pending_seeks.pop(mq, None)
-        return await super()._add_queue(mq, seek if seek is not None else start_offset)
-
     async def _queue_removed(self, mq: MessageQueue, pq: ProcessQueue) -> None:
         self._positions.pop(mq, None)
 
     def _start_pulling(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> None:
+        offset = self._pending_seeks.pop(mq, offset)  # a seek made while the queue was being added wins
         self._positions[mq] = offset
         super()._start_pulling(mq, pq, offset)
 
@@ -152,7 +148,8 @@ class PullConsumer(ConsumerBase):
                 if remaining <= 0:
                     mq, pq, msgs = self._ready.get_nowait()
                 else:
-                    mq, pq, msgs = await asyncio.wait_for(self._ready.get(), remaining)
+                    async with asyncio.timeout(remaining):
+                        mq, pq, msgs = await self._ready.get()
             except (TimeoutError, asyncio.QueueEmpty):
                 return []
             if pq.is_dropped() or self._pqs.get(mq) is not pq:

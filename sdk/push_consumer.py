@@ -38,7 +38,6 @@ The listener may be a coroutine function or a plain function.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import inspect
 import logging
@@ -46,6 +45,7 @@ from collections.abc import Awaitable, Callable
 from typing import Unpack
 
 from sdk import protocol
+from sdk.aio import wait_event
 from sdk.consumer import ConsumerBase, ConsumerOptions
 from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError
 from sdk.message import MessageExt, MessageQueue
@@ -163,8 +163,7 @@ class PushConsumer(ConsumerBase):
         self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt], delay_s: float
     ) -> None:
         if delay_s > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), delay_s)
+            await wait_event(self._stop, delay_s)
         async with self._sem:
             if pq.dropped or self._stop.is_set():
                 return  # not consumed: it comes back from the committed offset
@@ -242,8 +241,7 @@ class PushConsumer(ConsumerBase):
 
     async def _may_pull(self, mq: MessageQueue, pq: ProcessQueue) -> bool:
         if self.orderly and self.clustering and not pq.locked:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stop.wait(), self.pull_retry_delay_ms / 1000)
+            await wait_event(self._stop, self.pull_retry_delay_ms / 1000)
             return False
         return await super()._may_pull(mq, pq)
 
@@ -255,8 +253,7 @@ class PushConsumer(ConsumerBase):
             while not pq.dropped and not self._stop.is_set():
                 if self.clustering and not pq.can_consume_orderly():
                     if mq not in await self.lock([mq]):
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(self._stop.wait(), suspend_s)
+                        await wait_event(self._stop, suspend_s)
                         continue
                     pq.locked = True
                     pq.last_lock_ms = monotonic_ms()
@@ -271,8 +268,7 @@ class PushConsumer(ConsumerBase):
                 pq.rollback(msgs)
                 for m in msgs:
                     m.reconsume_times += 1
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), suspend_s)
+                await wait_event(self._stop, suspend_s)
 
     # --- broker locks ----------------------------------------------------------------------------------------
     async def lock(self, mqs: list[MessageQueue]) -> set[MessageQueue]:

@@ -45,17 +45,6 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 10.0
 GROUP = "cg"
-# Small files: a broker starts in a fraction of a second and its store stays a few MiB.
-SMALL_STORE = [
-    "--store-set",
-    "commit_log_file_size_bytes=8388608",
-    "--store-set",
-    "reserve_ahead_bytes=0",
-    "--store-set",
-    "index_hash_slots=1024",
-    "--store-set",
-    "index_max_entries=4096",
-]
 SUB_ALL = PULL_FLAG_SUBSCRIPTION
 
 
@@ -325,7 +314,7 @@ class Notices:
 @pytest.fixture
 def broker(start_broker: StartBroker) -> ServerProcess:
     """A broker without name servers, small store files, ASYNC_FLUSH."""
-    return start_broker(None, *SMALL_STORE)
+    return start_broker(None)
 
 
 @pytest_asyncio.fixture
@@ -786,7 +775,7 @@ async def test_queue_locks_are_exclusive_between_clients(broker: ServerProcess, 
 async def test_a_silent_consumer_expires_and_the_group_is_told(
     start_broker: StartBroker, wires: Callable[..., Wire]
 ) -> None:
-    b = start_broker(None, *SMALL_STORE, "--set", "channel_expired_s=1", "--set", "client_scan_interval_s=0.2")
+    b = start_broker(None, "--set", "channel_expired_s=1", "--set", "client_scan_interval_s=0.2")
     notices = Notices()
     alive, silent = wires(b.address, notices.processors), wires(b.address)
     assert (await alive.heartbeat("alive")).code == ResponseCode.SUCCESS
@@ -880,7 +869,7 @@ async def test_without_auto_creation_unknown_topics_and_groups_are_refused(
     start_broker: StartBroker, wires: Callable[..., Wire]
 ) -> None:
     b = start_broker(
-        None, *SMALL_STORE, "--set", "auto_create_topic_enable=false", "--set", "auto_create_subscription_group=false"
+        None, "--set", "auto_create_topic_enable=false", "--set", "auto_create_subscription_group=false"
     )
     w = wires(b.address)
     r = await w.send("NotCreated", b"x")
@@ -894,7 +883,7 @@ async def test_without_auto_creation_unknown_topics_and_groups_are_refused(
 
 @pytest.mark.asyncio
 async def test_a_slave_refuses_sends(start_broker: StartBroker, wires: Callable[..., Wire]) -> None:
-    b = start_broker(None, *SMALL_STORE, "--role", "SLAVE", "--broker-id", "1")
+    b = start_broker(None, "--role", "SLAVE", "--broker-id", "1")
     w = wires(b.address)
     r = await w.send("AnyTopic", b"x")
     assert r.code == ResponseCode.SERVICE_NOT_AVAILABLE
@@ -1017,7 +1006,7 @@ async def test_a_stalled_client_does_not_block_others(broker: ServerProcess, wir
 async def test_topics_offsets_groups_and_messages_survive_a_restart(
     start_broker: StartBroker, wires: Callable[..., Wire]
 ) -> None:
-    first = start_broker(None, *SMALL_STORE)
+    first = start_broker(None)
     w = wires(first.address)
     assert (await w.create_topic("Keep", 3)).code == ResponseCode.SUCCESS
     sent = []
@@ -1052,7 +1041,7 @@ async def test_topics_offsets_groups_and_messages_survive_a_restart(
     await c1.close()
     await c2.close()
 
-    second = start_broker(None, *SMALL_STORE)
+    second = start_broker(None)
     assert second.port != first.port or second.proc.pid != first.proc.pid
     w2 = wires(second.address)
     table = (await w2.topic_table())["topicConfigTable"]
@@ -1074,7 +1063,7 @@ async def test_topics_offsets_groups_and_messages_survive_a_restart(
 async def test_committed_offsets_reach_disk_within_the_persist_interval(
     start_broker: StartBroker, wires: Callable[..., Wire], tmp_path: Path
 ) -> None:
-    first = start_broker(None, *SMALL_STORE)
+    first = start_broker(None)
     w = wires(first.address)
     assert (await w.create_topic("Commit", 1)).code == ResponseCode.SUCCESS
     update = {"consumerGroup": GROUP, "topic": "Commit", "queueId": "0", "commitOffset": "123"}
@@ -1089,7 +1078,7 @@ async def test_committed_offsets_reach_disk_within_the_persist_interval(
     assert await poll(on_disk, 5.0)
     first.kill()
     await w.close()
-    second = start_broker(None, *SMALL_STORE)
+    second = start_broker(None)
     w2 = wires(second.address)
     assert await w2.offset_of(RequestCode.QUERY_CONSUMER_OFFSET, "Commit", 0, consumerGroup=GROUP) == 123
 
@@ -1101,7 +1090,7 @@ async def test_a_client_sys_flag_cannot_make_records_unreadable(
     """The IPv6-host bits of sysFlag describe the record's host fields, which the broker
     writes (IPv4); taken from a client they would make the record unreadable, and recovery
     would cut the log there, dropping every later message."""
-    first = start_broker(None, *SMALL_STORE)
+    first = start_broker(None)
     w = wires(first.address)
     for i, sys_flag in enumerate(("0", "48", "0")):  # 48 = born host v6 | store host v6
         ext = {"a": "pg", "b": "Flags", "c": "TBW102", "d": "1", "e": "0", "f": sys_flag}
@@ -1111,7 +1100,7 @@ async def test_a_client_sys_flag_cannot_make_records_unreadable(
     assert [(m.body, m.sys_flag) for m in got] == [(b"m0", 0), (b"m1", 0), (b"m2", 0)]
     first.kill()
     await w.close()
-    second = start_broker(None, *SMALL_STORE)
+    second = start_broker(None)
     assert [m.body for m in await wires(second.address).pull_all("Flags", 0)] == [b"m0", b"m1", b"m2"]
 
 
@@ -1120,7 +1109,7 @@ async def test_sync_flush_keeps_every_acknowledged_message_through_kill_9(
     start_broker: StartBroker, wires: Callable[..., Wire], seed: int
 ) -> None:
     rng = random.Random(seed)
-    first = start_broker(None, *SMALL_STORE, "--flush", "SYNC_FLUSH")
+    first = start_broker(None, "--flush", "SYNC_FLUSH")
     admin = wires(first.address)
     assert (await admin.create_topic("Durable", 4)).code == ResponseCode.SUCCESS
     acked: dict[tuple[int, int], tuple[bytes, str]] = {}
@@ -1152,7 +1141,7 @@ async def test_sync_flush_keeps_every_acknowledged_message_through_kill_9(
     assert not errors, errors
     assert len(acked) >= 1000
 
-    second = start_broker(None, *SMALL_STORE, "--flush", "SYNC_FLUSH")
+    second = start_broker(None, "--flush", "SYNC_FLUSH")
     reader = wires(second.address)
     stored: dict[tuple[int, int], StoredMessage] = {}
     for q in range(4):
@@ -1174,7 +1163,7 @@ async def test_a_broker_registers_its_topics_with_the_name_server(
 ) -> None:
     pytest.importorskip("data_plane.namesrv.server")
     ns = start_namesrv()
-    b = start_broker(ns.address, *SMALL_STORE)
+    b = start_broker(ns.address)
     w = wires(b.address)
     assert (await w.create_topic("Routed", 3, 5)).code == ResponseCode.SUCCESS
     names = wires(ns.address)

@@ -1,0 +1,146 @@
+"""Messages (sdk/message.py): validation, the properties a send carries (tags, keys, UNIQ_KEY),
+received messages and unique ids."""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import pytest
+
+from data_plane.store.message import FLAG_COMPRESSED, StoredMessage, decode_properties
+from sdk.errors import IllegalMessageError
+from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus, new_unique_id
+
+
+# --- validation -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"topic": "", "body": b"x"}, "topic is empty"),
+        ({"topic": "a b", "body": b"x"}, "characters outside"),
+        ({"topic": "t" * 128, "body": b"x"}, "more than 127"),
+        ({"topic": "TBW102", "body": b"x"}, "default topic"),
+        ({"topic": "T", "body": b""}, "body is empty"),
+        ({"topic": "T", "body": "text"}, "body must be bytes"),
+        ({"topic": "T", "body": b"x", "tags": "A || B"}, "'||'"),
+        ({"topic": "T", "body": b"x", "tags": "  "}, "blank"),
+        ({"topic": "T", "body": b"x", "tags": "t" * 256}, "more than 255"),
+        ({"topic": "T", "body": b"x", "keys": "two words"}, "contains a space"),
+        ({"topic": "T", "body": b"x", "keys": ["ok", ""]}, "non-empty string"),
+        ({"topic": "T", "body": b"x", "properties": {"TAGS": "x"}}, "reserved"),
+        ({"topic": "T", "body": b"x", "properties": {"UNIQ_KEY": "x"}}, "reserved"),
+        ({"topic": "T", "body": b"x", "properties": {"a": "b\x01c"}}, "separators"),
+        ({"topic": "T", "body": b"x", "properties": {"a\x02": "b"}}, "separators"),
+        ({"topic": "T", "body": b"x", "properties": {"": "b"}}, "non-empty"),
+    ],
+)
+def test_a_bad_message_is_refused_where_it_is_built(kwargs: dict[str, object], error: str) -> None:
+    with pytest.raises(IllegalMessageError, match=re.escape(error)):
+        Message(**kwargs)  # type: ignore[arg-type]
+
+
+def test_illegal_message_error_is_a_value_error_with_the_wire_code() -> None:
+    with pytest.raises(ValueError, match="body is empty") as info:
+        Message("T", b"")
+    assert isinstance(info.value, IllegalMessageError)
+    assert info.value.code == 13
+
+
+# --- what a send carries ------------------------------------------------------------------------
+def test_wire_properties_carry_tags_keys_wait_and_the_unique_id_next_to_user_properties() -> None:
+    msg = Message("Orders", b"body", tags="paid", keys=["order-1", "user-7"], properties={"region": "eu"})
+    props = msg.wire_properties("0123456789ABCDEF0123456789ABCDEF")
+    assert props == {
+        "region": "eu",
+        "KEYS": "order-1 user-7",
+        "TAGS": "paid",
+        "WAIT": "true",
+        "UNIQ_KEY": "0123456789ABCDEF0123456789ABCDEF",
+    }
+    assert decode_properties(msg.encoded_properties("U" * 32)) == {**props, "UNIQ_KEY": "U" * 32}
+
+
+def test_one_key_may_be_given_as_a_string_and_no_tags_means_no_tags_property() -> None:
+    msg = Message("T", b"x", keys="k1")
+    assert msg.keys == ("k1",)
+    props = msg.wire_properties("U" * 32)
+    assert props["KEYS"] == "k1"
+    assert "TAGS" not in props
+
+
+def test_message_copies_a_mutable_body_and_properties() -> None:
+    body = bytearray(b"abc")
+    props = {"a": "1"}
+    msg = Message("T", body, properties=props)
+    body[0] = 0
+    props["a"] = "2"
+    assert msg.body == b"abc"
+    assert msg.properties == {"a": "1"}
+
+
+def test_unique_ids_are_32_upper_hex_digits_unique_and_share_a_process_prefix() -> None:
+    ids = [new_unique_id() for _ in range(5000)]
+    assert all(re.fullmatch(r"[0-9A-F]{32}", i) for i in ids)
+    assert len(set(ids)) == len(ids)
+    assert len({i[:20] for i in ids}) == 1, "ip, pid and the process's random part"
+
+
+# --- received messages ------------------------------------------------------------------------------
+def _stored(**changes: object) -> StoredMessage:
+    fields: dict[str, object] = {
+        "total_size": 200,
+        "body_crc": 0,
+        "queue_id": 3,
+        "flag": 0,
+        "queue_offset": 41,
+        "commit_log_offset": 4096,
+        "sys_flag": 0,
+        "born_timestamp": 1_700_000_000_000,
+        "born_host": ("10.0.0.1", 5555),
+        "store_timestamp": 1_700_000_000_005,
+        "store_host": ("10.0.0.2", 10911),
+        "reconsume_times": 2,
+        "prepared_transaction_offset": 0,
+        "body": b"payload",
+        "topic": "T",
+        "properties": {"TAGS": "A", "KEYS": "k1 k2", "UNIQ_KEY": "AB" * 16},
+    }
+    fields.update(changes)
+    return StoredMessage(**fields)  # type: ignore[arg-type]
+
+
+def test_message_ext_reads_tags_keys_and_prefers_the_producers_unique_id() -> None:
+    m = MessageExt.from_stored(_stored(), "broker-a")
+    assert (m.tags, m.keys, m.msg_id) == ("A", ("k1", "k2"), "AB" * 16)
+    assert m.offset_msg_id == "0A00000200002A9F0000000000001000"
+    assert m.message_queue == MessageQueue("T", "broker-a", 3)
+    assert (m.queue_offset, m.reconsume_times, m.born_timestamp_ms, m.store_host) == (
+        41,
+        2,
+        1_700_000_000_000,
+        ("10.0.0.2", 10911),
+    )
+
+
+def test_message_ext_without_unique_id_uses_the_offset_message_id() -> None:
+    m = MessageExt.from_stored(_stored(properties={}), "b")
+    assert m.msg_id == m.offset_msg_id
+    assert m.tags is None
+    assert m.keys == ()
+
+
+def test_a_body_compressed_by_a_java_producer_is_inflated() -> None:
+    m = MessageExt.from_stored(_stored(body=zlib.compress(b"big " * 2000), sys_flag=FLAG_COMPRESSED), "b")
+    assert m.body == b"big " * 2000
+
+
+def test_message_queues_sort_by_topic_broker_and_queue_id_and_are_hashable() -> None:
+    qs = [MessageQueue("b", "x", 0), MessageQueue("a", "y", 1), MessageQueue("a", "y", 0), MessageQueue("a", "x", 9)]
+    assert sorted(qs) == [qs[3], qs[2], qs[1], qs[0]]
+    assert len({MessageQueue("a", "x", 1), MessageQueue("a", "x", 1)}) == 1
+
+
+def test_send_result_splits_the_ids_of_a_batch() -> None:
+    r = SendResult(SendStatus.SEND_OK, "A,B,C", "X,Y,Z", MessageQueue("T", "b", 0), 7)
+    assert r.msg_ids == ["A", "B", "C"]
