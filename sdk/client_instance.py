@@ -282,6 +282,12 @@ class ClientInstance:
 
     async def broker_addr(self, mq: MessageQueue, broker_id: int = MASTER_ID, *, master_only: bool = False) -> str:
         """The address to send a queue's requests to; refreshes the route when it is unknown."""
+        if master_only or broker_id == MASTER_ID:
+            route = self.routes.get(mq.topic)
+            if route is not None:
+                addrs = route.broker_addrs.get(mq.broker_name)
+                if addrs is not None and MASTER_ID in addrs:
+                    return addrs[MASTER_ID]  # the hot path: the topic's own cached route
         for refresh in (False, True):
             if refresh:
                 await self.fetch_route(mq.topic)

@@ -141,5 +141,7 @@ class MQFaultStrategy:
         """Report a send's outcome: its latency, or ``isolation`` for a failure."""
         if not self.enabled:
             return
+        if not isolation and latency_ms < LATENCY_MAX_MS[2] and broker_name not in self.tolerance.items:
+            return  # a fast answer from a broker never marked: nothing to remember (the common case)
         duration = not_available_duration_ms(ISOLATION_LATENCY_MS if isolation else latency_ms)
         self.tolerance.update(broker_name, latency_ms, duration)

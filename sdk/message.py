@@ -264,11 +264,25 @@ def _month_start_ms(now_ms: int) -> int:
     return int(time.mktime((t.tm_year, t.tm_mon, 1, 0, 0, 0, 0, 0, -1)) * 1000)
 
 
+_month = (0, -1, -1)  # (start ms, next start ms, ...): the month the last id fell in
+
+
+def _since_month_start_ms(now_ms: int) -> int:
+    """``now_ms - _month_start_ms(now_ms)``, computing the month start once a month."""
+    global _month
+    start, end, _ = _month
+    if not start <= now_ms < end:
+        start = _month_start_ms(now_ms)
+        end = _month_start_ms(start + 32 * 86_400_000)
+        _month = (start, end, 0)
+    return now_ms - start
+
+
 def new_unique_id(now_ms: int | None = None) -> str:
     """A new message id: unique per process by (ms, counter), across processes by ip/pid/random."""
     global _prefix
     if _prefix is None:
         _prefix = (_local_ip_bytes() + struct.pack(">H", os.getpid() & 0xFFFF) + secrets.token_bytes(4)).hex().upper()
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    since = (now - _month_start_ms(now)) & 0xFFFFFFFF
+    since = _since_month_start_ms(now) & 0xFFFFFFFF
     return _prefix + _UNIQ_TAIL.pack(since, next(_counter) & 0xFFFF).hex().upper()

@@ -114,7 +114,7 @@ class Producer:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.fault = MQFaultStrategy(enabled=send_latency_fault_enable, clock_ms=fault_clock_ms)
         self._instance: ClientInstance | None = None
-        self._publish: dict[str, TopicPublishQueues] = {}
+        self._publish: dict[str, tuple[TopicRoute, TopicPublishQueues]] = {}
         self._topics: set[str] = set()
         self._pending: set[asyncio.Task[SendResult]] = set()
         self._closed = False
@@ -175,10 +175,13 @@ class Producer:
         return list((await self.instance.publish_route(topic)).publish_queues)
 
     def _publish_info(self, route: TopicRoute) -> TopicPublishQueues:
-        info = self._publish.get(route.topic)
+        cached = self._publish.get(route.topic)
+        if cached is not None and cached[0] is route:
+            return cached[1]  # the same route object: the same queues
+        info = cached[1] if cached is not None else None
         if info is None or tuple(info.queues) != route.publish_queues:
             info = TopicPublishQueues(route.publish_queues, start=zlib.crc32(self.instance.client_id.encode()) % 997)
-            self._publish[route.topic] = info
+        self._publish[route.topic] = (route, info)
         return info
 
     # --- validation ---------------------------------------------------------------------------------------
@@ -256,13 +259,18 @@ class Producer:
             if m.topic != topic:
                 raise IllegalMessageError(f"a batch holds one topic: {topic!r} and {m.topic!r}")
         uids = [new_unique_id() for _ in msgs]
-        size = len(protocol.batch_body(msgs, uids))
-        if size > self.max_message_bytes:
-            raise MessageTooLargeError(size, self.max_message_bytes)
+        body = protocol.batch_body(msgs, uids)  # built once: the size check and every attempt use it
+        if len(body) > self.max_message_bytes:
+            raise MessageTooLargeError(len(body), self.max_message_bytes)
 
         def build(mq: MessageQueue) -> RemotingCommand:
             return protocol.send_batch_request(
-                group=self.group, msgs=msgs, queue_id=mq.queue_id, unique_ids=uids, born_timestamp_ms=_now_ms()
+                group=self.group,
+                msgs=msgs,
+                queue_id=mq.queue_id,
+                unique_ids=uids,
+                born_timestamp_ms=_now_ms(),
+                body=body,
             )
 
         return await self._send(topic, msgs[0], build, ",".join(uids), sharding_key, queue_selector)

@@ -11,6 +11,7 @@ layout); ``decode_messages`` splits and decodes them.
 from __future__ import annotations
 
 import enum
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,10 +26,15 @@ from data_plane.remoting.codes import (
 )
 from data_plane.remoting.command import RemotingCommand
 from data_plane.store.message import (
+    FLAG_COMPRESSED,
+    MESSAGE_MAGIC_CODE,
     PROPERTY_WAIT_STORE_MSG_OK,
-    RecordError,
-    decode_record,
+    PROPS_LEN,
+    RECORD_HEADER,
+    body_crc,
+    decode_properties,
     encode_properties,
+    unpack_host,
 )
 from sdk.errors import BrokerError, for_code
 from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus
@@ -128,9 +134,16 @@ def batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
 
 
 def send_batch_request(
-    *, group: str, msgs: Sequence[Message], queue_id: int, unique_ids: Sequence[str], born_timestamp_ms: int
+    *,
+    group: str,
+    msgs: Sequence[Message],
+    queue_id: int,
+    unique_ids: Sequence[str],
+    born_timestamp_ms: int,
+    body: bytes | None = None,
 ) -> RemotingCommand:
-    """SEND_BATCH_MESSAGE (320): the same header with m=true; the body holds every message."""
+    """SEND_BATCH_MESSAGE (320): the same header with m=true; the body holds every message
+    (``body``: ``batch_body(msgs, unique_ids)`` already built)."""
     ext = _send_header(
         group=group,
         topic=msgs[0].topic,
@@ -139,7 +152,9 @@ def send_batch_request(
         born_timestamp_ms=born_timestamp_ms,
         batch=True,
     )
-    return RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, ext_fields=ext, body=batch_body(msgs, unique_ids))
+    if body is None:
+        body = batch_body(msgs, unique_ids)
+    return RemotingCommand(RequestCode.SEND_BATCH_MESSAGE, ext_fields=ext, body=body)
 
 
 _SEND_STATUS = {
@@ -226,18 +241,96 @@ def pull_request(
     return RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext)
 
 
+_HOSTS: dict[bytes, tuple[str, int]] = {}  # 8-byte host field → (ip, port): a few distinct values
+_TOPICS: dict[bytes, str] = {}
+
+
+def _host(raw: bytes) -> tuple[str, int]:
+    h = _HOSTS.get(raw)
+    if h is None:
+        if len(_HOSTS) > 4096:
+            _HOSTS.clear()
+        h = _HOSTS[raw] = unpack_host(raw)
+    return h
+
+
 def decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
-    """The records of a PULL body, in order. A record that is not sound raises BrokerError."""
+    """The records of a PULL body, in order. A record that is not sound raises BrokerError.
+
+    The consumer's hot loop: one header unpack per record, topics and hosts decoded once and
+    cached, the same checks as ``parse_record`` (magic, nested lengths, body CRC, properties
+    ending with their separator)."""
     mv = memoryview(body)
+    n = len(mv)
     out: list[MessageExt] = []
+    append = out.append
+    unpack = RECORD_HEADER.unpack_from
+    head = RECORD_HEADER.size
+    props_len_at = PROPS_LEN.unpack_from
     pos = 0
-    while pos < len(mv):
+    while pos < n:
+        if n - pos < head:
+            raise BrokerError(f"pull body: record at byte {pos} is cut short")
+        (
+            total, magic, crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts, born_host,
+            store_ts, store_host, reconsume, _prepared, body_len,
+        ) = unpack(mv, pos)  # fmt: skip
+        end = pos + total
+        p = pos + head
+        if magic != MESSAGE_MAGIC_CODE or total < head + 3 or end > n or body_len < 0 or p + body_len + 3 > end:
+            raise BrokerError(f"pull body: record at byte {pos} is not sound (magic or sizes)")
+        raw_body = mv[p : p + body_len]
+        if check_crc and body_crc(raw_body) != crc:
+            raise BrokerError(f"pull body: record at byte {pos} fails its body CRC")
+        p += body_len
+        topic_len = mv[p]
+        raw_topic = bytes(mv[p + 1 : p + 1 + topic_len])
+        topic = _TOPICS.get(raw_topic)
+        if topic is None:
+            try:
+                topic = raw_topic.decode()
+            except UnicodeDecodeError:
+                raise BrokerError(f"pull body: record at byte {pos} has a topic that is not UTF-8") from None
+            if len(_TOPICS) < 100_000:
+                _TOPICS[raw_topic] = topic
+        p += 1 + topic_len
+        if p + 2 > end:
+            raise BrokerError(f"pull body: record at byte {pos} is not sound (topic length)")
+        (props_len,) = props_len_at(mv, p)
+        p += 2
+        if props_len < 0 or p + props_len != end or (props_len and mv[end - 1] != 2):
+            raise BrokerError(f"pull body: record at byte {pos} is not sound (properties)")
         try:
-            stored = decode_record(mv, pos, check_crc=check_crc)
-        except (RecordError, UnicodeDecodeError) as e:
-            raise BrokerError(f"pull body: record at byte {pos} is not sound: {e}") from None
-        out.append(MessageExt.from_stored(stored, broker_name))
-        pos += stored.total_size
+            props = decode_properties(mv[p:end]) if props_len else {}
+        except (UnicodeDecodeError, ValueError) as e:
+            raise BrokerError(f"pull body: record at byte {pos} has bad properties: {e}") from None
+        data = bytes(raw_body)
+        if sys_flag & FLAG_COMPRESSED:  # stock Java producers zlib-compress bodies over 4 KiB
+            try:
+                data = zlib.decompress(data)
+            except zlib.error as e:
+                raise BrokerError(f"pull body: record at byte {pos} does not decompress: {e}") from None
+        append(
+            MessageExt(
+                topic,
+                data,
+                props,
+                queue_id,
+                queue_offset,
+                broker_name,
+                store_host.hex().upper() + format(physical, "016X"),
+                physical,
+                born_ts,
+                _host(born_host),
+                store_ts,
+                _host(store_host),
+                reconsume,
+                sys_flag,
+                flag,
+                total,
+            )
+        )
+        pos = end
     return out
 
 

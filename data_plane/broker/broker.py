@@ -107,6 +107,7 @@ class Broker:
             loop.create_task(self._persist_loop()),
             loop.create_task(self._scan_clients_loop()),
             loop.create_task(self.store.run_maintenance()),
+            loop.create_task(self._watch_loop_lag()),
         ]
         if self.config.namesrv_addrs:
             await self.register_all()
@@ -215,6 +216,7 @@ class Broker:
             "heldPullRequests": self.hold.count,
             "topicCount": len(self.topics.topics),
             "diskFull": st.disk_full,
+            "maxLoopLagMs": self.stats.get("max_loop_lag_ms", 0),
         }
         return {k: str(v) for k, v in info.items()}
 
@@ -282,6 +284,19 @@ class Broker:
                     self.offsets.persist()
                 except OSError:
                     log.exception("persisting consumer offsets failed")
+
+    async def _watch_loop_lag(self) -> None:
+        """Every 100 ms, how late the loop woke us: a stall here delays every client. Stalls
+        over 20 ms are logged; the largest is a runtime figure (``maxLoopLagMs``)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            t = loop.time()
+            await asyncio.sleep(0.1)
+            lag_ms = (loop.time() - t - 0.1) * 1000
+            if lag_ms > self.stats.get("max_loop_lag_ms", 0):
+                self.stats["max_loop_lag_ms"] = int(lag_ms)
+            if lag_ms > 20:
+                log.warning("event loop stalled for %.0f ms", lag_ms)
 
     async def _scan_clients_loop(self) -> None:
         while True:

@@ -145,7 +145,7 @@ async def test_a_failed_send_is_retried_on_another_broker_and_that_broker_is_avo
 
     fake = FakeInstance(answer)
     p = _producer(fake, clock)
-    p._publish["T"] = TopicPublishQueues(fake.route.publish_queues, start=0)  # round-robin starts at broker-a
+    p._publish["T"] = (fake.route, TopicPublishQueues(fake.route.publish_queues, start=0))  # starts at broker-a
     result = await p.send(Message("T", b"x"))
     assert result.status is SendStatus.SEND_OK
     assert [a for a, _ in fake.sent] == [ADDRS["broker-a"], ADDRS["broker-b"]]
