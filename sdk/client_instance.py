@@ -280,14 +280,21 @@ class ClientInstance:
             return None
         return addrs.get(broker_id) or addrs.get(MASTER_ID) or addrs[min(addrs)]
 
+    def cached_master_addr(self, mq: MessageQueue) -> str | None:
+        """The queue's master from the topic's own cached route (the hot path), or None."""
+        route = self.routes.get(mq.topic)
+        if route is not None:
+            addrs = route.broker_addrs.get(mq.broker_name)
+            if addrs is not None:
+                return addrs.get(MASTER_ID)
+        return None
+
     async def broker_addr(self, mq: MessageQueue, broker_id: int = MASTER_ID, *, master_only: bool = False) -> str:
         """The address to send a queue's requests to; refreshes the route when it is unknown."""
         if master_only or broker_id == MASTER_ID:
-            route = self.routes.get(mq.topic)
-            if route is not None:
-                addrs = route.broker_addrs.get(mq.broker_name)
-                if addrs is not None and MASTER_ID in addrs:
-                    return addrs[MASTER_ID]  # the hot path: the topic's own cached route
+            addr = self.cached_master_addr(mq)
+            if addr is not None:
+                return addr
         for refresh in (False, True):
             if refresh:
                 await self.fetch_route(mq.topic)

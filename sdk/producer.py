@@ -310,7 +310,9 @@ class Producer:
         last_error: OrbitError | None = None
         refresh = False
         for attempt in range(1 + self.retry_times):
-            route = await inst.publish_route(topic, refresh=refresh)
+            route = None if refresh else inst.routes.get(topic)
+            if route is None or not route.publish_queues:
+                route = await inst.publish_route(topic, refresh=refresh)
             mq = self._choose(route, msg, sharding_key, queue_selector, last_broker)
             last_broker = mq.broker_name
             remaining_ms = int((deadline - loop.time()) * 1000)
@@ -318,7 +320,7 @@ class Producer:
                 break
             begin = loop.time()
             try:
-                addr = await inst.broker_addr(mq, master_only=True)
+                addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
                 resp = await inst.invoke(addr, build(mq), remaining_ms)
                 result = protocol.parse_send_response(resp, mq, msg_id, addr)
             except OrbitError as e:

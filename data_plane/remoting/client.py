@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
 from data_plane.remoting.connection import Connection, Dispatch
@@ -82,7 +83,15 @@ class RemotingClient:
         finally:
             del self._connecting[addr]
 
-    async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int = 3000) -> RemotingCommand:
+    def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int = 3000) -> Awaitable[RemotingCommand]:
+        """The response to ``cmd`` (await it). On an open connection this is the connection's
+        own future: no coroutine in between on the hot path."""
+        conn = self._conns.get(addr)
+        if conn is not None and not conn.closed:
+            return conn.invoke(cmd, timeout_ms)
+        return self._connect_and_invoke(addr, cmd, timeout_ms)
+
+    async def _connect_and_invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> RemotingCommand:
         conn = await self.connection(addr)
         try:
             return await conn.invoke(cmd, timeout_ms)

@@ -50,6 +50,10 @@ class FakeInstance:
         self.sent: list[tuple[str, RemotingCommand]] = []
         self.oneway: list[tuple[str, RemotingCommand]] = []
         self.refreshes = 0
+        self.routes: dict[str, TopicRoute] = {}  # no cached routes: every send asks publish_route
+
+    def cached_master_addr(self, mq: MessageQueue) -> str | None:
+        return None
 
     async def publish_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         self.refreshes += refresh
