@@ -13,8 +13,8 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, NamedTuple
 
 from data_plane.remoting.bodies import decode_batch
-from data_plane.remoting.codes import PERM_WRITE, ResponseCode
-from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, ResponseCode
+from data_plane.remoting.command import SERIALIZE_JSON, RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
@@ -51,6 +51,11 @@ V2_NAMES_TO_V1 = {
 
 _V2_LETTERS = {v: k for k, v in V2_NAMES_TO_V1.items()}
 _V2_FIELD = re.compile(r"'([a-m])'")
+
+_SEND_OK_HEADER = (
+    b'{"code":0,"language":"JAVA","version":%d,"opaque":%d,"flag":1,"serializeTypeCurrentRPC":"JSON",'
+    b'"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion","TRACE_ON":"true"}}'
+)
 
 _STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -217,6 +222,11 @@ class SendProcessor:
             for tag_code in tag_codes:
                 self.hold.notify(topic, queue_id, end, tag_code)
         self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
+        if status is PutMessageStatus.PUT_OK and a.msg_num == 1 and cmd.serialize_type == SERIALIZE_JSON:
+            # The common answer, its header formatted directly (the same JSON encode_header writes).
+            out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
+            out.raw_header = _SEND_OK_HEADER % (cmd.version, cmd.opaque, a.msg_id.encode(), queue_id, a.queue_offset)
+            return out
         code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         ext = {
             "msgId": a.msg_id if a.msg_num == 1 else ",".join(self._batch_ids(a.wrote_offset, a.msg_num)),

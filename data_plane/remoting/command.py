@@ -64,7 +64,18 @@ class RemotingCommand:
     """One request or response. ``ext_fields`` maps names to strings; ``body`` is bytes, or a
     sequence of buffers written back to back (a pull response's records, without copying)."""
 
-    __slots__ = ("body", "code", "ext_fields", "flag", "language", "opaque", "remark", "serialize_type", "version")
+    __slots__ = (
+        "body",
+        "code",
+        "ext_fields",
+        "flag",
+        "language",
+        "opaque",
+        "raw_header",
+        "remark",
+        "serialize_type",
+        "version",
+    )
 
     def __init__(
         self,
@@ -88,6 +99,8 @@ class RemotingCommand:
         self.language = language
         self.version = version
         self.serialize_type = serialize_type
+        # The encoded JSON header, when a hot path built it itself (it must match the fields).
+        self.raw_header: bytes | None = None
 
     @property
     def is_response(self) -> bool:
@@ -133,6 +146,8 @@ class RemotingCommand:
 
 # --- encoding ------------------------------------------------------------------------------
 def encode_header(cmd: RemotingCommand) -> bytes:
+    if cmd.raw_header is not None:
+        return cmd.raw_header
     if cmd.serialize_type == SERIALIZE_ROCKETMQ:
         return _encode_binary_header(cmd)
     h: dict[str, Any] = {

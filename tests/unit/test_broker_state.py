@@ -660,3 +660,28 @@ def test_config_file_errors(tmp_path: Path) -> None:
     not_table.write_text('store = "x"\n')
     with pytest.raises(ConfigError, match="must be a table"):
         load(str(not_table))
+
+
+# --- the send path's pre-formatted answer ------------------------------------------------------------
+def test_the_preformatted_send_ok_header_is_the_header_the_codec_would_write() -> None:
+    import orjson
+
+    from data_plane.broker.send import _SEND_OK_HEADER
+    from data_plane.remoting.codes import FLAG_RESPONSE
+    from data_plane.remoting.command import RemotingCommand, decode_frame, encode_bytes, encode_header
+
+    msg_id = "7F00000100002A9F00000000000004D2"
+    ext = {
+        "msgId": msg_id,
+        "queueId": "3",
+        "queueOffset": "1234567",
+        "MSG_REGION": "DefaultRegion",
+        "TRACE_ON": "true",
+    }
+    generic = RemotingCommand(0, opaque=2**31 - 1, flag=FLAG_RESPONSE, ext_fields=ext, language="JAVA", version=399)
+    fast = RemotingCommand(0, opaque=2**31 - 1, flag=FLAG_RESPONSE, language="JAVA", version=399)
+    fast.raw_header = _SEND_OK_HEADER % (399, 2**31 - 1, msg_id.encode(), 3, 1234567)
+    assert orjson.loads(encode_header(fast)) == orjson.loads(encode_header(generic))
+    back = decode_frame(memoryview(encode_bytes(fast))[4:])
+    assert (back.code, back.opaque, back.flag, back.version) == (0, 2**31 - 1, FLAG_RESPONSE, 399)
+    assert back.ext_fields == ext
