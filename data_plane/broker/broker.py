@@ -280,9 +280,11 @@ class Broker:
         while True:
             await asyncio.sleep(self.config.consumer_offset_persist_interval_s)
             if self.offsets.dirty:
+                doc = self.offsets.snapshot()
                 try:
-                    self.offsets.persist()
+                    await asyncio.to_thread(self.offsets.file.save, doc)  # fsyncs off the event loop
                 except OSError:
+                    self.offsets.dirty = True
                     log.exception("persisting consumer offsets failed")
 
     async def _watch_loop_lag(self) -> None:

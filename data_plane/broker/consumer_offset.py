@@ -2,7 +2,8 @@
 persisted in ``config/consumerOffset.json`` as ``{"offsetTable": {...}}`` (RocketMQ's file).
 
 Commits land in memory at once and reach disk within ``persist_interval_s`` (and at
-shutdown), through the atomic ConfigFile; a clean restart therefore loses no commit."""
+shutdown), through the atomic ConfigFile; a clean restart therefore loses no commit. The
+periodic save writes a snapshot on a worker thread: its fsyncs never stall the event loop."""
 
 from __future__ import annotations
 
@@ -24,9 +25,14 @@ class ConsumerOffsetManager:
                 if isinstance(queues, dict):
                     self.table[key] = {int(q): int(o) for q, o in queues.items()}
 
-    def persist(self) -> None:
-        self.file.save({"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in self.table.items()}})
+    def snapshot(self) -> dict[str, object]:
+        """The document to save, copied (cheap: a few dicts) so that it can be written on
+        another thread while commits go on."""
         self.dirty = False
+        return {"offsetTable": {k: {str(q): o for q, o in v.items()} for k, v in self.table.items()}}
+
+    def persist(self) -> None:
+        self.file.save(self.snapshot())
 
     def commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         key = topic + TOPIC_GROUP_SEPARATOR + group

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 from typing import Any
 
 import orjson
@@ -20,6 +21,7 @@ log = logging.getLogger(__name__)
 class ConfigFile:
     def __init__(self, path: str) -> None:
         self.path = path
+        self._lock = threading.Lock()  # saves may come from the loop and from a worker thread
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
 
     def load(self) -> dict[str, Any] | None:
@@ -40,6 +42,10 @@ class ConfigFile:
 
     def save(self, doc: dict[str, Any]) -> None:
         data = orjson.dumps(doc, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS)
+        with self._lock:
+            self._write(data)
+
+    def _write(self, data: bytes) -> None:
         tmp = self.path + ".tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
