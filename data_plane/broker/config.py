@@ -62,6 +62,7 @@ class BrokerConfig:
     rebalance_lock_expiry_s: float = 60.0
     consumer_offset_persist_interval_s: float = 1.0
     idle_timeout_s: float = 120.0
+    loop_lag_warn_ms: float = 20.0  # log event-loop stalls longer than this
     max_frame_bytes: int = 16 * 1024 * 1024
     max_pull_messages: int = 1024
     max_query_messages: int = 64
