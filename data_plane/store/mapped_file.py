@@ -259,6 +259,22 @@ class MappedFile:
                 if not self.destroyed:
                     self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
 
+    def advise_writing(self) -> None:
+        """No readahead while this file is being appended to (MADV_RANDOM). Faulting in a page
+        of a fallocated, never-written region makes the kernel read ahead — zero — the next
+        several MiB in that one fault, holding the process's memory-map lock for ~25 ms and
+        stalling the event loop (every ~8 MiB of CommitLog: the broker's p99 was 15 ms)."""
+        with self._flush_lock:
+            if not self.destroyed and hasattr(mmap, "MADV_RANDOM"):
+                self._mm.madvise(mmap.MADV_RANDOM)
+
+    def advise_reading(self) -> None:
+        """Readahead back on (MADV_NORMAL) once the file is complete: reads of old messages
+        that are no longer in memory come from disk sequentially."""
+        with self._flush_lock:
+            if not self.destroyed and hasattr(mmap, "MADV_NORMAL"):
+                self._mm.madvise(mmap.MADV_NORMAL)
+
     def release_all_pages(self) -> None:
         """Drop every resident page of this mapping from the process (reads fault back in)."""
         with self._flush_lock:

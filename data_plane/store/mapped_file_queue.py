@@ -147,6 +147,8 @@ class MappedFileQueue:
             mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd, zero_fill=not self._keep_fd)
             mf.set_positions(self.file_size)
             self.files.append(mf)
+        if self._keep_fd and self.files:
+            self.files[-1].advise_writing()  # appends continue in the last file
 
     # --- lookup ----------------------------------------------------------------------------
     @property
@@ -207,6 +209,10 @@ class MappedFileQueue:
             self.flushed_where = start_offset
         elif last is None:
             self.flushed_where = create_offset
+        if self._keep_fd:  # a CommitLog: see MappedFile.advise_writing
+            mf.advise_writing()
+            if last is not None:
+                last.advise_reading()
         self.files.append(mf)
         return mf
 

@@ -283,3 +283,42 @@ def test_a_queue_with_an_allocator_rolls_over_into_pre_created_files(make_queue:
         allocator.shutdown()
     # The file created ahead of need, never written, is not left behind.
     assert offset_to_file_name(4 * SIZE) not in os.listdir(q.directory)
+
+
+def _vm_flags(path: str) -> set[str]:
+    """The kernel's VmFlags of this process's mapping of ``path`` (from /proc/self/smaps)."""
+    flags: set[str] = set()
+    current = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            first = line.split(maxsplit=5)
+            if len(first) >= 5 and "-" in first[0] and ":" in first[3]:
+                current = first[5].strip() if len(first) == 6 else ""
+            elif line.startswith("VmFlags:") and current == path:
+                flags.update(line.split()[1:])
+    return flags
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_the_commit_log_file_being_written_has_no_readahead_and_a_full_one_has_it_again(
+    make_queue: MakeQueue,
+) -> None:
+    # Readahead while faulting in never-written, fallocated pages zeroes megabytes in one fault
+    # and stalls the event loop; a complete file is read back sequentially and wants it.
+    q = make_queue(keep_fd=True)
+    first = q.last_file_for_write()
+    assert "rr" in _vm_flags(first.path)
+    _write(q, b"x" * (SIZE + 10))
+    second = q.last
+    assert second is not None
+    assert second is not first
+    assert "rr" in _vm_flags(second.path)
+    assert "rr" not in _vm_flags(first.path)
+    last_path = second.path
+    q.close()
+    assert _vm_flags(last_path) == set(), "closed: no mapping of the file is left"
+    reopened = make_queue(directory=Path(q.directory), keep_fd=True)
+    reopened.load()
+    assert reopened.last is not None
+    assert reopened.last.path == last_path
+    assert "rr" in _vm_flags(last_path), "appends continue in the last file after a restart"
