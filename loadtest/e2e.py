@@ -10,10 +10,12 @@ Phases, in order:
    awaiting its acknowledgement before the next — messages per second and send latency;
 3. ``consume``: consumer processes (one push-consumer group) drain what phases 1-2 stored:
    consumed messages per second, from the first message received to the last;
-4. ``half_peak``: one open-loop publisher process at half of phase 2's rate, with a push consumer on
-   the same topic — send latency measured from each message's *intended* send time (so a stall
-   is not hidden by coordinated omission) and end-to-end latency (stored in a property at the
-   intended send time, read at delivery).
+4. ``half_peak``: one open-loop publisher process at half of phase 2's rate — send latency
+   measured from each message's *intended* send time (so a stall is not hidden by coordinated
+   omission);
+5. ``half_peak.with_consumer``: the same with a push consumer reading the topic — send latency
+   again, and end-to-end latency (stored in a property at the intended send time, read at
+   delivery).
 
 Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes.
 """
@@ -272,7 +274,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     try:
         with LocalCluster(root, namesrv_port=0, broker_port=0) as cluster:
             ns = cluster.namesrv
-            _create_topics(ns, ["bench", "bench-lat"], opts.queues)
+            _create_topics(ns, ["bench", "bench-lat", "bench-e2e"], opts.queues)
 
             log("phase 1: batched publish")
             rs = _pool_run(
@@ -320,13 +322,15 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             log(f"  {result['consume']}")
 
             rate = max(100.0, sync_rate / 2)
-            log(f"phase 4: open-loop publish at {rate:.0f} msgs/s (half the synchronous peak) with a consumer")
+            log(f"phase 4: open-loop publish at {rate:.0f} msgs/s (half the synchronous peak), alone")
+            (alone,) = _pool_run([("open_loop", ns, "bench-lat", {**base, "rate": rate})])
+            log("phase 5: the same, with a push consumer reading the topic")
             jobs = [
-                ("open_loop", ns, "bench-lat", {**base, "rate": rate}),
+                ("open_loop", ns, "bench-e2e", {**base, "rate": rate}),
                 (
                     "consume",
                     ns,
-                    "bench-lat",
+                    "bench-e2e",
                     {
                         "group": "bench-lat",
                         "timeout_s": opts.seconds + 60,
@@ -339,12 +343,17 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             rs = _pool_run(jobs)
             result["half_peak"] = {
                 "target_msgs_per_s": round(rate),
-                "acked": rs[0]["acked"],
-                "dropped_behind_schedule": rs[0]["dropped"],
-                "errors": rs[0]["errors"],
-                "send_latency_ms": summary_ms(merge([rs[0]["hist"]])),
-                "e2e_latency_ms": summary_ms(merge([rs[1]["hist"]]), (50, 99)),
-                "consumed": rs[1]["consumed"],
+                "acked": alone["acked"],
+                "dropped_behind_schedule": alone["dropped"],
+                "errors": alone["errors"],
+                "send_latency_ms": summary_ms(merge([alone["hist"]])),
+                "with_consumer": {
+                    "acked": rs[0]["acked"],
+                    "errors": rs[0]["errors"],
+                    "send_latency_ms": summary_ms(merge([rs[0]["hist"]])),
+                    "e2e_latency_ms": summary_ms(merge([rs[1]["hist"]]), (50, 99)),
+                    "consumed": rs[1]["consumed"],
+                },
             }
             log(f"  {result['half_peak']}")
     finally:
