@@ -93,7 +93,12 @@ class CommitLog:
     ) -> None:
         self.config = config
         self.file_size = config.commit_log_file_size_bytes
-        self.mfq = MappedFileQueue(config.commit_log_path, self.file_size, allocator=allocator)
+        self.mfq = MappedFileQueue(
+            config.commit_log_path,
+            self.file_size,
+            allocator=allocator,
+            no_readahead_while_writing=config.no_readahead_while_writing,
+        )
         self._clock_ms = clock_ms
         self.store_host = pack_host(config.store_host, config.store_port)
         self._msg_id_prefix = self.store_host.hex().upper()

@@ -305,7 +305,7 @@ def test_the_commit_log_file_being_written_has_no_readahead_and_a_full_one_has_i
 ) -> None:
     # Readahead while faulting in never-written, fallocated pages zeroes megabytes in one fault
     # and stalls the event loop; a complete file is read back sequentially and wants it.
-    q = make_queue(keep_fd=True)
+    q = make_queue(keep_fd=True, no_readahead_while_writing=True)
     first = q.last_file_for_write()
     assert "rr" in _vm_flags(first.path)
     _write(q, b"x" * (SIZE + 10))
@@ -317,8 +317,14 @@ def test_the_commit_log_file_being_written_has_no_readahead_and_a_full_one_has_i
     last_path = second.path
     q.close()
     assert _vm_flags(last_path) == set(), "closed: no mapping of the file is left"
-    reopened = make_queue(directory=Path(q.directory), keep_fd=True)
+    reopened = make_queue(directory=Path(q.directory), keep_fd=True, no_readahead_while_writing=True)
     reopened.load()
     assert reopened.last is not None
     assert reopened.last.path == last_path
     assert "rr" in _vm_flags(last_path), "appends continue in the last file after a restart"
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_readahead_stays_on_when_the_setting_is_off(make_queue: MakeQueue) -> None:
+    q = make_queue(keep_fd=True)
+    assert "rr" not in _vm_flags(q.last_file_for_write().path)
