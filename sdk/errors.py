@@ -18,7 +18,6 @@ from typing import ClassVar
 
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.errors import (
-    BrokerResponseError,
     RemotingConnectError,
     RemotingError,
     RemotingTimeoutError,
@@ -224,6 +223,4 @@ def from_remoting(e: RemotingError) -> OrbitError:
         return ConnectionFailedError(str(e), addr=e.addr)
     if isinstance(e, RemotingTooMuchRequestError):
         return TooManyRequestsError(str(e))
-    if isinstance(e, BrokerResponseError):
-        return for_code(e.code, e.remark, e.addr)
     return ConnectionFailedError(str(e))

@@ -170,10 +170,6 @@ class SendProcessor:
         born_ts = field_int(ext, names.born_timestamp, 0)
         reconsume = field_int(ext, names.reconsume_times, 0, lo=0, hi=2**31 - 1)
         born_host = _born_host(conn)
-        try:
-            props = decode_properties(ext.get(names.properties, ""))
-        except ValueError as e:
-            raise HeaderError(f"header field 'properties' is malformed: {e}") from None
         if batch:
             msgs = []
             for flag, b, praw in decode_batch(body):
@@ -182,7 +178,11 @@ class SendProcessor:
                 except ValueError as e:
                     raise HeaderError(f"a batch message's properties are malformed: {e}") from None
                 msgs.append(Message(topic, b, queue_id, flag, p, sys_flag, born_ts, born_host, reconsume))
-        else:
+        else:  # a batch's properties are its messages'; a single message's are in the header
+            try:
+                props = decode_properties(ext.get(names.properties, ""))
+            except ValueError as e:
+                raise HeaderError(f"header field 'properties' is malformed: {e}") from None
             flag = field_int(ext, names.flag, 0, lo=-(2**31), hi=2**31 - 1)
             msgs = [Message(topic, body, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
         if broker.before_put is not None:

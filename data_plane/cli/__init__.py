@@ -21,6 +21,19 @@ import orjson
 from data_plane.cli import admin, dev, servers
 
 
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _save(result: dict[str, Any], out: str | None) -> str:
+    """The result as indented JSON, also written to ``out`` when given."""
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    if out:
+        with open(out, "w") as f:
+            f.write(text + "\n")
+    return text
+
+
 def _bench_store(args: argparse.Namespace) -> int:
     from data_plane.store import bench
 
@@ -32,11 +45,8 @@ def _bench_store(args: argparse.Namespace) -> int:
     }
     if overrides:
         opts = dataclasses.replace(opts, **overrides)
-    result = bench.run(opts, log=lambda m: print(m, file=sys.stderr, flush=True))
-    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    result = bench.run(opts, log=_log)
+    _save(result, args.out)
     summary = {k: v for k, v in result.items() if k != "rss"}
     summary["rss"] = {k: v for k, v in result["rss"].items() if k != "samples"}
     print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
@@ -49,12 +59,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     opts = e2e.E2EOptions.quick(args.dir) if args.quick else e2e.E2EOptions(directory=args.dir)
     if args.seconds:
         opts = dataclasses.replace(opts, seconds=args.seconds)
-    result = e2e.run(opts, log=lambda m: print(m, file=sys.stderr, flush=True))
-    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    print(text)
+    print(_save(e2e.run(opts, log=_log), args.out))
     return 0
 
 

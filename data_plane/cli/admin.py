@@ -13,11 +13,14 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from data_plane.store.message import StoredMessage
+
+if TYPE_CHECKING:
+    from sdk.admin import AdminClient
 
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 
@@ -70,6 +73,17 @@ def _run(coro_fn: Callable[[], Awaitable[int]]) -> int:
         return 130
 
 
+def _run_admin(args: argparse.Namespace, work: Callable[[AdminClient], Awaitable[int]]) -> int:
+    """Run ``work`` with an AdminClient of the cluster's name servers."""
+    from sdk.admin import AdminClient
+
+    async def go() -> int:
+        async with AdminClient(_namesrv(args)) as admin:
+            return await work(admin)
+
+    return _run(go)
+
+
 def parse_time(text: str) -> int:
     """Milliseconds since the epoch from ms digits or an ISO-8601 time (UTC when no zone)."""
     if text.isdigit():
@@ -85,25 +99,19 @@ def parse_time(text: str) -> int:
 
 # --- topic --------------------------------------------------------------------------------------
 def topic_create(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            brokers = await admin.create_topic(
-                args.topic, queue_nums=args.queues, cluster=args.cluster, order=args.order
-            )
+    async def work(admin: AdminClient) -> int:
+        brokers = await admin.create_topic(
+            args.topic, queue_nums=args.queues, cluster=args.cluster, order=args.order
+        )
         _out(args, {"topic": args.topic, "brokers": brokers}, f"created {args.topic} on {', '.join(brokers)}")
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 def topic_list(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            topics = await admin.list_topics()
+    async def work(admin: AdminClient) -> int:
+        topics = await admin.list_topics()
         if args.json:
             _out(args, topics, "")
         else:
@@ -111,15 +119,12 @@ def topic_list(args: argparse.Namespace) -> int:
                 print(t)
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 def topic_describe(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            queues = await admin.describe_topic(args.topic)
+    async def work(admin: AdminClient) -> int:
+        queues = await admin.describe_topic(args.topic)
         rows = [
             {"broker": q.broker_name, "queue_id": q.queue_id, "min": q.min_offset, "max": q.max_offset} for q in queues
         ]
@@ -131,28 +136,22 @@ def topic_describe(args: argparse.Namespace) -> int:
                 print(f"{r['broker']:<16} {r['queue_id']:>5} {r['min']:>12} {r['max']:>12}")
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 # --- messages -----------------------------------------------------------------------------------
 def message_get(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            m = await admin.view_message(args.msg_id)
+    async def work(admin: AdminClient) -> int:
+        m = await admin.view_message(args.msg_id)
         sys.stdout.write(orjson.dumps(message_dict(m), option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 def message_query(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            found = await admin.query_by_key(args.topic, args.key, max_num=args.max)
+    async def work(admin: AdminClient) -> int:
+        found = await admin.query_by_key(args.topic, args.key, max_num=args.max)
         for m in found:
             sys.stdout.write(orjson.dumps(message_dict(m)).decode() + "\n")
         if not found:
@@ -160,16 +159,13 @@ def message_query(args: argparse.Namespace) -> int:
             return 1
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 # --- groups -------------------------------------------------------------------------------------
 def group_progress(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            rows = await admin.group_progress(args.group, args.topic)
+    async def work(admin: AdminClient) -> int:
+        rows = await admin.group_progress(args.group, args.topic)
         total = sum(r.lag for r in rows)
         if args.json:
             _out(
@@ -198,20 +194,17 @@ def group_progress(args: argparse.Namespace) -> int:
             print(f"total lag: {total}")
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 def group_reset(args: argparse.Namespace) -> int:
-    from sdk.admin import AdminClient
-
-    async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
-            done = await admin.reset_offset_to_time(args.group, args.topic, args.to_time)
+    async def work(admin: AdminClient) -> int:
+        done = await admin.reset_offset_to_time(args.group, args.topic, args.to_time)
         for (broker, q), off in sorted(done.items()):
             _out(args, {"broker": broker, "queue_id": q, "offset": off}, f"{broker}:{q} -> {off}")
         return 0
 
-    return _run(go)
+    return _run_admin(args, work)
 
 
 # --- produce / consume ------------------------------------------------------------------------------

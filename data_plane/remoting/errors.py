@@ -1,7 +1,8 @@
 """Errors of the remoting layer, shared by the broker, the name server and the SDK.
 
-One root (``RemotingError``); a timeout is also an ``asyncio.TimeoutError``. A broker's
-non-success answer becomes ``BrokerResponseError`` carrying the wire code and remark."""
+One root (``RemotingError``); a timeout is also an ``asyncio.TimeoutError``. A server's
+non-success answer is not an error here: it is a response with its code, which the SDK maps to
+its own error classes (``sdk.errors.for_code``)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ import asyncio
 
 class RemotingError(Exception):
     """Root of every remoting failure."""
-
-    retriable = True
 
 
 class RemotingConnectError(RemotingError):
@@ -35,15 +34,3 @@ class RemotingTooMuchRequestError(RemotingError):
 class HeaderError(ValueError):
     """A request's header lacks a field or has one of the wrong shape. The remark of the error
     response is the message."""
-
-
-class BrokerResponseError(RemotingError):
-    """A server answered with a non-success code."""
-
-    def __init__(self, code: int, remark: str | None, addr: str = "") -> None:
-        super().__init__(f"{addr + ': ' if addr else ''}code {code}: {remark or ''}".strip())
-        self.code = code
-        self.remark = remark or ""
-        self.addr = addr
-        # System busy / flush timeouts are worth another try; bad input is not.
-        self.retriable = code in (1, 2, 10, 11, 12, 14, 17, 204, 215)

@@ -7,13 +7,7 @@ the test learns the port. Processes are stopped (SIGTERM, then SIGKILL) after th
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +15,9 @@ from typing import Any
 
 import pytest
 
-READY_TIMEOUT_S = 30.0
+from data_plane import local_cluster
+from data_plane.local_cluster import Child
+
 # Test brokers' store geometry: 16 MiB CommitLog files, nothing reserved ahead, small indexes —
 # the production defaults would reserve a 1 GiB file (and 128 MiB of page cache) per broker.
 SMALL_STORE = [
@@ -41,8 +37,6 @@ class ServerProcess:
     kind: str
     address: str
     proc: subprocess.Popen[bytes]
-    args: list[str]
-    ready_file: Path
     log_path: Path
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -52,13 +46,7 @@ class ServerProcess:
 
     def stop(self, timeout_s: float = 15.0) -> int:
         """SIGTERM and wait: a clean shutdown."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        Child(self.kind, self.proc, self.info, str(self.log_path)).stop(timeout_s)
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -71,29 +59,16 @@ class ServerProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def spawn(kind: str, args: list[str], workdir: Path, *, env: dict[str, str] | None = None) -> ServerProcess:
-    """Start ``orbit <kind> <args>`` and wait for its ready file."""
+def spawn(kind: str, args: list[str], workdir: Path) -> ServerProcess:
+    """Start ``orbit <kind> <args>`` and wait until it serves (``local_cluster.spawn``; each
+    process of a test gets its own ready and log file under ``workdir``)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    n = len(list(workdir.glob(f"{kind}-*.ready")))
-    ready = workdir / f"{kind}-{n}.ready"
-    log_path = workdir / f"{kind}-{n}.log"
-    full = [sys.executable, "-m", "data_plane.cli", kind, *args, "--ready-file", str(ready)]
-    penv = dict(os.environ)
-    penv.update(env or {})
-    with open(log_path, "ab") as logf:
-        proc = subprocess.Popen(full, stdout=logf, stderr=subprocess.STDOUT, env=penv)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if ready.exists():
-            with contextlib.suppress(ValueError):
-                info = json.loads(ready.read_text())
-                return ServerProcess(kind, info["address"], proc, full, ready, log_path, info)
-        if proc.poll() is not None:
-            break
-        time.sleep(0.02)
-    proc.kill()
-    proc.wait()
-    raise RuntimeError(f"{kind} did not become ready; log:\n{log_path.read_text(errors='replace')[-4000:]}")
+    n = len(list(workdir.glob(f"{kind}-*.log")))
+    try:
+        child = local_cluster.spawn(kind, f"{kind}-{n}", args, str(workdir), new_session=False)
+    except local_cluster.ClusterError as e:
+        raise RuntimeError(str(e)) from None
+    return ServerProcess(kind, child.address, child.proc, Path(child.log_path), child.info)
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from data_plane.remoting import bodies
 from data_plane.remoting.codes import FLAG_RESPONSE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand, decode_frame, encode_bytes
 from data_plane.remoting.errors import (
-    BrokerResponseError,
     RemotingConnectError,
     RemotingTimeoutError,
     RemotingTooMuchRequestError,
@@ -142,7 +141,6 @@ def test_transport_failures_become_sdk_errors() -> None:
     assert timeout.retriable
     assert isinstance(errors.from_remoting(RemotingConnectError("h:1", "refused")), errors.ConnectionFailedError)
     assert isinstance(errors.from_remoting(RemotingTooMuchRequestError("busy")), errors.TooManyRequestsError)
-    assert isinstance(errors.from_remoting(BrokerResponseError(2, "busy")), errors.SystemBusyError)
 
 
 # --- pull -------------------------------------------------------------------------------------------
