@@ -16,10 +16,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifndef MADV_POPULATE_WRITE
-#define MADV_POPULATE_WRITE 23
-#endif
-
 #define HEADER_SIZE 88
 #define MAGIC_CODE ((int32_t)0xDAA320A7)
 #define TRAN_MASK (0x3 << 2)
@@ -184,9 +180,34 @@ static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count,
     return i;
 }
 
+/* pwrite all of [p, p+n) at `offset` (short writes continued, EINTR retried); -1 with an
+ * OSError set when the file refuses it. Holds the GIL: one append's bytes take microseconds. */
+static int write_fully(int fd, const unsigned char *p, Py_ssize_t n, long long offset) {
+    while (n > 0) {
+        ssize_t w = pwrite(fd, p, (size_t)n, (off_t)offset);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        if (w == 0) {
+            errno = ENOSPC;
+            PyErr_SetFromErrno(PyExc_OSError);
+            return -1;
+        }
+        p += w;
+        n -= w;
+        offset += w;
+    }
+    return 0;
+}
+
 /* write_batch(buf, pos, limit, file_from, msgs, topic_b, queue_id, first_qo, store_ts,
  *             store_host, max_props, max_msg, index_enabled)
- *             [, cq_target, cq_pos, cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts])
+ *             [, cq_target, cq_pos, cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts,
+ *              fd, fd_offset])
+ * With fd >= 0, buf is a staging buffer: the records laid out in it are then written to fd at
+ * fd_offset (before the CQ and index targets are touched; an OSError leaves those alone).
  * -> (0, end_pos, next_qo, first_qo_of_batch, cq_units | new_cq_pos, index_items | new_ix_count,
  *     last_indexed_offset)
  *  | (1, bytes_needed)                       batch does not fit before `limit`
@@ -196,8 +217,9 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
                                   long long first_qo, long long store_ts, const char *host8, Py_ssize_t max_props,
                                   Py_ssize_t max_msg, int index_enabled, PyObject *cq_target, Py_ssize_t cq_pos,
                                   Py_ssize_t cq_limit, PyObject *ix_target, long long ix_slots, long long ix_count,
-                                  long long ix_max, long long ix_begin_ts) {
+                                  long long ix_max, long long ix_begin_ts, int fd, long long fd_offset) {
     PyObject *result = NULL;
+    Py_ssize_t start_pos = pos;
     Py_ssize_t n = PyList_GET_SIZE(msgs);
     item_t *items = PyMem_Calloc(n ? n : 1, sizeof(item_t));
     if (!items) {
@@ -394,6 +416,12 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         pos += it->total;
     }
     release_items(items, n);
+    /* The records go to the file before any index entry names them. */
+    if (fd >= 0 && write_fully(fd, base + start_pos, pos - start_pos, fd_offset) < 0) {
+        Py_DECREF(cq);
+        Py_DECREF(idx);
+        goto done;
+    }
     if (_PyBytes_Resize(&cq, ncq * 20) < 0) { Py_DECREF(idx); goto done; }
     if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); goto done; }
     long long last_ix_phys = -1;
@@ -437,11 +465,12 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     int queue_id, index_enabled;
     Py_ssize_t max_props, max_msg, cq_pos = 0, cq_limit = 0;
     PyObject *cq_target = Py_None, *ix_target = Py_None;
-    long long ix_slots = 0, ix_count = 0, ix_max = 0, ix_begin_ts = 0;
-    if (!PyArg_ParseTuple(args, "w*nnLO!y*iLLy*nnp|OnnOLLLL", &buf, &pos, &limit, &file_from, &PyList_Type, &msgs,
+    long long ix_slots = 0, ix_count = 0, ix_max = 0, ix_begin_ts = 0, fd_offset = 0;
+    int fd = -1;
+    if (!PyArg_ParseTuple(args, "w*nnLO!y*iLLy*nnp|OnnOLLLLiL", &buf, &pos, &limit, &file_from, &PyList_Type, &msgs,
                           &topic, &queue_id, &first_qo, &store_ts, &host, &max_props, &max_msg,
                           &index_enabled, &cq_target, &cq_pos, &cq_limit, &ix_target, &ix_slots, &ix_count,
-                          &ix_max, &ix_begin_ts))
+                          &ix_max, &ix_begin_ts, &fd, &fd_offset))
         return NULL;
     PyObject *result = NULL;
     if (host.len != 8) {
@@ -449,7 +478,7 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     } else {
         result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo,
                                   store_ts, host.buf, max_props, max_msg, index_enabled, cq_target, cq_pos,
-                                  cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts);
+                                  cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset);
     }
     PyBuffer_Release(&buf);
     PyBuffer_Release(&topic);
@@ -496,16 +525,19 @@ typedef struct {
     Py_ssize_t max_props, max_msg;
     int index_enabled;
     long long ix_slots, ix_max_entries;
+    unsigned char *stage; /* records are laid out here, then pwritten to the CommitLog file */
+    Py_ssize_t stage_cap;
 } Appender;
 
 static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_committed_position, *s_file_size,
     *s_reserved_upto, *s_file_from_offset, *s_mv, *s_last_file, *s_last_store_timestamp, *s_max_physic_offset,
     *s_index_count, *s_end_phy_offset, *s_end_timestamp, *s_begin_timestamp, *s_max_entries, *s_mf,
-    *s_dispatched_offset, *s_put_units, *s_put_items;
+    *s_dispatched_offset, *s_put_units, *s_put_items, *s_fd;
 
 static void Appender_dealloc(Appender *a) {
     Py_XDECREF(a->commit_log); Py_XDECREF(a->queue_offsets); Py_XDECREF(a->topic_bytes);
     Py_XDECREF(a->cq_table); Py_XDECREF(a->index); Py_XDECREF(a->dispatcher); Py_XDECREF(a->clock);
+    PyMem_RawFree(a->stage);
     Py_TYPE(a)->tp_free((PyObject *)a);
 }
 
@@ -526,6 +558,17 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     }
     memcpy(a->host, host.buf, 8);
     PyBuffer_Release(&host);
+    if (a->max_msg < HEADER_SIZE || a->stage) {
+        PyErr_SetString(PyExc_ValueError, "bad max message size, or Appender initialised twice");
+        return -1;
+    }
+    /* One message of max_msg bytes fits; pages are only touched as far as messages reach. */
+    a->stage = PyMem_RawMalloc((size_t)a->max_msg);
+    if (!a->stage) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    a->stage_cap = a->max_msg;
     Py_INCREF(cl); Py_INCREF(qo); Py_INCREF(tb); Py_INCREF(cq); Py_INCREF(ix); Py_INCREF(disp); Py_INCREF(clock);
     a->commit_log = cl; a->queue_offsets = qo; a->topic_bytes = tb; a->cq_table = cq; a->index = ix;
     a->dispatcher = disp; a->clock = clock;
@@ -552,10 +595,9 @@ static int set_ll(PyObject *o, PyObject *name, long long v) {
 
 static PyObject *Appender_append(Appender *a, PyObject *msg) {
     PyObject *result = NULL, *topic = NULL, *qid_obj = NULL, *key = NULL, *mfq = NULL, *files = NULL;
-    PyObject *log_mv = NULL, *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
+    PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
-    Py_buffer lb;
-    int have_lb = 0, dispatch_failed = 0;
+    int dispatch_failed = 0;
     topic = PyObject_GetAttr(msg, s_topic);
     if (!topic) goto error;
     PyObject *topic_b = PyUnicode_Check(topic) ? PyDict_GetItemWithError(a->topic_bytes, topic) : NULL;
@@ -578,10 +620,12 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     if (!files) goto error;
     if (!PyList_Check(files) || PyList_GET_SIZE(files) == 0) goto slow;
     PyObject *mf = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
-    Py_ssize_t wrote, file_size, reserved, file_from;
+    Py_ssize_t wrote, file_size, reserved, file_from, fd;
     if (get_ssize(mf, s_wrote_position, &wrote) || get_ssize(mf, s_file_size, &file_size) ||
-        get_ssize(mf, s_reserved_upto, &reserved) || get_ssize(mf, s_file_from_offset, &file_from))
+        get_ssize(mf, s_reserved_upto, &reserved) || get_ssize(mf, s_file_from_offset, &file_from) ||
+        get_ssize(mf, s_fd, &fd))
         goto error;
+    if (fd < 0 || fd > INT32_MAX) goto slow;
     Py_ssize_t limit = file_size - 8;
     if (reserved < limit) limit = reserved;
     /* the ConsumeQueue: must exist, with room for the unit where the queue offset says */
@@ -638,20 +682,21 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     Py_ssize_t last_ts;
     if (get_ssize(a->commit_log, s_last_store_timestamp, &last_ts)) goto error;
     if (now < last_ts) now = last_ts;
-    log_mv = PyObject_GetAttr(mf, s_mv);
-    if (!log_mv) goto error;
-    if (PyObject_GetBuffer(log_mv, &lb, PyBUF_WRITABLE) < 0) goto error;
-    have_lb = 1;
+    Py_buffer sb = {.buf = a->stage, .len = a->stage_cap};
+    Py_ssize_t room = limit - wrote;
+    if (room > a->stage_cap) room = a->stage_cap;
+    if (room < 0) goto slow;
     list = PyList_New(1);
     if (!list) goto error;
     Py_INCREF(msg);
     PyList_SET_ITEM(list, 0, msg);
-    r = write_batch_impl(&lb, wrote, limit, file_from, list, PyBytes_AS_STRING(topic_b), PyBytes_GET_SIZE(topic_b),
-                         (int)qid, first_qo, now, a->host, a->max_props, a->max_msg, a->index_enabled, cq_mv,
-                         cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count, ix_max, ix_begin);
-    if (!r) goto error;
+    r = write_batch_impl(&sb, 0, room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
+                         PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
+                         a->index_enabled, cq_mv, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
+                         ix_max, ix_begin, (int)fd, wrote);
+    if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
-    Py_ssize_t end = PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1));
+    Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1));
     PyObject *next_qo = PyTuple_GET_ITEM(r, 2);
     PyObject *batch_qo = PyTuple_GET_ITEM(r, 3);
     PyObject *cq_out = PyTuple_GET_ITEM(r, 4);
@@ -704,9 +749,8 @@ slow:
 error:
     result = NULL;
 done:
-    if (have_lb) PyBuffer_Release(&lb);
     Py_XDECREF(topic); Py_XDECREF(qid_obj); Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
-    Py_XDECREF(log_mv); Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
+    Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
     Py_XDECREF(ix_mv); Py_XDECREF(list); Py_XDECREF(r); Py_XDECREF(now_obj); Py_XDECREF(files_ix);
     return result;
 }
@@ -759,12 +803,6 @@ static PyObject *madvise_range(PyObject *args, int advice, int inward, const cha
     return PyLong_FromLong(err);
 }
 
-/* populate(buffer, start, length) -> errno: maps the range writable, page by page
- * (MADV_POPULATE_WRITE), so that the writer that comes later takes no page faults. */
-static PyObject *populate(PyObject *self, PyObject *args) {
-    return madvise_range(args, MADV_POPULATE_WRITE, 0, "populate");
-}
-
 /* release(buffer, start, length) -> errno: drops the pages wholly inside the range from the
  * process's page tables (MADV_DONTNEED; dirty pages stay dirty in the page cache). */
 static PyObject *release(PyObject *self, PyObject *args) {
@@ -783,7 +821,6 @@ static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
-    {"populate", populate, METH_VARARGS, "Map a range of a shared mapping writable, GIL released."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {NULL, NULL, 0, NULL},
 };
@@ -811,6 +848,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_end_timestamp, "end_timestamp"); INTERN2(s_begin_timestamp, "begin_timestamp");
     INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
     INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
+    INTERN2(s_fd, "_fd");
     if (PyType_Ready(&AppenderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

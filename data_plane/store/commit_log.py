@@ -14,6 +14,7 @@ pass and lands in one file under one lock acquisition.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -51,6 +52,9 @@ _HEADER_SIZE = RECORD_HEADER.size
 # A CommitLog file made on the write path (at start, or when the allocator is behind) is
 # reserved this much at a time as appends reach it, instead of all at once.
 LAZY_RESERVE_BYTES = 4 * 1024 * 1024
+# The staging buffer batches are laid out in; a larger batch grows it (up to a file's size).
+STAGE_BYTES = 1024 * 1024
+_NO_TARGETS = (None, 0, 0, None, 0, 0, 0, 0)
 
 
 class DispatchRequest(NamedTuple):
@@ -97,7 +101,6 @@ class CommitLog:
             config.commit_log_path,
             self.file_size,
             allocator=allocator,
-            no_readahead_while_writing=config.no_readahead_while_writing,
         )
         self._clock_ms = clock_ms
         self.store_host = pack_host(config.store_host, config.store_port)
@@ -106,6 +109,9 @@ class CommitLog:
         self.lock = threading.Lock()
         self.last_store_timestamp = 0
         self.topic_bytes_cache: dict[str, bytes] = {}
+        # Batches are laid out here, then written to the file with one pwrite (see mapped_file).
+        self._stage = bytearray(STAGE_BYTES)
+        self._stage_mv = memoryview(self._stage)
 
     # --- appending (under the lock) --------------------------------------------------------
     def topic_bytes(self, topic: str) -> bytes:
@@ -136,27 +142,39 @@ class CommitLog:
         key = (msgs[0].topic, queue_id)
         first_qo = self.queue_offsets.get(key, 0)
         usable = self.file_size - END_FILE_MIN_BLANK_LENGTH
-        for _ in range(3):
+        if len(targets) < len(_NO_TARGETS):
+            targets = targets + _NO_TARGETS[len(targets) :]
+        for _ in range(4):
             pos = mf.wrote_position
+            if mf.fd < 0:
+                raise OSError(errno.EBADF, f"{mf.path} is closed")
+            stage = self._stage_mv
+            room = min(usable, mf.reserved_upto) - pos
             r = fastpath.write_batch(
-                mf.mv, pos, min(usable, mf.reserved_upto), mf.file_from_offset, msgs, topic_b,
+                stage, 0, max(0, min(room, len(stage))), mf.file_from_offset + pos, msgs, topic_b,
                 queue_id, first_qo, now, self.store_host, cfg.max_properties_size_bytes,
-                cfg.max_message_size_bytes, cfg.index_enabled, *targets,
+                cfg.max_message_size_bytes, cfg.index_enabled, *targets, mf.fd, pos,
             )
             if r[0] == 0:
                 break
             if r[0] == 2:
                 raise PutRefused(PutMessageStatus[r[2]], f"message {r[1]} of the batch: {r[3]}")
             need = r[1]
-            if pos + need <= usable:
+            if need > usable:
+                return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1
+            if pos + need > usable:
+                self._write_blank(mf)
+                mf = self.mfq.last_file_for_write()
+                continue
+            if need > len(stage):
+                self._grow_stage(need)
+            if pos + need > mf.reserved_upto:
                 # Fits the file, not yet the reserved blocks (a file created on the write path).
                 mf.ensure_reserved(pos + need, LAZY_RESERVE_BYTES)
-                continue
-            if need > usable or pos == 0:
-                return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1
-            self._write_blank(mf)
-            mf = self.mfq.last_file_for_write()
-        _, end, next_qo, batch_first_qo, cq_out, index_out, last_indexed = r
+        else:
+            raise RuntimeError(f"a batch of {len(msgs)} messages found no room in {mf}")
+        _, written, next_qo, batch_first_qo, cq_out, index_out, last_indexed = r
+        end = pos + written
         self.queue_offsets[key] = next_qo
         mf.wrote_position = mf.committed_position = end
         return (
@@ -172,10 +190,17 @@ class CommitLog:
     def msg_id(self, commit_log_offset: int) -> str:
         return self._msg_id_prefix + format(commit_log_offset, "016X")
 
+    def _grow_stage(self, need: int) -> None:
+        size = len(self._stage)
+        while size < need:
+            size *= 2
+        self._stage_mv.release()
+        self._stage = bytearray(min(size, self.file_size))
+        self._stage_mv = memoryview(self._stage)
+
     def _write_blank(self, mf: MappedFile) -> None:
         pos = mf.wrote_position
-        left = mf.file_size - pos
-        MAGIC_AND_SIZE.pack_into(mf.mv, pos, left, BLANK_MAGIC_CODE)
+        mf.write_at(pos, MAGIC_AND_SIZE.pack(mf.file_size - pos, BLANK_MAGIC_CODE))
         mf.wrote_position = mf.committed_position = mf.file_size
 
     def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:

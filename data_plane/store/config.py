@@ -51,15 +51,9 @@ class StoreConfig:
     sync_flush_timeout_ms: int = 5_000
     # --- Allocation and page cache ------------------------------------------------------------
     warm_mapped_file_enabled: bool = False
-    # Keep this much after the CommitLog write position reserved and, with populate_ahead,
-    # mapped ahead of the writer by a background thread (see reserve_ahead.py).
+    # Keep this much after the CommitLog write position reserved by a background thread
+    # (see reserve_ahead.py).
     reserve_ahead_bytes: int = 128 * 1024 * 1024
-    populate_ahead: bool = True
-    # No readahead on the CommitLog file being written (MappedFile.advise_writing): faults on
-    # fresh pages then zero one page each instead of ~8 MiB in one go, which stalled the event
-    # loop ~25 ms every 8 MiB. Costs ~15 % of batched append throughput; False trades the
-    # latency tail back for it.
-    no_readahead_while_writing: bool = True
     preallocate_next_file: bool = True
     # Pages behind the flush point are dropped from this process's page tables (the page
     # cache keeps them), so resident memory does not grow with the amount stored.

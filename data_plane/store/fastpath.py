@@ -17,6 +17,10 @@ blocks) and an IndexFile target (mapping, slots, entry count, max entries, begin
 returns the new CQ position / entry count in place of the bytes; otherwise the caller writes
 the bytes it gets back.
 
+Given a file descriptor (``fd``, ``fd_offset``), ``buf`` is a staging buffer: the records laid
+out in it are written to the file with ``pwrite`` — before the ConsumeQueue and IndexFile
+targets are touched, so an ``OSError`` from the file leaves nothing pointing at them.
+
 ``_speedups.c`` implements both functions byte for byte; it is used when it was built and
 ``ORBIT_PURE_PYTHON`` is not set. Tests run both and compare their output.
 
@@ -36,6 +40,7 @@ from typing import Any
 
 from crc32c import crc32c
 
+from data_plane.store.mapped_file import pwrite_fully
 from data_plane.store.message import (
     MESSAGE_MAGIC_CODE,
     RECORD_HEADER,
@@ -76,6 +81,8 @@ def py_write_batch(
     ix_count: int = 0,
     ix_max: int = 0,
     ix_begin_ts: int = 0,
+    fd: int = -1,
+    fd_offset: int = 0,
 ) -> tuple[Any, ...]:
     encoded: list[tuple[Message, bytes, int]] = []
     need = 0
@@ -115,6 +122,7 @@ def py_write_batch(
     qo = first_qo
     batch_first_qo = -1
     prefix = topic_b + b"#"
+    start_pos = pos
     for m, props, total in encoded:
         phys = file_from + pos
         tran = m.sys_flag & TRANSACTION_TYPE_MASK
@@ -151,6 +159,8 @@ def py_write_batch(
                     if k:
                         idx += INDEX_ITEM.pack(crc32c(prefix + k.encode()) & 0x7FFFFFFF, phys)
         pos += total
+    if fd >= 0:  # records to the file before any index entry names them
+        pwrite_fully(fd, buf[start_pos:pos], fd_offset)
     cq_out: bytes | int = bytes(cq)
     idx_out: bytes | int = bytes(idx)
     last_ix = -1

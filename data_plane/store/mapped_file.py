@@ -9,16 +9,22 @@
 
 Positions follow RocketMQ's vocabulary: *wrote* is where the next append goes, *committed* is
 what readers may see (here equal to wrote: the mapping is the page cache), *flushed* is what
-``msync`` has made durable. Writes never hit ENOSPC through the mapping: blocks are reserved
-by writing zeros before the bytes are written through the mapping: whole CommitLog files on
-the allocation thread, chunk by chunk ahead of the writes for sparse files (ConsumeQueues,
-IndexFile entries), so a full disk is an ``OSError`` at reservation time, not a
-SIGBUS in the middle of an append.
+``fdatasync`` has made durable.
+
+Two ways in. Files that keep a descriptor (the CommitLog) are written with ``pwrite`` and only
+read through the mapping: the kernel copies into its page cache without a page fault per new
+page, and never reads ahead — zeroing megabytes — inside a fault taken by the writer (what
+RocketMQ's transient store pool achieves by writing a buffer through a FileChannel). The others
+(ConsumeQueues, IndexFiles: 20 bytes a message) are written through the mapping. Blocks are
+reserved before bytes reach them — whole CommitLog files on the allocation thread, chunk by
+chunk for sparse files — so a full disk is an ``OSError`` at reservation time, never a SIGBUS
+in the middle of an append.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import threading
@@ -50,6 +56,17 @@ def write_zeros(fd: int, size: int) -> None:
         pos += written
 
 
+def pwrite_fully(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (a short write is continued; OSError otherwise)."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        if n <= 0:
+            raise OSError(errno.ENOSPC, "no byte written")
+        view = view[n:]
+        offset += n
+
+
 def is_data_file_name(name: str) -> bool:
     return len(name) == FILE_NAME_DIGITS and name.isdigit()
 
@@ -72,7 +89,6 @@ class MappedFile:
         "flushed_position",
         "mv",
         "path",
-        "populated_upto",
         "released_behind",
         "reserved_upto",
         "wrote_position",
@@ -124,8 +140,7 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         self.destroyed = False
-        self.populated_upto = 0  # pages below are mapped writable (ReserveAheadService)
-        self.released_behind = 0  # pages below were dropped from the page tables (ditto)
+        self.released_behind = 0  # pages below were dropped from the page tables (ReserveAheadService)
         self._released_upto = 0
         self._flush_lock = threading.Lock()
         self._reserve_lock = threading.Lock()
@@ -173,9 +188,22 @@ class MappedFile:
             return False
         if pos + n > self.reserved_upto:
             self.ensure_reserved(pos + n)
-        self.mv[pos : pos + n] = data
+        self.write_at(pos, data)
         self.wrote_position = self.committed_position = pos + n
         return True
+
+    def write_at(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at ``pos`` without moving the positions: ``pwrite`` when the file
+        keeps a descriptor, else through the mapping."""
+        if self._fd >= 0:
+            pwrite_fully(self._fd, data, pos)
+        else:
+            self.mv[pos : pos + len(data)] = data
+
+    @property
+    def fd(self) -> int:
+        """The kept descriptor (-1 when the file does not keep one, or is closed)."""
+        return self._fd
 
     def set_positions(self, position: int) -> None:
         """Recovery: everything before ``position`` is valid, nothing after it."""
@@ -258,22 +286,6 @@ class MappedFile:
             with self._flush_lock:
                 if not self.destroyed:
                     self._mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-
-    def advise_writing(self) -> None:
-        """No readahead while this file is being appended to (MADV_RANDOM). Faulting in a page
-        of a fallocated, never-written region makes the kernel read ahead — zero — the next
-        several MiB in that one fault, holding the process's memory-map lock for ~25 ms and
-        stalling the event loop (every ~8 MiB of CommitLog: the broker's p99 was 15 ms)."""
-        with self._flush_lock:
-            if not self.destroyed and hasattr(mmap, "MADV_RANDOM"):
-                self._mm.madvise(mmap.MADV_RANDOM)
-
-    def advise_reading(self) -> None:
-        """Readahead back on (MADV_NORMAL) once the file is complete: reads of old messages
-        that are no longer in memory come from disk sequentially."""
-        with self._flush_lock:
-            if not self.destroyed and hasattr(mmap, "MADV_NORMAL"):
-                self._mm.madvise(mmap.MADV_NORMAL)
 
     def release_all_pages(self) -> None:
         """Drop every resident page of this mapping from the process (reads fault back in)."""

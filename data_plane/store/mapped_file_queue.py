@@ -113,18 +113,16 @@ class MappedFileQueue:
         *,
         allocator: AllocateMappedFileService | None = None,
         keep_fd: bool = True,
-        no_readahead_while_writing: bool = False,
     ) -> None:
-        """``keep_fd``: each file keeps a descriptor for flushing (few, busy files: the
-        CommitLog); otherwise one is opened per flush (thousands of ConsumeQueue files).
-        ``no_readahead_while_writing``: see ``MappedFile.advise_writing``."""
+        """``keep_fd``: each file keeps a descriptor, written with ``pwrite`` and flushed
+        through it (few, busy files: the CommitLog); otherwise files are written through the
+        mapping and one descriptor is opened per flush (thousands of ConsumeQueue files)."""
         self.directory = directory
         self.file_size = file_size
         self.files: list[MappedFile] = []
         self.flushed_where = 0
         self._allocator = allocator
         self._keep_fd = keep_fd
-        self._no_readahead = no_readahead_while_writing
         self._zombies: list[MappedFile] = []  # destroyed but still referenced by a reader
         os.makedirs(directory, exist_ok=True)
 
@@ -150,8 +148,6 @@ class MappedFileQueue:
             mf = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd, zero_fill=not self._keep_fd)
             mf.set_positions(self.file_size)
             self.files.append(mf)
-        if self._no_readahead and self.files:
-            self.files[-1].advise_writing()  # appends continue in the last file
 
     # --- lookup ----------------------------------------------------------------------------
     @property
@@ -212,10 +208,6 @@ class MappedFileQueue:
             self.flushed_where = start_offset
         elif last is None:
             self.flushed_where = create_offset
-        if self._no_readahead:  # see MappedFile.advise_writing
-            mf.advise_writing()
-            if last is not None:
-                last.advise_reading()
         self.files.append(mf)
         return mf
 

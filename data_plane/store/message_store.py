@@ -214,7 +214,6 @@ class MessageStore:
             mfq,
             window_bytes=cfg.reserve_ahead_bytes,
             keep_behind_bytes=cfg.release_keep_bytes,
-            populate=speedups.populate if speedups is not None and cfg.populate_ahead else None,
             release=(
                 None
                 if not cfg.release_flushed_pages
@@ -326,10 +325,8 @@ class MessageStore:
             if lock.acquire(False):
                 try:
                     r = appender.append(msgs[0])
-                except OSError as e:
-                    self.dispatch_broken = True
-                    log.error("dispatch failed, writes paused until it can be redone: %s", e)
-                    return PutMessageResult(PutMessageStatus.DISK_FULL, None, f"stored but not indexed: {e}"), -1
+                except OSError as e:  # the CommitLog file refused the bytes: nothing recorded
+                    return self._io_refusal(e), -1
                 finally:
                     lock.release()
                 if r is not None:
@@ -392,8 +389,8 @@ class MessageStore:
     def _io_refusal(self, e: OSError) -> PutMessageResult:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
             self.disk_full = True
-            return PutMessageResult(PutMessageStatus.DISK_FULL, reason=f"no room for a new CommitLog file: {e}")
-        log.error("creating a CommitLog file failed: %s", e)
+            return PutMessageResult(PutMessageStatus.DISK_FULL, reason=f"no room in the CommitLog: {e}")
+        log.error("writing to the CommitLog failed: %s", e)
         return PutMessageResult(PutMessageStatus.CREATE_MAPPED_FILE_FAILED, reason=str(e))
 
     def _wants_flush_wait(self, msgs: Sequence[Message]) -> bool:

@@ -1,24 +1,16 @@
-"""ReserveAheadService: prepares the CommitLog's next bytes before the writer reaches them.
+"""ReserveAheadService: keeps the CommitLog's next blocks reserved and its past pages unmapped.
 
-Two things must happen to a page of the CommitLog before an append writes it through the
-mapping, and both are slow enough to matter on the hot path:
-
-* its disk blocks must be **reserved**, so that a full disk is an ENOSPC at reservation time
-  and never a SIGBUS in the middle of an append. CommitLog files are created with every block
-  reserved (``posix_fallocate``, by ``AllocateMappedFileService`` ahead of need, or on the write
-  path); only a file reopened after recovery truncated it has an unreserved tail, which this
-  thread reserves;
-* it should be **mapped** into the process (``MADV_POPULATE_WRITE`` through the compiled
-  ``_speedups.populate``, which releases the GIL): the page fault that maps a new page cache
-  page — zeroing 4 KiB in the kernel — costs 2-7 us on the virtual machines Orbit runs on, up
-  to 40 % of a batched append. Done here, it happens on the other core.
-
-This thread keeps ``reserve_ahead_bytes`` (128 MiB) after the write position reserved and
-mapped, and drops the pages more than ``release_keep_bytes`` (16 MiB) behind the writer from the
-process's page tables (they stay in the page cache, dirty or not), so resident memory stays
-bounded — the window plus 16 MiB — however fast the writer goes and however far the flusher
-lags. A writer that catches up simply takes its own faults. Without the compiled module the
-mapping step is skipped and the release holds the GIL.
+* **Reserve ahead.** Every block of the CommitLog must be allocated before an append writes it,
+  so that a full disk is an ENOSPC at reservation time, never a failure half-way through a
+  record. CommitLog files are created with every block reserved (``posix_fallocate``, by
+  ``AllocateMappedFileService`` ahead of need, or on the write path); only a file reopened
+  after recovery truncated it has an unreserved tail, which this thread reserves
+  ``reserve_ahead_bytes`` (128 MiB) ahead of the writer, off the writer's thread.
+* **Release behind.** Appends are ``pwrite``s; the mapping is only read (consumers, lookups),
+  and pages it has read stay in the process's page tables. This thread drops the pages more
+  than ``release_keep_bytes`` (16 MiB) behind the writer from them (the page cache keeps them),
+  so resident memory does not grow with the amount stored. Without the compiled module the
+  release holds the GIL.
 """
 
 from __future__ import annotations
@@ -51,7 +43,6 @@ class ReserveAheadService(ServiceThread):
         *,
         window_bytes: int,
         keep_behind_bytes: int,
-        populate: Callable[[memoryview, int, int], int] | None,
         release: Release | None,
     ) -> None:
         super().__init__()
@@ -59,7 +50,6 @@ class ReserveAheadService(ServiceThread):
         self._window = window_bytes
         self._keep = keep_behind_bytes
         self._step = max(window_bytes // 4, PAGE_SIZE_BYTES)
-        self._populate = populate
         self._release = release
 
     def _release_behind(self, mf: MappedFile, upto: int) -> bool:
@@ -95,18 +85,6 @@ class ReserveAheadService(ServiceThread):
                     log.warning("cannot reserve %s ahead of the writer: %s", mf.path, e)
                     self.wait_for_running(1.0)
                     continue
-            populate = self._populate
-            ready = min(target, mf.reserved_upto)
-            if populate is not None and mf.populated_upto < ready:
-                start = max(mf.populated_upto, wrote - wrote % PAGE_SIZE_BYTES)
-                end = min(ready, start + self._step)
-                err = populate(mf.mv, start, end - start) if end > start else 0
-                if err:
-                    log.warning("mapping %s ahead stopped (errno %d); the writer maps its own pages", mf.path, err)
-                    mf.populated_upto = mf.file_size
-                else:
-                    mf.populated_upto = end
-                worked = True
             worked = self._release_behind(mf, wrote - self._keep) or worked
             if not worked:
                 self.wait_for_running(0.002)

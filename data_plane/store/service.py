@@ -1,4 +1,4 @@
-"""ServiceThread: the store's background loops (flush, populate-ahead) share this shape."""
+"""ServiceThread: the store's background loops (flush, reserve-ahead) share this shape."""
 
 from __future__ import annotations
 

@@ -517,7 +517,6 @@ def filled_later_in_child(mnt: str, seed: int, preallocate: bool) -> int:
         mount / "store",
         commit_log_file_size_bytes=4 * FILE_BYTES,
         preallocate_next_file=preallocate,
-        populate_ahead=False,
     )
     store = MessageStore(config)
     store.start()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from collections.abc import Callable
@@ -423,3 +424,57 @@ def test_index_write_stops_when_the_file_is_full_and_says_where(write_path: str)
     entries_at = 40 + 4 * 4
     assert bytes(buf[entries_at : entries_at + INDEX_ENTRY_SIZE]) == bytes(INDEX_ENTRY_SIZE)  # entry 0 unused
     assert struct.unpack_from(">iqii", buf, entries_at + 4 * INDEX_ENTRY_SIZE) == (3, 1003, 0, 0)
+
+
+# --- staging buffer and file descriptor ------------------------------------------------------
+def test_both_twins_write_the_staged_records_to_the_file_at_the_given_offset(
+    speedups: ModuleType, seed: int, tmp_path: Any
+) -> None:
+    rng = random.Random(seed)
+    for twin in (speedups.write_batch, py_write_batch):
+        for round_ in range(20):
+            msgs, topic_b, queue_id = _batch(rng)
+            need = sum(_record_size(m, topic_b) for m in msgs)
+            at = rng.choice([0, rng.randint(1, 10_000)])
+            path = tmp_path / f"log-{twin is py_write_batch}-{round_}"
+            path.write_bytes(b"\xee" * (at + need + 64))
+            stage = bytearray(need + 8)
+            fd = os.open(path, os.O_RDWR)
+            try:
+                head = (0, need, 4096 + at, msgs, topic_b, queue_id, 0, STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG, True)
+                result = twin(memoryview(stage), *head, None, 0, 0, None, 0, 0, 0, 0, fd, at)
+            finally:
+                os.close(fd)
+            assert result[0] == 0
+            assert result[1] == need
+            data = path.read_bytes()
+            assert data[at : at + need] == stage[:need], "the file holds exactly the staged records"
+            assert data[:at] == b"\xee" * at, "nothing before was touched"
+            assert data[at + need :] == b"\xee" * 64, "nothing after was touched"
+            first = decode_record(data, at)
+            assert first.commit_log_offset == 4096 + at
+            assert first.body == msgs[0].body
+
+
+def test_a_file_that_refuses_the_records_raises_and_leaves_the_index_targets_alone(
+    speedups: ModuleType, tmp_path: Any
+) -> None:
+    msgs = [Message(topic="T", body=b"x" * 100, properties={"UNIQ_KEY": "ABC", "TAGS": "t"})]
+    need = _record_size(msgs[0], b"T")
+    path = tmp_path / "log"
+    path.write_bytes(bytes(need))
+    for twin in (speedups.write_batch, py_write_batch):
+        cq = bytearray(200)
+        ix, count = _index_buffer(random.Random(1), 7, 64, STORE_TS)
+        ix_before = bytes(ix)
+        fd = os.open(path, os.O_RDONLY)  # pwrite fails with EBADF
+        try:
+            with pytest.raises(OSError, match="Bad file descriptor"):
+                twin(
+                    memoryview(bytearray(need)), 0, need, 0, msgs, b"T", 0, 0, STORE_TS, STORE_HOST, MAX_PROPS,
+                    MAX_MSG, True, memoryview(cq), 0, len(cq), memoryview(ix), 7, count, 64, STORE_TS, fd, 0,
+                )
+        finally:
+            os.close(fd)
+        assert cq == bytearray(200), "no ConsumeQueue unit names a record that is not in the file"
+        assert bytes(ix) == ix_before, "no index entry names it either"

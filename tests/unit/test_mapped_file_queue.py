@@ -285,46 +285,36 @@ def test_a_queue_with_an_allocator_rolls_over_into_pre_created_files(make_queue:
     assert offset_to_file_name(4 * SIZE) not in os.listdir(q.directory)
 
 
-def _vm_flags(path: str) -> set[str]:
-    """The kernel's VmFlags of this process's mapping of ``path`` (from /proc/self/smaps)."""
-    flags: set[str] = set()
+def _resident_kib(path: str) -> int:
+    """Rss of this process's mapping of ``path`` (from /proc/self/smaps)."""
     current = None
     with open("/proc/self/smaps") as f:
         for line in f:
             first = line.split(maxsplit=5)
             if len(first) >= 5 and "-" in first[0] and ":" in first[3]:
                 current = first[5].strip() if len(first) == 6 else ""
-            elif line.startswith("VmFlags:") and current == path:
-                flags.update(line.split()[1:])
-    return flags
+            elif line.startswith("Rss:") and current == path:
+                return int(line.split()[1])
+    raise AssertionError(f"{path} is not mapped")
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
-def test_the_commit_log_file_being_written_has_no_readahead_and_a_full_one_has_it_again(
+def test_files_that_keep_a_descriptor_are_written_with_pwrite_not_through_the_mapping(
     make_queue: MakeQueue,
 ) -> None:
-    # Readahead while faulting in never-written, fallocated pages zeroes megabytes in one fault
-    # and stalls the event loop; a complete file is read back sequentially and wants it.
-    q = make_queue(keep_fd=True, no_readahead_while_writing=True)
-    first = q.last_file_for_write()
-    assert "rr" in _vm_flags(first.path)
-    _write(q, b"x" * (SIZE + 10))
-    second = q.last
-    assert second is not None
-    assert second is not first
-    assert "rr" in _vm_flags(second.path)
-    assert "rr" not in _vm_flags(first.path)
-    last_path = second.path
-    q.close()
-    assert _vm_flags(last_path) == set(), "closed: no mapping of the file is left"
-    reopened = make_queue(directory=Path(q.directory), keep_fd=True, no_readahead_while_writing=True)
-    reopened.load()
-    assert reopened.last is not None
-    assert reopened.last.path == last_path
-    assert "rr" in _vm_flags(last_path), "appends continue in the last file after a restart"
+    # A write through the mapping faults each new page in (and may read megabytes ahead inside
+    # the fault); pwrite copies into the page cache and leaves the mapping untouched.
+    q = make_queue(keep_fd=True, file_size=64 * 1024)
+    mf = q.last_file_for_write()
+    data = _pattern(48 * 1024, seed=3)
+    assert mf.append_bytes(data)
+    assert _resident_kib(mf.path) == 0, "the writer mapped none of the pages it wrote"
+    assert bytes(mf.mv[: len(data)]) == data, "readers see the bytes through the mapping"
+    assert _resident_kib(mf.path) > 0
+    with open(mf.path, "rb") as f:
+        assert f.read(len(data)) == data
 
-
-@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
-def test_readahead_stays_on_when_the_setting_is_off(make_queue: MakeQueue) -> None:
-    q = make_queue(keep_fd=True)
-    assert "rr" not in _vm_flags(q.last_file_for_write().path)
+    cq = make_queue(directory=Path(q.directory) / "cq", keep_fd=False, file_size=64 * 1024)
+    cq_file = cq.last_file_for_write()
+    assert cq_file.append_bytes(b"u" * 8192)
+    assert _resident_kib(cq_file.path) > 0, "files without a descriptor are written through the mapping"
