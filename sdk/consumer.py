@@ -35,7 +35,7 @@ from data_plane.remoting.codes import RequestCode
 from sdk import protocol
 from sdk.aio import wait_event
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
-from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError, RouteNotFoundError
+from sdk.errors import ClientStateError, FlowControlError, IllegalArgumentError, OrbitError, RouteNotFoundError
 from sdk.message import MessageExt, MessageQueue
 from sdk.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from sdk.process_queue import ProcessQueue
@@ -543,6 +543,9 @@ class ConsumerBase:
             except OrbitError as e:
                 if pq.dropped or self._stop.is_set():
                     return
+                if isinstance(e, FlowControlError):  # over quota: wait as long as the broker says
+                    await wait_event(self._stop, e.retry_after_ms / 1000)
+                    continue
                 log.warning("consumer %s: pull of %s failed: %s", self.group, mq, e)
                 broker_id = 0
                 await wait_event(self._stop, self.pull_retry_delay_ms / 1000)

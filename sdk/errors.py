@@ -14,6 +14,7 @@ are translated once, by ``from_remoting``.
 
 from __future__ import annotations
 
+import re
 from typing import ClassVar
 
 from data_plane.remoting.codes import ResponseCode
@@ -23,6 +24,8 @@ from data_plane.remoting.errors import (
     RemotingTimeoutError,
     RemotingTooMuchRequestError,
 )
+
+_RETRY_AFTER = re.compile(r"retry-after-ms=(\d{1,9})")
 
 
 class OrbitError(Exception):
@@ -122,6 +125,21 @@ class SystemBusyError(BrokerError):
 
     code = ResponseCode.SYSTEM_BUSY
     retriable = True
+
+
+class FlowControlError(BrokerError):
+    """The tenant is over its quota on this broker. ``retry_after_ms`` is the broker's hint
+    (from the remark's ``retry-after-ms=<n>``); the producer and consumers wait that long and
+    retry by themselves, within their deadlines."""
+
+    code = ResponseCode.FLOW_CONTROL
+    retriable = True
+    DEFAULT_RETRY_AFTER_MS = 100
+
+    @property
+    def retry_after_ms(self) -> int:
+        m = _RETRY_AFTER.search(self.remark)
+        return int(m.group(1)) if m else self.DEFAULT_RETRY_AFTER_MS
 
 
 class RequestCodeNotSupportedError(BrokerError):

@@ -20,6 +20,9 @@ statuses of a message that was stored, not errors.
   ``send_timeout_ms``. A retry can store a message twice (the first attempt may have landed):
   delivery is at least once; ``msg_id`` (UNIQ_KEY) is the same on every attempt, so consumers
   can de-duplicate.
+* Flow control: a broker answering FLOW_CONTROL (215, the tenant is over its quota) stored
+  nothing; the producer waits the broker's ``retry-after-ms`` and sends again, without using up
+  a retry, until ``send_timeout_ms`` runs out — then it raises ``FlowControlError``.
 * A topic the name servers do not know is sent through the default topic's (TBW102) route,
   so the broker creates it (autoCreateTopicEnable).
 """
@@ -40,6 +43,7 @@ from sdk import protocol
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
 from sdk.errors import (
     ClientStateError,
+    FlowControlError,
     IllegalArgumentError,
     IllegalMessageError,
     MessageTooLargeError,
@@ -309,7 +313,8 @@ class Producer:
         last_broker: str | None = None
         last_error: OrbitError | None = None
         refresh = False
-        for attempt in range(1 + self.retry_times):
+        attempt = 0
+        while attempt <= self.retry_times:
             route = None if refresh else inst.routes.get(topic)
             if route is None or not route.publish_queues:
                 route = await inst.publish_route(topic, refresh=refresh)
@@ -323,17 +328,26 @@ class Producer:
                 addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
                 resp = await inst.invoke(addr, build(mq), remaining_ms)
                 result = protocol.parse_send_response(resp, mq, msg_id, addr)
+            except FlowControlError as e:
+                # Over quota: not the broker's fault and not an attempt used up; wait as told.
+                last_error = e
+                wait_s = min(e.retry_after_ms / 1000, deadline - loop.time())
+                if wait_s <= 0:
+                    break
+                await asyncio.sleep(wait_s)
+                continue
             except OrbitError as e:
+                attempt += 1
                 self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=True)
                 if not e.retriable:
                     raise
-                log.info("send to %s failed (attempt %d): %s", mq, attempt + 1, e)
+                log.info("send to %s failed (attempt %d): %s", mq, attempt, e)
                 last_error = e
                 refresh = e.invalid_metadata
                 continue
             self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=False)
             return result
-        if last_error is not None and loop.time() < deadline:
+        if last_error is not None and (loop.time() < deadline or isinstance(last_error, FlowControlError)):
             raise last_error
         raise RequestTimeoutError(
             f"send to {topic!r} did not succeed within send_timeout_ms={self.send_timeout_ms}"

@@ -78,6 +78,9 @@ class ResponseCode(enum.IntEnum):
     TRANSACTION_STATE_UNKNOW = 202
     CONSUMER_NOT_ONLINE = 206
     NO_MESSAGE = 208
+    # A tenant over its quota (what managed RocketMQ services answer): the remark carries
+    # "retry-after-ms=<n>"; the client backs off that long and retries.
+    FLOW_CONTROL = 215
 
 
 # Bits of a command's ``flag``.
