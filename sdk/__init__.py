@@ -14,6 +14,14 @@ See ``sdk/README.md`` for the design; every module opens with what it holds.
 from sdk.blocking import BlockingProducer, BlockingPullConsumer
 from sdk.client_instance import ClientInstance, Credentials
 from sdk.consumer import ConsumeFrom, MessageModel
+from sdk.credentials import (
+    AccessKeyCredentials,
+    AuthenticationError,
+    ClientCredentials,
+    StaticToken,
+    TokenProvider,
+    TokenUnavailableError,
+)
 from sdk.errors import (
     BrokerError,
     ClientStateError,
@@ -33,12 +41,15 @@ from sdk.rebalance import AllocateAveragely, AllocateConsistentHash, AllocateStr
 from sdk.subscription import Subscription, parse_subscription
 
 __all__ = [
+    "AccessKeyCredentials",
     "AllocateAveragely",
     "AllocateConsistentHash",
     "AllocateStrategy",
+    "AuthenticationError",
     "BlockingProducer",
     "BlockingPullConsumer",
     "BrokerError",
+    "ClientCredentials",
     "ClientInstance",
     "ClientStateError",
     "ConnectionFailedError",
@@ -61,7 +72,10 @@ __all__ = [
     "RouteNotFoundError",
     "SendResult",
     "SendStatus",
+    "StaticToken",
     "Subscription",
+    "TokenProvider",
+    "TokenUnavailableError",
     "parse_subscription",
     "select_by_sharding_key",
 ]

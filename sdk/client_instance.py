@@ -9,8 +9,10 @@ One instance per (event loop, name servers, instance name, credentials hook) hol
 * heartbeats: every ``heartbeat_interval_ms`` a HEART_BEAT with every producer group and
   consumer group (with subscriptions) goes to every broker of those routes, so brokers know who
   is in a group; UNREGISTER_CLIENT when a member leaves;
-* ``credentials``: a hook called with every request, returning extFields to add (the
-  control-plane issue signs requests with it). None by default.
+* ``credentials``: a hook called with every request, returning extFields to add — or a
+  ``TokenProvider`` (wrapped by ``sdk.credentials``). A hook with ``ensure_fresh()`` (every
+  credential of ``sdk.credentials``) is asked before each request; it answers None while its
+  token is fresh, else an awaitable the request waits on. None by default.
 
 Members register with ``add_producer`` / ``add_consumer``; ``acquire`` / ``release`` count users
 so the last one closes the instance. Consumers of one group must be in different instances
@@ -23,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
 from data_plane.remoting import bodies
@@ -36,6 +38,7 @@ from data_plane.remoting.server import Processors
 from sdk import protocol
 from sdk.aio import wait_event
 from sdk.client_id import new_client_id
+from sdk.credentials import TokenProvider, as_hook
 from sdk.errors import (
     BrokerNotFoundError,
     ClientStateError,
@@ -50,6 +53,7 @@ from sdk.route import MASTER_ID, TopicRoute, parse_route
 log = logging.getLogger(__name__)
 
 Credentials = Callable[[RemotingCommand], Mapping[str, str] | None]
+EnsureFresh = Callable[[], Awaitable[None] | None]
 
 
 class ProducerMember(Protocol):
@@ -86,7 +90,7 @@ class ClientInstance:
         namesrv_addrs: str | Sequence[str],
         *,
         instance_name: str = "DEFAULT",
-        credentials: Credentials | None = None,
+        credentials: Credentials | TokenProvider | None = None,
         request_timeout_ms: int = 3000,
         route_refresh_interval_ms: int = 30000,
         heartbeat_interval_ms: int = 30000,
@@ -95,7 +99,8 @@ class ClientInstance:
         self.namesrv_addrs = _split_namesrv(namesrv_addrs)
         self.instance_name = instance_name
         self.client_id = new_client_id()
-        self.credentials = credentials
+        self.credentials: Credentials | None = as_hook(credentials)
+        self._ensure_fresh: EnsureFresh | None = getattr(self.credentials, "ensure_fresh", None)
         self.request_timeout_ms = request_timeout_ms
         self.route_refresh_interval_ms = route_refresh_interval_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -182,6 +187,8 @@ class ClientInstance:
         """Send a request and return the response (any code); transport failures raise OrbitError."""
         if self.closed:
             raise ClientStateError("client instance is closed")
+        if self._ensure_fresh is not None and (wait := self._ensure_fresh()) is not None:
+            await wait  # no token yet, or it expired: the credentials fetch one
         try:
             return await self.remoting.invoke(addr, self._sign(cmd), timeout_ms or self.request_timeout_ms)
         except RemotingError as e:
@@ -190,6 +197,8 @@ class ClientInstance:
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         if self.closed:
             raise ClientStateError("client instance is closed")
+        if self._ensure_fresh is not None and (wait := self._ensure_fresh()) is not None:
+            await wait
         try:
             await self.remoting.invoke_oneway(addr, self._sign(cmd))
         except RemotingError as e:
@@ -417,7 +426,7 @@ async def acquire_instance(
     namesrv_addrs: str | Sequence[str],
     *,
     instance_name: str = "DEFAULT",
-    credentials: Credentials | None = None,
+    credentials: Credentials | TokenProvider | None = None,
     **options: int,
 ) -> ClientInstance:
     """The shared instance for these name servers, instance name and credentials hook on the

@@ -33,6 +33,7 @@ from data_plane.broker.pull import PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
 from data_plane.broker.send import SendProcessor
 from data_plane.broker.subscription_group import SubscriptionGroupManager
+from data_plane.broker.tenancy import BrokerTenancy
 from data_plane.broker.topic_config import TopicConfigManager
 from data_plane.remoting import bodies
 from data_plane.remoting.client import RemotingClient
@@ -65,13 +66,15 @@ class Broker:
         self.topics = TopicConfigManager(
             os.path.join(conf_dir, "topics.json"),
             broker_name=config.broker_name,
-            auto_create=config.auto_create_topic_enable,
+            # With auth on, tenants' topics and groups come from the control plane only.
+            auto_create=config.auto_create_topic_enable and not config.auth_enabled,
             default_queue_nums=config.default_topic_queue_nums,
             max_queue_nums=config.max_topic_queue_nums,
         )
         self.offsets = ConsumerOffsetManager(os.path.join(conf_dir, "consumerOffset.json"))
         self.groups = SubscriptionGroupManager(
-            os.path.join(conf_dir, "subscriptionGroup.json"), auto_create=config.auto_create_subscription_group
+            os.path.join(conf_dir, "subscriptionGroup.json"),
+            auto_create=config.auto_create_subscription_group and not config.auth_enabled,
         )
         self.clients = ClientManager(channel_expired_s=config.channel_expired_s)
         self.locks = RebalanceLockManager(expiry_s=config.rebalance_lock_expiry_s)
@@ -80,7 +83,8 @@ class Broker:
         self.store: MessageStore = None  # type: ignore[assignment]  # set in start(), once the port is known
         self.address = ""
         self.has_slave = False
-        self.before_put: BeforePut | None = None  # quota / auth hook of later layers
+        self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
+        self.tenancy: BrokerTenancy | None = None
         self.started_at = time.time()
         self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0, "max_loop_lag_ms": 0}
         self._tasks: list[asyncio.Task[None]] = []
@@ -99,6 +103,11 @@ class Broker:
         self.offsets.load()
         self.groups.load()
         self.topics.persist()
+        self.tenancy = BrokerTenancy(self)
+        await self.tenancy.start()
+        self.before_put = self.tenancy.before_put
+        if self.config.auth_enabled:
+            self.processors.before = self.tenancy.before
         self._register_processors()
         await self.server.start_serving()
         loop = asyncio.get_running_loop()
@@ -148,6 +157,8 @@ class Broker:
             (rc.GET_BROKER_RUNTIME_INFO, admin.runtime_info),
         ):
             p.register(code, handler)
+        if self.tenancy is not None:
+            p.register(rc.ORBIT_SYNC_TENANCY, self.tenancy.sync)
 
     async def shutdown(self) -> None:
         if self._stopping:
@@ -163,6 +174,8 @@ class Broker:
             await self._unregister_all()
         await self.namesrv_client.close()
         await self.server.close()
+        if self.tenancy is not None:
+            await self.tenancy.stop()
         if self.store is not None:
             self.offsets.persist()
             self.topics.persist()
@@ -190,10 +203,12 @@ class Broker:
         s["put_msgs"] += n
         s["put_bytes"] += nbytes
 
-    def on_pulled(self, n: int, nbytes: int) -> None:
+    def on_pulled(self, topic: str, n: int, nbytes: int) -> None:
         s = self.stats
         s["get_msgs"] += n
         s["get_bytes"] += nbytes
+        if self.tenancy is not None:
+            self.tenancy.after_pull(topic, n, nbytes)
 
     def _connection_closed(self, conn: Connection) -> None:
         for group in self.clients.connection_closed(conn):

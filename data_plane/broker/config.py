@@ -66,6 +66,18 @@ class BrokerConfig:
     max_frame_bytes: int = 16 * 1024 * 1024
     max_pull_messages: int = 1024
     max_query_messages: int = 64
+    # --- Tenancy (docs/broker.md#tenancy): identity, authorization, quotas, metering --------------
+    # With auth on, every request must carry a JWT or a RocketMQ ACL signature and may only touch
+    # its tenant's resources; topics and groups are then created by the control plane only.
+    auth_enabled: bool = False
+    control_plane_url: str = ""  # usage reports go here; the JWKS too unless jwks_url is set
+    jwks_url: str = ""
+    jwks_refresh_interval_s: float = 300.0
+    # A file holding this broker's own credential (role "broker": access_key and secret, TOML or
+    # JSON) used to report usage. Never logged.
+    broker_credentials_file: str = ""
+    usage_report_interval_s: float = 60.0
+    quota_burst_s: float = 1.0  # a tenant's token buckets hold this many seconds of its rate
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     @property
@@ -75,6 +87,10 @@ class BrokerConfig:
     @property
     def listen_port(self) -> int:
         return int(self.listen.rpartition(":")[2])
+
+    @property
+    def effective_jwks_url(self) -> str:
+        return self.jwks_url or (self.control_plane_url.rstrip("/") + "/.well-known/jwks.json")
 
     @property
     def is_master(self) -> bool:
@@ -108,6 +124,14 @@ class BrokerConfig:
         for a in self.namesrv_addrs:
             if not a.rpartition(":")[2].isdigit():
                 problems.append(f"name server address {a!r} is not host:port")
+        if self.auth_enabled and not (self.jwks_url or self.control_plane_url):
+            problems.append("auth_enabled needs control_plane_url or jwks_url (where the token keys are)")
+        for name in ("control_plane_url", "jwks_url"):
+            url = getattr(self, name)
+            if url and not url.startswith(("http://", "https://")):
+                problems.append(f"{name} {url!r} is not an http(s) URL")
+        if self.quota_burst_s <= 0:
+            problems.append("quota_burst_s must be > 0")
         if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
             problems.append("default_topic_queue_nums must be within 1..max_topic_queue_nums")
         unknown = set(self.store) - {f.name for f in dataclasses.fields(StoreConfig)}

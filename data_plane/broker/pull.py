@@ -86,6 +86,10 @@ class PullProcessor:
                 ResponseCode.SYSTEM_ERROR,
                 f"queueId[{queue_id}] is illegal, topic:[{topic}] topicConfig.readQueueNums:[{tc['readQueueNums']}]",
             )
+        if broker.tenancy is not None:
+            throttled = broker.tenancy.before_pull(cmd, topic)
+            if throttled is not None:
+                return throttled
         g = broker.groups.find(group)
         if g is not None and not g.get("consumeEnable", True):
             return cmd.response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
@@ -118,7 +122,7 @@ class PullProcessor:
                 fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes)
                 if fut is not None:
                     return self._held(cmd, fut, topic, queue_id, offset, max_nums, codes)
-        return self._answer(cmd, result, offset)
+        return self._answer(cmd, result, offset, topic)
 
     async def _held(
         self,
@@ -132,9 +136,9 @@ class PullProcessor:
     ) -> RemotingCommand:
         await fut
         result = self.store.get_message(topic, queue_id, offset, max_nums, tags_codes=codes)
-        return self._answer(cmd, result, offset)
+        return self._answer(cmd, result, offset, topic)
 
-    def _answer(self, cmd: RemotingCommand, result: GetMessageResult, offset: int) -> RemotingCommand:
+    def _answer(self, cmd: RemotingCommand, result: GetMessageResult, offset: int, topic: str) -> RemotingCommand:
         status = result.status
         ext = {
             "nextBeginOffset": str(result.next_begin_offset),
@@ -143,7 +147,7 @@ class PullProcessor:
             "suggestWhichBrokerId": "1" if result.suggest_pulling_from_slave and self.broker.has_slave else "0",
         }
         if status is GetMessageStatus.FOUND:
-            self.broker.on_pulled(result.message_count, result.buffer_total_size)
+            self.broker.on_pulled(topic, result.message_count, result.buffer_total_size)
             return cmd.response(ResponseCode.SUCCESS, "FOUND", ext, body=result.messages)
         if status in _RETRY:
             return cmd.response(ResponseCode.PULL_RETRY_IMMEDIATELY, status.value, ext)

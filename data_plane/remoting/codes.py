@@ -48,6 +48,9 @@ class RequestCode(enum.IntEnum):
     GET_CONSUMER_RUNNING_INFO = 307
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
+    # Orbit's own (outside RocketMQ's numbering): the control plane's reconciler sends a broker
+    # the whole tenancy snapshot — credentials, tenant status, quota shares (docs/broker.md).
+    ORBIT_SYNC_TENANCY = 9001
 
 
 class ResponseCode(enum.IntEnum):

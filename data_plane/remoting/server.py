@@ -14,6 +14,9 @@ from data_plane.remoting.connection import IDLE_TIMEOUT_S, Connection
 log = logging.getLogger(__name__)
 
 Handler = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
+# Runs ahead of every handler: None lets the request through, a command answers instead, an
+# awaitable of either decides later (e.g. after fetching an unknown token key).
+Before = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
 
 
 class Processors:
@@ -22,7 +25,7 @@ class Processors:
 
     def __init__(self) -> None:
         self.handlers: dict[int, Handler] = {}
-        self.before: Callable[[Connection, RemotingCommand], RemotingCommand | None] | None = None
+        self.before: Before | None = None
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler
@@ -36,8 +39,22 @@ class Processors:
         if self.before is not None:
             refused = self.before(conn, cmd)
             if refused is not None:
-                return refused
+                if isinstance(refused, RemotingCommand):
+                    return refused
+                return _decide_later(refused, handler, conn, cmd)
         return handler(conn, cmd)
+
+
+async def _decide_later(
+    pending: Awaitable[RemotingCommand | None], handler: Handler, conn: Connection, cmd: RemotingCommand
+) -> RemotingCommand | None:
+    refused = await pending
+    if refused is not None:
+        return refused
+    answer = handler(conn, cmd)
+    if answer is None or isinstance(answer, RemotingCommand):
+        return answer
+    return await answer
 
 
 class RemotingServer:

@@ -1,0 +1,105 @@
+"""API authentication and authorization.
+
+Every API request but /healthz, /openapi.json, /.well-known/jwks.json and /oauth/token carries
+``Authorization: Bearer <jwt>`` minted by this control plane. Rules:
+
+- operator endpoints: role ``operator``;
+- ``/v1/tenants/{tenant}/...``: role ``operator``, or role ``tenant`` with ``tenant`` claim equal
+  to ``{tenant}`` (another tenant's token gets 403 whether or not ``{tenant}`` exists) whose
+  grants allow it: any action on a topic/group to read it, ``admin`` on it to write it, and
+  namespace admin (admin on topic ``*`` and group ``*``) for credentials and ACLs;
+- ``/internal/...``: role ``broker`` (or operator).
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from control_plane import context
+from control_plane.errors import Forbidden, InvalidField, Unauthenticated
+from control_plane.grants import Action, Resource, allows, is_tenant_admin
+from control_plane.names import is_resource_name, is_tenant_id
+from control_plane.principal import Principal
+
+MAX_TOKEN_CHARS = 8192
+
+
+async def authenticate(request: web.Request) -> Principal:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("an Authorization: Bearer <token> header is required")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise Unauthenticated("the bearer token is too long")
+    services = context.services(request)
+    principal = await services.tokens.verify(token.strip())
+    return await services.credentials.check_current(principal)
+
+
+async def operator(request: web.Request) -> Principal:
+    principal = await authenticate(request)
+    if not principal.is_operator:
+        raise Forbidden("this endpoint is for operators")
+    return principal
+
+
+async def broker(request: web.Request) -> Principal:
+    principal = await authenticate(request)
+    if principal.role not in ("broker", "operator"):
+        raise Forbidden("this endpoint is for broker hosts")
+    return principal
+
+
+def tenant_id_of(request: web.Request) -> str:
+    tenant_id = request.match_info["tenant"]
+    if not is_tenant_id(tenant_id):
+        raise InvalidField("tenant", "must match ^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
+    return tenant_id
+
+
+def resource_name_of(request: web.Request, key: str = "name") -> str:
+    name = request.match_info[key]
+    if not is_resource_name(name):
+        raise InvalidField(key, "must match ^[A-Za-z0-9_-]{1,64}$")
+    return name
+
+
+async def tenant_member(request: web.Request) -> tuple[Principal, str]:
+    """An operator, or a tenant principal of the URL's tenant."""
+    principal = await authenticate(request)
+    tenant_id = tenant_id_of(request)
+    if principal.is_operator:
+        return principal, tenant_id
+    if principal.role != "tenant" or principal.tenant != tenant_id:
+        raise Forbidden(f"this token is not allowed to access tenant {tenant_id!r}", tenant=tenant_id)
+    return principal, tenant_id
+
+
+async def tenant_resource(
+    request: web.Request, resource: Resource, name: str | None, action: Action | None
+) -> tuple[Principal, str]:
+    """A tenant member whose grants allow ``action`` (any, when None) on the named resource
+    (``name=None``: on some resource of that kind, e.g. to list or to create by body name)."""
+    principal, tenant_id = await tenant_member(request)
+    require_grant(principal, resource, name, action)
+    return principal, tenant_id
+
+
+def require_grant(principal: Principal, resource: Resource, name: str | None, action: Action | None) -> None:
+    if principal.is_operator:
+        return
+    ok = (
+        allows(principal.grants, resource, name, action)
+        if name is not None
+        else any(g.resource == resource and (action is None or action in g.actions) for g in principal.grants)
+    )
+    if not ok:
+        what = f"{resource} {name!r}" if name is not None else f"{resource}s"
+        raise Forbidden(f"the credential's grants do not allow {action or 'access'} on {what}")
+
+
+async def tenant_admin(request: web.Request) -> tuple[Principal, str]:
+    principal, tenant_id = await tenant_member(request)
+    if not principal.is_operator and not is_tenant_admin(principal.grants):
+        raise Forbidden("managing credentials and ACLs needs admin on topic * and group *")
+    return principal, tenant_id

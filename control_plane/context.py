@@ -1,0 +1,23 @@
+"""Typed application keys, and the per-request accessors handlers use."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from control_plane.request_body import Body, read_json
+from control_plane.services import Services
+
+SERVICES = web.AppKey("services", Services)
+
+
+def services(request: web.Request) -> Services:
+    return request.app[SERVICES]
+
+
+OPENAPI = web.AppKey("openapi", dict)
+
+
+async def body(request: web.Request, allowed: tuple[str, ...]) -> Body:
+    """The request's JSON object, limited to the configured size, with only ``allowed`` fields."""
+    limit = services(request).settings.json_body_limit_bytes
+    return Body(await read_json(request, limit_bytes=limit), allowed=allowed)

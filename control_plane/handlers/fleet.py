@@ -1,0 +1,142 @@
+"""Operators: the broker fleet — broker groups with capacity, and their hosts."""
+
+from __future__ import annotations
+
+import re
+
+from aiohttp import web
+
+from control_plane import auth, context
+from control_plane.errors import InvalidField
+from control_plane.names import BROKER_GROUP_NAME
+from control_plane.request_body import ADDRESS
+from control_plane.routes import Route, json_response
+
+HOST = re.compile(r"^[A-Za-z0-9.\-]{1,253}$")
+
+
+def _group_name(request: web.Request) -> str:
+    name = request.match_info["group"]
+    if not BROKER_GROUP_NAME.fullmatch(name):
+        raise InvalidField("group", "must match ^[A-Za-z0-9_-]{1,64}$")
+    return name
+
+
+async def create_group(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    body = await context.body(
+        request, ("name", "namesrv_addrs", "broker_addrs", "max_queues", "max_msgs_per_s", "storage_bytes")
+    )
+    group = await context.services(request).fleet.create_group(
+        name=body.name("name", BROKER_GROUP_NAME, what="a broker name matching ^[A-Za-z0-9_-]{1,64}$"),
+        namesrv_addrs=body.addresses("namesrv_addrs"),
+        broker_addrs=body.addresses("broker_addrs"),
+        max_queues=body.required_integer("max_queues", maximum=1_000_000),
+        max_msgs_per_s=body.required_integer("max_msgs_per_s"),
+        storage_bytes=body.required_integer("storage_bytes"),
+    )
+    return json_response(group, status=201)
+
+
+async def list_groups(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    return json_response({"broker_groups": await context.services(request).fleet.list_groups()})
+
+
+async def get_group(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    return json_response(await context.services(request).fleet.get_group(_group_name(request)))
+
+
+async def update_group(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    name = _group_name(request)
+    body = await context.body(request, ("max_queues", "max_msgs_per_s", "storage_bytes", "status"))
+    group = await context.services(request).fleet.update_group(
+        name,
+        max_queues=body.integer("max_queues", maximum=1_000_000),
+        max_msgs_per_s=body.integer("max_msgs_per_s"),
+        storage_bytes=body.integer("storage_bytes"),
+        status=body.choice("status", ("active", "draining")),
+    )
+    return json_response(group)
+
+
+async def add_host(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    name = _group_name(request)
+    body = await context.body(request, ("broker_id", "host", "address"))
+    host = await context.services(request).fleet.add_host(
+        broker_group=name,
+        broker_id=body.required_integer("broker_id", maximum=64),
+        host=body.name("host", HOST, what="a host name"),
+        address=body.name("address", ADDRESS, what="HOST:PORT"),
+    )
+    return json_response(host, status=201)
+
+
+ADDRS = {"type": "array", "items": {"type": "string", "description": "HOST:PORT"}, "maxItems": 16}
+GROUP_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "pattern": BROKER_GROUP_NAME.pattern, "description": "the broker name"},
+        "namesrv_addrs": ADDRS,
+        "broker_addrs": ADDRS,
+        "max_queues": {"type": "integer", "minimum": 0},
+        "max_msgs_per_s": {"type": "integer", "minimum": 0},
+        "storage_bytes": {"type": "integer", "minimum": 0},
+    },
+    "required": ["name", "max_queues", "max_msgs_per_s", "storage_bytes"],
+}
+GROUP_PATCH = {
+    "type": "object",
+    "properties": {
+        "max_queues": {"type": "integer", "minimum": 0},
+        "max_msgs_per_s": {"type": "integer", "minimum": 0},
+        "storage_bytes": {"type": "integer", "minimum": 0},
+        "status": {"type": "string", "enum": ["active", "draining"]},
+    },
+}
+HOST_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "broker_id": {"type": "integer", "minimum": 0, "description": "0 = master"},
+        "host": {"type": "string"},
+        "address": {"type": "string", "description": "HOST:PORT"},
+    },
+    "required": ["broker_id", "host", "address"],
+}
+G = "/v1/fleet/broker-groups"
+ROUTES = [
+    Route(
+        "POST",
+        G,
+        create_group,
+        "Add a broker group with its capacity",
+        "operator",
+        "fleet",
+        request_schema=GROUP_SCHEMA,
+        responses={201: "created", 409: "broker_group_exists"},
+    ),
+    Route("GET", G, list_groups, "List broker groups with placed queues and hosts", "operator", "fleet"),
+    Route("GET", G + "/{group}", get_group, "Get a broker group", "operator", "fleet"),
+    Route(
+        "PATCH",
+        G + "/{group}",
+        update_group,
+        "Change capacity or status (draining takes no new queues)",
+        "operator",
+        "fleet",
+        request_schema=GROUP_PATCH,
+    ),
+    Route(
+        "POST",
+        G + "/{group}/hosts",
+        add_host,
+        "Add or replace a host of a broker group",
+        "operator",
+        "fleet",
+        request_schema=HOST_SCHEMA,
+        responses={201: "created"},
+    ),
+]

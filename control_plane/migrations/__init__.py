@@ -1,0 +1,1 @@
+"""Numbered SQL migrations, ``NNNN_name.sql``, applied in order by ``control_plane.migrate``."""

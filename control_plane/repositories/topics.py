@@ -1,0 +1,141 @@
+"""Topics and their placements (topic, broker group, queue count) on the broker fleet."""
+
+from __future__ import annotations
+
+from control_plane.db import Connection, Record
+from control_plane.errors import TopicNotFound
+
+_COLUMNS = (
+    "tenant_id, name, message_type, retention_hours, throughput_hint_msgs_per_s, queue_count, description,"
+    " status, created_at, updated_at"
+)
+
+
+async def get_topic(conn: Connection, *, tenant_id: str, name: str, for_update: bool = False) -> Record | None:
+    lock = " FOR UPDATE" if for_update else ""
+    return await conn.fetchrow(
+        f"SELECT {_COLUMNS} FROM topics WHERE tenant_id = $1 AND name = $2{lock}", tenant_id, name
+    )
+
+
+async def require_topic(conn: Connection, *, tenant_id: str, name: str, for_update: bool = False) -> Record:
+    row = await get_topic(conn, tenant_id=tenant_id, name=name, for_update=for_update)
+    if row is None:
+        raise TopicNotFound(f"no topic {name!r} in tenant {tenant_id!r}", tenant=tenant_id, topic=name)
+    return row
+
+
+async def list_topics(conn: Connection, *, tenant_id: str) -> list[Record]:
+    return await conn.fetch(f"SELECT {_COLUMNS} FROM topics WHERE tenant_id = $1 ORDER BY name", tenant_id)
+
+
+async def count_topics_and_queues(conn: Connection, *, tenant_id: str) -> tuple[int, int]:
+    row = await conn.fetchrow(
+        "SELECT count(*)::integer AS topics, COALESCE(sum(queue_count), 0)::integer AS queues"
+        " FROM topics WHERE tenant_id = $1",
+        tenant_id,
+    )
+    assert row is not None
+    return int(row["topics"]), int(row["queues"])
+
+
+async def insert_topic(
+    conn: Connection,
+    *,
+    tenant_id: str,
+    name: str,
+    message_type: str,
+    retention_hours: int,
+    throughput_hint_msgs_per_s: int | None,
+    queue_count: int,
+    description: str,
+) -> Record:
+    row = await conn.fetchrow(
+        f"""INSERT INTO topics (tenant_id, name, message_type, retention_hours, throughput_hint_msgs_per_s,
+                                queue_count, description)
+            VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {_COLUMNS}""",
+        tenant_id,
+        name,
+        message_type,
+        retention_hours,
+        throughput_hint_msgs_per_s,
+        queue_count,
+        description,
+    )
+    assert row is not None
+    return row
+
+
+async def update_topic(
+    conn: Connection,
+    *,
+    tenant_id: str,
+    name: str,
+    retention_hours: int,
+    throughput_hint_msgs_per_s: int | None,
+    queue_count: int,
+    description: str,
+    status: str,
+) -> Record:
+    row = await conn.fetchrow(
+        f"""UPDATE topics SET retention_hours = $3, throughput_hint_msgs_per_s = $4, queue_count = $5,
+                   description = $6, status = $7, updated_at = now()
+            WHERE tenant_id = $1 AND name = $2 RETURNING {_COLUMNS}""",
+        tenant_id,
+        name,
+        retention_hours,
+        throughput_hint_msgs_per_s,
+        queue_count,
+        description,
+        status,
+    )
+    assert row is not None
+    return row
+
+
+async def delete_topic(conn: Connection, *, tenant_id: str, name: str) -> None:
+    done = await conn.execute("DELETE FROM topics WHERE tenant_id = $1 AND name = $2", tenant_id, name)
+    if done == "DELETE 0":
+        raise TopicNotFound(f"no topic {name!r} in tenant {tenant_id!r}", tenant=tenant_id, topic=name)
+
+
+async def add_placements(conn: Connection, *, tenant_id: str, topic: str, queues_by_group: dict[str, int]) -> None:
+    """Add queues on broker groups (a group already holding the topic gets more queues, and is
+    marked not applied until the reconciler has caught up)."""
+    await conn.executemany(
+        """INSERT INTO topic_placements (tenant_id, topic, broker_group, queue_count) VALUES ($1, $2, $3, $4)
+           ON CONFLICT (tenant_id, topic, broker_group)
+           DO UPDATE SET queue_count = topic_placements.queue_count + EXCLUDED.queue_count, applied = false""",
+        [(tenant_id, topic, group, n) for group, n in sorted(queues_by_group.items()) if n > 0],
+    )
+
+
+async def placements_of(conn: Connection, *, tenant_id: str, topic: str) -> list[Record]:
+    return await conn.fetch(
+        "SELECT broker_group, queue_count, applied FROM topic_placements"
+        " WHERE tenant_id = $1 AND topic = $2 ORDER BY broker_group",
+        tenant_id,
+        topic,
+    )
+
+
+async def mark_applied(conn: Connection, *, tenant_id: str, topic: str, broker_group: str | None) -> str:
+    """Mark one placement (or all, when ``broker_group`` is None) applied; the topic turns
+    ``active`` once all its placements are. Returns the topic's status."""
+    await require_topic(conn, tenant_id=tenant_id, name=topic, for_update=True)
+    await conn.execute(
+        "UPDATE topic_placements SET applied = true"
+        " WHERE tenant_id = $1 AND topic = $2 AND ($3::text IS NULL OR broker_group = $3)",
+        tenant_id,
+        topic,
+        broker_group,
+    )
+    status: str = await conn.fetchval(
+        """UPDATE topics SET status = CASE WHEN EXISTS (
+               SELECT 1 FROM topic_placements p WHERE p.tenant_id = $1 AND p.topic = $2 AND NOT p.applied)
+               THEN 'provisioning' ELSE 'active' END, updated_at = now()
+           WHERE tenant_id = $1 AND name = $2 RETURNING status""",
+        tenant_id,
+        topic,
+    )
+    return status

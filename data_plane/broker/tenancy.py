@@ -1,0 +1,294 @@
+"""BrokerTenancy: identity, authorization, quotas and metering on the broker's request paths.
+
+    every request ─▶ before(): Authorizer.check ─▶ tenant suspended? ─▶ meter the request ─▶ handler
+    send          ─▶ before_put(): the tenant's publish bucket ─▶ FLOW_CONTROL (215, retry-after-ms) or store
+    pull          ─▶ before_pull(): is the tenant's consume bucket in debt? ─▶ serve ─▶ after_pull(): charge it
+    ORBIT_SYNC_TENANCY (9001, operators only) ─▶ credentials, tenant status and quota shares, kept on disk
+
+Nothing here calls the control plane on a request path: tokens are verified against the cached
+JWKS, access keys against the last credential snapshot, quotas against the last shares — all
+kept under ``<store_dir>/config`` so a restarted broker serves with them while the control plane
+is down. Usage is counted per tenant and minute into a spool (``<store_dir>/usage``) that a
+reporter sends to the control plane when it can.
+
+A resource's tenant is its namespace (``tenant%name``); after authorization it is also the
+principal's (operators may touch any tenant's resources; their requests are metered to the
+resource's tenant).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import tomllib
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Any, TypedDict
+
+import orjson
+
+from data_plane.auth import UNCHECKED, AuthConfig, Authorizer, CredentialEntry, Denial, Principal
+from data_plane.broker.persisted import ConfigFile
+from data_plane.remoting.codes import ResponseCode
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.store.message import Message
+from data_plane.tenancy.metering import UsageMeter
+from data_plane.tenancy.namespace import tenant_of
+from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark
+from data_plane.tenancy.usage_reporter import UsageReporter
+from data_plane.tenancy.usage_spool import UsageSpool
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+    from sdk.credentials import ClientCredentials
+
+log = logging.getLogger(__name__)
+
+_STATUSES = ("active", "suspended")
+
+
+class TenantState(TypedDict):
+    id: str
+    status: str  # "active" | "suspended"
+    limits: dict[str, float | None] | None  # this broker's share; None = no limit
+
+
+class TenancySnapshot(TypedDict):
+    """The body of ORBIT_SYNC_TENANCY (JSON): everything tenancy the control plane decides."""
+
+    version: int
+    credentials: list[CredentialEntry]
+    tenants: list[TenantState]
+
+
+class TenancyError(ValueError):
+    """A snapshot that cannot be applied; the message says why."""
+
+
+def parse_snapshot(body: bytes) -> TenancySnapshot:
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise TenancyError(f"tenancy snapshot is not JSON: {e}") from None
+    if not isinstance(doc, dict):
+        raise TenancyError("tenancy snapshot must be a JSON object")
+    version = doc.get("version")
+    creds = doc.get("credentials", [])
+    tenants = doc.get("tenants", [])
+    if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+        raise TenancyError("tenancy snapshot needs a non-negative integer version")
+    if not isinstance(creds, list) or not isinstance(tenants, list):
+        raise TenancyError("credentials and tenants must be lists")
+    for t in tenants:
+        if not isinstance(t, dict) or not isinstance(t.get("id"), str) or t.get("status") not in _STATUSES:
+            raise TenancyError(f"bad tenant entry {str(t)[:80]!r}: needs id and status active|suspended")
+        limits = t.get("limits")
+        if limits is not None:
+            if not isinstance(limits, dict):
+                raise TenancyError(f"tenant {t['id']}: limits must be an object or null")
+            try:
+                Limits.from_dict(limits)
+            except (TypeError, ValueError) as e:
+                raise TenancyError(f"tenant {t['id']}: {e}") from None
+    return {"version": version, "credentials": creds, "tenants": tenants}
+
+
+def load_broker_credentials(path: str) -> tuple[str, str]:
+    """(access_key, secret) from a TOML or JSON file; the secret is never logged."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        doc: Any = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            doc = tomllib.loads(raw.decode())
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError):
+            raise ValueError(f"{path} is neither JSON nor TOML") from None
+    ak, secret = doc.get("access_key"), doc.get("secret")
+    if not isinstance(ak, str) or not isinstance(secret, str) or not ak or not secret:
+        raise ValueError(f"{path} must hold access_key and secret")
+    return ak, secret
+
+
+class BrokerTenancy:
+    def __init__(self, broker: Broker) -> None:
+        cfg = broker.config
+        self.broker = broker
+        self.enabled = cfg.auth_enabled
+        conf_dir = os.path.join(cfg.store_dir, "config")
+        self.auth = Authorizer.from_config(
+            AuthConfig.for_store_dir(
+                cfg.store_dir,
+                enabled=cfg.auth_enabled,
+                jwks_url=cfg.effective_jwks_url if cfg.auth_enabled else "",
+                jwks_refresh_interval_s=cfg.jwks_refresh_interval_s,
+            ).validate()
+        )
+        self.quotas = QuotaManager(burst_s=cfg.quota_burst_s)
+        self.suspended: frozenset[str] = frozenset()
+        self.version = 0
+        self._state_file = ConfigFile(os.path.join(conf_dir, "tenants.json"))
+        self.spool = UsageSpool(os.path.join(cfg.store_dir, "usage"))
+        self.meter = UsageMeter(cfg.broker_name, spool=self.spool)
+        self._avg_msg_bytes: dict[str, float] = {}
+        self.reporter: UsageReporter | None = None
+        self._token_source: ClientCredentials | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # --- life cycle -------------------------------------------------------------------------------
+    async def start(self) -> None:
+        doc = self._state_file.load()
+        if doc is not None:
+            try:
+                self._apply_tenants(parse_snapshot(orjson.dumps({**doc, "credentials": []})))
+            except TenancyError as e:
+                log.error("ignoring %s: %s", self._state_file.path, e)
+        await self.auth.start()
+        cfg = self.broker.config
+        if cfg.control_plane_url and cfg.broker_credentials_file:
+            from sdk.credentials import ClientCredentials
+
+            ak, secret = load_broker_credentials(cfg.broker_credentials_file)
+            self._token_source = ClientCredentials(ak, secret, cfg.control_plane_url.rstrip("/") + "/oauth/token")
+            self.reporter = UsageReporter(
+                self.spool, control_plane_url=cfg.control_plane_url, token=self._token_source.token
+            )
+            self.reporter.start()
+        loop = asyncio.get_running_loop()
+        reporter = self.reporter
+        on_spooled = (lambda _n: reporter.wake()) if reporter is not None else None
+        self._tasks = [
+            loop.create_task(self.meter.run(on_spooled=on_spooled), name="orbit-usage-meter"),
+            loop.create_task(self._stored_bytes_loop(), name="orbit-stored-bytes"),
+        ]
+
+    async def stop(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self.reporter is not None:
+            await self.reporter.stop()
+        if self._token_source is not None:
+            await self._token_source.aclose()
+        await self.auth.stop()
+
+    # --- every request ------------------------------------------------------------------------------
+    def before(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand | Awaitable[RemotingCommand | None] | None:
+        r = self.auth.check(cmd)
+        if r is UNCHECKED:
+            return None
+        if isinstance(r, Principal):
+            return self._admit(r, cmd)
+        if isinstance(r, Denial):
+            return r.response(cmd)
+        return self._admit_later(r, cmd)
+
+    async def _admit_later(
+        self, pending: Awaitable[Principal | Denial], cmd: RemotingCommand
+    ) -> RemotingCommand | None:
+        r = await pending
+        if isinstance(r, Denial):
+            return r.response(cmd)
+        return self._admit(r, cmd)
+
+    def _admit(self, principal: Principal, cmd: RemotingCommand) -> RemotingCommand | None:
+        tenant = principal.tenant
+        if tenant != "*":
+            if tenant in self.suspended:
+                return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
+            body = cmd.body
+            self.meter.record_request(tenant, len(body) if body is not None else 0, 0)
+        return None
+
+    # --- sends and pulls ------------------------------------------------------------------------------
+    def before_put(self, conn: Connection, cmd: RemotingCommand, msgs: list[Message]) -> RemotingCommand | None:
+        tenant = tenant_of(msgs[0].topic)
+        if tenant is None:
+            return None
+        if tenant in self.suspended:
+            return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
+        nbytes = 0
+        for m in msgs:
+            nbytes += len(m.body)
+        wait_ms = self.quotas.acquire_publish(tenant, len(msgs), nbytes)
+        if wait_ms:
+            return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "publish", wait_ms))
+        avg = self._avg_msg_bytes.get(tenant, 0.0)
+        self._avg_msg_bytes[tenant] = avg + (nbytes / len(msgs) - avg) * 0.01 if avg else nbytes / len(msgs)
+        return None
+
+    def before_pull(self, cmd: RemotingCommand, topic: str) -> RemotingCommand | None:
+        tenant = tenant_of(topic)
+        if tenant is None:
+            return None
+        wait_ms = self.quotas.acquire_consume(tenant, 0, 0)
+        if wait_ms:
+            return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "consume", wait_ms))
+        return None
+
+    def after_pull(self, topic: str, msgs: int, nbytes: int) -> None:
+        tenant = tenant_of(topic)
+        if tenant is not None:
+            self.quotas.charge_consume(tenant, msgs, nbytes)
+            self.meter.record_request(tenant, 0, nbytes)
+
+    # --- the control plane's snapshot -----------------------------------------------------------------
+    async def sync(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """ORBIT_SYNC_TENANCY: apply a whole snapshot (older versions are ignored)."""
+        try:
+            snap = parse_snapshot(cmd.body_bytes())
+        except TenancyError as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
+        if snap["version"] < self.version:
+            return cmd.response(ResponseCode.SUCCESS, f"version {snap['version']} is older than {self.version}")
+        store = self.auth.credentials
+        if store is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "this broker keeps no credentials (auth is off)")
+        try:
+            await store.apply(snap["credentials"], snap["version"])
+        except (ValueError, TypeError, KeyError) as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"credentials: {e}")
+        self._apply_tenants(snap)
+        doc = {"version": snap["version"], "tenants": snap["tenants"]}
+        await asyncio.to_thread(self._state_file.save, doc)
+        return cmd.response(ResponseCode.SUCCESS)
+
+    def _apply_tenants(self, snap: TenancySnapshot) -> None:
+        limits: dict[str, Limits] = {}
+        suspended = set()
+        for t in snap["tenants"]:
+            if t["status"] == "suspended":
+                suspended.add(t["id"])
+            if t.get("limits") is not None:
+                limits[t["id"]] = Limits.from_dict(t["limits"] or {})
+        self.quotas.replace_limits(limits)
+        self.suspended = frozenset(suspended)
+        self.version = snap["version"]
+
+    # --- stored bytes ---------------------------------------------------------------------------------
+    def stored_bytes(self) -> dict[str, int]:
+        """Per tenant: messages kept in its queues times its average message size (an estimate; the
+        CommitLog holds every tenant's records together)."""
+        store = self.broker.store
+        out: dict[str, int] = {}
+        for topic, tc in list(self.broker.topics.topics.items()):
+            tenant = tenant_of(topic)
+            if tenant is None:
+                continue
+            count = 0
+            for q in range(int(tc.get("writeQueueNums", 0))):
+                count += max(0, store.max_offset_in_queue(topic, q) - store.min_offset_in_queue(topic, q))
+            out[tenant] = out.get(tenant, 0) + int(count * self._avg_msg_bytes.get(tenant, 0.0))
+        return out
+
+    async def _stored_bytes_loop(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                self.meter.replace_stored_bytes(self.stored_bytes())
+            await asyncio.sleep(30)

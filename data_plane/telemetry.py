@@ -1,0 +1,399 @@
+"""OpenTelemetry for Orbit's processes: the control plane, brokers and the SDK.
+
+    tel = setup_telemetry("orbit-broker")                  # console, or OTLP/HTTP when configured
+    with send_span(tel, "acme%orders", properties=props):  # PRODUCER span; traceparent → props
+        ...
+    with consume_span(tel, "acme%orders", properties=props, operation="process"):
+        ...                                                # child of (and linked to) the producer
+    metrics = BrokerMetrics(tel); metrics.messages_in("acme", "acme%orders", 32, 32 * 1024)
+
+Exporter (``setup_telemetry(exporter=...)``; None picks from the environment):
+
+    OTEL_SDK_DISABLED=true                      none
+    ORBIT_TELEMETRY_EXPORTER=console|otlp|none  that one
+    OTEL_EXPORTER_OTLP_ENDPOINT (or _TRACES_)   otlp — OTLP/HTTP protobuf, the exporter reads the
+                                                standard OTEL_EXPORTER_OTLP_* variables itself;
+                                                console (with a warning) if the package is missing
+    otherwise                                   console
+
+``none`` without test exporters gives the DISABLED telemetry: no providers at all, and every
+helper here returns at its first line (``send_span`` hands back one shared null context manager,
+``BrokerMetrics`` methods return before building attributes), so instrumented hot paths cost a
+function call when telemetry is off.
+
+Attributes follow the OpenTelemetry messaging semantic conventions (semconv 1.27+):
+``messaging.system="rocketmq"``, ``messaging.destination.name`` (the topic without the tenant's
+namespace), ``messaging.rocketmq.namespace`` (the tenant), ``messaging.operation.type`` —
+``send`` for producers (semconv's replacement for the deprecated ``publish``), ``receive`` and
+``process`` for consumers — ``messaging.operation.name``, ``messaging.message.id``,
+``messaging.consumer.group.name``. Span names are ``"{operation} {topic}"``.
+
+Trace context travels in the message's properties as W3C ``traceparent`` / ``tracestate``
+(RocketMQ properties are a string map; neither value can hold its separators \\x01 / \\x02).
+A consumer span is a child of the producer's span by default and always carries a link to it
+(the conventions' recommended shape for process spans that may cover batches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Literal
+
+from opentelemetry import metrics, trace
+from opentelemetry.context import Context
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from data_plane.tenancy.namespace import tenant_of
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
+
+log = logging.getLogger(__name__)
+
+ExporterName = Literal["console", "otlp", "none"]
+ConsumeOperation = Literal["receive", "process"]
+
+MESSAGING_SYSTEM = "rocketmq"
+# Attribute names (semconv's, spelled out so the stable API is all this module needs).
+ATTR_SYSTEM = "messaging.system"
+ATTR_DESTINATION = "messaging.destination.name"
+ATTR_OPERATION_TYPE = "messaging.operation.type"
+ATTR_OPERATION_NAME = "messaging.operation.name"
+ATTR_MESSAGE_ID = "messaging.message.id"
+ATTR_NAMESPACE = "messaging.rocketmq.namespace"
+ATTR_CONSUMER_GROUP = "messaging.consumer.group.name"
+ATTR_TAG = "messaging.rocketmq.message.tag"
+ATTR_KEYS = "messaging.rocketmq.message.keys"
+ATTR_BATCH_COUNT = "messaging.batch.message_count"
+ATTR_BODY_SIZE = "messaging.message.body.size"
+OP_SEND = "send"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+
+SEND_DURATION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_PROPAGATOR = TraceContextTextMapPropagator()
+_NOOP_SPAN_CM: AbstractContextManager[Span] = contextlib.nullcontext(INVALID_SPAN)
+_global_installed = False
+
+
+class Telemetry:
+    """What ``setup_telemetry`` made: providers (None when disabled), a tracer and a meter."""
+
+    __slots__ = ("enabled", "exporter", "meter", "meter_provider", "service_name", "tracer", "tracer_provider")
+
+    def __init__(
+        self,
+        service_name: str,
+        exporter: ExporterName,
+        tracer_provider: TracerProvider | None,
+        meter_provider: MeterProvider | None,
+    ) -> None:
+        self.service_name = service_name
+        self.exporter = exporter
+        self.tracer_provider = tracer_provider
+        self.meter_provider = meter_provider
+        self.enabled = tracer_provider is not None
+        self.tracer: trace.Tracer = (
+            tracer_provider.get_tracer("orbit") if tracer_provider is not None else trace.NoOpTracer()
+        )
+        self.meter: metrics.Meter = (
+            meter_provider.get_meter("orbit") if meter_provider is not None else metrics.NoOpMeter("orbit")
+        )
+
+    def force_flush(self) -> None:
+        if self.tracer_provider is not None:
+            self.tracer_provider.force_flush()
+        if self.meter_provider is not None:
+            self.meter_provider.force_flush()
+
+    def shutdown(self) -> None:
+        """Flush and stop the exporters (at process exit)."""
+        if self.tracer_provider is not None:
+            self.tracer_provider.shutdown()
+        if self.meter_provider is not None:
+            self.meter_provider.shutdown()
+
+
+DISABLED = Telemetry("orbit", "none", None, None)
+
+
+def otlp_available() -> bool:
+    try:
+        import opentelemetry.exporter.otlp.proto.http  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def resolve_exporter(requested: ExporterName | None = None, env: Mapping[str, str] | None = None) -> ExporterName:
+    """The exporter to use: ``requested`` if given, else what the environment says."""
+    env = os.environ if env is None else env
+    if requested is not None:
+        if requested not in ("console", "otlp", "none"):
+            raise ValueError(f"unknown exporter {requested!r}")
+        return requested
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "none"
+    chosen = env.get("ORBIT_TELEMETRY_EXPORTER", "").strip().lower()
+    if chosen in ("console", "otlp", "none"):
+        return chosen  # type: ignore[return-value]
+    if chosen:
+        log.warning("ORBIT_TELEMETRY_EXPORTER=%r is not console, otlp or none: ignored", chosen)
+    if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        if otlp_available():
+            return "otlp"
+        log.warning(
+            "OTEL_EXPORTER_OTLP_ENDPOINT is set but opentelemetry-exporter-otlp-proto-http is not installed: "
+            "exporting to the console"
+        )
+    return "console"
+
+
+def setup_telemetry(
+    service_name: str,
+    *,
+    exporter: ExporterName | None = None,
+    service_version: str | None = None,
+    resource_attributes: Mapping[str, AttributeValue] | None = None,
+    span_exporters: Sequence[SpanExporter] = (),
+    metric_readers: Sequence[MetricReader] = (),
+    metric_export_interval_ms: int = 60_000,
+    set_global: bool = True,
+) -> Telemetry:
+    """Tracer and meter providers for one process.
+
+    ``span_exporters`` (exported span by span, e.g. an InMemorySpanExporter) and
+    ``metric_readers`` (e.g. an InMemoryMetricReader) are added to the chosen exporter — tests
+    pass them with ``exporter="none"``. ``set_global`` installs the providers as OpenTelemetry's
+    globals (once per process; later calls keep the first)."""
+    global _global_installed
+    chosen = resolve_exporter(exporter)
+    if chosen == "none" and not span_exporters and not metric_readers:
+        return Telemetry(service_name, "none", None, None)
+
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import ConsoleMetricExporter, PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SimpleSpanProcessor,
+    )
+
+    attrs: dict[str, AttributeValue] = {"service.name": service_name}
+    if service_version:
+        attrs["service.version"] = service_version
+    attrs.update(resource_attributes or {})
+    resource = Resource.create(attrs)
+
+    tracer_provider = TracerProvider(resource=resource)
+    readers: list[MetricReader] = list(metric_readers)
+    metric_exporter: MetricExporter | None = None
+    if chosen == "console":
+        # sys.stdout as it is now (the exporters' default is bound when they are imported)
+        tracer_provider.add_span_processor(BatchSpanProcessor(ConsoleSpanExporter(out=sys.stdout)))
+        metric_exporter = ConsoleMetricExporter(out=sys.stdout)
+    elif chosen == "otlp":
+        span_exporter, metric_exporter = _otlp_exporters()
+        tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+    if metric_exporter is not None:
+        readers.append(PeriodicExportingMetricReader(metric_exporter, export_interval_millis=metric_export_interval_ms))
+    for extra in span_exporters:
+        tracer_provider.add_span_processor(SimpleSpanProcessor(extra))
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+
+    if set_global:
+        if _global_installed:
+            log.info("OpenTelemetry providers already installed in this process: keeping the first ones")
+        else:
+            trace.set_tracer_provider(tracer_provider)
+            metrics.set_meter_provider(meter_provider)
+            _global_installed = True
+    return Telemetry(service_name, chosen, tracer_provider, meter_provider)
+
+
+def _otlp_exporters() -> tuple[SpanExporter, MetricExporter]:
+    """OTLP/HTTP exporters configured from the OTEL_EXPORTER_OTLP_* environment."""
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(), OTLPMetricExporter()
+
+
+# --- trace context in message properties ---------------------------------------------------------
+def inject_context(properties: MutableMapping[str, str], context: Context | None = None) -> None:
+    """Write the current (or given) span's W3C ``traceparent`` / ``tracestate`` into properties."""
+    _PROPAGATOR.inject(properties, context=context)
+
+
+def extract_context(properties: Mapping[str, str] | None) -> Context:
+    """The producer's context carried by a message's properties (empty when there is none)."""
+    if not properties or TRACEPARENT not in properties:
+        return Context()
+    return _PROPAGATOR.extract(properties)
+
+
+def _split_topic(topic: str, tenant: str | None) -> tuple[str, str | None]:
+    ns = tenant if tenant is not None else tenant_of(topic)
+    if ns is not None and topic.startswith(ns + "%"):
+        return topic[len(ns) + 1 :], ns
+    return topic, ns
+
+
+def _attributes(
+    topic: str, tenant: str | None, operation_type: str, message_id: str | None
+) -> tuple[str, dict[str, AttributeValue]]:
+    """The destination's name (without namespace) and the span's attributes."""
+    name, ns = _split_topic(topic, tenant)
+    attrs: dict[str, AttributeValue] = {
+        ATTR_SYSTEM: MESSAGING_SYSTEM,
+        ATTR_DESTINATION: name,
+        ATTR_OPERATION_TYPE: operation_type,
+        ATTR_OPERATION_NAME: operation_type,
+    }
+    if ns is not None:
+        attrs[ATTR_NAMESPACE] = ns
+    if message_id:
+        attrs[ATTR_MESSAGE_ID] = message_id
+    return name, attrs
+
+
+# --- spans --------------------------------------------------------------------------------------
+def send_span(
+    tel: Telemetry,
+    topic: str,
+    *,
+    tenant: str | None = None,
+    properties: MutableMapping[str, str] | None = None,
+    message_id: str | None = None,
+    tag: str | None = None,
+    keys: Sequence[str] | None = None,
+    batch_size: int | None = None,
+    body_size: int | None = None,
+) -> AbstractContextManager[Span]:
+    """A PRODUCER span around a send; its context is injected into ``properties`` (before the
+    message is encoded, so do it inside the ``with``). ``topic`` may be the wire form
+    ``tenant%name``; the message id, known after the send, can be set on the span later
+    (``span.set_attribute(ATTR_MESSAGE_ID, id)``)."""
+    if not tel.enabled:
+        return _NOOP_SPAN_CM
+    name, attrs = _attributes(topic, tenant, OP_SEND, message_id)
+    if tag:
+        attrs[ATTR_TAG] = tag
+    if keys:
+        attrs[ATTR_KEYS] = list(keys)
+    if batch_size is not None and batch_size != 1:
+        attrs[ATTR_BATCH_COUNT] = batch_size
+    if body_size is not None:
+        attrs[ATTR_BODY_SIZE] = body_size
+    return _producer(tel, f"{OP_SEND} {name}", attrs, properties)
+
+
+@contextlib.contextmanager
+def _producer(
+    tel: Telemetry, name: str, attrs: dict[str, AttributeValue], properties: MutableMapping[str, str] | None
+) -> Iterator[Span]:
+    with tel.tracer.start_as_current_span(name, kind=SpanKind.PRODUCER, attributes=attrs) as span:
+        if properties is not None:
+            inject_context(properties)
+        yield span
+
+
+def consume_span(
+    tel: Telemetry,
+    topic: str,
+    *,
+    properties: Mapping[str, str] | None,
+    operation: ConsumeOperation = "process",
+    tenant: str | None = None,
+    consumer_group: str | None = None,
+    message_id: str | None = None,
+    as_child: bool = True,
+) -> AbstractContextManager[Span]:
+    """A span for receiving (CLIENT kind) or processing (CONSUMER kind) one message, linked to
+    the producer's span found in ``properties``; with ``as_child`` (default) also its child,
+    otherwise a child of the current span (a batch's receive span, say)."""
+    if not tel.enabled:
+        return _NOOP_SPAN_CM
+    name, attrs = _attributes(topic, tenant, operation, message_id)
+    if consumer_group:
+        attrs[ATTR_CONSUMER_GROUP] = _split_topic(consumer_group, tenant)[0]
+    ctx = extract_context(properties)
+    producer = trace.get_current_span(ctx).get_span_context()
+    links = [Link(producer)] if producer.is_valid else []
+    return tel.tracer.start_as_current_span(
+        f"{operation} {name}",
+        context=ctx if (as_child and producer.is_valid) else None,
+        kind=SpanKind.CONSUMER if operation == "process" else SpanKind.CLIENT,
+        attributes=attrs,
+        links=links,
+    )
+
+
+# --- broker metrics -----------------------------------------------------------------------------
+class BrokerMetrics:
+    """Messages and bytes in and out per tenant and topic, and the send latency, as OpenTelemetry
+    instruments: ``orbit.broker.messages.in|out`` ({message}), ``orbit.broker.bytes.in|out``
+    (By), ``orbit.broker.send.duration`` (s, histogram). Attribute sets are cached per
+    (tenant, topic), at most ``max_attribute_sets`` of them (the cache restarts when full)."""
+
+    __slots__ = ("_attrs", "_bytes_in", "_bytes_out", "_enabled", "_max", "_msgs_in", "_msgs_out", "_send_duration")
+
+    def __init__(self, tel: Telemetry, *, max_attribute_sets: int = 10_000) -> None:
+        self._enabled = tel.enabled
+        self._max = max_attribute_sets
+        self._attrs: dict[tuple[str | None, str], dict[str, AttributeValue]] = {}
+        m = tel.meter
+        self._msgs_in = m.create_counter("orbit.broker.messages.in", unit="{message}", description="messages stored")
+        self._msgs_out = m.create_counter("orbit.broker.messages.out", unit="{message}", description="messages served")
+        self._bytes_in = m.create_counter("orbit.broker.bytes.in", unit="By", description="message bytes stored")
+        self._bytes_out = m.create_counter("orbit.broker.bytes.out", unit="By", description="message bytes served")
+        self._send_duration = m.create_histogram(
+            "orbit.broker.send.duration",
+            unit="s",
+            description="from a send request's arrival to its answer",
+            explicit_bucket_boundaries_advisory=list(SEND_DURATION_BUCKETS_S),
+        )
+
+    def _attributes_of(self, tenant: str | None, topic: str) -> dict[str, AttributeValue]:
+        key = (tenant, topic)
+        a = self._attrs.get(key)
+        if a is None:
+            if len(self._attrs) >= self._max:
+                self._attrs.clear()
+            name, ns = _split_topic(topic, tenant)
+            a = {ATTR_SYSTEM: MESSAGING_SYSTEM, ATTR_DESTINATION: name}
+            if ns is not None:
+                a[ATTR_NAMESPACE] = ns
+            self._attrs[key] = a
+        return a
+
+    def messages_in(self, tenant: str | None, topic: str, msgs: int, nbytes: int) -> None:
+        if not self._enabled:
+            return
+        a = self._attributes_of(tenant, topic)
+        self._msgs_in.add(msgs, a)
+        self._bytes_in.add(nbytes, a)
+
+    def messages_out(self, tenant: str | None, topic: str, msgs: int, nbytes: int) -> None:
+        if not self._enabled:
+            return
+        a = self._attributes_of(tenant, topic)
+        self._msgs_out.add(msgs, a)
+        self._bytes_out.add(nbytes, a)
+
+    def send_latency(self, tenant: str | None, topic: str, seconds: float) -> None:
+        if not self._enabled:
+            return
+        self._send_duration.record(seconds, self._attributes_of(tenant, topic))

@@ -1,0 +1,209 @@
+"""UsageMeter: what each tenant used on this broker, minute by minute.
+
+Counters per tenant, bumped on the hot path by ``record_request`` (one dict lookup and three
+additions):
+
+    requests_4k   a request moving n bytes (in + out) counts ceil(n / 4096) units, at least 1
+    bytes_in      bytes received (a send's messages)
+    bytes_out     bytes returned (a pull's messages)
+    stored_bytes  a gauge the broker sets periodically (``set_stored_bytes``), not a sum
+
+The caller drives time: ``roll(now_ms)`` with a wall clock. The counters gathered since the last
+roll belong to the open minute; when ``now_ms`` is in a later minute they become one
+``UsageRecord`` per tenant (a tenant with traffic or stored bytes), and the minute ``now_ms`` is
+in opens. A late roll therefore shifts a few seconds of traffic into the earlier minute: totals
+are never lost nor counted twice, only their minute may be off by the lateness. A wall clock
+stepping back never re-emits a minute: minutes are strictly increasing per broker, also across
+restarts (the spool remembers the last one), so ``report_id = f"{broker}:{minute}:{tenant}"`` is
+unique and a resend of the same record is idempotent on the control plane.
+
+``roll_and_spool`` writes the records to the UsageSpool on a worker thread. When the spool is full
+(or the disk fails) the records' counters are folded back into the open minute and reported with
+a later minute once there is room: delayed, not lost — except by a crash meanwhile, which loses
+what is only in memory, as it loses the open minute's counters. Stored-bytes samples of the
+minutes folded that way are not kept (a gauge keeps only its last value).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TypedDict
+
+from data_plane.tenancy.usage_spool import SpoolStatus, UsageSpool
+
+log = logging.getLogger(__name__)
+
+REQUEST_UNIT_BYTES = 4096
+MINUTE_MS = 60_000
+
+
+class UsageRecord(TypedDict):
+    """One tenant's usage on one broker for one minute: the wire JSON of the usage report."""
+
+    report_id: str
+    broker: str
+    tenant: str
+    minute: int  # epoch ms of the minute's start
+    requests_4k: int
+    bytes_in: int
+    bytes_out: int
+    stored_bytes: int
+
+
+def request_units(nbytes: int) -> int:
+    """Billing units of one request moving ``nbytes``: ceil(nbytes / 4096), at least 1."""
+    return ((nbytes + REQUEST_UNIT_BYTES - 1) // REQUEST_UNIT_BYTES) or 1
+
+
+def report_id(broker: str, minute: int, tenant: str) -> str:
+    return f"{broker}:{minute}:{tenant}"
+
+
+def minute_of(ms: int) -> int:
+    return ms - ms % MINUTE_MS
+
+
+def wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class _Counters:
+    __slots__ = ("bytes_in", "bytes_out", "requests_4k")
+
+    def __init__(self) -> None:
+        self.requests_4k = 0
+        self.bytes_in = 0
+        self.bytes_out = 0
+
+
+class UsageMeter:
+    __slots__ = ("_clock", "_counters", "_last_minute", "_open_minute", "_roll_lock", "_spool", "_stored", "broker")
+
+    def __init__(
+        self,
+        broker: str,
+        *,
+        spool: UsageSpool | None = None,
+        clock_ms: Callable[[], int] = wall_ms,
+    ) -> None:
+        self.broker = broker
+        self._spool = spool
+        self._clock = clock_ms
+        self._counters: dict[str, _Counters] = {}
+        self._stored: dict[str, int] = {}
+        self._open_minute = minute_of(clock_ms())
+        self._last_minute = spool.last_minute if spool is not None else 0  # the latest minute emitted
+        self._roll_lock = asyncio.Lock()
+
+    # --- the hot path -------------------------------------------------------------------------
+    def record_request(self, tenant: str, nbytes_in: int, nbytes_out: int) -> None:
+        c = self._counters.get(tenant)
+        if c is None:
+            c = self._counters[tenant] = _Counters()
+        c.requests_4k += ((nbytes_in + nbytes_out + 4095) >> 12) or 1
+        c.bytes_in += nbytes_in
+        c.bytes_out += nbytes_out
+
+    # --- the storage gauge ----------------------------------------------------------------------
+    def set_stored_bytes(self, tenant: str, nbytes: int) -> None:
+        if nbytes > 0:
+            self._stored[tenant] = nbytes
+        else:
+            self._stored.pop(tenant, None)
+
+    def replace_stored_bytes(self, stored: Mapping[str, int]) -> None:
+        """The whole gauge at once: tenants missing from ``stored`` store nothing."""
+        self._stored = {t: n for t, n in stored.items() if n > 0}
+
+    # --- minutes --------------------------------------------------------------------------------
+    @property
+    def open_minute(self) -> int:
+        return self._open_minute
+
+    def roll(self, now_ms: int) -> list[UsageRecord]:
+        """Close the open minute when ``now_ms`` is past it: its records (counters reset);
+        [] while ``now_ms`` is still in it (or behind it: a wall clock stepping back)."""
+        minute = minute_of(now_ms)
+        if minute <= self._open_minute:
+            return []
+        closed = self._open_minute
+        self._open_minute = minute
+        if closed <= self._last_minute:  # never two reports of one minute (clock stepped back)
+            closed = self._last_minute + MINUTE_MS
+        counters, self._counters = self._counters, {}
+        records: list[UsageRecord] = []
+        for tenant in sorted(counters.keys() | self._stored.keys()):
+            c = counters.get(tenant)
+            records.append(
+                {
+                    "report_id": report_id(self.broker, closed, tenant),
+                    "broker": self.broker,
+                    "tenant": tenant,
+                    "minute": closed,
+                    "requests_4k": c.requests_4k if c else 0,
+                    "bytes_in": c.bytes_in if c else 0,
+                    "bytes_out": c.bytes_out if c else 0,
+                    "stored_bytes": self._stored.get(tenant, 0),
+                }
+            )
+        if records:
+            self._last_minute = closed
+        return records
+
+    def fold_back(self, records: Iterable[UsageRecord]) -> None:
+        """Records that could not be spooled: their counters go back into the open minute."""
+        for r in records:
+            c = self._counters.get(r["tenant"])
+            if c is None:
+                c = self._counters[r["tenant"]] = _Counters()
+            c.requests_4k += r["requests_4k"]
+            c.bytes_in += r["bytes_in"]
+            c.bytes_out += r["bytes_out"]
+
+    async def roll_and_spool(self, now_ms: int | None = None) -> int:
+        """``roll`` and append the records to the spool (fsync on a worker thread). How many
+        records were spooled; 0 also when the spool refused them (they are folded back)."""
+        if self._spool is None:
+            raise RuntimeError("this meter has no spool")
+        async with self._roll_lock:
+            records = self.roll(self._clock() if now_ms is None else now_ms)
+            if not records:
+                return 0
+            try:
+                status = await asyncio.to_thread(self._spool.append, records)
+            except OSError:
+                log.exception("usage spool append failed: %d records kept in memory for the next minute", len(records))
+                status = SpoolStatus.FULL
+            if status is SpoolStatus.FULL:
+                log.warning(
+                    "usage of %d tenants for minute %d not spooled: folded into minute %d, reported once the "
+                    "spool has room (the control plane must acknowledge records for that)",
+                    len(records), records[0]["minute"], self._open_minute,
+                )
+                self.fold_back(records)
+                return 0
+            return len(records)
+
+    async def run(
+        self,
+        *,
+        lag_ms: int = 1000,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        on_spooled: Callable[[int], None] | None = None,
+    ) -> None:
+        """Roll and spool ``lag_ms`` after every minute boundary, forever (cancel to stop).
+        ``on_spooled(n)`` is told how many records went to the spool (e.g. a reporter's wake)."""
+        while True:
+            now = self._clock()
+            next_roll = minute_of(now) + MINUTE_MS + lag_ms
+            await sleep(max(0.0, (next_roll - now) / 1000.0))
+            try:
+                n = await self.roll_and_spool()
+            except Exception:
+                log.exception("usage roll failed")
+                continue
+            if n and on_spooled is not None:
+                on_spooled(n)

@@ -1,0 +1,101 @@
+"""Usage: brokers report records, a resent report is not counted twice, and tenants read their
+usage per minute or hour — never another tenant's."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.postgres_fixture import (  # noqa: F401
+    ControlPlaneHarness,
+    control_plane_fixture,
+    postgres_dsn_fixture,
+    postgres_server_fixture,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+
+
+def record(
+    report_id: str, minute: str | int, *, broker: str = "broker-a", tenant: str = "acme", **values: int
+) -> dict[str, object]:
+    base = {"requests_4k": 10, "bytes_in": 1000, "bytes_out": 2000, "stored_bytes": 5000}
+    base.update(values)
+    return {"report_id": report_id, "broker": broker, "tenant": tenant, "minute": minute, **base}
+
+
+async def broker_token(cp: ControlPlaneHarness) -> str:
+    made = await cp.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
+    return await cp.token_for(made.body["access_key"], made.body["secret"])
+
+
+async def test_usage_is_ingested_once_per_report_id_and_aggregated(control_plane: ControlPlaneHarness) -> None:
+    cp = control_plane
+    _, acme = await cp.new_tenant("acme")
+    _, beta = await cp.new_tenant("beta")
+    broker = await broker_token(cp)
+    batch = [
+        record("a-1", "2026-05-01T10:00:00Z"),
+        record("a-2", "2026-05-01T10:00:30Z", stored_bytes=6000),  # same minute: counters add, storage peaks
+        record("b-1", "2026-05-01T10:00:00Z", broker="broker-b", stored_bytes=1000),
+        record("a-3", "2026-05-01T10:59:00Z", stored_bytes=9000),
+        record("a-4", "2026-05-01T11:05:00Z"),
+        record("x-1", "2026-05-01T10:00:00Z", tenant="beta", requests_4k=999),
+    ]
+    first = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": batch})
+    assert first.status == 200
+    assert first.body == {"accepted": 6, "duplicates": 0}
+    resent = await cp.call(
+        "POST", "/internal/v1/usage", token=broker, json={"records": [*batch, record("a-5", "2026-05-01T11:06:00Z")]}
+    )
+    assert resent.body == {"accepted": 1, "duplicates": 6}
+
+    q = "from=2026-05-01T10:00:00Z&to=2026-05-01T12:00:00Z"
+    minutes = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=minute", token=acme)
+    assert minutes.status == 200
+    rows = {b["start"]: b for b in minutes.body["buckets"]}
+    ten = rows["2026-05-01T10:00:00+00:00"]
+    assert (ten["requests_4k"], ten["bytes_in"], ten["stored_bytes"]) == (
+        30,
+        3000,
+        7000,
+    )  # a: max(5000, 6000) + b: 1000
+    assert len(rows) == 4
+    hours = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=hour", token=acme)
+    buckets = hours.body["buckets"]
+    assert [b["start"] for b in buckets] == ["2026-05-01T10:00:00+00:00", "2026-05-01T11:00:00+00:00"]
+    assert (buckets[0]["requests_4k"], buckets[0]["bytes_out"], buckets[0]["stored_bytes"]) == (40, 8000, 9000)
+    assert (buckets[1]["requests_4k"], buckets[1]["stored_bytes"]) == (20, 5000)
+    assert hours.body["totals"] == {"requests_4k": 60, "bytes_in": 6000, "bytes_out": 12000, "stored_bytes_max": 9000}
+    beta_usage = await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)
+    assert beta_usage.body["totals"]["requests_4k"] == 999
+    assert (await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=acme)).status == 403
+    assert (await cp.call("GET", f"/v1/tenants/acme/usage?{q}", operator=True)).status == 200
+
+
+async def test_only_brokers_report_and_bad_records_are_refused(control_plane: ControlPlaneHarness) -> None:
+    cp = control_plane
+    _, acme = await cp.new_tenant("acme")
+    broker = await broker_token(cp)
+    batch = {"records": [record("r-1", "2026-05-01T10:00:00Z")]}
+    assert (await cp.call("POST", "/internal/v1/usage", token=acme, json=batch)).status == 403
+    bad = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": [record("r-1", "yesterday")]})
+    assert bad.status == 400
+    assert "minute" in bad.body["error"]["message"]
+    negative = await cp.call(
+        "POST",
+        "/internal/v1/usage",
+        token=broker,
+        json={"records": [record("r-1", "2026-05-01T10:00:00Z", bytes_in=-1)]},
+    )
+    assert negative.status == 400
+    epoch_ms = await cp.call(
+        "POST", "/internal/v1/usage", token=broker, json={"records": [record("r-2", 1_777_629_600_000)]}
+    )
+    assert epoch_ms.status == 200
+    assert epoch_ms.body["accepted"] == 1
+    assert await cp.services.pool.fetchval("SELECT count(*) FROM usage_records") == 1
+    wide = await cp.call(
+        "GET", "/v1/tenants/acme/usage?from=2026-01-01T00:00:00Z&to=2026-05-01T00:00:00Z&granularity=minute", token=acme
+    )
+    assert wide.status == 400
+    assert wide.body["error"]["details"]["field"] == "to"
