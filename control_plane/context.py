@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from control_plane.reconciler import Reconciler
 from control_plane.request_body import Body, read_json
 from control_plane.services import Services
 
@@ -15,6 +16,7 @@ def services(request: web.Request) -> Services:
 
 
 OPENAPI = web.AppKey("openapi", dict)
+RECONCILER = web.AppKey("reconciler", Reconciler)
 
 
 async def body(request: web.Request, allowed: tuple[str, ...]) -> Body:

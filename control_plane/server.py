@@ -41,6 +41,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--master-key-file", help="base64 master key file (created when missing)")
     p.add_argument("--bootstrap-credentials-file", help="where the first operator credential is written (0600)")
     p.add_argument("--token-lifetime-s", type=int, help="JWT lifetime in seconds (default 900)")
+    p.add_argument("--reconcile-interval-s", type=float, help="reconciler round interval (default 5; 0 = off)")
     p.add_argument("--ready-file", help='written with {"url": ...} once serving')
     return p.parse_args(argv)
 
@@ -96,6 +97,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             database_url=database_url,
             bootstrap_credentials_file=args.bootstrap_credentials_file,
             token_lifetime_s=args.token_lifetime_s,
+            reconcile_interval_s=args.reconcile_interval_s,
         )
         asyncio.run(serve(settings, ready_file=args.ready_file))
     except (SettingsError, EmbeddedPostgresError) as e:

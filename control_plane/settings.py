@@ -88,6 +88,8 @@ class Settings:
     audience: str = "orbit"
     pool_min_size: int = 1
     pool_max_size: int = 10
+    # The reconciler's round interval (0: no reconciler); a change through the API runs one at once.
+    reconcile_interval_s: float = 5.0
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -95,6 +97,8 @@ class Settings:
             raise SettingsError(f"listen {self.listen!r} is not HOST:PORT")
         if not 60 <= self.token_lifetime_s <= 86_400:
             raise SettingsError("token_lifetime_s must be within 60..86400")
+        if self.reconcile_interval_s < 0:
+            raise SettingsError("reconcile_interval_s must be >= 0 (0 turns the reconciler off)")
         if not 1024 <= self.json_body_limit_bytes <= 16 * 1024 * 1024:
             raise SettingsError("json_body_limit_bytes must be within 1 KiB..16 MiB")
 
@@ -129,6 +133,7 @@ class Settings:
             ("token_lifetime_s", "ORBIT_TOKEN_LIFETIME_S", int),
             ("bootstrap_credentials_file", "ORBIT_BOOTSTRAP_CREDENTIALS_FILE", str),
             ("json_body_limit_bytes", "ORBIT_JSON_BODY_LIMIT_BYTES", int),
+            ("reconcile_interval_s", "ORBIT_RECONCILE_INTERVAL_S", float),
         ):
             if env.get(var):
                 try:

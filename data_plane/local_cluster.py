@@ -1,6 +1,11 @@
 """LocalCluster: a name server and brokers as child processes on this machine, all state under
 one directory. ``orbit dev up`` runs one in the foreground; benchmarks start one per run.
 
+With ``tenancy`` the cluster is the managed service in miniature: the control plane starts first
+(with an embedded PostgreSQL under ``<root>/control-plane``), the broker runs with
+authentication on and reports usage with a credential of its own, the broker group is
+registered, and a demo tenant is made (``data_plane/dev_tenancy.py``).
+
 Each child is ``python -m data_plane.cli <namesrv|broker> ... --ready-file F``; a child is up
 once F holds its address. Stopping sends SIGTERM to brokers first (they unregister and flush),
 then to the name server, and waits."""
@@ -15,6 +20,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from data_plane.dev_tenancy import (
+    BootstrapError,
+    Demo,
+    ensure_broker_credential,
+    ensure_broker_group,
+    ensure_demo,
+    operator_api,
+)
 
 READY_TIMEOUT_S = 60.0
 
@@ -81,7 +95,11 @@ class LocalCluster:
     broker_port: int = 10911
     flush: str = "ASYNC_FLUSH"
     broker_flags: list[str] = field(default_factory=list)
+    tenancy: bool = False
+    control_plane_port: int = 8080
     children: list[Child] = field(default_factory=list)
+    control_plane_url: str = ""
+    demo: Demo | None = None
 
     @property
     def run_dir(self) -> str:
@@ -89,6 +107,32 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         try:
+            tenancy_flags: list[str] = []
+            api = None
+            if self.tenancy:
+                cp_dir = os.path.join(self.root, "control-plane")
+                operator_file = os.path.join(cp_dir, "operator.json")
+                cp = spawn(
+                    "control-plane",
+                    "control-plane",
+                    [
+                        "--listen", f"{self.host}:{self.control_plane_port}",
+                        "--data-dir", cp_dir,
+                        "--bootstrap-credentials-file", operator_file,
+                        "--reconcile-interval-s", "2",
+                    ],
+                    self.run_dir,
+                )
+                self.children.append(cp)
+                self.control_plane_url = str(cp.info["url"])
+                api = operator_api(self.control_plane_url, operator_file)
+                broker_creds = os.path.join(self.root, "broker-a", "broker-credentials.json")
+                ensure_broker_credential(api, broker_creds)
+                tenancy_flags = [
+                    "--set", "auth_enabled=true",
+                    "--set", f"control_plane_url={self.control_plane_url}",
+                    "--set", f"broker_credentials_file={broker_creds}",
+                ]
             ns = spawn("namesrv", "namesrv", ["--listen", f"{self.host}:{self.namesrv_port}"], self.run_dir)
             self.children.append(ns)
             broker = spawn(
@@ -105,26 +149,49 @@ class LocalCluster:
                     os.path.join(self.root, "broker-a"),
                     "--flush",
                     self.flush,
+                    *tenancy_flags,
                     *self.broker_flags,
                 ],
                 self.run_dir,
             )
             self.children.append(broker)
-        except ClusterError:
+            if api is not None:
+                ensure_broker_group(api, "broker-a", broker.address, ns.address)
+                self.demo = ensure_demo(api, os.path.join(self.root, "demo-credentials.json"))
+        except (ClusterError, BootstrapError):
             self.stop()
             raise
         return self
 
+    def _child(self, name: str) -> Child:
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
     @property
     def namesrv(self) -> str:
-        return self.children[0].address
+        return self._child("namesrv").address
 
     @property
     def brokers(self) -> dict[str, str]:
-        return {c.name: c.address for c in self.children[1:]}
+        return {c.name: c.address for c in self.children if c.name.startswith("broker")}
 
     def endpoints(self) -> dict[str, Any]:
-        return {"namesrv": self.namesrv, "brokers": self.brokers, "data_dir": self.root, "logs": self.run_dir}
+        out: dict[str, Any] = {
+            "namesrv": self.namesrv, "brokers": self.brokers, "data_dir": self.root, "logs": self.run_dir
+        }
+        if self.tenancy:
+            out["control_plane"] = self.control_plane_url
+            out["operator_credentials_file"] = os.path.join(self.root, "control-plane", "operator.json")
+        if self.demo is not None:
+            out["demo"] = {
+                "tenant": self.demo.tenant,
+                "topic": self.demo.topic,
+                "group": self.demo.group,
+                "credentials_file": self.demo.credentials_file,
+            }
+        return out
 
     def dead(self) -> list[Child]:
         return [c for c in self.children if c.proc.poll() is not None]

@@ -19,6 +19,7 @@ from data_plane.remoting.codes import PERM_READ_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
 from data_plane.store.message import StoredMessage, decode_message_id, decode_record
+from sdk.client_instance import Credentials
 from sdk.errors import OrbitError
 
 
@@ -60,11 +61,16 @@ def decode_records(body: bytes) -> list[StoredMessage]:
 
 
 class AdminClient:
-    def __init__(self, namesrv_addrs: Sequence[str], *, timeout_ms: int = 5000) -> None:
+    def __init__(
+        self, namesrv_addrs: Sequence[str], *, timeout_ms: int = 5000, credentials: Credentials | None = None
+    ) -> None:
+        """``credentials``: signs every request to a broker (see sdk.credentials); name server
+        requests go unsigned, as RocketMQ's do."""
         if not namesrv_addrs:
             raise AdminError("no name server address given")
         self.namesrv_addrs = list(namesrv_addrs)
         self.timeout_ms = timeout_ms
+        self.credentials = credentials
         self.client = RemotingClient()
         self._ns = itertools.cycle(self.namesrv_addrs)
 
@@ -79,6 +85,15 @@ class AdminClient:
 
     # --- plumbing -----------------------------------------------------------------------------
     async def _call(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
+        creds = self.credentials
+        if creds is not None:
+            fresh = getattr(creds, "ensure_fresh", None)
+            pending = fresh() if fresh is not None else None
+            if pending is not None:
+                await pending
+            extra = creds(cmd)
+            if extra:
+                cmd.ext_fields = {**(cmd.ext_fields or {}), **extra}
         try:
             return await self.client.invoke(addr, cmd, self.timeout_ms)
         except RemotingError as e:

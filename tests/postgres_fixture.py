@@ -87,6 +87,7 @@ def make_settings(dsn: str, tmp_path: Path, **changes: Any) -> Settings:
         "bootstrap_credentials_file": str(tmp_path / "operator.json"),
         "pool_min_size": 1,
         "pool_max_size": 5,
+        "reconcile_interval_s": 0,  # tests that want the reconciler ask for it
     }
     values.update(changes)
     return Settings(**values)

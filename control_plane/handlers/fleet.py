@@ -51,9 +51,13 @@ async def get_group(request: web.Request) -> web.StreamResponse:
 async def update_group(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     name = _group_name(request)
-    body = await context.body(request, ("max_queues", "max_msgs_per_s", "storage_bytes", "status"))
+    body = await context.body(
+        request, ("max_queues", "max_msgs_per_s", "storage_bytes", "status", "namesrv_addrs", "broker_addrs")
+    )
     group = await context.services(request).fleet.update_group(
         name,
+        namesrv_addrs=body.addresses("namesrv_addrs") if body.has("namesrv_addrs") else None,
+        broker_addrs=body.addresses("broker_addrs") if body.has("broker_addrs") else None,
         max_queues=body.integer("max_queues", maximum=1_000_000),
         max_msgs_per_s=body.integer("max_msgs_per_s"),
         storage_bytes=body.integer("storage_bytes"),
@@ -95,6 +99,8 @@ GROUP_PATCH = {
         "max_msgs_per_s": {"type": "integer", "minimum": 0},
         "storage_bytes": {"type": "integer", "minimum": 0},
         "status": {"type": "string", "enum": ["active", "draining"]},
+        "namesrv_addrs": ADDRS,
+        "broker_addrs": ADDRS,
     },
 }
 HOST_SCHEMA = {

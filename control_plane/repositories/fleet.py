@@ -58,17 +58,22 @@ async def update_broker_group(
     max_msgs_per_s: int | None,
     storage_bytes: int | None,
     status: str | None,
+    namesrv_addrs: list[str] | None = None,
+    broker_addrs: list[str] | None = None,
 ) -> Record:
     done = await conn.execute(
         """UPDATE broker_groups SET max_queues = COALESCE($2, max_queues),
                   max_msgs_per_s = COALESCE($3, max_msgs_per_s), storage_bytes = COALESCE($4, storage_bytes),
-                  status = COALESCE($5, status)
+                  status = COALESCE($5, status), namesrv_addrs = COALESCE($6, namesrv_addrs),
+                  broker_addrs = COALESCE($7, broker_addrs)
            WHERE name = $1""",
         name,
         max_queues,
         max_msgs_per_s,
         storage_bytes,
         status,
+        namesrv_addrs,
+        broker_addrs,
     )
     if done == "UPDATE 0":
         raise BrokerGroupNotFound(f"no broker group {name!r}", broker_group=name)

@@ -57,10 +57,14 @@ class FleetService:
         max_msgs_per_s: int | None = None,
         storage_bytes: int | None = None,
         status: str | None = None,
+        namesrv_addrs: list[str] | None = None,
+        broker_addrs: list[str] | None = None,
     ) -> dict[str, Any]:
         await repo.update_broker_group(
             self.pool,
             name,
+            namesrv_addrs=namesrv_addrs,
+            broker_addrs=broker_addrs,
             max_queues=max_queues,
             max_msgs_per_s=max_msgs_per_s,
             storage_bytes=storage_bytes,

@@ -25,6 +25,28 @@ if TYPE_CHECKING:
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 
+def _credentials(args: argparse.Namespace) -> Any:
+    """AccessKey + SecretKey signing when the cluster has auth on: from ``--credentials FILE``
+    (JSON or TOML with access_key and secret, as ``orbit dev up`` writes them) or the
+    ORBIT_ACCESS_KEY / ORBIT_SECRET_KEY environment variables. Never from flags: a secret on a
+    command line is visible to every user of the machine."""
+    from sdk.credentials import AccessKeyCredentials
+
+    path = getattr(args, "credentials", None) or os.environ.get("ORBIT_CREDENTIALS_FILE")
+    if path:
+        from data_plane.broker.tenancy import load_broker_credentials
+
+        try:
+            ak, secret = load_broker_credentials(path)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"orbit: credentials: {e}") from None
+        return AccessKeyCredentials(ak, secret)
+    env_ak, env_secret = os.environ.get("ORBIT_ACCESS_KEY"), os.environ.get("ORBIT_SECRET_KEY")
+    if env_ak and env_secret:
+        return AccessKeyCredentials(env_ak, env_secret)
+    return None
+
+
 def _namesrv(args: argparse.Namespace) -> list[str]:
     raw = args.namesrv or os.environ.get("ORBIT_NAMESRV") or DEFAULT_NAMESRV
     return [a.strip() for a in raw.replace(",", ";").split(";") if a.strip()]
@@ -78,7 +100,7 @@ def _run_admin(args: argparse.Namespace, work: Callable[[AdminClient], Awaitable
     from sdk.admin import AdminClient
 
     async def go() -> int:
-        async with AdminClient(_namesrv(args)) as admin:
+        async with AdminClient(_namesrv(args), credentials=_credentials(args)) as admin:
             return await work(admin)
 
     return _run(go)
@@ -212,7 +234,7 @@ def produce(args: argparse.Namespace) -> int:
     from sdk import Message, Producer
 
     async def go() -> int:
-        producer = Producer(args.group, namesrv_addrs=_namesrv(args))
+        producer = Producer(args.group, namesrv_addrs=_namesrv(args), credentials=_credentials(args))
         await producer.start()
         try:
             bodies: list[bytes]
@@ -246,7 +268,10 @@ def consume(args: argparse.Namespace) -> int:
 
     async def go() -> int:
         consumer = PullConsumer(
-            args.group, namesrv_addrs=_namesrv(args), consume_from="FIRST_OFFSET" if args.earliest else "LAST_OFFSET"
+            args.group,
+            namesrv_addrs=_namesrv(args),
+            consume_from="FIRST_OFFSET" if args.earliest else "LAST_OFFSET",
+            credentials=_credentials(args),
         )
         consumer.subscribe(args.topic, args.expression)
         await consumer.start()
@@ -281,6 +306,10 @@ def consume(args: argparse.Namespace) -> int:
 def add_parsers(sub: Any) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
         p.add_argument("--namesrv", help=f"name server host:port[;host:port] (env ORBIT_NAMESRV; {DEFAULT_NAMESRV})")
+        p.add_argument(
+            "--credentials",
+            help="file with access_key and secret (env ORBIT_CREDENTIALS_FILE, or ORBIT_ACCESS_KEY/ORBIT_SECRET_KEY)",
+        )
         p.add_argument("--json", action="store_true", help="JSON output")
         return p
 

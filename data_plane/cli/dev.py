@@ -1,9 +1,13 @@
-"""``orbit dev up``: the local cluster — a name server and a broker as child processes, with
-every byte of state under one directory (``--dir``, default ``./orbit-data``).
+"""``orbit dev up``: the local cluster — the control plane (with an embedded PostgreSQL), a name
+server and a broker with authentication on, as child processes, with every byte of state under
+one directory (``--dir``, default ``./orbit-data``). ``--no-tenancy`` runs just the name server
+and an open broker.
 
-It prints the endpoints once everything serves, keeps running until Ctrl-C / SIGTERM, then
-stops the broker first (it unregisters and flushes) and the name server last. If a child dies,
-the others are stopped and the exit code is non-zero."""
+It prints the endpoints and working credentials (a demo tenant's, for the SDK and for a stock
+RocketMQ client) once everything serves, keeps running until Ctrl-C / SIGTERM, then stops the
+broker first (it unregisters and flushes), the name server and the control plane last. If a child
+dies, the others are stopped and the exit code is non-zero. With no ``DATABASE_URL`` the control
+plane runs its own PostgreSQL; set it to use an external one."""
 
 from __future__ import annotations
 
@@ -15,7 +19,26 @@ import sys
 import time
 from typing import Any
 
+from data_plane.dev_tenancy import BootstrapError, Demo
 from data_plane.local_cluster import ClusterError, LocalCluster
+
+
+def _print_demo(namesrv: str, url: str, demo: Demo) -> None:
+    """Working credentials for the demo tenant — the secret is printed here, to the developer's
+    own terminal, once per run; it also sits in a 0600 file under the data directory."""
+    print(f"Demo tenant {demo.tenant!r}: topic {demo.topic!r}, consumer group {demo.group!r}")
+    print(f"  access key    {demo.access_key}")
+    print(f"  secret        {demo.secret}")
+    print(f"  (also in {demo.credentials_file})")
+    print("CLI (signs with the access key):")
+    print(f"  export ORBIT_NAMESRV={namesrv} ORBIT_CREDENTIALS_FILE={demo.credentials_file}")
+    print(f"  orbit produce --topic '{demo.topic}' --body hello")
+    print(f"  orbit consume --topic '{demo.topic}' --group '{demo.group}' --earliest --max 1")
+    print("SDK (OAuth client credentials -> JWT):")
+    print("  from sdk import Producer; from sdk.credentials import ClientCredentials")
+    print(f"  creds = ClientCredentials('{demo.access_key}', '<secret>', '{url}/oauth/token')")
+    print(f"  Producer('my-producer', namesrv_addrs='{namesrv}', credentials=creds)")
+    print("Stock RocketMQ client (ACL signature): AccessKey / SecretKey above, name server as above.")
 
 
 def add_parser(sub: Any) -> None:
@@ -26,6 +49,8 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     up.add_argument("--namesrv-port", type=int, default=9876, help="0 picks a free port")
     up.add_argument("--broker-port", type=int, default=10911, help="0 picks a free port")
+    up.add_argument("--control-plane-port", type=int, default=8080, help="0 picks a free port")
+    up.add_argument("--no-tenancy", action="store_true", help="no control plane: an open broker, no credentials")
     up.add_argument("--flush", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
     up.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE", help="a broker store setting")
     up.add_argument("--ready-file", help="write the endpoints here as JSON once serving")
@@ -48,10 +73,12 @@ def dev_up(args: argparse.Namespace) -> int:
         broker_port=args.broker_port,
         flush=args.flush,
         broker_flags=[f for kv in args.store_set for f in ("--store-set", kv)],
+        tenancy=not args.no_tenancy,
+        control_plane_port=args.control_plane_port,
     )
     try:
         cluster.start()
-    except ClusterError as e:
+    except (ClusterError, BootstrapError) as e:
         print(f"orbit dev up: {e}", file=sys.stderr)
         return 1
     endpoints = cluster.endpoints()
@@ -61,13 +88,20 @@ def dev_up(args: argparse.Namespace) -> int:
             json.dump(endpoints, f)
         os.replace(tmp, args.ready_file)
     print("Orbit local cluster is up.")
+    if cluster.control_plane_url:
+        print(f"  control plane {cluster.control_plane_url}  (OpenAPI: {cluster.control_plane_url}/openapi.json)")
+        print(f"  operator      credentials in {endpoints['operator_credentials_file']}")
     print(f"  name server   {cluster.namesrv}")
     for name, addr in cluster.brokers.items():
         print(f"  {name:<13} {addr}")
     print(f"  data          {cluster.root}")
     print(f"  logs          {cluster.run_dir}")
-    print(f"Try:  export ORBIT_NAMESRV={cluster.namesrv}")
-    print("      orbit produce --topic demo --body hello && orbit consume --topic demo --earliest --max 1")
+    demo = cluster.demo
+    if demo is None:
+        print(f"Try:  export ORBIT_NAMESRV={cluster.namesrv}")
+        print("      orbit produce --topic demo --body hello && orbit consume --topic demo --earliest --max 1")
+    else:
+        _print_demo(cluster.namesrv, cluster.control_plane_url, demo)
     print("Ctrl-C stops the cluster.", flush=True)
     code = 0
     while not stop_requested:

@@ -52,6 +52,23 @@ def _pairs(items: list[str] | None, what: str) -> dict[str, Any]:
     return out
 
 
+def add_control_plane_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "control-plane",
+        help="run the control plane (HTTP API; options: orbit control-plane --help)",
+        add_help=False,
+        prefix_chars="\0",  # every argument goes through to the control plane's own parser
+    )
+    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda a: _control_plane_main(a.args))
+
+
+def _control_plane_main(argv: list[str]) -> int:
+    from control_plane.server import main
+
+    return main(argv)
+
+
 def add_broker_parser(sub: Any) -> None:
     p = sub.add_parser("broker", help="run a broker", description=__doc__)
     p.add_argument("--config", help="TOML file of broker settings ([store] table for the store)")

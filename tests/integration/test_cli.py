@@ -54,6 +54,7 @@ def dev_cluster(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[st
             "0",
             "--broker-port",
             "0",
+            "--no-tenancy",  # an open broker: these tests are about the commands (test_dev_up_tenancy.py: auth)
             "--ready-file",
             str(ready),
             # Small files: every test's store would otherwise reserve a 1 GiB CommitLog file.

@@ -1,0 +1,71 @@
+"""The reconciler's view of the control plane: ``Services`` as a ``StateSource``.
+
+Turns a broker group's ``DesiredState`` into what the reconciler sends — topics and groups in
+RocketMQ's terms, and the tenancy snapshot (credentials, tenant status, this group's quota
+share) for ORBIT_SYNC_TENANCY — and marks a topic active once its broker group holds it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from control_plane.reconciler import BrokerTarget, DesiredBrokerState, tenancy_version
+from control_plane.services import Services
+
+# The rates a broker enforces (its share); storage is watched by the control plane.
+_RATES = ("publish_msgs_per_s", "publish_bytes_per_s", "consume_msgs_per_s", "consume_bytes_per_s")
+_TOKEN_MARGIN_S = 60.0
+
+
+class ServicesStateSource:
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._token = ""
+        self._token_until = 0.0
+
+    async def operator_token(self) -> str:
+        """The control plane's own operator JWT, minted again shortly before it expires."""
+        now = time.monotonic()
+        if not self._token or now >= self._token_until:
+            self._token = await self.services.mint_operator_token()
+            self._token_until = now + self.services.settings.token_lifetime_s - _TOKEN_MARGIN_S
+        return self._token
+
+    async def broker_targets(self) -> list[BrokerTarget]:
+        groups = await self.services.fleet.list_groups()
+        return [BrokerTarget(g["name"], tuple(g["broker_addrs"])) for g in groups if g.get("broker_addrs")]
+
+    async def desired_state(self, group: str) -> DesiredBrokerState:
+        ds = await self.services.desired_state(group)
+        return {
+            "topics": [
+                {
+                    "name": t["name"],
+                    "read_queue_nums": t["read_queue_nums"],
+                    "write_queue_nums": t["write_queue_nums"],
+                    "perm": t["perm"],
+                    "order": t["order"],
+                }
+                for t in ds["topics"]
+            ],
+            "groups": [
+                {"name": g["name"], "retry_max_times": g["retry_max_times"], "consume_orderly": g["consume_orderly"]}
+                for g in ds["groups"]
+            ],
+            "tenancy": {
+                "version": tenancy_version(),
+                "credentials": list(ds["credentials"]),
+                "tenants": [
+                    {"id": t["id"], "status": t["status"], "limits": {k: t["quota"][k] for k in _RATES}}  # type: ignore[literal-required]
+                    for t in ds["tenants"]
+                ],
+            },
+        }
+
+    async def topics_applied(self, group: str, names: Sequence[str]) -> None:
+        ds = await self.services.desired_state(group)
+        applied = set(names)
+        for t in ds["topics"]:
+            if t["status"] != "active" and t["name"] in applied:
+                await self.services.mark_topic_active(tenant_id=t["tenant"], name=t["topic"], broker_group=group)
