@@ -133,7 +133,8 @@ class LocalCluster:
                     "--set", f"control_plane_url={self.control_plane_url}",
                     "--set", f"broker_credentials_file={broker_creds}",
                 ]
-            ns = spawn("namesrv", "namesrv", ["--listen", f"{self.host}:{self.namesrv_port}"], self.run_dir)
+            ns_args = ["--listen", f"{self.host}:{self.namesrv_port}", *(["--tenancy"] if self.tenancy else [])]
+            ns = spawn("namesrv", "namesrv", ns_args, self.run_dir)
             self.children.append(ns)
             broker = spawn(
                 "broker",

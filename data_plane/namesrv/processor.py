@@ -29,6 +29,7 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_bool, field_int, field_str
 from data_plane.remoting.server import Processors
+from data_plane.tenancy.namespace import tenant_of
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,14 @@ def _addr(cmd: RemotingCommand, field: str) -> str:
 
 
 class NamesrvProcessor:
-    def __init__(self, route_info: RouteInfoManager) -> None:
+    def __init__(self, route_info: RouteInfoManager, *, tenancy: bool = False) -> None:
+        """``tenancy``: name servers take no credentials (RocketMQ clients send none to them), so
+        in a multi-tenant cluster they keep tenants apart by what they answer: the topic list
+        leaves out every ``tenant%name`` topic (tenants list theirs through the control plane's
+        API) and DELETE_TOPIC_IN_NAMESRV is refused (the reconciler deletes on the brokers, whose
+        next registration drops the route). A route lookup needs the topic's full name."""
         self.route_info = route_info
+        self.tenancy = tenancy
         self.connections: dict[int, Connection] = {}  # connections that registered a broker, by id
         self._ids = itertools.count(1)
 
@@ -131,9 +138,16 @@ class NamesrvProcessor:
         return cmd.response(ResponseCode.SUCCESS, body=encode_cluster_info(self.route_info.cluster_info()))
 
     def get_all_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        return cmd.response(ResponseCode.SUCCESS, body=encode_topic_list(self.route_info.all_topics()))
+        topics = self.route_info.all_topics()
+        if self.tenancy:
+            topics = [t for t in topics if tenant_of(t) is None]
+        return cmd.response(ResponseCode.SUCCESS, body=encode_topic_list(topics))
 
     def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        if self.tenancy:
+            return cmd.response(
+                ResponseCode.NO_PERMISSION, "topics are deleted through the control plane in a multi-tenant cluster"
+            )
         topic = field_str(cmd.ext_fields, "topic")
         if self.route_info.delete_topic(topic):
             log.info("topic %s deleted", topic)

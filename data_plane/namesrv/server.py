@@ -44,13 +44,14 @@ class NameServer:
         broker_expiry_s: float = BROKER_EXPIRY_S,
         scan_interval_s: float = SCAN_INTERVAL_S,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        tenancy: bool = False,
     ) -> None:
         if broker_expiry_s <= 0 or scan_interval_s <= 0:
             raise ValueError("broker_expiry_s and scan_interval_s must be positive")
         self.broker_expiry_s = broker_expiry_s
         self.scan_interval_s = scan_interval_s
         self.route_info = RouteInfoManager()
-        self.processor = NamesrvProcessor(self.route_info)
+        self.processor = NamesrvProcessor(self.route_info, tenancy=tenancy)
         processors = Processors()
         self.processor.register_on(processors)
         self.remoting = RemotingServer(
@@ -110,6 +111,7 @@ async def serve(
     broker_expiry_s: float = BROKER_EXPIRY_S,
     scan_interval_s: float = SCAN_INTERVAL_S,
     idle_timeout_s: float = IDLE_TIMEOUT_S,
+    tenancy: bool = False,
 ) -> None:
     """Run a name server until SIGTERM or SIGINT, then close it."""
     server = NameServer(
@@ -118,6 +120,7 @@ async def serve(
         broker_expiry_s=broker_expiry_s,
         scan_interval_s=scan_interval_s,
         idle_timeout_s=idle_timeout_s,
+        tenancy=tenancy,
     )
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -164,6 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--broker-expiry-s", type=_positive, default=BROKER_EXPIRY_S, help="evict brokers silent longer")
     p.add_argument("--scan-interval-s", type=_positive, default=SCAN_INTERVAL_S, help="seconds between eviction scans")
     p.add_argument("--idle-timeout-s", type=float, default=IDLE_TIMEOUT_S, help="close idle connections (0: never)")
+    p.add_argument(
+        "--tenancy",
+        action="store_true",
+        help="multi-tenant cluster: the topic list leaves tenants' topics out; topic deletion goes through brokers",
+    )
     return p
 
 
@@ -178,6 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         broker_expiry_s=args.broker_expiry_s,
         scan_interval_s=args.scan_interval_s,
         idle_timeout_s=args.idle_timeout_s,
+        tenancy=args.tenancy,
     )
     try:
         import uvloop

@@ -172,6 +172,25 @@ async def test_cluster_info_topic_list_and_topic_deletion(
 
 
 @pytest.mark.asyncio
+async def test_a_multi_tenant_name_server_lists_no_tenant_topics_and_refuses_topic_deletion(
+    start_namesrv: StartNamesrv, clients: Callable[[], RemotingClient]
+) -> None:
+    ns, client = start_namesrv("--tenancy").address, clients()
+    await client.invoke(ns, register_cmd(topics={"acme%orders": 4, "other%secret": 2, "TBW102": 8}))
+
+    r = await client.invoke(ns, RemotingCommand(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER))
+    assert r.code == ResponseCode.SUCCESS
+    assert loads(r.body_bytes())["topicList"] == ["TBW102"], "no tenant learns another's topic names here"
+
+    r = await client.invoke(
+        ns, RemotingCommand(RequestCode.DELETE_TOPIC_IN_NAMESRV, ext_fields={"topic": "other%secret"})
+    )
+    assert r.code == ResponseCode.NO_PERMISSION
+    assert "control plane" in (r.remark or "")
+    assert await route_code(client, ns, "other%secret") == ResponseCode.SUCCESS, "nobody can unroute a tenant's topic"
+
+
+@pytest.mark.asyncio
 async def test_a_compressed_registration_is_understood(
     namesrv: ServerProcess, clients: Callable[[], RemotingClient]
 ) -> None:
