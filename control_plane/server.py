@@ -8,6 +8,8 @@
     --bootstrap-credentials-file PATH  first operator credential, written 0600
     --token-lifetime-s N
     --ready-file PATH                  gets {"url": "http://127.0.0.1:PORT"} once serving
+    --telemetry none|console|otlp      OpenTelemetry traces and metrics (env ORBIT_TELEMETRY;
+                                       otlp: the OTEL_EXPORTER_OTLP_* variables say where)
 
 SIGTERM and SIGINT stop it cleanly (server, pool, then the embedded PostgreSQL).
 """
@@ -43,6 +45,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--token-lifetime-s", type=int, help="JWT lifetime in seconds (default 900)")
     p.add_argument("--reconcile-interval-s", type=float, help="reconciler round interval (default 5; 0 = off)")
     p.add_argument("--ready-file", help='written with {"url": ...} once serving')
+    p.add_argument(
+        "--telemetry",
+        choices=["none", "console", "otlp"],
+        help="OpenTelemetry exporter (default none; env ORBIT_TELEMETRY)",
+    )
     return p.parse_args(argv)
 
 
@@ -98,6 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             bootstrap_credentials_file=args.bootstrap_credentials_file,
             token_lifetime_s=args.token_lifetime_s,
             reconcile_interval_s=args.reconcile_interval_s,
+            telemetry=args.telemetry,
         )
         asyncio.run(serve(settings, ready_file=args.ready_file))
     except (SettingsError, EmbeddedPostgresError) as e:

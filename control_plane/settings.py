@@ -11,6 +11,7 @@ flags (``server.main``). The master key is a secret: it never appears in ``repr`
 | token_lifetime_s | ORBIT_TOKEN_LIFETIME_S | --token-lifetime-s |
 | bootstrap_credentials_file | ORBIT_BOOTSTRAP_CREDENTIALS_FILE | --bootstrap-credentials-file |
 | json_body_limit_bytes | ORBIT_JSON_BODY_LIMIT_BYTES | |
+| telemetry (none, console, otlp) | ORBIT_TELEMETRY | --telemetry |
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class Settings:
     pool_max_size: int = 10
     # The reconciler's round interval (0: no reconciler); a change through the API runs one at once.
     reconcile_interval_s: float = 5.0
+    # OpenTelemetry (docs/control_plane.md#observability): "none", "console" or "otlp".
+    telemetry: str = "none"
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -101,6 +104,8 @@ class Settings:
             raise SettingsError("reconcile_interval_s must be >= 0 (0 turns the reconciler off)")
         if not 1024 <= self.json_body_limit_bytes <= 16 * 1024 * 1024:
             raise SettingsError("json_body_limit_bytes must be within 1 KiB..16 MiB")
+        if self.telemetry not in ("none", "console", "otlp"):
+            raise SettingsError(f"telemetry {self.telemetry!r} is not one of none, console, otlp")
 
     @property
     def listen_host(self) -> str:
@@ -134,6 +139,7 @@ class Settings:
             ("bootstrap_credentials_file", "ORBIT_BOOTSTRAP_CREDENTIALS_FILE", str),
             ("json_body_limit_bytes", "ORBIT_JSON_BODY_LIMIT_BYTES", int),
             ("reconcile_interval_s", "ORBIT_RECONCILE_INTERVAL_S", float),
+            ("telemetry", "ORBIT_TELEMETRY", str),
         ):
             if env.get(var):
                 try:

@@ -32,6 +32,10 @@ Trace context travels in the message's properties as W3C ``traceparent`` / ``tra
 (RocketMQ properties are a string map; neither value can hold its separators \\x01 / \\x02).
 A consumer span is a child of the producer's span by default and always carries a link to it
 (the conventions' recommended shape for process spans that may cover batches).
+``consume_batch_span`` covers several messages (a listener call, a poll) with one span linked to
+each producer span; ``messaging_attributes``, ``producer_links``, ``end_request_span`` build the
+broker's request spans (``data_plane/broker/send.py``, ``pull.py``). Where each process turns it
+on: docs/broker.md, docs/control_plane.md, sdk/README.md (section "Observability").
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from typing import TYPE_CHECKING, Literal
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
@@ -76,7 +80,13 @@ ATTR_TAG = "messaging.rocketmq.message.tag"
 ATTR_KEYS = "messaging.rocketmq.message.keys"
 ATTR_BATCH_COUNT = "messaging.batch.message_count"
 ATTR_BODY_SIZE = "messaging.message.body.size"
+ATTR_PARTITION = "messaging.destination.partition.id"
+ATTR_ERROR_TYPE = "error.type"
+ATTR_RESPONSE_CODE = "orbit.response.code"  # a broker's answer (RocketMQ ResponseCode)
 OP_SEND = "send"
+OP_RECEIVE = "receive"
+OP_PROCESS = "process"
+MAX_LINKS = 128  # the SDK's default span link limit: a larger batch links to its first 128 producers
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
 
@@ -84,6 +94,8 @@ SEND_DURATION_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 _PROPAGATOR = TraceContextTextMapPropagator()
 _NOOP_SPAN_CM: AbstractContextManager[Span] = contextlib.nullcontext(INVALID_SPAN)
 _global_installed = False
+# What a process's ``telemetry`` setting may say (broker config, control-plane settings, ORBIT_TELEMETRY).
+TELEMETRY_SETTINGS: tuple[ExporterName, ...] = ("none", "console", "otlp")
 
 
 class Telemetry:
@@ -339,6 +351,109 @@ def consume_span(
         attributes=attrs,
         links=links,
     )
+
+
+def messaging_attributes(
+    topic: str,
+    operation_type: str,
+    *,
+    tenant: str | None = None,
+    message_id: str | None = None,
+    consumer_group: str | None = None,
+) -> tuple[str, dict[str, AttributeValue]]:
+    """The destination's name (the topic without the namespace) and the messaging attributes a
+    span about ``topic`` starts with (for spans built outside ``send_span`` / ``consume_span``)."""
+    name, attrs = _attributes(topic, tenant, operation_type, message_id)
+    if consumer_group:
+        attrs[ATTR_CONSUMER_GROUP] = _split_topic(consumer_group, tenant)[0]
+    return name, attrs
+
+
+def end_request_span(span: Span, code: int, code_name: str, *, failed: bool) -> None:
+    """End a broker's request span with the response code it answered (``orbit.response.code``);
+    a failed request gets ``error.type`` (the code's name) and the ERROR status."""
+    span.set_attribute(ATTR_RESPONSE_CODE, code)
+    if failed:
+        span.set_attribute(ATTR_ERROR_TYPE, code_name)
+        span.set_status(StatusCode.ERROR, code_name)
+    span.end()
+
+
+def end_span_with_exception(span: Span, error: BaseException) -> None:
+    span.record_exception(error)
+    span.set_attribute(ATTR_ERROR_TYPE, type(error).__name__)
+    span.set_status(StatusCode.ERROR, type(error).__name__)
+    span.end()
+
+
+def producer_links(properties: Sequence[Mapping[str, str] | None], limit: int = MAX_LINKS) -> list[Link]:
+    """A link to each distinct producer span found in the messages' properties (at most ``limit``)."""
+    links: list[Link] = []
+    seen: set[tuple[int, int]] = set()
+    for props in properties:
+        if not props or TRACEPARENT not in props:
+            continue
+        sc = trace.get_current_span(_PROPAGATOR.extract(props)).get_span_context()
+        if sc.is_valid and (sc.trace_id, sc.span_id) not in seen:
+            seen.add((sc.trace_id, sc.span_id))
+            links.append(Link(sc))
+            if len(links) >= limit:
+                break
+    return links
+
+
+def consume_batch_span(
+    tel: Telemetry,
+    topic: str,
+    properties: Sequence[Mapping[str, str] | None],
+    *,
+    operation: ConsumeOperation = "process",
+    tenant: str | None = None,
+    consumer_group: str | None = None,
+    message_id: str | None = None,
+    as_child: bool = True,
+    start_time: int | None = None,
+    extra: Mapping[str, AttributeValue] | None = None,
+) -> AbstractContextManager[Span]:
+    """One span for the messages of one listener call or one poll (``properties``: each
+    message's), linked to every producer span they carry.
+
+    With ``as_child`` (push consumers) a single message's span is the child of its producer's
+    span, as with ``consume_span``, and a batch's span starts a trace of its own (only linked:
+    the messages may come from many traces). Without it (a poll's receive span) the parent is the
+    current span. ``start_time`` (ns since the epoch) backdates the span: a poll's span is made
+    once the poll has returned its messages. A batch of more than one message carries
+    ``messaging.batch.message_count`` and no message id."""
+    if not tel.enabled:
+        return _NOOP_SPAN_CM
+    n = len(properties)
+    name, attrs = _attributes(topic, tenant, operation, message_id if n == 1 else None)
+    if consumer_group:
+        attrs[ATTR_CONSUMER_GROUP] = _split_topic(consumer_group, tenant)[0]
+    if n != 1:
+        attrs[ATTR_BATCH_COUNT] = n
+    if extra:
+        attrs.update(extra)
+    links = producer_links(properties)
+    ctx: Context | None = None
+    if as_child:
+        ctx = extract_context(properties[0]) if n == 1 and links else Context()
+    return tel.tracer.start_as_current_span(
+        f"{operation} {name}",
+        context=ctx,
+        kind=SpanKind.CONSUMER if operation == "process" else SpanKind.CLIENT,
+        attributes=attrs,
+        links=links,
+        start_time=start_time,
+    )
+
+
+def parse_setting(value: str) -> ExporterName:
+    """A ``telemetry`` setting ("none", "console" or "otlp", any case) checked; ValueError otherwise."""
+    v = value.strip().lower()
+    if v not in TELEMETRY_SETTINGS:
+        raise ValueError(f"telemetry {value!r} is not one of none, console, otlp")
+    return v
 
 
 # --- broker metrics -----------------------------------------------------------------------------

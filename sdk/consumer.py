@@ -16,7 +16,9 @@
   queue's max offset for LAST_OFFSET, its min offset for FIRST_OFFSET, or the offset of
   ``consume_timestamp_ms`` for TIMESTAMP.
 
-Subclasses: ``PushConsumer`` (listeners) and ``PullConsumer`` (``poll``).
+Subclasses: ``PushConsumer`` (listeners) and ``PullConsumer`` (``poll``). ``telemetry=`` (a
+``data_plane.telemetry.Telemetry`` that is on) gives their listener calls and polls spans
+(``sdk.telemetry``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Sequence
-from typing import Required, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Required, TypedDict, TypeVar
 
 from data_plane.remoting import bodies
 from data_plane.remoting.codes import RequestCode
@@ -42,6 +44,9 @@ from sdk.process_queue import ProcessQueue
 from sdk.protocol import PullStatus
 from sdk.rebalance import AllocateAveragely, AllocateStrategy
 from sdk.subscription import Subscription, parse_subscription
+
+if TYPE_CHECKING:
+    from data_plane.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +104,7 @@ class ConsumerOptions(TypedDict, total=False):
     credentials: Credentials | None
     offset_store_dir: str | os.PathLike[str] | None
     check_crc: bool
+    telemetry: Telemetry | None
 
 
 class ConsumerBase:
@@ -129,6 +135,7 @@ class ConsumerBase:
         credentials: Credentials | None = None,
         offset_store_dir: str | os.PathLike[str] | None = None,
         check_crc: bool = True,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if not group:
             raise IllegalArgumentError("consumer group is empty")
@@ -168,6 +175,8 @@ class ConsumerBase:
         self.credentials = credentials
         self.offset_store_dir = offset_store_dir
         self.check_crc = check_crc
+        # None unless on (sdk.telemetry): listener calls and polls check ``is None`` and nothing else.
+        self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
         self.subscriptions: dict[str, Subscription] = {}
         self._instance: ClientInstance | None = None
         self._offsets: OffsetStore | None = None

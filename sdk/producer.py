@@ -25,6 +25,9 @@ statuses of a message that was stored, not errors.
   a retry, until ``send_timeout_ms`` runs out — then it raises ``FlowControlError``.
 * A topic the name servers do not know is sent through the default topic's (TBW102) route,
   so the broker creates it (autoCreateTopicEnable).
+* Telemetry: ``telemetry=`` a ``data_plane.telemetry.Telemetry`` that is on (``sdk.telemetry``)
+  makes each send a PRODUCER span and carries its trace context to consumers in the message's
+  properties; None (the default) costs one ``is None`` check per send.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from types import TracebackType
-from typing import Required, TypedDict
+from typing import TYPE_CHECKING, Required, TypedDict
 
 from data_plane.remoting.command import RemotingCommand
 from sdk import protocol
@@ -53,6 +56,9 @@ from sdk.errors import (
 from sdk.fault import Clock, MQFaultStrategy, TopicPublishQueues
 from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id
 from sdk.route import TopicRoute
+
+if TYPE_CHECKING:
+    from data_plane.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +91,7 @@ class ProducerOptions(TypedDict, total=False):
     route_refresh_interval_ms: int
     heartbeat_interval_ms: int
     fault_clock_ms: Clock | None
+    telemetry: Telemetry | None
 
 
 class Producer:
@@ -102,6 +109,7 @@ class Producer:
         route_refresh_interval_ms: int = 30000,
         heartbeat_interval_ms: int = 30000,
         fault_clock_ms: Clock | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         if not group:
             raise IllegalArgumentError("producer group is empty")
@@ -122,6 +130,8 @@ class Producer:
         self._topics: set[str] = set()
         self._pending: set[asyncio.Task[SendResult]] = set()
         self._closed = False
+        # None unless on: the send paths check ``is None`` and nothing else.
+        self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
 
     # --- life cycle -----------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -202,6 +212,8 @@ class Producer:
         """Send and wait for the broker's answer. Raises OrbitError subclasses."""
         self._check_message(msg)
         uid = new_unique_id()
+        if self.telemetry is not None:
+            return await self._send_traced(self.telemetry, msg, uid, sharding_key, queue_selector)
 
         def build(mq: MessageQueue) -> RemotingCommand:
             return protocol.send_request(
@@ -209,6 +221,34 @@ class Producer:
             )
 
         return await self._send(msg.topic, msg, build, uid, sharding_key, queue_selector)
+
+    async def _send_traced(
+        self,
+        tel: Telemetry,
+        msg: Message,
+        uid: str,
+        sharding_key: str | None,
+        queue_selector: QueueSelector | None,
+    ) -> SendResult:
+        """``send`` inside a PRODUCER span whose context the sent copy of ``msg`` carries."""
+        from sdk import telemetry as t
+
+        carrier: dict[str, str] = {}
+        with t.producer_span(tel, msg, carrier, message_id=uid) as span:
+            sent = t.with_properties(msg, carrier)
+
+            def build(mq: MessageQueue) -> RemotingCommand:
+                return protocol.send_request(
+                    group=self.group, msg=sent, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=_now_ms()
+                )
+
+            try:
+                result = await self._send(msg.topic, msg, build, uid, sharding_key, queue_selector)
+            except Exception as e:
+                t.record_error(span, e)
+                raise
+            t.record_send_result(span, result)
+            return result
 
     def send_async(
         self,
@@ -236,11 +276,35 @@ class Producer:
         self._check_message(msg)
         inst = self.instance
         self._topics.add(msg.topic)
+        if self.telemetry is not None:
+            from sdk import telemetry as t
+
+            uid = new_unique_id()
+            carrier: dict[str, str] = {}
+            with t.producer_span(self.telemetry, msg, carrier, message_id=uid) as span:
+                sent = t.with_properties(msg, carrier)
+                try:
+                    await self._send_oneway(inst, msg, sent, uid, sharding_key, queue_selector)
+                except Exception as e:
+                    t.record_error(span, e)
+                    raise
+            return
+        await self._send_oneway(inst, msg, msg, new_unique_id(), sharding_key, queue_selector)
+
+    async def _send_oneway(
+        self,
+        inst: ClientInstance,
+        msg: Message,
+        sent: Message,
+        uid: str,
+        sharding_key: str | None,
+        queue_selector: QueueSelector | None,
+    ) -> None:
         route = await inst.publish_route(msg.topic)
         mq = self._choose(route, msg, sharding_key, queue_selector, None)
         addr = await inst.broker_addr(mq, master_only=True)
         cmd = protocol.send_request(
-            group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=new_unique_id(), born_timestamp_ms=_now_ms()
+            group=self.group, msg=sent, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=_now_ms()
         )
         await inst.invoke_oneway(addr, cmd)
 
@@ -263,21 +327,56 @@ class Producer:
             if m.topic != topic:
                 raise IllegalMessageError(f"a batch holds one topic: {topic!r} and {m.topic!r}")
         uids = [new_unique_id() for _ in msgs]
-        body = protocol.batch_body(msgs, uids)  # built once: the size check and every attempt use it
+        if self.telemetry is not None:
+            return await self._send_batch_traced(self.telemetry, msgs, uids, sharding_key, queue_selector)
+        return await self._send_batch(msgs, msgs, uids, sharding_key, queue_selector)
+
+    async def _send_batch(
+        self,
+        msgs: list[Message],
+        sent: list[Message],
+        uids: list[str],
+        sharding_key: str | None,
+        queue_selector: QueueSelector | None,
+    ) -> SendResult:
+        body = protocol.batch_body(sent, uids)  # built once: the size check and every attempt use it
         if len(body) > self.max_message_bytes:
             raise MessageTooLargeError(len(body), self.max_message_bytes)
 
         def build(mq: MessageQueue) -> RemotingCommand:
             return protocol.send_batch_request(
                 group=self.group,
-                msgs=msgs,
+                msgs=sent,
                 queue_id=mq.queue_id,
                 unique_ids=uids,
                 born_timestamp_ms=_now_ms(),
                 body=body,
             )
 
-        return await self._send(topic, msgs[0], build, ",".join(uids), sharding_key, queue_selector)
+        return await self._send(msgs[0].topic, msgs[0], build, ",".join(uids), sharding_key, queue_selector)
+
+    async def _send_batch_traced(
+        self,
+        tel: Telemetry,
+        msgs: list[Message],
+        uids: list[str],
+        sharding_key: str | None,
+        queue_selector: QueueSelector | None,
+    ) -> SendResult:
+        """One PRODUCER span for the batch; every message carries its context."""
+        from sdk import telemetry as t
+
+        carrier: dict[str, str] = {}
+        with t.producer_span(tel, msgs[0], carrier, message_id="", batch_size=len(msgs)) as span:
+            try:
+                result = await self._send_batch(
+                    msgs, [t.with_properties(m, carrier) for m in msgs], uids, sharding_key, queue_selector
+                )
+            except Exception as e:
+                t.record_error(span, e)
+                raise
+            t.record_send_result(span, result)
+            return result
 
     def _choose(
         self,

@@ -20,6 +20,9 @@ after a restart or a rebalance (at least once). ``enable_auto_commit`` commits e
 ``auto_commit_interval_ms`` too. ``seek`` moves a queue's position (what was buffered for it is
 discarded).
 
+With ``telemetry=`` on, a poll that returns messages makes a ``receive <topic>`` span covering its
+wait, under the caller's current span and linked to each message's producer span.
+
 ``subscribe`` and ``assign`` exclude each other. With ``assign`` the rebalance only follows the
 assigned set (``assign`` may be called again while running).
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Unpack
 
@@ -142,6 +146,7 @@ class PullConsumer(ConsumerBase):
             raise ClientStateError("consumer is not running")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max(timeout_ms, 0) / 1000
+        started_ns = 0 if self.telemetry is None else time.time_ns()
         while True:
             remaining = deadline - loop.time()
             try:
@@ -157,7 +162,19 @@ class PullConsumer(ConsumerBase):
             offset = pq.remove(msgs)
             if offset >= 0:
                 self._positions[mq] = offset
+            if started_ns:
+                self._receive_span(msgs, started_ns)
             return msgs
+
+    def _receive_span(self, msgs: list[MessageExt], started_ns: int) -> None:
+        from sdk import telemetry as t
+
+        assert self.telemetry is not None
+        model = self.message_model.value
+        with t.consumer_span(
+            self.telemetry, msgs, self.group, operation="receive", consumption_model=model, start_time=started_ns
+        ):
+            pass
 
     def position(self, mq: MessageQueue) -> int | None:
         """The offset of the next message ``poll`` will return for ``mq`` (None if not assigned)."""

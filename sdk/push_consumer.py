@@ -33,6 +33,9 @@ Two kinds of listener:
   in place after ``suspend_current_queue_ms``.
 
 The listener may be a coroutine function or a plain function.
+
+With ``telemetry=`` on, each listener call runs inside a ``process <topic>`` span, the child of
+the producer's span carried by the message (a batch's span links to each producer's span).
 """
 
 from __future__ import annotations
@@ -136,13 +139,28 @@ class PushConsumer(ConsumerBase):
                 r = await r
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as e:
+            if self.telemetry is not None:
+                from opentelemetry import trace
+
+                trace.get_current_span().record_exception(e)
             log.exception("consumer %s: listener raised on %d message(s) of %s", self.group, len(msgs), msgs[0])
             return ConsumeResult.RECONSUME_LATER if not self.orderly else ConsumeResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
         if not isinstance(r, ConsumeResult):
             log.error("consumer %s: listener returned %r, not a ConsumeResult; consuming again later", self.group, r)
             return ConsumeResult.RECONSUME_LATER
         return r
+
+    async def _call_traced(self, msgs: list[MessageExt]) -> ConsumeResult:
+        """``_call_listener`` inside a ``process`` span (telemetry on)."""
+        from sdk import telemetry as t
+
+        assert self.telemetry is not None
+        model = self.message_model.value
+        with t.consumer_span(self.telemetry, msgs, self.group, operation="process", consumption_model=model) as span:
+            result = await self._call_listener(msgs)
+            t.record_consume_result(span, result.value)
+        return result
 
     async def _on_messages(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
         if self.orderly:
@@ -167,7 +185,7 @@ class PushConsumer(ConsumerBase):
         async with self._sem:
             if pq.dropped or self._stop.is_set():
                 return  # not consumed: it comes back from the committed offset
-            result = await self._call_listener(msgs)
+            result = await (self._call_listener(msgs) if self.telemetry is None else self._call_traced(msgs))
         if pq.is_dropped():
             return  # the queue moved to another member, which starts from the committed offset
         if result is ConsumeResult.SUCCESS:
@@ -260,7 +278,7 @@ class PushConsumer(ConsumerBase):
                 msgs = pq.take(self.consume_batch_size)
                 if not msgs:
                     break
-                result = await self._call_listener(msgs)
+                result = await (self._call_listener(msgs) if self.telemetry is None else self._call_traced(msgs))
                 if result is ConsumeResult.SUCCESS:
                     self.consumed_count += len(msgs)
                     self._committed(mq, pq.commit())

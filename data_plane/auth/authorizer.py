@@ -169,7 +169,16 @@ class Authorizer:
             raise AuthError("the Authorization field is not 'Bearer <token>'")
         if self.verifier is None:
             raise AuthError("tokens are not accepted by this server")
-        return self.verifier.verify(value[len(BEARER) :].strip())
+        principal = self.verifier.verify(value[len(BEARER) :].strip())
+        # A token outlives its credential's revocation (it verifies until it expires): refuse the
+        # tokens of an access key the control plane's last snapshot says is revoked. Subjects the
+        # store does not know (the control plane's own, other brokers' tenants) are not affected.
+        store = self.credentials
+        if store is not None:
+            cred = store.lookup(principal.subject)
+            if cred is not None and not cred.active:
+                raise AuthError("the token's credential is revoked")
+        return principal
 
     def _signed(self, cmd: RemotingCommand, ext: dict[str, str], access_key: str) -> Principal:
         if self.credentials is None:

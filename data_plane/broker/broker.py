@@ -10,6 +10,12 @@ Everything runs on one event loop; the store's disk work runs on its own service
 Every ``register_interval_s`` (30 s) — and at once when topics change — the broker sends
 REGISTER_BROKER with its topic table to every name server. State kept across restarts lives in
 ``<store_dir>/config`` (topics, consumer offsets, subscription groups) and ``<store_dir>/store``.
+
+Telemetry (``config.telemetry`` "console" | "otlp", or a ``Telemetry`` passed in): the send and
+pull handlers are registered wrapped in spans (``send.traced_send``, ``pull.traced_pull``) and
+``on_stored`` / ``on_pulled`` count messages and bytes per tenant and topic (``BrokerMetrics``).
+Off ("none", the default), the handlers are the plain ones and the only cost is one ``is None``
+check per stored or served batch.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from data_plane.broker.admin import AdminProcessor
 from data_plane.broker.client_manager import ClientManager
@@ -29,9 +35,9 @@ from data_plane.broker.client_processor import ClientProcessor
 from data_plane.broker.config import BrokerConfig, advertised_address
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.long_poll import PullRequestHoldService
-from data_plane.broker.pull import PullProcessor
+from data_plane.broker.pull import PullHandler, PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
-from data_plane.broker.send import SendProcessor
+from data_plane.broker.send import SendHandler, SendProcessor
 from data_plane.broker.subscription_group import SubscriptionGroupManager
 from data_plane.broker.tenancy import BrokerTenancy
 from data_plane.broker.topic_config import TopicConfigManager
@@ -45,14 +51,21 @@ from data_plane.remoting.server import Processors, RemotingServer
 from data_plane.store import MessageStore
 from data_plane.store.message import Message
 
+if TYPE_CHECKING:
+    from data_plane.telemetry import BrokerMetrics, Telemetry
+
 log = logging.getLogger(__name__)
 
 BeforePut = Callable[[Connection, RemotingCommand, list[Message]], "RemotingCommand | None"]
 
 
 class Broker:
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, *, telemetry: Telemetry | None = None) -> None:
         self.config = config
+        # Given (tests, embedding: the caller shuts it down) or made in start() from config.telemetry.
+        self.telemetry: Telemetry | None = telemetry
+        self._owns_telemetry = False
+        self.metrics: BrokerMetrics | None = None  # None unless telemetry is on
         self.processors = Processors()
         self.server = RemotingServer(
             self.processors,
@@ -108,6 +121,7 @@ class Broker:
         self.before_put = self.tenancy.before_put
         if self.config.auth_enabled:
             self.processors.before = self.tenancy.before
+        self._start_telemetry()
         self._register_processors()
         await self.server.start_serving()
         loop = asyncio.get_running_loop()
@@ -122,18 +136,51 @@ class Broker:
             await self.register_all()
         log.info("broker %s (%s) serving on %s", self.config.broker_name, self.config.broker_role.value, self.address)
 
+    def _start_telemetry(self) -> None:
+        cfg = self.config
+        if self.telemetry is None:
+            if cfg.telemetry == "none":
+                return
+            from data_plane.telemetry import parse_setting, setup_telemetry
+
+            self.telemetry = setup_telemetry(
+                "orbit-broker",
+                exporter=parse_setting(cfg.telemetry),
+                resource_attributes={
+                    "service.instance.id": f"{cfg.broker_name}@{self.address}",
+                    "orbit.broker.name": cfg.broker_name,
+                    "orbit.cluster.name": cfg.cluster_name,
+                },
+            )
+            self._owns_telemetry = True
+        if self.telemetry.enabled:
+            from data_plane.telemetry import BrokerMetrics
+
+            self.metrics = BrokerMetrics(self.telemetry)
+            log.info("telemetry on (%s)", self.telemetry.exporter)
+
     def _register_processors(self) -> None:
         p = self.processors
         send = SendProcessor(self)
         pull = PullProcessor(self)
         client = ClientProcessor(self)
         admin = AdminProcessor(self)
+        send_v1: SendHandler = send.send_v1
+        send_v2: SendHandler = send.send_v2
+        pull_handler: PullHandler = pull.pull
+        if self.telemetry is not None and self.metrics is not None:
+            from data_plane.broker.pull import traced_pull
+            from data_plane.broker.send import traced_send
+
+            send_v1 = traced_send(send_v1, self.telemetry, self.metrics)
+            send_v2 = traced_send(send_v2, self.telemetry, self.metrics)
+            pull_handler = traced_pull(pull_handler, self.telemetry)
         rc = RequestCode
         for code, handler in (
-            (rc.SEND_MESSAGE, send.send_v1),
-            (rc.SEND_MESSAGE_V2, send.send_v2),
-            (rc.SEND_BATCH_MESSAGE, send.send_v2),
-            (rc.PULL_MESSAGE, pull.pull),
+            (rc.SEND_MESSAGE, send_v1),
+            (rc.SEND_MESSAGE_V2, send_v2),
+            (rc.SEND_BATCH_MESSAGE, send_v2),
+            (rc.PULL_MESSAGE, pull_handler),
             (rc.HEART_BEAT, client.heartbeat),
             (rc.UNREGISTER_CLIENT, client.unregister),
             (rc.GET_CONSUMER_LIST_BY_GROUP, client.consumer_list),
@@ -181,6 +228,8 @@ class Broker:
             self.topics.persist()
             self.groups.persist()
             await asyncio.to_thread(self.store.shutdown)
+        if self._owns_telemetry and self.telemetry is not None:
+            await asyncio.to_thread(self.telemetry.shutdown)  # flushes the last spans and metrics
         log.info("broker %s stopped", self.config.broker_name)
 
     # --- hooks of the processors ----------------------------------------------------------------
@@ -202,11 +251,15 @@ class Broker:
         s = self.stats
         s["put_msgs"] += n
         s["put_bytes"] += nbytes
+        if self.metrics is not None:
+            self.metrics.messages_in(None, topic, n, nbytes)
 
     def on_pulled(self, topic: str, n: int, nbytes: int) -> None:
         s = self.stats
         s["get_msgs"] += n
         s["get_bytes"] += nbytes
+        if self.metrics is not None:
+            self.metrics.messages_out(None, topic, n, nbytes)
         if self.tenancy is not None:
             self.tenancy.after_pull(topic, n, nbytes)
 

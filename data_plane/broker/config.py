@@ -76,8 +76,15 @@ class BrokerConfig:
     # A file holding this broker's own credential (role "broker": access_key and secret, TOML or
     # JSON) used to report usage. Never logged.
     broker_credentials_file: str = ""
+    # The usage reporter's idle wait between looks at the spool, and its longest backoff.
     usage_report_interval_s: float = 60.0
+    # How often usage counters become records (a divisor of 60 s; each record is keyed by the start
+    # of its period, which the control plane counts in that period's minute). Short in tests.
+    usage_roll_interval_s: float = 60.0
     quota_burst_s: float = 1.0  # a tenant's token buckets hold this many seconds of its rate
+    # OpenTelemetry (docs/broker.md#observability): "none", "console" or "otlp" (OTLP/HTTP to
+    # OTEL_EXPORTER_OTLP_ENDPOINT and the other standard OTEL_* variables).
+    telemetry: str = "none"
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     @property
@@ -132,6 +139,13 @@ class BrokerConfig:
                 problems.append(f"{name} {url!r} is not an http(s) URL")
         if self.quota_burst_s <= 0:
             problems.append("quota_burst_s must be > 0")
+        if self.usage_report_interval_s <= 0:
+            problems.append("usage_report_interval_s must be > 0")
+        roll_ms = round(self.usage_roll_interval_s * 1000)
+        if roll_ms < 1000 or 60_000 % roll_ms:
+            problems.append("usage_roll_interval_s must be a whole number of seconds dividing 60")
+        if self.telemetry not in ("none", "console", "otlp"):
+            problems.append(f"telemetry {self.telemetry!r} is not one of none, console, otlp")
         if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
             problems.append("default_topic_queue_nums must be within 1..max_topic_queue_nums")
         unknown = set(self.store) - {f.name for f in dataclasses.fields(StoreConfig)}

@@ -13,11 +13,16 @@ Store read status → response code (RocketMQ's PullMessageProcessor):
     OFFSET_OVERFLOW_ONE, OFFSET_FOUND_NULL   PULL_NOT_FOUND (held when the pull may suspend)
     OFFSET_OVERFLOW_BADLY, OFFSET_TOO_SMALL  PULL_OFFSET_MOVED
 
-Tags are matched by hash here; clients check the tag string again (seed 7.4)."""
+Tags are matched by hash here; clients check the tag string again (seed 7.4).
+
+With telemetry on, the broker registers ``traced_pull(handler, ...)``: a SERVER span
+``receive <topic>`` per pull that served messages (or failed), covering a held pull's wait too;
+pulls that found nothing new make no span."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from data_plane.remoting.codes import (
@@ -35,6 +40,7 @@ from data_plane.store.status import GetMessageResult, GetMessageStatus
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
+    from data_plane.telemetry import Telemetry
 
 MAX_TAGS = 1024
 
@@ -154,3 +160,83 @@ class PullProcessor:
         if status in _MOVED or (status in _EMPTY and offset != 0):
             return cmd.response(ResponseCode.PULL_OFFSET_MOVED, status.value, ext)
         return cmd.response(ResponseCode.PULL_NOT_FOUND, status.value, ext)
+
+
+# --- telemetry (registered only when it is on) ---------------------------------------------------
+PullHandler = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand]"]
+# Answers that served nothing and are no failure: a consumer's idle long polls make no span.
+_UNTRACED_CODES = frozenset(
+    {ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED}
+)
+
+
+def traced_pull(handler: PullHandler, tel: Telemetry) -> PullHandler:
+    """``handler`` (the pull processor's) followed by a SERVER span ``receive <topic>`` from the
+    request's arrival to its answer, made only for pulls that served messages or failed. A pull
+    starts a trace of its own (the request carries no trace context)."""
+    from opentelemetry.context import Context
+    from opentelemetry.trace import SpanKind
+
+    from data_plane import telemetry as t
+
+    tracer = tel.tracer
+
+    def record(
+        conn: Connection,
+        cmd: RemotingCommand,
+        start_ns: int,
+        answer: RemotingCommand | None,
+        error: BaseException | None,
+    ) -> None:
+        code = answer.code if answer is not None else -1
+        if error is None and code in _UNTRACED_CODES:
+            return
+        ext = cmd.ext_fields or {}
+        topic, group = ext.get("topic") or "", ext.get("consumerGroup")
+        name, attrs = t.messaging_attributes(topic, t.OP_RECEIVE, consumer_group=group)
+        queue_id = ext.get("queueId", "")
+        if queue_id.isdigit():
+            attrs[t.ATTR_PARTITION] = queue_id
+        if conn.peer:
+            attrs["client.address"] = conn.peer.rpartition(":")[0]
+        if answer is not None and code == ResponseCode.SUCCESS and isinstance(answer.body, list):
+            attrs[t.ATTR_BATCH_COUNT] = len(answer.body)
+        span = tracer.start_span(
+            f"{t.OP_RECEIVE} {name}", Context(), SpanKind.SERVER, attributes=attrs, start_time=start_ns
+        )
+        if error is not None:
+            t.end_span_with_exception(span, error)
+        else:
+            t.end_request_span(span, code, _code_name(code), failed=code != ResponseCode.SUCCESS)
+
+    async def later(
+        pending: Awaitable[RemotingCommand], conn: Connection, cmd: RemotingCommand, start_ns: int
+    ) -> RemotingCommand:
+        try:
+            answer = await pending
+        except BaseException as e:
+            record(conn, cmd, start_ns, None, e)
+            raise
+        record(conn, cmd, start_ns, answer, None)
+        return answer
+
+    def traced(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        start_ns = time.time_ns()
+        try:
+            answer = handler(conn, cmd)
+        except BaseException as e:
+            record(conn, cmd, start_ns, None, e)
+            raise
+        if isinstance(answer, RemotingCommand):
+            record(conn, cmd, start_ns, answer, None)
+            return answer
+        return later(answer, conn, cmd, start_ns)
+
+    return traced
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ResponseCode(code).name
+    except ValueError:
+        return str(code)

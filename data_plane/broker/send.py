@@ -3,17 +3,22 @@
 V2 carries the same header as SEND_MESSAGE under one-letter names (a=producerGroup b=topic
 c=defaultTopic d=defaultTopicQueueNums e=queueId f=sysFlag g=bornTimestamp h=flag i=properties
 j=reconsumeTimes k=unitMode l=maxReconsumeTimes m=batch). Under ASYNC_FLUSH a send is answered
-in the same loop turn as its append; under SYNC_FLUSH once the group commit covers it."""
+in the same loop turn as its append; under SYNC_FLUSH once the group commit covers it.
+
+With telemetry on, the broker registers ``traced_send(handler, ...)`` instead of the handler: a
+SERVER span ``send <topic>`` per request (the child of the producer's span its message carries)
+and the send-latency histogram. Off, the handlers run as they are."""
 
 from __future__ import annotations
 
 import random
 import re
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from data_plane.remoting.bodies import decode_batch
-from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, ResponseCode
+from data_plane.remoting.bodies import BATCH_ITEM_HEAD, decode_batch
+from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_JSON, RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
@@ -22,6 +27,7 @@ from data_plane.store.message import (
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
     PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
     TOTAL_SIZE,
     Message,
     decode_properties,
@@ -32,6 +38,7 @@ from data_plane.store.status import PutMessageResult, PutMessageStatus
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
+    from data_plane.telemetry import BrokerMetrics, Telemetry
 
 V2_NAMES_TO_V1 = {
     "a": "producerGroup",
@@ -253,3 +260,108 @@ class SendProcessor:
             ids.append(prefix + format(offset, "016X"))
             offset += unpack(mv, offset - base)[0]
         return ids
+
+
+# --- telemetry (registered only when it is on) ---------------------------------------------------
+SendHandler = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand]"]
+# Codes of a stored message (perhaps not as durable as asked): not failures.
+_STORED_CODES = frozenset(
+    {ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+     ResponseCode.SLAVE_NOT_AVAILABLE}
+)  # fmt: skip
+_TRACEPARENT_BYTES = b"traceparent\x01"
+
+
+def _code_name(code: int) -> str:
+    try:
+        return ResponseCode(code).name
+    except ValueError:
+        return str(code)
+
+
+def _batch_properties(cmd: RemotingCommand) -> list[dict[str, str] | None]:
+    """Each batch message's properties when they carry a trace context (None otherwise), read
+    without copying bodies; what cannot be read is skipped (the handler refuses the batch)."""
+    b = cmd.body
+    mv = memoryview(b if isinstance(b, bytes | bytearray | memoryview) else cmd.body_bytes())
+    out: list[dict[str, str] | None] = []
+    pos, n = 0, len(mv)
+    while n - pos >= 22:
+        total, _magic, _crc, _flag, body_len = BATCH_ITEM_HEAD.unpack_from(mv, pos)
+        if total < 22 or pos + total > n or body_len < 0 or 22 + body_len > total:
+            break
+        raw = bytes(mv[pos + 22 + body_len : pos + total])
+        try:
+            out.append(decode_properties(raw) if _TRACEPARENT_BYTES in raw else None)
+        except ValueError:
+            out.append(None)
+        pos += total
+    return out
+
+
+def traced_send(handler: SendHandler, tel: Telemetry, metrics: BrokerMetrics) -> SendHandler:
+    """``handler`` (a send processor's) inside a SERVER span ``send <topic>``, recording the
+    send latency. The span continues the trace context of the (first) message; a batch's span
+    links to each producer span its messages carry."""
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span, SpanKind
+
+    from data_plane import telemetry as t
+
+    tracer = tel.tracer
+
+    def done(span: Span, topic: str, began: float, code: int) -> None:
+        metrics.send_latency(None, topic, time.perf_counter() - began)
+        t.end_request_span(span, code, _code_name(code), failed=code not in _STORED_CODES)
+
+    async def later(pending: Awaitable[RemotingCommand], span: Span, topic: str, began: float) -> RemotingCommand:
+        try:
+            answer = await pending
+        except BaseException as e:
+            t.end_span_with_exception(span, e)
+            raise
+        done(span, topic, began, answer.code)
+        return answer
+
+    def traced(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        began = time.perf_counter()
+        start_ns = time.time_ns()
+        ext = cmd.ext_fields or {}
+        names = V1_NAMES if cmd.code == RequestCode.SEND_MESSAGE else V2_NAMES
+        topic = ext.get(names.topic) or ""
+        batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or ext.get(names.batch) == "true"
+        props: list[dict[str, str] | None]
+        if batch:
+            props = _batch_properties(cmd)
+            name, attrs = t.messaging_attributes(topic, t.OP_SEND)
+            attrs[t.ATTR_BATCH_COUNT] = len(props)
+        else:
+            try:
+                one = decode_properties(ext.get(names.properties, ""))
+            except ValueError:
+                one = {}
+            props = [one]
+            name, attrs = t.messaging_attributes(topic, t.OP_SEND, message_id=one.get(PROPERTY_UNIQ_KEY))
+            attrs[t.ATTR_BODY_SIZE] = len(cmd.body) if isinstance(cmd.body, bytes | bytearray | memoryview) else 0
+        queue_id = ext.get(names.queue_id, "")
+        if queue_id.isdigit():
+            attrs[t.ATTR_PARTITION] = queue_id
+        if conn.peer:
+            attrs["client.address"] = conn.peer.rpartition(":")[0]
+        first = next((p for p in props if p), None)
+        parent = t.extract_context(first) if first is not None else Context()
+        links = t.producer_links(props) if batch else ()
+        span = tracer.start_span(
+            f"{t.OP_SEND} {name}", parent, SpanKind.SERVER, attributes=attrs, links=links, start_time=start_ns
+        )
+        try:
+            answer = handler(conn, cmd)
+        except BaseException as e:
+            t.end_span_with_exception(span, e)
+            raise
+        if isinstance(answer, RemotingCommand):
+            done(span, topic, began, answer.code)
+            return answer
+        return later(answer, span, topic, began)
+
+    return traced

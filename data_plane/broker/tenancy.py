@@ -126,12 +126,14 @@ class BrokerTenancy:
                 jwks_refresh_interval_s=cfg.jwks_refresh_interval_s,
             ).validate()
         )
-        self.quotas = QuotaManager(burst_s=cfg.quota_burst_s)
+        # Staggered refusals: a tenant with many concurrent senders over its quota is told to come
+        # back one slot after another, not all at once (refused requests cost CPU too).
+        self.quotas = QuotaManager(burst_s=cfg.quota_burst_s, stagger_refusals=True)
         self.suspended: frozenset[str] = frozenset()
         self.version = 0
         self._state_file = ConfigFile(os.path.join(conf_dir, "tenants.json"))
         self.spool = UsageSpool(os.path.join(cfg.store_dir, "usage"))
-        self.meter = UsageMeter(cfg.broker_name, spool=self.spool)
+        self.meter = UsageMeter(cfg.broker_name, spool=self.spool, period_ms=round(cfg.usage_roll_interval_s * 1000))
         self._avg_msg_bytes: dict[str, float] = {}
         self.reporter: UsageReporter | None = None
         self._token_source: ClientCredentials | None = None
@@ -153,7 +155,11 @@ class BrokerTenancy:
             ak, secret = load_broker_credentials(cfg.broker_credentials_file)
             self._token_source = ClientCredentials(ak, secret, cfg.control_plane_url.rstrip("/") + "/oauth/token")
             self.reporter = UsageReporter(
-                self.spool, control_plane_url=cfg.control_plane_url, token=self._token_source.token
+                self.spool,
+                control_plane_url=cfg.control_plane_url,
+                token=self._token_source.token,
+                idle_interval_s=cfg.usage_report_interval_s,
+                backoff_max_s=max(1.0, cfg.usage_report_interval_s),
             )
             self.reporter.start()
         loop = asyncio.get_running_loop()

@@ -11,11 +11,14 @@ additions):
 The caller drives time: ``roll(now_ms)`` with a wall clock. The counters gathered since the last
 roll belong to the open minute; when ``now_ms`` is in a later minute they become one
 ``UsageRecord`` per tenant (a tenant with traffic or stored bytes), and the minute ``now_ms`` is
-in opens. A late roll therefore shifts a few seconds of traffic into the earlier minute: totals
-are never lost nor counted twice, only their minute may be off by the lateness. A wall clock
-stepping back never re-emits a minute: minutes are strictly increasing per broker, also across
-restarts (the spool remembers the last one), so ``report_id = f"{broker}:{minute}:{tenant}"`` is
-unique and a resend of the same record is idempotent on the control plane.
+in opens. (``period_ms``, one minute by default, may be any divisor of a minute: tests, and
+brokers that want usage sooner, roll every few seconds; each period is its own record, keyed by
+its start, and the control plane adds a minute's periods up.) A late roll therefore shifts a few
+seconds of traffic into the earlier minute: totals are never lost nor counted twice, only their
+minute may be off by the lateness. A wall clock stepping back never re-emits a minute: minutes
+are strictly increasing per broker, also across restarts (the spool remembers the last one), so
+``report_id = f"{broker}:{minute}:{tenant}"`` is unique and a resend of the same record is
+idempotent on the control plane.
 
 ``roll_and_spool`` writes the records to the UsageSpool on a worker thread. When the spool is full
 (or the disk fails) the records' counters are folded back into the open minute and reported with
@@ -80,7 +83,17 @@ class _Counters:
 
 
 class UsageMeter:
-    __slots__ = ("_clock", "_counters", "_last_minute", "_open_minute", "_roll_lock", "_spool", "_stored", "broker")
+    __slots__ = (
+        "_clock",
+        "_counters",
+        "_last_minute",
+        "_open_minute",
+        "_period",
+        "_roll_lock",
+        "_spool",
+        "_stored",
+        "broker",
+    )
 
     def __init__(
         self,
@@ -88,13 +101,17 @@ class UsageMeter:
         *,
         spool: UsageSpool | None = None,
         clock_ms: Callable[[], int] = wall_ms,
+        period_ms: int = MINUTE_MS,
     ) -> None:
+        if period_ms <= 0 or MINUTE_MS % period_ms:
+            raise ValueError(f"period_ms must divide a minute ({MINUTE_MS} ms), not {period_ms}")
         self.broker = broker
+        self._period = period_ms
         self._spool = spool
         self._clock = clock_ms
         self._counters: dict[str, _Counters] = {}
         self._stored: dict[str, int] = {}
-        self._open_minute = minute_of(clock_ms())
+        self._open_minute = self._floor(clock_ms())
         self._last_minute = spool.last_minute if spool is not None else 0  # the latest minute emitted
         self._roll_lock = asyncio.Lock()
 
@@ -119,6 +136,13 @@ class UsageMeter:
         self._stored = {t: n for t, n in stored.items() if n > 0}
 
     # --- minutes --------------------------------------------------------------------------------
+    def _floor(self, ms: int) -> int:
+        return ms - ms % self._period
+
+    @property
+    def period_ms(self) -> int:
+        return self._period
+
     @property
     def open_minute(self) -> int:
         return self._open_minute
@@ -126,13 +150,13 @@ class UsageMeter:
     def roll(self, now_ms: int) -> list[UsageRecord]:
         """Close the open minute when ``now_ms`` is past it: its records (counters reset);
         [] while ``now_ms`` is still in it (or behind it: a wall clock stepping back)."""
-        minute = minute_of(now_ms)
+        minute = self._floor(now_ms)
         if minute <= self._open_minute:
             return []
         closed = self._open_minute
         self._open_minute = minute
         if closed <= self._last_minute:  # never two reports of one minute (clock stepped back)
-            closed = self._last_minute + MINUTE_MS
+            closed = self._last_minute + self._period
         counters, self._counters = self._counters, {}
         records: list[UsageRecord] = []
         for tenant in sorted(counters.keys() | self._stored.keys()):
@@ -194,11 +218,13 @@ class UsageMeter:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         on_spooled: Callable[[int], None] | None = None,
     ) -> None:
-        """Roll and spool ``lag_ms`` after every minute boundary, forever (cancel to stop).
-        ``on_spooled(n)`` is told how many records went to the spool (e.g. a reporter's wake)."""
+        """Roll and spool ``lag_ms`` (at most half a period) after every period boundary, forever
+        (cancel to stop). ``on_spooled(n)`` is told how many records went to the spool (e.g. a
+        reporter's wake)."""
+        lag_ms = min(lag_ms, self._period // 2)
         while True:
             now = self._clock()
-            next_roll = minute_of(now) + MINUTE_MS + lag_ms
+            next_roll = self._floor(now) + self._period + lag_ms
             await sleep(max(0.0, (next_roll - now) / 1000.0))
             try:
                 n = await self.roll_and_spool()

@@ -21,6 +21,14 @@ Rules, in the order a request meets them:
 - The retry-after is the time until every bucket will hold what the request needs, rounded up
   (``floor(ms) + 1``): a client that waits exactly that long is granted, if nothing else drew
   from the bucket meanwhile.
+- With ``stagger_refusals`` (what brokers use), requests refused while others are already waiting
+  are told to come back one after another rather than all at once: each refusal is promised the
+  next free slot after the slots promised before it (``horizon``), and moves that horizon on by
+  the time its own cost takes to refill. Without it, N clients refused together are all told the
+  same wait, all come back together, one is granted and N-1 are refused again — a flooding tenant
+  with many concurrent senders then costs the broker ~N/wait refused requests a second, which
+  slows every other tenant down. Staggered, the refusals come at about the quota's own rate.
+  The grant decision itself never looks at the horizon (only at the tokens).
 - Pulls do not know their size beforehand: the broker asks ``acquire_consume(tenant, 0, 0)``
   ("is the tenant in debt?"), serves the pull, then ``charge_consume`` the messages and bytes it
   returned, so a pull that returned more than the tokens makes the next pulls wait.
@@ -134,10 +142,11 @@ class _Pair:
     A blocked bucket (rate 0) holds -1 token with capacity 0, so ``min(cost, 0) = 0`` is never
     there; an unlimited one holds +inf with capacity +inf and refills at rate 0 (never inf * 0)."""
 
-    __slots__ = ("b_cap", "b_rate", "b_tokens", "m_cap", "m_rate", "m_tokens", "stamp")
+    __slots__ = ("b_cap", "b_rate", "b_tokens", "horizon", "m_cap", "m_rate", "m_tokens", "stamp")
 
     def __init__(self, m_rate: float | None, b_rate: float | None, burst_s: float, now: float) -> None:
         self.stamp = now
+        self.horizon = now  # staggered refusals: the end of the slots promised so far
         self.m_rate, self.m_cap = _shape(m_rate, burst_s)
         self.b_rate, self.b_cap = _shape(b_rate, burst_s)
         self.m_tokens = self.m_cap if self.m_cap > 0.0 else -1.0
@@ -152,8 +161,9 @@ class _Pair:
             t = self.b_tokens + dt * self.b_rate
             self.b_tokens = t if t < self.b_cap else self.b_cap
 
-    def acquire(self, now: float, msgs: int, nbytes: int) -> float:
-        """0.0 when granted (the tokens are taken), else the seconds until it would be."""
+    def acquire(self, now: float, msgs: int, nbytes: int, stagger: bool = False) -> float:
+        """0.0 when granted (the tokens are taken), else the seconds until it would be (with
+        ``stagger``: until the next slot not promised to an earlier refused request)."""
         dt = now - self.stamp
         if dt > 0.0:
             self.stamp = now
@@ -169,15 +179,24 @@ class _Pair:
             self.m_tokens = mt - msgs
             self.b_tokens = bt - nbytes
             return 0.0
-        return max(_wait_s(mt, m_need, self.m_rate), _wait_s(bt, b_need, self.b_rate))
+        wait = max(_wait_s(mt, m_need, self.m_rate), _wait_s(bt, b_need, self.b_rate))
+        if not stagger:
+            return wait
+        at = max(now + wait, self.horizon)
+        # This request's own cost, in refill time, is what the next refused one waits behind.
+        cost = msgs / self.m_rate if self.m_rate > 0.0 else 0.0
+        if self.b_rate > 0.0 and nbytes / self.b_rate > cost:
+            cost = nbytes / self.b_rate
+        self.horizon = at + cost
+        return at - now
 
     def charge(self, now: float, msgs: int, nbytes: int) -> None:
         self.refill(now)
         self.m_tokens -= msgs
         self.b_tokens -= nbytes
 
-    def full(self) -> bool:
-        return self.m_tokens >= self.m_cap and self.b_tokens >= self.b_cap
+    def full(self, now: float) -> bool:
+        return self.m_tokens >= self.m_cap and self.b_tokens >= self.b_cap and self.horizon <= now
 
     def reshape(self, m_rate: float | None, b_rate: float | None, burst_s: float, now: float) -> None:
         """New rates, keeping what the buckets hold (clamped to the new capacity, debts kept).
@@ -215,7 +234,7 @@ class _TenantState:
     def full(self, now: float) -> bool:
         self.publish.refill(now)
         self.consume.refill(now)
-        return self.publish.full() and self.consume.full()
+        return self.publish.full(now) and self.consume.full(now)
 
 
 def _to_ms(wait_s: float) -> int:
@@ -235,6 +254,7 @@ class QuotaManager:
         "_next_forced_sweep",
         "_next_sweep",
         "_next_warning",
+        "_stagger",
         "_states",
         "_sweep_interval_s",
     )
@@ -246,6 +266,7 @@ class QuotaManager:
         burst_s: float = 1.0,
         idle_evict_s: float = 300.0,
         max_tenants: int = 100_000,
+        stagger_refusals: bool = False,
         clock_s: Callable[[], float] = time.monotonic,
     ) -> None:
         if not (math.isfinite(burst_s) and burst_s > 0):
@@ -257,6 +278,7 @@ class QuotaManager:
         self._idle_s = idle_evict_s
         self._max_tenants = max_tenants
         self._clock = clock_s
+        self._stagger = stagger_refusals
         self._limits: dict[str, Limits] = {}
         self._states: dict[str, _TenantState] = {}
         self._sweep_interval_s = min(idle_evict_s, 60.0)
@@ -312,7 +334,7 @@ class QuotaManager:
         st.seen = now
         if now >= self._next_sweep:
             self._sweep(now, force=False)
-        w = st.publish.acquire(now, msgs, nbytes)
+        w = st.publish.acquire(now, msgs, nbytes, self._stagger)
         return 0 if w == 0.0 else _to_ms(w)
 
     def acquire_consume(self, tenant: str, msgs: int, nbytes: int) -> int:
@@ -327,7 +349,7 @@ class QuotaManager:
         st.seen = now
         if now >= self._next_sweep:
             self._sweep(now, force=False)
-        w = st.consume.acquire(now, msgs, nbytes)
+        w = st.consume.acquire(now, msgs, nbytes, self._stagger)
         return 0 if w == 0.0 else _to_ms(w)
 
     def charge_consume(self, tenant: str, msgs: int, nbytes: int) -> None:

@@ -12,6 +12,10 @@ JSON document.
                             prints ``{"messages": [...], "timed_out": bool}``.
 ``pull NS TOPIC GROUP``     one ``PullConsumer.pull`` pass over every queue; prints ``{"messages": [...]}``.
 
+``--access-key AK --secret-key SK`` sign every request as RocketMQ's ACL does
+(``set_session_credentials``); ``--allow-failures`` makes ``produce`` record a failed send in
+``"failures"`` (its error text) and go on, instead of exiting.
+
 Messages are ``{"id", "topic", "body_b64", "tags", "keys", "props", "queue_id", "queue_offset",
 "reconsume_times"}``, ``props`` holding the ``--prop`` names asked for. Every document also
 names the ``library`` directory the client was imported from.
@@ -62,13 +66,20 @@ def _log_to(client: Any, log_dir: str) -> None:
         client.set_log_root_path(log_dir)
 
 
+def _credentials(client: Any, args: argparse.Namespace) -> None:
+    if args.access_key:
+        client.set_session_credentials(args.access_key, args.secret_key, "")
+
+
 def produce(args: argparse.Namespace) -> dict[str, Any]:
     specs: list[dict[str, Any]] = json.load(sys.stdin)
     producer = Producer(args.group)
     producer.set_namesrv_addr(args.namesrv)
     _log_to(producer, args.log_dir)
+    _credentials(producer, args)
     producer.start()
     results = []
+    failures: list[str] = []
     first_send_failures = 0
     try:
         for i, spec in enumerate(specs):
@@ -84,7 +95,11 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
                 try:
                     r = producer.send_sync(m)
                     break
-                except ProducerSendSyncFailed:
+                except ProducerSendSyncFailed as e:
+                    if args.allow_failures:
+                        failures.append(str(e))
+                        r = None
+                        break
                     # C++ client 1.0.1 (rocketmq 0.4.4) sends the first message while its connection
                     # to the broker may still be opening; on a busy machine that send fails at once,
                     # and its retries skip the only broker ("could not find property mq"). Only the
@@ -93,10 +108,14 @@ def produce(args: argparse.Namespace) -> dict[str, Any]:
                     if i > 0 or first_send_failures >= 3:
                         raise
                     time.sleep(0.2)
-            results.append({"status": int(r.status), "msg_id": r.msg_id, "offset": int(r.offset)})
+            if r is not None:
+                results.append({"status": int(r.status), "msg_id": r.msg_id, "offset": int(r.offset)})
     finally:
         producer.shutdown()
-    return {"results": results, "first_send_failures": first_send_failures}
+    out: dict[str, Any] = {"results": results, "first_send_failures": first_send_failures}
+    if args.allow_failures:
+        out["failures"] = failures
+    return out
 
 
 def push(args: argparse.Namespace) -> dict[str, Any]:
@@ -113,6 +132,7 @@ def push(args: argparse.Namespace) -> dict[str, Any]:
     consumer = PushConsumer(args.group)
     consumer.set_namesrv_addr(args.namesrv)
     _log_to(consumer, args.log_dir)
+    _credentials(consumer, args)
     if hasattr(dll, "SetPushConsumerMessageTrace"):
         # rocketmq-python-cvs: shutdown() segfaults unless message trace is switched on (0 = on);
         # the binding does not declare the function, so its argument types must be declared here.
@@ -140,6 +160,7 @@ def pull(args: argparse.Namespace) -> dict[str, Any]:
     consumer = PullConsumer(args.group)
     consumer.set_namesrv_addr(args.namesrv)
     _log_to(consumer, args.log_dir)
+    _credentials(consumer, args)
     consumer.start()
     try:
         messages = [_record(m, args.prop) for m in consumer.pull(args.topic, expression=args.expression, max_num=32)]
@@ -160,6 +181,9 @@ def main() -> None:
     ap.add_argument("--expect", type=int, default=0)
     ap.add_argument("--idle-s", type=float, default=0.0)
     ap.add_argument("--timeout-s", type=float, default=30.0)
+    ap.add_argument("--access-key", default="", help="sign requests with this access key (RocketMQ ACL)")
+    ap.add_argument("--secret-key", default="")
+    ap.add_argument("--allow-failures", action="store_true", help="produce: record failed sends and go on")
     args = ap.parse_args()
     out = {"produce": produce, "push": push, "pull": pull}[args.role](args)
     out["library"] = os.path.dirname(rocketmq.client.__file__)
