@@ -13,13 +13,17 @@ Every API request but /healthz, /openapi.json, /.well-known/jwks.json and /oauth
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 from aiohttp import web
 
 from control_plane import context
 from control_plane.errors import Forbidden, InvalidField, Unauthenticated
 from control_plane.grants import Action, Resource, allows, is_tenant_admin
-from control_plane.names import is_resource_name, is_tenant_id
+from control_plane.names import RESOURCE_NAME, TENANT_ID
 from control_plane.principal import Principal
+from control_plane.request_body import Body
 
 MAX_TOKEN_CHARS = 8192
 
@@ -50,18 +54,20 @@ async def broker(request: web.Request) -> Principal:
     return principal
 
 
+def path_name(request: web.Request, key: str, pattern: re.Pattern[str]) -> str:
+    """The URL's ``{key}``, which must match ``pattern`` (else 400 ``invalid_field`` naming ``key``)."""
+    value = request.match_info[key]
+    if not pattern.fullmatch(value):
+        raise InvalidField(key, f"must match {pattern.pattern}")
+    return value
+
+
 def tenant_id_of(request: web.Request) -> str:
-    tenant_id = request.match_info["tenant"]
-    if not is_tenant_id(tenant_id):
-        raise InvalidField("tenant", "must match ^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
-    return tenant_id
+    return path_name(request, "tenant", TENANT_ID)
 
 
 def resource_name_of(request: web.Request, key: str = "name") -> str:
-    name = request.match_info[key]
-    if not is_resource_name(name):
-        raise InvalidField(key, "must match ^[A-Za-z0-9_-]{1,64}$")
-    return name
+    return path_name(request, key, RESOURCE_NAME)
 
 
 async def tenant_member(request: web.Request) -> tuple[Principal, str]:
@@ -83,6 +89,28 @@ async def tenant_resource(
     principal, tenant_id = await tenant_member(request)
     require_grant(principal, resource, name, action)
     return principal, tenant_id
+
+
+async def named_resource(request: web.Request, resource: Resource, action: Action | None) -> tuple[str, str]:
+    """The URL's tenant and ``{name}``, for a tenant member whose grants allow ``action`` (any,
+    when None) on that ``resource``."""
+    name = resource_name_of(request)
+    _principal, tenant_id = await tenant_resource(request, resource, name, action)
+    return tenant_id, name
+
+
+def new_resource_name(principal: Principal, body: Body, resource: Resource) -> str:
+    """The body's ``name`` of a topic or group to create, which the principal must administer."""
+    name = body.name("name", RESOURCE_NAME, what=f"a name matching {RESOURCE_NAME.pattern}")
+    require_grant(principal, resource, name, "admin")
+    return name
+
+
+def visible(principal: Principal, resource: Resource, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``items`` (topics or groups, by ``name``) the principal's grants cover: all for operators."""
+    if principal.is_operator:
+        return items
+    return [i for i in items if allows(principal.grants, resource, i["name"], None)]
 
 
 def require_grant(principal: Principal, resource: Resource, name: str | None, action: Action | None) -> None:

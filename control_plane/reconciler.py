@@ -36,10 +36,11 @@ from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
+from data_plane.tenancy.namespace import NAME_PATTERN, SEPARATOR, TENANT_PATTERN
 
 log = logging.getLogger(__name__)
 
-_TENANT_RESOURCE = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]%[A-Za-z0-9_-]{1,64}$")
+_TENANT_RESOURCE = re.compile(f"^{TENANT_PATTERN}{SEPARATOR}{NAME_PATTERN}$")
 
 
 class DesiredTopic(TypedDict):

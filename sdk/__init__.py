@@ -44,7 +44,8 @@ from sdk.producer import Producer, QueueSelector, select_by_sharding_key
 from sdk.pull_consumer import PullConsumer
 from sdk.push_consumer import ConsumeResult, PushConsumer
 from sdk.rebalance import AllocateAveragely, AllocateConsistentHash, AllocateStrategy
-from sdk.subscription import Subscription, parse_subscription
+from sdk.subscription import MessageSelector, Subscription, parse_subscription
+from sdk.transaction_producer import LocalTransactionState, TransactionProducer, TransactionSendResult
 
 if TYPE_CHECKING:
     from data_plane.telemetry import Telemetry
@@ -78,10 +79,12 @@ __all__ = [
     "Credentials",
     "IllegalArgumentError",
     "IllegalMessageError",
+    "LocalTransactionState",
     "Message",
     "MessageExt",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "MessageTooLargeError",
     "OrbitError",
     "Producer",
@@ -96,6 +99,8 @@ __all__ = [
     "Subscription",
     "TokenProvider",
     "TokenUnavailableError",
+    "TransactionProducer",
+    "TransactionSendResult",
     "parse_subscription",
     "select_by_sharding_key",
     "telemetry_from_env",

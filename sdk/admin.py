@@ -18,7 +18,13 @@ from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import PERM_READ_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
-from data_plane.store.message import StoredMessage, decode_message_id, decode_record
+from data_plane.store.message import (
+    TRANSACTION_TYPE_MASK,
+    StoredMessage,
+    decode_message_id,
+    decode_record,
+    encode_properties,
+)
 from sdk.client_instance import Credentials
 from sdk.errors import OrbitError
 
@@ -236,6 +242,23 @@ class AdminClient:
         found.sort(key=lambda m: m.store_timestamp, reverse=True)
         return found[:max_num]
 
+    async def message_trace(self, topic: str, msg_id: str) -> list[dict[str, Any]]:
+        """The broker-side trace of a message of ``topic`` (its offset msg id or UNIQ_KEY) from
+        every broker of the topic (QUERY_MESSAGE_TRACE, docs/filters_and_trace.md), oldest first."""
+        import orjson
+
+        route = await self.route(topic)
+        events: list[dict[str, Any]] = []
+        for addr in self._brokers(route).values():
+            ext = {"topic": topic, "msgId": msg_id}
+            r = await self._call(addr, RemotingCommand(RequestCode.QUERY_MESSAGE_TRACE, ext_fields=ext))
+            if r.code == ResponseCode.QUERY_NOT_FOUND:
+                continue
+            doc = orjson.loads(self._ok(r, f"trace {msg_id}").body_bytes())
+            events.extend(e for e in doc.get("events", []) if isinstance(e, dict))
+        events.sort(key=lambda e: int(e.get("time") or 0))
+        return events
+
     # --- consumer groups ------------------------------------------------------------------------
     async def group_progress(self, group: str, topic: str) -> list[QueueProgress]:
         out = []
@@ -278,3 +301,93 @@ class AdminClient:
             if r.code == ResponseCode.SUCCESS:
                 ids.update(bodies.loads_object(r.body_bytes()).get("consumerIdList") or [])
         return sorted(ids)
+
+    # --- dead-letter queues (sdk.retry; docs/retries_and_dlq.md) ------------------------------------
+    async def dlq_messages(self, group: str, *, max_num: int = 100) -> list[StoredMessage]:
+        """Up to ``max_num`` messages of the group's dead-letter queue ``%DLQ%<group>``, oldest
+        first (read with PULL_MESSAGE as the group, committing nothing). Empty when the group
+        never parked a message."""
+        from sdk.message import MessageQueue
+        from sdk.protocol import pull_request
+        from sdk.retry import dlq_topic
+
+        topic = dlq_topic(group)
+        try:
+            route = await self.route(topic)
+        except AdminError:
+            return []
+        out: list[StoredMessage] = []
+        for name, addr, q in self._read_queues(route):
+            offset = await self._queue_offset(addr, RequestCode.GET_MIN_OFFSET, topic, q)
+            end = await self._queue_offset(addr, RequestCode.GET_MAX_OFFSET, topic, q)
+            while offset < end and len(out) < max_num:
+                cmd = pull_request(
+                    group=group, mq=MessageQueue(topic, name, q), offset=offset, max_nums=min(32, max_num - len(out)),
+                    subscription="*", sub_version=0, suspend_timeout_ms=0, suspend=False,
+                )  # fmt: skip
+                r = await self._call(addr, cmd)
+                if r.code != ResponseCode.SUCCESS:
+                    self._ok(r, f"read {topic}:{q} at {offset}", ResponseCode.PULL_NOT_FOUND,
+                             ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED)  # fmt: skip
+                    nxt = int((r.ext_fields or {}).get("nextBeginOffset", offset))
+                    if nxt <= offset:
+                        break
+                    offset = nxt
+                    continue
+                got = decode_records(r.body_bytes())
+                out.extend(got[: max_num - len(out)])
+                offset = max(int((r.ext_fields or {}).get("nextBeginOffset", offset + len(got))), offset + 1)
+        return out
+
+    async def dlq_message(self, group: str, msg_id: str, *, scan_max: int = 100_000) -> StoredMessage:
+        """The dead-lettered message named by ``msg_id``: its producer id (UNIQ_KEY), the parked
+        copy's offset id, or its ORIGIN_MESSAGE_ID."""
+        from sdk.retry import PROPERTY_ORIGIN_MESSAGE_ID, matches_id
+
+        for m in await self.dlq_messages(group, max_num=scan_max):
+            props = m.properties
+            if matches_id(
+                msg_id,
+                unique_id=props.get("UNIQ_KEY"),
+                offset_msg_id=m.msg_id,
+                origin_msg_id=props.get(PROPERTY_ORIGIN_MESSAGE_ID),
+            ):
+                return m
+        raise AdminError(f"no message {msg_id} in the dead-letter queue of group {group!r}")
+
+    async def resend_dead_letter(self, group: str, m: StoredMessage, *, to_retry_topic: bool = False) -> str:
+        """Send a dead-lettered message again, with reconsume times back at 0: to its original
+        topic (RETRY_TOPIC; every group subscribed to it gets it), or with ``to_retry_topic`` to
+        the group's retry topic (only this group gets it). Returns the new copy's offset id."""
+        import random
+
+        from sdk.retry import original_topic, resend_properties, retry_topic
+
+        topic = retry_topic(group) if to_retry_topic else original_topic(m.properties, m.topic)
+        route = await self.route(topic)
+        brokers = self._brokers(route)
+        queues = [
+            (brokers[qd["brokerName"]], q)
+            for qd in route.get("queueDatas", [])
+            if qd["brokerName"] in brokers and int(qd.get("perm", PERM_READ_WRITE)) & 2
+            for q in range(int(qd["writeQueueNums"]))
+        ]
+        if not queues:
+            raise AdminError(f"no broker takes writes for topic {topic!r}")
+        addr, queue_id = random.choice(queues)
+        props = resend_properties(m.properties, dlq_msg_id=m.msg_id)
+        ext = {
+            "producerGroup": "orbit-dlq-resend",
+            "topic": topic,
+            "defaultTopic": "TBW102",
+            "defaultTopicQueueNums": "4",
+            "queueId": str(queue_id),
+            "sysFlag": str(m.sys_flag & ~TRANSACTION_TYPE_MASK),
+            "bornTimestamp": str(m.born_timestamp),
+            "flag": str(m.flag),
+            "properties": encode_properties(props).decode(),
+            "reconsumeTimes": "0",
+        }
+        r = await self._call(addr, RemotingCommand(RequestCode.SEND_MESSAGE, ext_fields=ext, body=m.body))
+        self._ok(r, f"resend {m.msg_id} to {topic}")
+        return (r.ext_fields or {}).get("msgId", "")

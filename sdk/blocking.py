@@ -30,6 +30,7 @@ from sdk.errors import ClientStateError
 from sdk.message import Message, MessageExt, MessageQueue, SendResult
 from sdk.producer import Producer, ProducerOptions, QueueSelector
 from sdk.pull_consumer import PullConsumer
+from sdk.subscription import MessageSelector
 
 T = TypeVar("T")
 
@@ -140,8 +141,8 @@ class BlockingPullConsumer:
     def consumer(self) -> PullConsumer:
         return self._consumer
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        self._consumer.subscribe(topic, expression)
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*", *, sql: str | None = None) -> None:
+        self._consumer.subscribe(topic, expression, sql=sql)
 
     def assign(self, queues: Iterable[MessageQueue]) -> None:
         qs = list(queues)

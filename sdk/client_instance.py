@@ -106,6 +106,7 @@ class ClientInstance:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         processors = Processors()
         processors.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_consumer_ids_changed)
+        processors.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction_state)
         self.remoting = RemotingClient(processors, connect_timeout_ms=connect_timeout_ms)
         self.routes: dict[str, TopicRoute] = {}
         self._extra_brokers: dict[str, dict[int, str]] = {}  # brokers of borrowed (TBW102) routes
@@ -414,6 +415,21 @@ class ClientInstance:
         log.info("consumer ids of group %s changed (from %s)", group, conn.peer)
         if consumer is not None:
             consumer.request_rebalance()
+
+    def _on_check_transaction_state(self, conn: Connection, cmd: RemotingCommand) -> None:
+        """CHECK_TRANSACTION_STATE (39, oneway): a broker asks the producer group named by the half
+        message's PGROUP; a ``TransactionProducer`` answers with END_TRANSACTION (sdk.transaction_producer)."""
+        try:
+            msg = protocol.decode_messages(cmd.body_bytes(), "")[0]
+        except (OrbitError, IndexError) as e:
+            log.warning("CHECK_TRANSACTION_STATE from %s has no readable message: %s", conn.peer, e)
+            return
+        group = msg.properties.get("PGROUP", "")
+        check = getattr(self.producers.get(group), "check_transaction_state", None)
+        if check is None:
+            log.warning("transaction check from %s for group %r: no transactional producer here", conn.peer, group)
+            return
+        check(conn.peer, msg, cmd.ext_fields or {})
 
 
 # --- the per-process registry -----------------------------------------------------------------------------

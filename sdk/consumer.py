@@ -43,7 +43,7 @@ from sdk.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from sdk.process_queue import ProcessQueue
 from sdk.protocol import PullStatus
 from sdk.rebalance import AllocateAveragely, AllocateStrategy
-from sdk.subscription import Subscription, parse_subscription
+from sdk.subscription import MessageSelector, Subscription, parse_subscription
 
 if TYPE_CHECKING:
     from data_plane.telemetry import Telemetry
@@ -192,12 +192,13 @@ class ConsumerBase:
         self.rebalance_count = 0
 
     # --- configuration -------------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume ``topic``'s messages whose tag matches ``expression`` ("*" or "TagA || TagB").
-        Call before ``start``."""
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*", *, sql: str | None = None) -> None:
+        """Consume ``topic``'s messages whose tag matches ``expression`` ("*" or "TagA || TagB"),
+        or whose properties match a SQL92 expression (``MessageSelector.sql(...)`` or ``sql=``; a
+        bad one raises IllegalArgumentError here, naming the position). Call before ``start``."""
         if self._started:
             raise ClientStateError("subscribe before start()")
-        self.subscriptions[topic] = parse_subscription(topic, expression)
+        self.subscriptions[topic] = parse_subscription(topic, expression, sql=sql)
 
     # --- ConsumerMember (for the client instance) -----------------------------------------------------
     def topics(self) -> Iterable[str]:
@@ -272,6 +273,7 @@ class ConsumerBase:
                     await inst.route(topic, refresh=True)
                 except OrbitError as e:
                     log.warning("consumer %s: no route for %s yet: %s", self.group, topic, e)
+            await self._check_client_config(inst)
             await inst.send_heartbeat_to_all_brokers()
         except BaseException:
             inst.remove_consumer(self.group)
@@ -285,6 +287,28 @@ class ConsumerBase:
             *self._extra_tasks(),
         ]
         self.request_rebalance()
+
+    async def _check_client_config(self, inst: ClientInstance) -> None:
+        """CHECK_CLIENT_CONFIG (46) for each SQL92 subscription at every master of its topic, as
+        RocketMQ clients do: a broker that cannot filter it fails ``start`` with its reason."""
+        from data_plane.remoting.command import RemotingCommand
+        from sdk.errors import for_code
+
+        for sub in self.subscriptions.values():
+            if not sub.is_sql:
+                continue
+            try:
+                route = await inst.route(sub.topic)
+            except OrbitError:
+                continue  # no route yet: the heartbeat and pulls are checked by the broker too
+            body = bodies.dumps({"clientId": inst.client_id, "group": self.group, "subscriptionData": sub.to_wire()})
+            for name in route.brokers():
+                addr = route.master_addr(name)
+                if addr is None:
+                    continue
+                resp = await inst.invoke(addr, RemotingCommand(RequestCode.CHECK_CLIENT_CONFIG, body=body))
+                if resp.code != 0:
+                    raise for_code(resp.code, resp.remark, addr)
 
     def _check_ready(self) -> None:
         """Subclasses refuse to start when not configured."""
@@ -540,6 +564,7 @@ class ConsumerBase:
                     suspend_timeout_ms=self.pull_suspend_ms,
                     commit_offset=commit,
                     suspend=self.pull_suspend_ms > 0,
+                    expression_type=sub.expression_type,
                 )
                 pq.last_pull_ms = int(time.monotonic() * 1000)
                 self._pulls_in_flight += 1

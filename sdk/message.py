@@ -50,8 +50,19 @@ SYSTEM_PROPERTIES = frozenset(
         "CONSUME_START_TIME", "__STARTDELIVERTIME", "TRAN_PREPARED_QUEUE_OFFSET", "TRANSACTION_CHECK_TIMES",
         "CHECK_IMMUNITY_TIME_IN_SECONDS", "INSTANCE_ID", "CORRELATION_ID", "REPLY_TO_CLIENT", "TTL",
         "ARRIVE_TIME", "PUSH_REPLY_TIME", "CLUSTER", "MSG_TYPE", "SHARDING_KEY",
+        "TIMER_DELIVER_MS", "TIMER_DELAY_SEC", "TIMER_DELAY_MS", "TIMER_OUT_MS", "ORBIT_REPUT_FROM",
     }
 )  # fmt: skip
+
+
+def _check_schedule(delay_level: int, deliver_at_ms: int | None) -> None:
+    if isinstance(delay_level, bool) or not isinstance(delay_level, int) or delay_level < 0:
+        raise IllegalMessageError(f"delay_level must be a whole number >= 0, got {delay_level!r}")
+    if deliver_at_ms is not None:
+        if isinstance(deliver_at_ms, bool) or not isinstance(deliver_at_ms, int) or deliver_at_ms < 0:
+            raise IllegalMessageError(f"deliver_at_ms must be epoch milliseconds, got {deliver_at_ms!r}")
+        if delay_level:
+            raise IllegalMessageError("a message takes a delay_level or a deliver_at_ms, not both")
 
 
 def _check_text(what: str, value: str) -> None:
@@ -67,7 +78,7 @@ class Message:
     Validation happens here, so a bad message fails where it is built.
     """
 
-    __slots__ = ("body", "keys", "properties", "tags", "topic")
+    __slots__ = ("body", "delay_level", "deliver_at_ms", "keys", "properties", "tags", "topic")
 
     def __init__(
         self,
@@ -77,6 +88,8 @@ class Message:
         tags: str | None = None,
         keys: str | Iterable[str] = (),
         properties: Mapping[str, str] | None = None,
+        delay_level: int = 0,
+        deliver_at_ms: int | None = None,
     ) -> None:
         why = validate_topic(topic)
         if why is not None:
@@ -115,6 +128,11 @@ class Message:
         self.tags = tags
         self.keys: tuple[str, ...] = tuple(key_list)
         self.properties = props
+        _check_schedule(delay_level, deliver_at_ms)
+        # RocketMQ's delay level (DELAY, 1..18: 1s 5s 10s 30s 1m ... 2h; 0 = none) or a delivery
+        # time (TIMER_DELIVER_MS, epoch ms, up to 7 days ahead): docs/delayed_messages.md.
+        self.delay_level = delay_level
+        self.deliver_at_ms = deliver_at_ms
 
     def wire_properties(self, unique_id: str, *, wait_store_msg_ok: bool = True) -> dict[str, str]:
         """The properties sent with the message: the user's, then KEYS, TAGS, WAIT, UNIQ_KEY."""
@@ -125,6 +143,10 @@ class Message:
             out[PROPERTY_TAGS] = self.tags
         out[PROPERTY_WAIT_STORE_MSG_OK] = "true" if wait_store_msg_ok else "false"
         out[PROPERTY_UNIQ_KEY] = unique_id
+        if self.delay_level:
+            out["DELAY"] = str(self.delay_level)
+        if self.deliver_at_ms is not None:
+            out["TIMER_DELIVER_MS"] = str(self.deliver_at_ms)
         return out
 
     def encoded_properties(self, unique_id: str) -> bytes:

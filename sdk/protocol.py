@@ -217,6 +217,7 @@ def pull_request(
     suspend_timeout_ms: int,
     commit_offset: int = 0,
     suspend: bool = True,
+    expression_type: str = "TAG",
 ) -> RemotingCommand:
     """PULL_MESSAGE (11). The subscription always travels with the pull (flag bit 4), so the
     broker filters even before it has this client's heartbeat."""
@@ -236,7 +237,7 @@ def pull_request(
         "suspendTimeoutMillis": str(suspend_timeout_ms),
         "subscription": subscription,
         "subVersion": str(sub_version),
-        "expressionType": "TAG",
+        "expressionType": expression_type,
     }
     return RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext)
 

@@ -40,7 +40,7 @@ from sdk.consumer import ConsumerBase, ConsumerOptions
 from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError
 from sdk.message import MessageExt, MessageQueue
 from sdk.process_queue import ProcessQueue
-from sdk.subscription import parse_subscription
+from sdk.subscription import MessageSelector, parse_subscription
 
 log = logging.getLogger(__name__)
 
@@ -71,10 +71,10 @@ class PullConsumer(ConsumerBase):
         self._pending_seeks: dict[MessageQueue, int] = {}
 
     # --- what to consume --------------------------------------------------------------------------------
-    def subscribe(self, topic: str, expression: str = "*") -> None:
+    def subscribe(self, topic: str, expression: str | MessageSelector = "*", *, sql: str | None = None) -> None:
         if self._mode == _ASSIGN:
             raise ClientStateError("subscribe() and assign() exclude each other")
-        super().subscribe(topic, expression)
+        super().subscribe(topic, expression, sql=sql)
         self._mode = _SUBSCRIBE
 
     def assign(self, queues: Iterable[MessageQueue]) -> None:

@@ -19,18 +19,22 @@ Two kinds of listener:
 
 * ``on_message`` — concurrent: up to ``consume_concurrency`` listener calls at once, each with up
   to ``consume_batch_size`` messages of one queue, in any order. SUCCESS commits them (the queue's
-  committed offset is the lowest offset not yet consumed). RECONSUME_LATER or an exception
-  redelivers the batch to this consumer after ``reconsume_delay_ms``, up to
-  ``max_reconsume_times`` times, after which the message is logged and skipped. (RocketMQ sends
-  such messages back to the broker's retry topic, then its dead-letter queue; that arrives with
-  the retry-topic issue. Until then a redelivery lives in this process only: if it dies first, the
-  message comes back from the committed offset, so nothing is lost.)
+  committed offset is the lowest offset not yet consumed). RECONSUME_LATER or an exception, in
+  CLUSTERING mode, sends each message back to the broker (CONSUMER_SEND_MSG_BACK, ``sdk.retry``):
+  it comes again from the group's retry topic ``%RETRY%<group>`` after the retry ladder's delay
+  (10s 30s 1m … 2h), with the original topic and the broker's ``reconsume_times``, and after
+  ``max_reconsume_times`` (-1: 16) it goes to the dead-letter queue ``%DLQ%<group>``. When the
+  send-back fails, and in BROADCASTING mode, the batch is redelivered to this consumer after
+  ``reconsume_delay_ms`` (broadcasting: up to ``max_reconsume_times`` times, then logged and
+  skipped).
 * ``on_message_orderly`` — orderly: one call at a time per queue, in queue order. In CLUSTERING
   mode the member holds the broker's lock on each of its queues (LOCK_BATCH_MQ, renewed every
   ``lock_interval_ms``; the broker lets a lock lapse after 60 s) and only consumes a queue it
   holds, so during a rebalance the new owner starts after the old one committed and let go.
   SUSPEND_CURRENT_QUEUE_A_MOMENT (or RECONSUME_LATER, or an exception) retries the same messages
-  in place after ``suspend_current_queue_ms``.
+  in place after ``suspend_current_queue_ms`` (3 s), nothing after them is consumed meanwhile;
+  with ``max_reconsume_times`` >= 0 (-1: unlimited) a message retried that often goes to the
+  dead-letter queue (CLUSTERING) and the queue moves on.
 
 The listener may be a coroutine function or a plain function.
 
@@ -49,12 +53,16 @@ from typing import Unpack
 
 from sdk import protocol
 from sdk.aio import wait_event
-from sdk.consumer import ConsumerBase, ConsumerOptions
-from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError
+from sdk.consumer import QUICK_REBALANCE_MS, ConsumerBase, ConsumerOptions
+from sdk.errors import ClientStateError, IllegalArgumentError, OrbitError, RouteNotFoundError
 from sdk.message import MessageExt, MessageQueue
 from sdk.process_queue import ProcessQueue, monotonic_ms
+from sdk.retry import DEFAULT_MAX_RECONSUME_TIMES, DELAY_LEVEL_DLQ, restore_retry_topics, retry_topic, send_back_request
+from sdk.subscription import parse_subscription
 
 log = logging.getLogger(__name__)
+
+_SENT_TO_DLQ = "orbit.sent_to_dlq"  # MessageExt.extra key: an orderly message parked in the DLQ
 
 
 class ConsumeResult(enum.Enum):
@@ -75,9 +83,9 @@ class PushConsumer(ConsumerBase):
         *,
         consume_batch_size: int = 1,
         consume_concurrency: int = 20,
-        max_reconsume_times: int = 16,
+        max_reconsume_times: int = -1,
         reconsume_delay_ms: int = 1000,
-        suspend_current_queue_ms: int = 1000,
+        suspend_current_queue_ms: int = 3000,
         lock_interval_ms: int = 20000,
         await_termination_ms: int = 30000,
         **options: Unpack[ConsumerOptions],
@@ -98,6 +106,8 @@ class PushConsumer(ConsumerBase):
         self._orderly_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
         self._orderly_wakeup: dict[MessageQueue, asyncio.Event] = {}
         self.consumed_count = 0
+        self.retry_topic = retry_topic(group)
+        self.sent_back_count = 0  # messages handed back to the broker (retry topic or DLQ)
 
     # --- listeners ------------------------------------------------------------------------------------
     def on_message(self, listener: Listener) -> Listener:
@@ -125,6 +135,50 @@ class PushConsumer(ConsumerBase):
             raise ClientStateError("register a listener (on_message / on_message_orderly) before start()")
         if not self.subscriptions:
             raise ClientStateError("subscribe to a topic before start()")
+
+    def assignment(self, *, include_retry: bool = False) -> set[MessageQueue]:
+        """The queues of the subscribed topics this member consumes now; with ``include_retry``
+        also the group's retry queue it consumes (CLUSTERING)."""
+        queues = super().assignment()
+        return queues if include_retry else {q for q in queues if q.topic != self.retry_topic}
+
+    @property
+    def effective_max_reconsume_times(self) -> int:
+        """``max_reconsume_times``, -1 resolved as RocketMQ does: 16 for a concurrent listener,
+        unlimited (-1) for an orderly one."""
+        if self.max_reconsume_times >= 0:
+            return self.max_reconsume_times
+        return -1 if self.orderly else DEFAULT_MAX_RECONSUME_TIMES
+
+    async def start(self) -> None:
+        # CLUSTERING members consume their group's retry topic too (RocketMQ's copySubscription).
+        if self.clustering and not self._started and not self._closed and self._listener is not None:
+            self.subscriptions.setdefault(self.retry_topic, parse_subscription(self.retry_topic, "*"))
+        await super().start()
+
+    async def _wanted_queues(self, topic: str) -> set[MessageQueue] | None:
+        try:
+            return await super()._wanted_queues(topic)
+        except RouteNotFoundError:
+            if topic == self.retry_topic:  # created by our first heartbeat: look again soon
+                asyncio.get_running_loop().call_later(QUICK_REBALANCE_MS / 1000, self.request_rebalance)
+            raise
+
+    async def send_back(self, mq: MessageQueue, msg: MessageExt, delay_level: int = 0) -> bool:
+        """Give ``msg`` back to the broker (CONSUMER_SEND_MSG_BACK): to the retry topic, or with
+        ``delay_level`` -1 to the dead-letter queue. False when the broker could not take it."""
+        inst = self.instance
+        cmd = send_back_request(
+            msg, self.group, delay_level=delay_level, max_reconsume_times=self.effective_max_reconsume_times
+        )
+        try:
+            addr = await inst.broker_addr(mq, master_only=True)
+            protocol.check(await inst.invoke(addr, cmd), addr)
+        except OrbitError as e:
+            log.warning("consumer %s: sending %r back failed: %s", self.group, msg, e)
+            return False
+        self.sent_back_count += 1
+        return True
 
     def _extra_tasks(self) -> list[asyncio.Task[None]]:
         if self.orderly and self.clustering:
@@ -163,6 +217,8 @@ class PushConsumer(ConsumerBase):
         return result
 
     async def _on_messages(self, mq: MessageQueue, pq: ProcessQueue, msgs: list[MessageExt]) -> None:
+        if mq.topic == self.retry_topic:
+            restore_retry_topics(msgs, self.retry_topic)
         if self.orderly:
             ev = self._orderly_wakeup.get(mq)
             if ev is not None:
@@ -194,9 +250,15 @@ class PushConsumer(ConsumerBase):
             return
         again: list[MessageExt] = []
         skipped: list[MessageExt] = []
+        if self.clustering:  # the broker redelivers it through the retry topic (or parks it in the DLQ)
+            sent = [m for m in msgs if not self._stop.is_set() and await self.send_back(mq, m)]
+            if sent:
+                self._committed(mq, pq.remove(sent))
+            msgs = [m for m in msgs if m not in sent]
+        limit = self.effective_max_reconsume_times
         for m in msgs:
             m.reconsume_times += 1
-            if 0 <= self.max_reconsume_times < m.reconsume_times:
+            if 0 <= limit < m.reconsume_times and not self.clustering:
                 skipped.append(m)
             else:
                 again.append(m)
@@ -283,10 +345,30 @@ class PushConsumer(ConsumerBase):
                     self.consumed_count += len(msgs)
                     self._committed(mq, pq.commit())
                     continue
+                limit = self.effective_max_reconsume_times
+                if 0 <= limit <= min(m.reconsume_times for m in msgs) and await self._park_in_dlq(mq, msgs):
+                    self._committed(mq, pq.commit())  # retried in place max times: the queue moves on
+                    continue
                 pq.rollback(msgs)
                 for m in msgs:
                     m.reconsume_times += 1
                 await wait_event(self._stop, suspend_s)
+
+    async def _park_in_dlq(self, mq: MessageQueue, msgs: list[MessageExt]) -> bool:
+        """Orderly, CLUSTERING: send messages retried in place max times to the dead-letter queue
+        (each once, should a batch be retried because one of them could not go). False when
+        one could not go (or in BROADCASTING mode: no DLQ there, the retries go on)."""
+        if not self.clustering:
+            return False
+        ok = True
+        for m in msgs:
+            if m.extra.get(_SENT_TO_DLQ):
+                continue
+            if await self.send_back(mq, m, DELAY_LEVEL_DLQ):
+                m.extra[_SENT_TO_DLQ] = True
+            else:
+                ok = False
+        return ok
 
     # --- broker locks ----------------------------------------------------------------------------------------
     async def lock(self, mqs: list[MessageQueue]) -> set[MessageQueue]:

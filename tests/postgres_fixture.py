@@ -14,6 +14,9 @@ module imports the functions and asks for ``postgres_server``, ``postgres_dsn``,
   TEMPLATE``, a few milliseconds), dropped after the test.
 - ``control_plane`` (async, function): the real aiohttp app on 127.0.0.1 port 0 over that
   database, with an operator credential; ``ControlPlaneHarness.call`` sends requests.
+  ``serve_control_plane`` is the same as an async context manager (optionally with a Telemetry
+  of the test's); ``ControlPlaneHarness.of_operator`` / ``log_in_operator`` build a harness for
+  a control plane served some other way.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import contextlib
 import secrets
 import shutil
 import tempfile
@@ -28,7 +32,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -42,6 +46,9 @@ from control_plane.migrate import apply_migrations
 from control_plane.postgres import EmbeddedPostgres
 from control_plane.services import Services
 from control_plane.settings import MasterKey, Settings
+
+if TYPE_CHECKING:
+    from data_plane.telemetry import Telemetry
 
 TEMPLATE_DATABASE = "orbit_template"
 
@@ -110,6 +117,28 @@ class ControlPlaneHarness:
     operator_secret: str
     operator_token: str
 
+    @classmethod
+    def of_operator(
+        cls, url: str, settings: Settings, services: Services, session: aiohttp.ClientSession
+    ) -> ControlPlaneHarness:
+        """A harness holding the bootstrap operator credential the control plane wrote at start
+        (no token yet: ``log_in_operator`` once it serves)."""
+        with open(settings.bootstrap_credentials_file, "rb") as f:
+            operator = orjson.loads(f.read())
+        return cls(
+            url=url,
+            settings=settings,
+            services=services,
+            session=session,
+            operator_access_key=operator["access_key"],
+            operator_secret=operator["secret"],
+            operator_token="",
+        )
+
+    async def log_in_operator(self) -> None:
+        """Fetch the operator's token from the token endpoint (``call(..., operator=True)`` sends it)."""
+        self.operator_token = await self.token_for(self.operator_access_key, self.operator_secret)
+
     async def call(
         self,
         method: str,
@@ -135,6 +164,11 @@ class ControlPlaneHarness:
             raw = await resp.read()
             body: Any = orjson.loads(raw) if resp.content_type == "application/json" and raw else raw
             return Reply(resp.status, body, dict(resp.headers))
+
+    async def token_request(self, client_id: str, client_secret: str) -> Reply:
+        """The token endpoint's answer to a client-credentials grant with the credential in the form."""
+        form = {"grant_type": "client_credentials", "client_id": client_id, "client_secret": client_secret}
+        return await self.call("POST", "/oauth/token", data=form)
 
     async def token_for(self, access_key: str, secret: str) -> str:
         basic = base64.b64encode(f"{access_key}:{secret}".encode()).decode()
@@ -169,36 +203,36 @@ class ControlPlaneHarness:
         return dict(reply.body)
 
 
-@pytest_asyncio.fixture(name="control_plane")
-async def control_plane_fixture(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[ControlPlaneHarness]:
+@contextlib.asynccontextmanager
+async def serve_control_plane(
+    postgres_dsn: str, tmp_path: Path, *, telemetry: Telemetry | None = None
+) -> AsyncIterator[ControlPlaneHarness]:
+    """The real app (``telemetry``: the caller's, else none) on 127.0.0.1 port 0 over the
+    database, with its operator logged in; stopped, and its pool closed, on exit."""
     settings = make_settings(postgres_dsn, tmp_path)
     pool = await db.create_pool(settings.database_url, min_size=1, max_size=settings.pool_max_size)
     runner: web.AppRunner | None = None
     try:
         services = Services.create(pool, settings)
         await services.start()
-        runner = web.AppRunner(create_app(settings, services=services))
+        runner = web.AppRunner(create_app(settings, services=services, telemetry=telemetry))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         server = site._server
         assert isinstance(server, asyncio.Server)
         port = server.sockets[0].getsockname()[1]
-        with open(settings.bootstrap_credentials_file, "rb") as f:  # noqa: ASYNC230 - a tiny local file
-            operator = orjson.loads(f.read())
         async with aiohttp.ClientSession() as session:
-            harness = ControlPlaneHarness(
-                url=f"http://127.0.0.1:{port}",
-                settings=settings,
-                services=services,
-                session=session,
-                operator_access_key=operator["access_key"],
-                operator_secret=operator["secret"],
-                operator_token="",
-            )
-            harness.operator_token = await harness.token_for(operator["access_key"], operator["secret"])
+            harness = ControlPlaneHarness.of_operator(f"http://127.0.0.1:{port}", settings, services, session)
+            await harness.log_in_operator()
             yield harness
     finally:
         if runner is not None:
             await runner.cleanup()
         await pool.close()
+
+
+@pytest_asyncio.fixture(name="control_plane")
+async def control_plane_fixture(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[ControlPlaneHarness]:
+    async with serve_control_plane(postgres_dsn, tmp_path) as harness:
+        yield harness

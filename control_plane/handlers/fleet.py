@@ -7,7 +7,6 @@ import re
 from aiohttp import web
 
 from control_plane import auth, context
-from control_plane.errors import InvalidField
 from control_plane.names import BROKER_GROUP_NAME
 from control_plane.request_body import ADDRESS
 from control_plane.routes import Route, json_response
@@ -16,10 +15,7 @@ HOST = re.compile(r"^[A-Za-z0-9.\-]{1,253}$")
 
 
 def _group_name(request: web.Request) -> str:
-    name = request.match_info["group"]
-    if not BROKER_GROUP_NAME.fullmatch(name):
-        raise InvalidField("group", "must match ^[A-Za-z0-9_-]{1,64}$")
-    return name
+    return auth.path_name(request, "group", BROKER_GROUP_NAME)
 
 
 async def create_group(request: web.Request) -> web.StreamResponse:
@@ -28,7 +24,7 @@ async def create_group(request: web.Request) -> web.StreamResponse:
         request, ("name", "namesrv_addrs", "broker_addrs", "max_queues", "max_msgs_per_s", "storage_bytes")
     )
     group = await context.services(request).fleet.create_group(
-        name=body.name("name", BROKER_GROUP_NAME, what="a broker name matching ^[A-Za-z0-9_-]{1,64}$"),
+        name=body.name("name", BROKER_GROUP_NAME, what=f"a broker name matching {BROKER_GROUP_NAME.pattern}"),
         namesrv_addrs=body.addresses("namesrv_addrs"),
         broker_addrs=body.addresses("broker_addrs"),
         max_queues=body.required_integer("max_queues", maximum=1_000_000),

@@ -7,7 +7,6 @@ from typing import Any
 from aiohttp import web
 
 from control_plane import auth, context
-from control_plane.grants import allows
 from control_plane.names import RESOURCE_NAME
 from control_plane.request_body import Body
 from control_plane.routes import Route, json_response
@@ -35,8 +34,7 @@ def _spec(body: Body, *, defaults: bool) -> dict[str, Any]:
 async def create_group(request: web.Request) -> web.StreamResponse:
     principal, tenant_id = await auth.tenant_member(request)
     body = await context.body(request, ("name", *SPEC))
-    name = body.name("name", RESOURCE_NAME, what="a name matching ^[A-Za-z0-9_-]{1,64}$")
-    auth.require_grant(principal, "group", name, "admin")
+    name = auth.new_resource_name(principal, body, "group")
     group, created = await context.services(request).groups.create(
         tenant_id=tenant_id, name=name, spec=_spec(body, defaults=True)
     )
@@ -46,20 +44,16 @@ async def create_group(request: web.Request) -> web.StreamResponse:
 async def list_groups(request: web.Request) -> web.StreamResponse:
     principal, tenant_id = await auth.tenant_resource(request, "group", None, None)
     groups = await context.services(request).groups.list_groups(tenant_id=tenant_id)
-    if not principal.is_operator:
-        groups = [g for g in groups if allows(principal.grants, "group", g["name"], None)]
-    return json_response({"groups": groups})
+    return json_response({"groups": auth.visible(principal, "group", groups)})
 
 
 async def get_group(request: web.Request) -> web.StreamResponse:
-    name = auth.resource_name_of(request)
-    _principal, tenant_id = await auth.tenant_resource(request, "group", name, None)
+    tenant_id, name = await auth.named_resource(request, "group", None)
     return json_response(await context.services(request).groups.get(tenant_id=tenant_id, name=name))
 
 
 async def update_group(request: web.Request) -> web.StreamResponse:
-    name = auth.resource_name_of(request)
-    _principal, tenant_id = await auth.tenant_resource(request, "group", name, "admin")
+    tenant_id, name = await auth.named_resource(request, "group", "admin")
     body = await context.body(request, SPEC)
     group = await context.services(request).groups.update(
         tenant_id=tenant_id, name=name, changes=_spec(body, defaults=False)
@@ -68,8 +62,7 @@ async def update_group(request: web.Request) -> web.StreamResponse:
 
 
 async def delete_group(request: web.Request) -> web.StreamResponse:
-    name = auth.resource_name_of(request)
-    _principal, tenant_id = await auth.tenant_resource(request, "group", name, "admin")
+    tenant_id, name = await auth.named_resource(request, "group", "admin")
     await context.services(request).groups.delete(tenant_id=tenant_id, name=name)
     return web.Response(status=204)
 

@@ -11,16 +11,12 @@ from control_plane.names import PLAN_NAME, TENANT_ID
 from control_plane.repositories.plans import LIMIT_FIELDS
 from control_plane.routes import Route, json_response
 
-TENANT_ID_TEXT = "a tenant id matching ^[a-z][a-z0-9-]{1,30}[a-z0-9]$"
+TENANT_ID_TEXT = f"a tenant id matching {TENANT_ID.pattern}"
 LIMITS_SCHEMA = {f: {"type": "integer", "minimum": 0} for f in LIMIT_FIELDS}
 
 
 def _plan_name(request: web.Request) -> str:
-    name = request.match_info["plan"]
-    if not PLAN_NAME.fullmatch(name):
-        raise InvalidField("plan", "must match ^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
-    return name
-
+    return auth.path_name(request, "plan", PLAN_NAME)
 
 async def create_tenant(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)

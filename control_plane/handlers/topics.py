@@ -5,12 +5,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from control_plane import auth, context
-from control_plane.grants import allows
 from control_plane.names import RESOURCE_NAME
 from control_plane.routes import Route, json_response
 from control_plane.services.topics import MESSAGE_TYPES
 
-NAME_TEXT = "a name matching ^[A-Za-z0-9_-]{1,64}$"
 MAX_HINT = 10_000_000
 
 
@@ -19,8 +17,7 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
     body = await context.body(
         request, ("name", "message_type", "retention_hours", "throughput_hint_msgs_per_s", "description")
     )
-    name = body.name("name", RESOURCE_NAME, what=NAME_TEXT)
-    auth.require_grant(principal, "topic", name, "admin")
+    name = auth.new_resource_name(principal, body, "topic")
     topic, created = await context.services(request).topics.create(
         tenant_id=tenant_id,
         name=name,
@@ -35,20 +32,16 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 async def list_topics(request: web.Request) -> web.StreamResponse:
     principal, tenant_id = await auth.tenant_resource(request, "topic", None, None)
     topics = await context.services(request).topics.list_topics(tenant_id=tenant_id)
-    if not principal.is_operator:
-        topics = [t for t in topics if allows(principal.grants, "topic", t["name"], None)]
-    return json_response({"topics": topics})
+    return json_response({"topics": auth.visible(principal, "topic", topics)})
 
 
 async def get_topic(request: web.Request) -> web.StreamResponse:
-    name = auth.resource_name_of(request)
-    _principal, tenant_id = await auth.tenant_resource(request, "topic", name, None)
+    tenant_id, name = await auth.named_resource(request, "topic", None)
     return json_response(await context.services(request).topics.get(tenant_id=tenant_id, name=name))
 
 
 async def update_topic(request: web.Request) -> web.StreamResponse:
-    name = auth.resource_name_of(request)
-    _principal, tenant_id = await auth.tenant_resource(request, "topic", name, "admin")
+    tenant_id, name = await auth.named_resource(request, "topic", "admin")
     body = await context.body(request, ("retention_hours", "throughput_hint_msgs_per_s", "description"))
     topic = await context.services(request).topics.update(
         tenant_id=tenant_id,
@@ -61,8 +54,7 @@ async def update_topic(request: web.Request) -> web.StreamResponse:
 
 
 async def delete_topic(request: web.Request) -> web.StreamResponse:
-    name = auth.resource_name_of(request)
-    _principal, tenant_id = await auth.tenant_resource(request, "topic", name, "admin")
+    tenant_id, name = await auth.named_resource(request, "topic", "admin")
     await context.services(request).topics.delete(tenant_id=tenant_id, name=name)
     return web.Response(status=204)
 

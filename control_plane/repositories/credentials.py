@@ -11,6 +11,10 @@ from control_plane.errors import CredentialNotFound
 PUBLIC_COLUMNS = "access_key, tenant_id, role, grants, description, status, created_at, revoked_at"
 
 
+def _not_found(access_key: str) -> CredentialNotFound:
+    return CredentialNotFound(f"no credential {access_key!r} here", access_key=access_key)
+
+
 async def insert_credential(
     conn: Connection,
     *,
@@ -64,7 +68,7 @@ async def require_credential(conn: Connection, *, tenant_id: str | None, access_
         tenant_id,
     )
     if row is None:
-        raise CredentialNotFound(f"no credential {access_key!r} here", access_key=access_key)
+        raise _not_found(access_key)
     return row
 
 
@@ -87,7 +91,7 @@ async def revoke(conn: Connection, *, tenant_id: str | None, access_key: str) ->
         tenant_id,
     )
     if row is None:
-        raise CredentialNotFound(f"no credential {access_key!r} here", access_key=access_key)
+        raise _not_found(access_key)
     return row
 
 
@@ -107,7 +111,7 @@ async def set_grants(conn: Connection, *, tenant_id: str, access_key: str, grant
         grants,
     )
     if row is None:
-        raise CredentialNotFound(f"no credential {access_key!r} here", access_key=access_key)
+        raise _not_found(access_key)
     return row
 
 

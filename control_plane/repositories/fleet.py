@@ -13,6 +13,10 @@ _WITH_USED = f"""
     FROM broker_groups g"""
 
 
+def _not_found(name: str) -> BrokerGroupNotFound:
+    return BrokerGroupNotFound(f"no broker group {name!r}", broker_group=name)
+
+
 async def insert_broker_group(
     conn: Connection,
     *,
@@ -42,7 +46,7 @@ async def insert_broker_group(
 async def get_broker_group(conn: Connection, name: str) -> Record:
     row = await conn.fetchrow(_WITH_USED + " WHERE g.name = $1", name)
     if row is None:
-        raise BrokerGroupNotFound(f"no broker group {name!r}", broker_group=name)
+        raise _not_found(name)
     return row
 
 
@@ -76,7 +80,7 @@ async def update_broker_group(
         broker_addrs,
     )
     if done == "UPDATE 0":
-        raise BrokerGroupNotFound(f"no broker group {name!r}", broker_group=name)
+        raise _not_found(name)
     return await get_broker_group(conn, name)
 
 

@@ -8,6 +8,10 @@ from control_plane.errors import GroupNotFound
 _COLUMNS = "tenant_id, name, retry_policy, fixed_interval_ms, max_retries, consume_orderly, description, created_at"
 
 
+def _not_found(tenant_id: str, name: str) -> GroupNotFound:
+    return GroupNotFound(f"no consumer group {name!r} in tenant {tenant_id!r}", tenant=tenant_id, group=name)
+
+
 async def get_group(conn: Connection, *, tenant_id: str, name: str) -> Record | None:
     return await conn.fetchrow(
         f"SELECT {_COLUMNS} FROM consumer_groups WHERE tenant_id = $1 AND name = $2", tenant_id, name
@@ -17,7 +21,7 @@ async def get_group(conn: Connection, *, tenant_id: str, name: str) -> Record | 
 async def require_group(conn: Connection, *, tenant_id: str, name: str) -> Record:
     row = await get_group(conn, tenant_id=tenant_id, name=name)
     if row is None:
-        raise GroupNotFound(f"no consumer group {name!r} in tenant {tenant_id!r}", tenant=tenant_id, group=name)
+        raise _not_found(tenant_id, name)
     return row
 
 
@@ -75,11 +79,11 @@ async def update_group(
         description,
     )
     if row is None:
-        raise GroupNotFound(f"no consumer group {name!r} in tenant {tenant_id!r}", tenant=tenant_id, group=name)
+        raise _not_found(tenant_id, name)
     return row
 
 
 async def delete_group(conn: Connection, *, tenant_id: str, name: str) -> None:
     done = await conn.execute("DELETE FROM consumer_groups WHERE tenant_id = $1 AND name = $2", tenant_id, name)
     if done == "DELETE 0":
-        raise GroupNotFound(f"no consumer group {name!r} in tenant {tenant_id!r}", tenant=tenant_id, group=name)
+        raise _not_found(tenant_id, name)

@@ -9,6 +9,10 @@ from control_plane.errors import TenantExists, TenantNotFound
 _COLUMNS = "id, display_name, plan, status, created_at, updated_at"
 
 
+def _not_found(tenant_id: str) -> TenantNotFound:
+    return TenantNotFound(f"no tenant {tenant_id!r}", tenant=tenant_id)
+
+
 async def insert_tenant(conn: Connection, *, tenant_id: str, display_name: str, plan: str) -> Record:
     try:
         row = await conn.fetchrow(
@@ -27,7 +31,7 @@ async def get_tenant(conn: Connection, *, tenant_id: str, for_update: bool = Fal
     lock = " FOR UPDATE" if for_update else ""
     row = await conn.fetchrow(f"SELECT {_COLUMNS} FROM tenants WHERE id = $1 AND status <> 'deleted'{lock}", tenant_id)
     if row is None:
-        raise TenantNotFound(f"no tenant {tenant_id!r}", tenant=tenant_id)
+        raise _not_found(tenant_id)
     return row
 
 
@@ -53,7 +57,7 @@ async def update_tenant(
         status,
     )
     if row is None:
-        raise TenantNotFound(f"no tenant {tenant_id!r}", tenant=tenant_id)
+        raise _not_found(tenant_id)
     return row
 
 

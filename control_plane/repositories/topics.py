@@ -11,6 +11,10 @@ _COLUMNS = (
 )
 
 
+def _not_found(tenant_id: str, name: str) -> TopicNotFound:
+    return TopicNotFound(f"no topic {name!r} in tenant {tenant_id!r}", tenant=tenant_id, topic=name)
+
+
 async def get_topic(conn: Connection, *, tenant_id: str, name: str, for_update: bool = False) -> Record | None:
     lock = " FOR UPDATE" if for_update else ""
     return await conn.fetchrow(
@@ -21,7 +25,7 @@ async def get_topic(conn: Connection, *, tenant_id: str, name: str, for_update: 
 async def require_topic(conn: Connection, *, tenant_id: str, name: str, for_update: bool = False) -> Record:
     row = await get_topic(conn, tenant_id=tenant_id, name=name, for_update=for_update)
     if row is None:
-        raise TopicNotFound(f"no topic {name!r} in tenant {tenant_id!r}", tenant=tenant_id, topic=name)
+        raise _not_found(tenant_id, name)
     return row
 
 
@@ -96,7 +100,7 @@ async def update_topic(
 async def delete_topic(conn: Connection, *, tenant_id: str, name: str) -> None:
     done = await conn.execute("DELETE FROM topics WHERE tenant_id = $1 AND name = $2", tenant_id, name)
     if done == "DELETE 0":
-        raise TopicNotFound(f"no topic {name!r} in tenant {tenant_id!r}", tenant=tenant_id, topic=name)
+        raise _not_found(tenant_id, name)
 
 
 async def add_placements(conn: Connection, *, tenant_id: str, topic: str, queues_by_group: dict[str, int]) -> None:

@@ -15,10 +15,10 @@ import math
 from typing import TypedDict
 
 from control_plane.db import Pool
-from control_plane.names import dlq_topic, retry_topic, wire_name
 from control_plane.repositories import desired_state as repo
 from control_plane.repositories import fleet as fleet_repo
 from control_plane.services.credentials import CredentialService, DecryptedCredential
+from data_plane.tenancy.namespace import dlq_topic, retry_topic, wire_name
 
 PERM_READ = 4
 PERM_WRITE = 2

@@ -7,10 +7,10 @@ from typing import Any
 
 from control_plane.db import Pool
 from control_plane.errors import GroupExists
-from control_plane.names import dlq_topic, retry_topic, wire_name
 from control_plane.repositories import groups as repo
 from control_plane.repositories import jsonable
 from control_plane.repositories import tenants as tenants_repo
+from data_plane.tenancy.namespace import dlq_topic, retry_topic, wire_name
 
 RETRY_POLICIES = ("exponential", "fixed")
 DEFAULT_MAX_RETRIES = 16

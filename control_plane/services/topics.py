@@ -21,6 +21,7 @@ from control_plane.repositories import jsonable
 from control_plane.repositories import plans as plans_repo
 from control_plane.repositories import tenants as tenants_repo
 from control_plane.repositories import topics as repo
+from data_plane.tenancy.namespace import wire_name
 
 log = logging.getLogger(__name__)
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
@@ -29,7 +30,7 @@ DEFAULT_RETENTION_HOURS = 72
 
 def _topic(row: Record, placements: list[Record]) -> dict[str, Any]:
     out = jsonable(row)
-    out["wire_name"] = f"{row['tenant_id']}%{row['name']}"
+    out["wire_name"] = wire_name(row["tenant_id"], row["name"])
     out["placements"] = [jsonable(p) for p in placements]
     return out
 

@@ -2,7 +2,7 @@
 
 | module | holds |
 |---|---|
-| ``principal.py`` | ``Principal``, ``Grant``, tenant/name rules, ``parse_wire_name`` |
+| ``principal.py`` | ``Principal``, ``Grant`` (name rules, ``parse_wire_name``: ``data_plane/tenancy/namespace.py``) |
 | ``signature.py`` | RocketMQ ACL request signatures: ``sign`` / ``verify`` (HMAC-SHA1, stock-client compatible) |
 | ``jwks.py`` | ``JwksCache``: the control plane's public keys by kid, refreshed, persisted |
 | ``jwt_verifier.py`` | ``TokenVerifier``: synchronous JWT checks with a cache of verified tokens |
@@ -21,8 +21,9 @@ from data_plane.auth.credential_store import Credential, CredentialEntry, Creden
 from data_plane.auth.errors import AuthError, UnknownKeyIdError
 from data_plane.auth.jwks import JwksCache, JwksError
 from data_plane.auth.jwt_verifier import TokenVerifier
-from data_plane.auth.principal import AuthConfigError, Grant, GrantDict, Principal, parse_wire_name
+from data_plane.auth.principal import AuthConfigError, Grant, GrantDict, Principal
 from data_plane.auth.signature import sign, verify
+from data_plane.tenancy.namespace import parse_wire_name
 
 __all__ = [
     "UNCHECKED",

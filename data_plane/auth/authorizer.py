@@ -40,7 +40,7 @@ from data_plane.auth.credential_store import CredentialStore
 from data_plane.auth.errors import AuthError, UnknownKeyIdError
 from data_plane.auth.jwks import Fetcher, JwksCache
 from data_plane.auth.jwt_verifier import TokenVerifier
-from data_plane.auth.principal import Principal, parse_wire_name
+from data_plane.auth.principal import Principal
 from data_plane.auth.request_access import (
     NAMESPACE,
     OPEN_SYSTEM_TOPICS,
@@ -52,6 +52,7 @@ from data_plane.auth.request_access import (
 )
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
+from data_plane.tenancy.namespace import parse_wire_name
 
 log = logging.getLogger(__name__)
 
@@ -251,16 +252,10 @@ class Authorizer:
         except UnknownKeyIdError as e:
             if self.jwks is not None and self.jwks.unknown_kid_refresh_allowed():
                 return self._check_after_refresh(cmd, e.kid)
-            self.denied += 1
-            return _deny(e.remark)
+            return self._refuse(e)
         except AuthError as e:
-            self.denied += 1
-            return _deny(e.remark)
-        d = self.authorize(principal, cmd)
-        if d is not None:
-            self.denied += 1
-            return d
-        return principal
+            return self._refuse(e)
+        return self._authorize_counted(principal, cmd)
 
     async def _check_after_refresh(self, cmd: RemotingCommand, kid: str) -> Principal | Denial:
         assert self.jwks is not None
@@ -268,8 +263,16 @@ class Authorizer:
         try:
             principal = self.authenticate(cmd)
         except AuthError as e:
-            self.denied += 1
-            return _deny(e.remark)
+            return self._refuse(e)
+        return self._authorize_counted(principal, cmd)
+
+    def _refuse(self, e: AuthError) -> Denial:
+        """The Denial for a request that failed authentication, counted in ``denied``."""
+        self.denied += 1
+        return _deny(e.remark)
+
+    def _authorize_counted(self, principal: Principal, cmd: RemotingCommand) -> Principal | Denial:
+        """``principal`` when it may make ``cmd``, else the Denial, counted in ``denied``."""
         d = self.authorize(principal, cmd)
         if d is not None:
             self.denied += 1

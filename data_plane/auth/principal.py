@@ -1,4 +1,4 @@
-"""Principal, Grant and the names of Orbit's tenancy: who is asking, and what they were granted.
+"""Principal and Grant: who is asking, and what they were granted.
 
 A principal is the identity behind a request, built once per credential (a verified JWT, or an
 access key of the credential store) and reused for every request that carries it::
@@ -14,17 +14,17 @@ access key of the credential store) and reused for every request that carries it
   (``publish`` | ``subscribe`` | ``admin``). Actions are independent: ``admin`` does not imply
   ``publish``.
 
-On the wire a tenant's resource is ``"{tenant}%{name}"`` (RocketMQ's namespace form); retry and
-dead-letter topics are ``%RETRY%{tenant}%{group}`` and ``%DLQ%{tenant}%{group}``. Names without a
-tenant prefix (``TBW102``, ``SELF_TEST_TOPIC``) belong to no tenant. ``parse_wire_name`` splits
-them; it is on the hot path, so it is one precompiled regex match.
+The tenant-id and name rules and the wire form of names (``"{tenant}%{name}"``, ``%RETRY%…``,
+``%DLQ%…``, ``parse_wire_name``) live in ``data_plane/tenancy/namespace.py``.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Final, Literal, NamedTuple, TypedDict, cast
+from typing import Any, Final, Literal, TypedDict, cast
+
+from data_plane.tenancy.namespace import ANY_TENANT, TENANT_RE, valid_tenant
 
 Role = Literal["tenant", "operator", "broker"]
 Action = Literal["publish", "subscribe", "admin"]
@@ -33,57 +33,11 @@ ResourceKind = Literal["topic", "group"]
 ROLES: Final[frozenset[str]] = frozenset(("tenant", "operator", "broker"))
 ACTIONS: Final[frozenset[str]] = frozenset(("publish", "subscribe", "admin"))
 RESOURCE_KINDS: Final[frozenset[str]] = frozenset(("topic", "group"))
-ANY_TENANT: Final = "*"
-
-TENANT_RE: Final = re.compile(r"[a-z][a-z0-9-]{1,30}[a-z0-9]")
-NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _PATTERN_RE: Final = re.compile(r"\*|[A-Za-z0-9_-]{1,64}|[A-Za-z0-9_-]{0,63}\*")
-# "%RETRY%acme%g" / "%DLQ%acme%g" / "acme%orders": (special prefix, tenant, name).
-_WIRE_RE: Final = re.compile(r"(?:%(RETRY|DLQ)%)?([a-z][a-z0-9-]{1,30}[a-z0-9])%([A-Za-z0-9_-]{1,64})")
-
-RETRY_PREFIX: Final = "%RETRY%"
-DLQ_PREFIX: Final = "%DLQ%"
 
 
 class AuthConfigError(ValueError):
     """A grant, principal or credential that cannot be used; the message says which and why."""
-
-
-def valid_tenant(tenant: str) -> bool:
-    return TENANT_RE.fullmatch(tenant) is not None
-
-
-def valid_name(name: str) -> bool:
-    return NAME_RE.fullmatch(name) is not None
-
-
-def wire_name(tenant: str, name: str) -> str:
-    """``acme``, ``orders`` → ``acme%orders``."""
-    return f"{tenant}%{name}"
-
-
-def retry_topic(tenant: str, group: str) -> str:
-    return f"{RETRY_PREFIX}{tenant}%{group}"
-
-
-def dlq_topic(tenant: str, group: str) -> str:
-    return f"{DLQ_PREFIX}{tenant}%{group}"
-
-
-class WireName(NamedTuple):
-    """A wire name split: ``special`` is ``""``, ``"RETRY"`` or ``"DLQ"``; ``tenant`` is ``None``
-    for a name outside every tenant's namespace (then ``name`` is the whole wire name)."""
-
-    special: str
-    tenant: str | None
-    name: str
-
-
-def parse_wire_name(wire: str) -> WireName:
-    m = _WIRE_RE.fullmatch(wire)
-    if m is None:
-        return WireName("", None, wire)
-    return WireName(m.group(1) or "", m.group(2), m.group(3))
 
 
 class GrantDict(TypedDict):

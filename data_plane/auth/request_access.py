@@ -193,6 +193,9 @@ ACCESS: Final[dict[int, Extractor]] = {
     RC.SEND_BATCH_MESSAGE: _send_v2,
     RC.PULL_MESSAGE: _group_and_topic("consumerGroup", "topic", SUBSCRIBE),
     RC.QUERY_MESSAGE: _topic("topic", SUBSCRIBE),
+    # The broker answers only events of the message of this topic (and of retry / DLQ topics in
+    # its namespace): subscribe on the topic is what tracing it takes (docs/filters_and_trace.md).
+    RC.QUERY_MESSAGE_TRACE: _topic("topic", SUBSCRIBE),
     RC.VIEW_MESSAGE_BY_ID: _view_by_id,
     RC.CONSUMER_SEND_MSG_BACK: _send_back,
     RC.END_TRANSACTION: _end_transaction,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from data_plane.auth.request_access import SUBSCRIBE
 from data_plane.remoting import bodies
 from data_plane.remoting.codes import PERM_READ_WRITE, ResponseCode
 from data_plane.remoting.command import RemotingCommand
@@ -131,7 +132,10 @@ class AdminProcessor:
     def view_message_by_id(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         offset = field_int(cmd.ext_fields, "offset", lo=0)
         rec = self.store.read_record(offset)
-        if rec is None:
+        tenancy = self.broker.tenancy
+        if rec is None or (
+            tenancy is not None and tenancy.enabled and not tenancy.allows_stored_record(cmd, rec, SUBSCRIBE)
+        ):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
         return cmd.response(ResponseCode.SUCCESS, body=bytes(rec))
 

@@ -29,18 +29,25 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from data_plane.broker import trace
 from data_plane.broker.admin import AdminProcessor
 from data_plane.broker.client_manager import ClientManager
 from data_plane.broker.client_processor import ClientProcessor
 from data_plane.broker.config import BrokerConfig, advertised_address
+from data_plane.broker.consumer_filter import ConsumerFilterManager
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.long_poll import PullRequestHoldService
 from data_plane.broker.pull import PullHandler, PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
+from data_plane.broker.schedule import Schedule
 from data_plane.broker.send import SendHandler, SendProcessor
+from data_plane.broker.send_back import SendBackProcessor
 from data_plane.broker.subscription_group import SubscriptionGroupManager
 from data_plane.broker.tenancy import BrokerTenancy
 from data_plane.broker.topic_config import TopicConfigManager
+from data_plane.broker.trace import MessageTrace
+from data_plane.broker.transaction import TransactionalMessageService
+from data_plane.broker.transaction_check import TransactionCheckService
 from data_plane.remoting import bodies
 from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
@@ -92,12 +99,17 @@ class Broker:
         self.clients = ClientManager(channel_expired_s=config.channel_expired_s)
         self.locks = RebalanceLockManager(expiry_s=config.rebalance_lock_expiry_s)
         self.hold = PullRequestHoldService()
+        self.schedule = Schedule(config)  # delayed and timed messages (started on a master)
+        self.consumer_filter = ConsumerFilterManager(enabled=config.enable_property_filter)  # SQL92
+        self.trace: MessageTrace | None = None  # set in start() when trace_enabled (trace.py)
         self.namesrv_client = RemotingClient()
         self.store: MessageStore = None  # type: ignore[assignment]  # set in start(), once the port is known
         self.address = ""
         self.has_slave = False
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
         self.tenancy: BrokerTenancy | None = None
+        self.transactions: TransactionalMessageService = None  # type: ignore[assignment]  # set in start()
+        self.transaction_check: TransactionCheckService | None = None  # masters only (transaction_check.py)
         self.started_at = time.time()
         self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0, "max_loop_lag_ms": 0}
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,9 +131,16 @@ class Broker:
         self.tenancy = BrokerTenancy(self)
         await self.tenancy.start()
         self.before_put = self.tenancy.before_put
+        if self.config.is_master:
+            await self.schedule.start(self.store, self.hold.notify)
         if self.config.auth_enabled:
             self.processors.before = self.tenancy.before
         self._start_telemetry()
+        self.trace = trace.install(self)
+        self.transactions = TransactionalMessageService.for_broker(self)
+        if self.config.is_master:
+            self.transaction_check = TransactionCheckService.for_broker(self, self.transactions)
+            self.transaction_check.load()
         self._register_processors()
         await self.server.start_serving()
         loop = asyncio.get_running_loop()
@@ -131,6 +150,8 @@ class Broker:
             loop.create_task(self._scan_clients_loop()),
             loop.create_task(self.store.run_maintenance()),
             loop.create_task(self._watch_loop_lag()),
+            *([loop.create_task(self.trace.run())] if self.trace is not None else []),
+            *([loop.create_task(self.transaction_check.run())] if self.transaction_check is not None else []),
         ]
         if self.config.namesrv_addrs:
             await self.register_all()
@@ -175,6 +196,8 @@ class Broker:
             send_v1 = traced_send(send_v1, self.telemetry, self.metrics)
             send_v2 = traced_send(send_v2, self.telemetry, self.metrics)
             pull_handler = traced_pull(pull_handler, self.telemetry)
+        if self.trace is not None:  # off: the pull handler is the plain one
+            pull_handler = self.trace.wrap_pull(pull_handler)
         rc = RequestCode
         for code, handler in (
             (rc.SEND_MESSAGE, send_v1),
@@ -187,6 +210,8 @@ class Broker:
             (rc.LOCK_BATCH_MQ, client.lock_batch),
             (rc.UNLOCK_BATCH_MQ, client.unlock_batch),
             (rc.CHECK_CLIENT_CONFIG, client.check_client_config),
+            (rc.CONSUMER_SEND_MSG_BACK, SendBackProcessor(self).send_back),
+            (rc.END_TRANSACTION, self.transactions.end_transaction),
             (rc.UPDATE_AND_CREATE_TOPIC, admin.create_topic),
             (rc.DELETE_TOPIC_IN_BROKER, admin.delete_topic),
             (rc.GET_ALL_TOPIC_CONFIG, admin.all_topic_config),
@@ -206,6 +231,7 @@ class Broker:
             p.register(code, handler)
         if self.tenancy is not None:
             p.register(rc.ORBIT_SYNC_TENANCY, self.tenancy.sync)
+        p.register(rc.QUERY_MESSAGE_TRACE, trace.query_handler(self))
 
     async def shutdown(self) -> None:
         if self._stopping:
@@ -221,9 +247,12 @@ class Broker:
             await self._unregister_all()
         await self.namesrv_client.close()
         await self.server.close()
+        await self.schedule.stop()
         if self.tenancy is not None:
             await self.tenancy.stop()
         if self.store is not None:
+            if self.trace is not None:
+                self.trace.flush()  # the buffered trace events, before the store closes
             self.offsets.persist()
             self.topics.persist()
             self.groups.persist()
@@ -286,6 +315,7 @@ class Broker:
             "diskFull": st.disk_full,
             "maxLoopLagMs": self.stats["max_loop_lag_ms"],
         }
+        info.update(self.schedule.runtime_info())
         return {k: str(v) for k, v in info.items()}
 
     # --- name servers ---------------------------------------------------------------------------

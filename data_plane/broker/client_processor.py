@@ -49,6 +49,10 @@ class ClientProcessor:
                         broker.topics_changed()
                 except ValueError as e:
                     return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e))
+            for sd in c.get("subscriptionDataSet") or ():  # SQL92: refused here, never at delivery
+                why = broker.consumer_filter.check_subscription_data(group, sd)
+                if why is not None:
+                    return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, why)
             try:
                 changed = broker.clients.register_consumer(conn, client_id, c)
             except ValueError as e:
@@ -105,8 +109,8 @@ class ClientProcessor:
     def check_client_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         data = bodies.loads_object(cmd.body_bytes())
         sd = data.get("subscriptionData") or {}
-        expr_type = str(sd.get("expressionType", "TAG") if isinstance(sd, dict) else "TAG")
-        if expr_type.upper() != "TAG":
-            return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"expression type {expr_type} is not supported")
+        why = self.broker.consumer_filter.check_subscription_data(str(data.get("group") or ""), sd)
+        if why is not None:  # a bad SQL92 expression: the remark names the position (consumer_filter.py)
+            return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, why)
         return cmd.response(ResponseCode.SUCCESS)
 

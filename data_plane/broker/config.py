@@ -66,6 +66,19 @@ class BrokerConfig:
     max_frame_bytes: int = 16 * 1024 * 1024
     max_pull_messages: int = 1024
     max_query_messages: int = 64
+    # --- Transactional messages (docs/transactions.md) ---------------------------------------------
+    transaction_timeout_ms: int = 6_000  # an unresolved half message is first checked this old
+    transaction_check_interval_ms: int = 30_000  # then again this often
+    transaction_check_max: int = 15  # checks before the broker rolls the transaction back
+    transaction_check_scan_interval_ms: int = 1_000  # how often the check service looks for due halves
+    # --- Filters and message trace (docs/filters_and_trace.md) -----------------------------------
+    enable_property_filter: bool = True  # RocketMQ's enablePropertyFilter: SQL92 subscriptions
+    # Broker-side message trace into ORBIT_SYS_TRACE (data_plane/broker/trace.py). Off by default:
+    # it costs ~20 µs of loop time per message sent and consumed (measured, docs/filters_and_trace.md).
+    trace_enabled: bool = False
+    trace_flush_interval_ms: int = 100  # buffered trace events are written at least this often
+    trace_batch_max: int = 256  # ... or as soon as this many wait
+    trace_buffer_max: int = 65_536  # events waiting beyond this are dropped and counted, never waited for
     # --- Tenancy (docs/broker.md#tenancy): identity, authorization, quotas, metering --------------
     # With auth on, every request must carry a JWT or a RocketMQ ACL signature and may only touch
     # its tenant's resources; topics and groups are then created by the control plane only.
@@ -85,6 +98,16 @@ class BrokerConfig:
     # OpenTelemetry (docs/broker.md#observability): "none", "console" or "otlp" (OTLP/HTTP to
     # OTEL_EXPORTER_OTLP_ENDPOINT and the other standard OTEL_* variables).
     telemetry: str = "none"
+    # --- Delayed and timed messages (docs/delayed_messages.md) ----------------------------------------
+    # RocketMQ's messageDelayLevel: the delay of DELAY=1, 2, ... (s m h d units).
+    message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+    timer_max_delay_s: int = 7 * 86_400  # timed messages further ahead are refused (MESSAGE_ILLEGAL)
+    # A timer further ahead than this is stored again when the window has passed (kept shorter than
+    # CommitLog retention, 72 h, so a pending timer's record is never deleted).
+    timer_roll_window_s: int = 2 * 86_400
+    timer_log_segment_units: int = 1 << 20  # 32-byte units per TimerLog file (32 MiB)
+    schedule_tick_ms: int = 100  # how often due delayed and timed messages are looked for
+    schedule_checkpoint_interval_ms: int = 1_000
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     @property
@@ -146,6 +169,11 @@ class BrokerConfig:
             problems.append("usage_roll_interval_s must be a whole number of seconds dividing 60")
         if self.telemetry not in ("none", "console", "otlp"):
             problems.append(f"telemetry {self.telemetry!r} is not one of none, console, otlp")
+        for name in ("transaction_timeout_ms", "transaction_check_interval_ms", "transaction_check_scan_interval_ms"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be > 0")
+        if self.transaction_check_max < 0:
+            problems.append("transaction_check_max must be >= 0")
         if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
             problems.append("default_topic_queue_nums must be within 1..max_topic_queue_nums")
         unknown = set(self.store) - {f.name for f in dataclasses.fields(StoreConfig)}
@@ -158,6 +186,9 @@ class BrokerConfig:
                 self.store_config(0)
             except ConfigError as e:
                 problems.append(str(e))
+        from data_plane.broker.schedule import config_problems
+
+        problems.extend(config_problems(self))
         if problems:
             raise ConfigError("; ".join(problems))
         return self

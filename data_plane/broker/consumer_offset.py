@@ -7,6 +7,8 @@ periodic save writes a snapshot on a worker thread: its fsyncs never stall the e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from data_plane.broker.persisted import ConfigFile
 
 TOPIC_GROUP_SEPARATOR = "@"
@@ -17,6 +19,9 @@ class ConsumerOffsetManager:
         self.file = ConfigFile(path)
         self.table: dict[str, dict[int, int]] = {}
         self.dirty = False
+        # Told (group, topic, queue id, offset) when a commit moves an offset (the message trace's
+        # "consumed" events, data_plane/broker/trace.py); None: no cost beyond this check.
+        self.on_advance: Callable[[str, str, int, int], None] | None = None
 
     def load(self) -> None:
         doc = self.file.load()
@@ -42,6 +47,8 @@ class ConsumerOffsetManager:
         if queues.get(queue_id) != offset:
             queues[queue_id] = offset
             self.dirty = True
+            if self.on_advance is not None:
+                self.on_advance(group, topic, queue_id, offset)
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed for this queue."""

@@ -25,6 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from data_plane.broker.consumer_filter import pull_filtered
 from data_plane.remoting.codes import (
     PERM_READ,
     PULL_FLAG_COMMIT_OFFSET,
@@ -100,9 +101,9 @@ class PullProcessor:
         if g is not None and not g.get("consumeEnable", True):
             return cmd.response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
         expression_type = (ext or {}).get("expressionType", "TAG") or "TAG"
-        if expression_type.upper() != "TAG":
-            return cmd.response(
-                ResponseCode.SUBSCRIPTION_PARSE_FAILED, f"expression type {expression_type} is not supported"
+        if expression_type.upper() != "TAG":  # SQL92: data_plane/broker/consumer_filter.py
+            return pull_filtered(
+                self, cmd, group, topic, queue_id, offset, max_nums, sys_flag, suspend_ms, expression_type
             )
         if sys_flag & PULL_FLAG_SUBSCRIPTION:
             expression: str | None = (ext or {}).get("subscription", "*")

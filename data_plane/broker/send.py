@@ -27,8 +27,10 @@ from data_plane.store.message import (
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
     PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
     TOTAL_SIZE,
+    TRANSACTION_TYPE_MASK,
     Message,
     decode_properties,
     pack_host,
@@ -121,7 +123,9 @@ class SendProcessor:
         self.hold = broker.hold
         self.sync_flush = broker.store.sync_flush
         self.max_message_bytes = broker.store.config.max_message_size_bytes
-        self.max_batch_bytes = broker.config.max_frame_bytes
+        # A batch's body (every message with its framing) is held to a message's limit too (4 MiB,
+        # RocketMQ's maxMessageSize): docs/filters_and_trace.md#batches.
+        self.max_batch_bytes = broker.store.config.max_message_size_bytes
 
     def send_v2(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         try:
@@ -170,7 +174,8 @@ class SendProcessor:
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "the message body is empty")
         limit = self.max_batch_bytes if batch else self.max_message_bytes
         if len(body) > limit:
-            return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"the message body is {len(body)} bytes, over {limit}")
+            what = "batch" if batch else "message body"
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL, f"the {what} is {len(body)} bytes, over {limit}")
         # The broker, not the client, says what the hosts are (IPv4, 8 bytes each): a client's
         # IPv6 host bits would make the record unreadable and cut the log there on recovery.
         sys_flag = field_int(ext, names.sys_flag, 0, lo=0, hi=2**31 - 1) & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
@@ -196,6 +201,12 @@ class SendProcessor:
             refused = broker.before_put(conn, cmd, msgs)
             if refused is not None:
                 return refused
+        if sys_flag & TRANSACTION_TYPE_MASK or (not batch and PROPERTY_TRANSACTION_PREPARED in msgs[0].properties):
+            why = broker.transactions.prepare(msgs, ext)  # stored as a half message (transaction.py)
+            if why is not None:
+                return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
+        if (why := broker.schedule.redirect(msgs)) is not None:  # DELAY / TIMER_* → the schedule topics
+            return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
         if self.sync_flush:
             return self._put_and_wait(cmd, msgs, topic, queue_id)
         result, _end = self.store.append(msgs)
@@ -229,6 +240,8 @@ class SendProcessor:
             for tag_code in tag_codes:
                 self.hold.notify(topic, queue_id, end, tag_code)
         self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
+        if self.broker.trace is not None:  # the "stored" trace event (data_plane/broker/trace.py)
+            self.broker.trace.on_stored(cmd, msgs, topic, queue_id, a)
         if status is PutMessageStatus.PUT_OK and a.msg_num == 1 and cmd.serialize_type == SERIALIZE_JSON:
             # The common answer, its header formatted directly (the same JSON encode_header writes).
             out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)

@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 import orjson
 
-from data_plane.auth import UNCHECKED, AuthConfig, Authorizer, CredentialEntry, Denial, Principal
+from data_plane.auth import UNCHECKED, AuthConfig, AuthError, Authorizer, CredentialEntry, Denial, Principal
 from data_plane.broker.persisted import ConfigFile
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
-from data_plane.store.message import Message
+from data_plane.store.message import Message, RecordError, parse_record
 from data_plane.tenancy.metering import UsageMeter
 from data_plane.tenancy.namespace import tenant_of
 from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark
@@ -124,6 +124,9 @@ class BrokerTenancy:
                 enabled=cfg.auth_enabled,
                 jwks_url=cfg.effective_jwks_url if cfg.auth_enabled else "",
                 jwks_refresh_interval_s=cfg.jwks_refresh_interval_s,
+                # END_TRANSACTION / VIEW_MESSAGE_BY_ID name only an offset: their handlers check the
+                # stored message's topic with allows_stored_topic (docs/auth.md).
+                deferred_checks=True,
             ).validate()
         )
         # Staggered refusals: a tenant with many concurrent senders over its quota is told to come
@@ -228,6 +231,26 @@ class BrokerTenancy:
         avg = self._avg_msg_bytes.get(tenant, 0.0)
         self._avg_msg_bytes[tenant] = avg + (nbytes / len(msgs) - avg) * 0.01 if avg else nbytes / len(msgs)
         return None
+
+    def allows_stored_topic(self, cmd: RemotingCommand, topic: str, action: str) -> bool:
+        """For the deferred codes (END_TRANSACTION: publish, VIEW_MESSAGE_BY_ID: subscribe): may the
+        request's principal ``action`` the stored message's topic? Callers answer a refusal as
+        "not found", so other tenants' offsets leak nothing."""
+        if not self.enabled:
+            return True
+        try:
+            principal = self.auth.authenticate(cmd)  # before() accepted it: cached, no I/O
+        except AuthError:
+            return False
+        return self.auth.authorize_stored_topic(principal, topic, action) is None
+
+    def allows_stored_record(self, cmd: RemotingCommand, record: bytes | memoryview, action: str) -> bool:
+        """``allows_stored_topic`` for the topic of a raw CommitLog record (False if unreadable)."""
+        try:
+            topic = parse_record(record, check_crc=False).topic
+        except RecordError:
+            return False
+        return self.allows_stored_topic(cmd, topic, action)
 
     def before_pull(self, cmd: RemotingCommand, topic: str) -> RemotingCommand | None:
         tenant = tenant_of(topic)

@@ -5,6 +5,7 @@
     orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
     orbit bench e2e [--quick] [--seconds S] [--out FILE]   end-to-end benchmark, JSON on stdout
     orbit topic|produce|consume|message|group ...          cluster operations (see --help)
+    orbit dlq list|get|resend GROUP ...                    a consumer group's dead-letter queue
     orbit dev up [--dir DIR]                               the local cluster (see README)
 """
 
@@ -18,7 +19,7 @@ from typing import Any
 
 import orjson
 
-from data_plane.cli import admin, dev, servers
+from data_plane.cli import admin, dev, dlq, servers
 
 
 def _log(message: str) -> None:
@@ -90,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.set_defaults(func=_bench_e2e)
     dev.add_parser(sub)
     admin.add_parsers(sub)
+    dlq.add_parser(sub)
     return parser
 
 

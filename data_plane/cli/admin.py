@@ -162,6 +162,33 @@ def topic_describe(args: argparse.Namespace) -> int:
 
 
 # --- messages -----------------------------------------------------------------------------------
+def _trace_line(e: dict[str, Any]) -> str:
+    """One event of ``orbit message trace``: time, event, where, who."""
+    t = int(e.get("time") or 0)
+    when = datetime.datetime.fromtimestamp(t / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    where = f"{e.get('topic', '')} q{e.get('queueId', '?')}@{e.get('queueOffset', '?')}"
+    who = " ".join(
+        f"{k}={e[k]}"
+        for k in ("producerGroup", "bornHost", "group", "clientId", "clientAddr", "retryTopic", "dlqTopic",
+                  "reconsumeTimes")
+        if e.get(k) not in (None, "")
+    )  # fmt: skip
+    return f"{when} {e.get('event', '?')!s:<14} {where} {who}".rstrip()
+
+
+def message_trace(args: argparse.Namespace) -> int:
+    async def work(admin: AdminClient) -> int:
+        events = await admin.message_trace(args.topic, args.msg_id)
+        if not events:
+            print(f"orbit: no trace of message {args.msg_id} in {args.topic}", file=sys.stderr)
+            return 1
+        for e in events:
+            _out(args, e, _trace_line(e))
+        return 0
+
+    return _run_admin(args, work)
+
+
 def message_get(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
         m = await admin.view_message(args.msg_id)
@@ -356,6 +383,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--key", required=True)
     p.add_argument("--max", type=int, default=32)
     p.set_defaults(func=message_query)
+    p = common(msub.add_parser("trace", help="a message's life: stored, delivered, consumed, retried"))
+    p.add_argument("msg_id", help="the message id (UNIQ_KEY) or its offset message id")
+    p.add_argument("--topic", required=True, help="the message's topic")
+    p.set_defaults(func=message_trace)
 
     group = sub.add_parser("group", help="consumer groups")
     gsub = group.add_subparsers(dest="what", required=True)

@@ -51,6 +51,9 @@ class RequestCode(enum.IntEnum):
     # Orbit's own (outside RocketMQ's numbering): the control plane's reconciler sends a broker
     # the whole tenancy snapshot — credentials, tenant status, quota shares (docs/broker.md).
     ORBIT_SYNC_TENANCY = 9001
+    # A message's broker-side trace (stored, delivered, consumed, …): ext topic, msgId →
+    # {"events": [...]} (docs/filters_and_trace.md).
+    QUERY_MESSAGE_TRACE = 9002
 
 
 class ResponseCode(enum.IntEnum):

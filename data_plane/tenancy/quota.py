@@ -325,43 +325,39 @@ class QuotaManager:
     # --- the hot path -------------------------------------------------------------------------
     def acquire_publish(self, tenant: str, msgs: int, nbytes: int) -> int:
         """0 when the send may go ahead (tokens taken), else the retry-after in ms (nothing taken)."""
-        st = self._states.get(tenant)
-        now = self._clock()
-        if st is None:
-            st = self._admit(tenant, now)
-            if st is None:
-                return 0
-        st.seen = now
-        if now >= self._next_sweep:
-            self._sweep(now, force=False)
-        w = st.publish.acquire(now, msgs, nbytes, self._stagger)
-        return 0 if w == 0.0 else _to_ms(w)
+        return self._acquire(tenant, msgs, nbytes, True)
 
     def acquire_consume(self, tenant: str, msgs: int, nbytes: int) -> int:
         """As ``acquire_publish`` for pulls; ``acquire_consume(tenant, 0, 0)`` asks only whether
         the tenant is in debt from earlier ``charge_consume`` calls."""
-        st = self._states.get(tenant)
-        now = self._clock()
-        if st is None:
-            st = self._admit(tenant, now)
-            if st is None:
-                return 0
-        st.seen = now
-        if now >= self._next_sweep:
-            self._sweep(now, force=False)
-        w = st.consume.acquire(now, msgs, nbytes, self._stagger)
-        return 0 if w == 0.0 else _to_ms(w)
+        return self._acquire(tenant, msgs, nbytes, False)
 
     def charge_consume(self, tenant: str, msgs: int, nbytes: int) -> None:
         """Take what a served pull returned, even below zero: the next pulls wait for the debt."""
-        st = self._states.get(tenant)
         now = self._clock()
+        st = self._seen(tenant, now)
+        if st is not None:
+            st.consume.charge(now, msgs, nbytes)
+
+    def _acquire(self, tenant: str, msgs: int, nbytes: int, publish: bool) -> int:
+        now = self._clock()
+        st = self._seen(tenant, now)
+        if st is None:
+            return 0
+        if now >= self._next_sweep:
+            self._sweep(now, force=False)
+        w = (st.publish if publish else st.consume).acquire(now, msgs, nbytes, self._stagger)
+        return 0 if w == 0.0 else _to_ms(w)
+
+    def _seen(self, tenant: str, now: float) -> _TenantState | None:
+        """The tenant's state (admitted when new), marked seen now; None: it has no limits."""
+        st = self._states.get(tenant)
         if st is None:
             st = self._admit(tenant, now)
             if st is None:
-                return
+                return None
         st.seen = now
-        st.consume.charge(now, msgs, nbytes)
+        return st
 
     def _admit(self, tenant: str, now: float) -> _TenantState | None:
         limits = self._limits.get(tenant, self._default)

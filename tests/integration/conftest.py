@@ -127,3 +127,10 @@ def start_broker(tmp_path: Path, processes: list[ServerProcess]) -> Callable[...
 def cluster(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> tuple[ServerProcess, ServerProcess]:
     """One name server and one broker (ASYNC_FLUSH), registered."""
     return namesrv, start_broker(namesrv.address)
+
+
+@pytest.fixture
+def namesrv_addr(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> str:
+    """A name server and one registered broker (small store files); the name server's address."""
+    start_broker(namesrv.address)
+    return namesrv.address

@@ -18,10 +18,11 @@ control plane served by this very event loop.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,38 +43,18 @@ from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from sdk.credentials import ClientCredentials
+from tests.integration import helpers
 from tests.integration.conftest import ServerProcess
 from tests.postgres_fixture import ControlPlaneHarness, make_settings
 
 GROUP = "broker-a"  # the broker group in the control plane, and the broker's name
 RECONCILE_INTERVAL_S = 0.5
 # Small store files; no DISK_FULL refusals on a busy shared disk (disk policy is not tested here).
-STORE_FLAGS = [
-    "--store-set",
-    "commit_log_file_size_bytes=8388608",
-    "--store-set",
-    "disk_max_used_space_ratio=0.99",
-    "--store-set",
-    "disk_space_clean_forcibly_ratio=0.99",
-    "--store-set",
-    "disk_space_warning_level_ratio=1.0",
-]
+STORE_FLAGS = ["--store-set", "commit_log_file_size_bytes=8388608", *helpers.NO_DISK_POLICY]
 
 
-async def until(
-    cond: Callable[[], Awaitable[bool]] | Callable[[], bool], what: str, timeout_s: float = 15.0, every_s: float = 0.05
-) -> None:
-    """Poll ``cond`` (sync or async) until it is true; fail naming ``what`` at the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = cond()
-        if not isinstance(r, bool):
-            r = await r
-        if r:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(every_s)
+# ``helpers.until`` with this module's pace: the conditions here are requests to the control plane.
+until = functools.partial(helpers.until, timeout_s=15.0, every_s=0.05)
 
 
 @dataclass
@@ -141,7 +122,7 @@ class TenancyCluster:
                 return False
             return all(not r.errors and r.tenancy_version for r in rec.last_reports) and bool(rec.last_reports)
 
-        await until(done, "reconcile rounds without errors", timeout_s)
+        await until(done, "reconcile rounds without errors", timeout_s=timeout_s)
 
     # --- the broker ------------------------------------------------------------------------------
     def broker_flags(self, *extra: str) -> list[str]:
@@ -261,21 +242,11 @@ async def tenancy_fixture(
     try:
         services = Services.create(pool, settings)
         await services.start()
-        with open(settings.bootstrap_credentials_file, "rb") as f:  # noqa: ASYNC230 - a tiny local file
-            operator = orjson.loads(f.read())
         async with aiohttp.ClientSession() as session:
-            harness = ControlPlaneHarness(
-                url="",
-                settings=settings,
-                services=services,
-                session=session,
-                operator_access_key=operator["access_key"],
-                operator_secret=operator["secret"],
-                operator_token="",
-            )
+            harness = ControlPlaneHarness.of_operator("", settings, services, session)
             cluster = TenancyCluster(harness, settings, services, namesrv, tmp_path, start_broker)
             await cluster.start_control_plane()
-            harness.operator_token = await harness.token_for(operator["access_key"], operator["secret"])
+            await harness.log_in_operator()
             made = await harness.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
             assert made.status == 201, made.body
             cred_file = tmp_path / f"broker-credentials-{uuid.uuid4().hex[:6]}.json"

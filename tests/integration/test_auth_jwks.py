@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import os
 from collections.abc import AsyncIterator, Mapping
@@ -21,6 +22,10 @@ from jwt.algorithms import OKPAlgorithm, RSAAlgorithm
 
 from data_plane.auth.jwks import JwksCache, JwksError, parse_jwk, parse_jwks
 from data_plane.auth.jwt_verifier import TokenVerifier
+from tests.integration import helpers
+from tests.integration.helpers import Clock, serve_app
+
+until = functools.partial(helpers.until, timeout_s=5.0, every_s=0.01)
 
 
 def ed_jwk(kid: str) -> tuple[Ed25519PrivateKey, dict[str, Any]]:
@@ -28,14 +33,6 @@ def ed_jwk(kid: str) -> tuple[Ed25519PrivateKey, dict[str, Any]]:
     jwk: dict[str, Any] = OKPAlgorithm.to_jwk(priv.public_key(), as_dict=True)
     jwk.update(kid=kid, alg="EdDSA", use="sig")
     return priv, jwk
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 class Source:
@@ -187,7 +184,7 @@ async def test_an_unreadable_cache_file_is_ignored(tmp_path: Path) -> None:
 async def test_unknown_kid_refreshes_are_rate_limited() -> None:
     _, k1 = ed_jwk("k1")
     _, k2 = ed_jwk("k2")
-    clock = Clock()
+    clock = Clock(1000.0)
     source = Source({"keys": [k1]})
     cache = JwksCache(fetcher=source, unknown_kid_min_interval_s=30, clock_s=clock)
     assert await cache.refresh()
@@ -228,21 +225,13 @@ async def test_keys_are_refreshed_periodically_and_retried_after_failures() -> N
     await cache.start()
     try:
         source.doc = {"keys": [k2]}
-        await _until(lambda: cache.kids() == ["k2"])
+        await until(lambda: cache.kids() == ["k2"])
         source.fail = True
         calls = source.calls
-        await _until(lambda: source.calls >= calls + 3)  # backoff retries keep going
+        await until(lambda: source.calls >= calls + 3)  # backoff retries keep going
         assert cache.kids() == ["k2"]
     finally:
         await cache.stop()
-
-
-async def _until(cond: Any, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.01)
 
 
 # --- over HTTP ------------------------------------------------------------------------------------
@@ -258,15 +247,8 @@ async def jwks_server() -> AsyncIterator[tuple[str, dict[str, Any]]]:
 
     app = web.Application()
     app.router.add_get("/.well-known/jwks.json", handler)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}/.well-known/jwks.json", state
-    finally:
-        await runner.cleanup()
+    async with serve_app(app) as url:
+        yield url + "/.well-known/jwks.json", state
 
 
 @pytest.mark.asyncio

@@ -9,12 +9,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.integration import helpers
 
 DEADLINE_S = 60.0
 
@@ -22,16 +23,8 @@ DEADLINE_S = 60.0
 def orbit(
     namesrv: str, *args: str, stdin: str | None = None, timeout_s: float = 60.0
 ) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, ORBIT_NAMESRV=namesrv)
-    return subprocess.run(
-        [sys.executable, "-m", "data_plane.cli", *args],
-        check=False,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout_s,
-    )
+    """``orbit *args`` against the name server ``namesrv`` (``ORBIT_NAMESRV``)."""
+    return helpers.orbit(dict(os.environ, ORBIT_NAMESRV=namesrv), *args, stdin=stdin, timeout_s=timeout_s)
 
 
 def json_lines(text: str) -> list[Any]:
@@ -40,39 +33,8 @@ def json_lines(text: str) -> list[Any]:
 
 @pytest.fixture
 def dev_cluster(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[str, Any]]]:
-    ready = tmp_path / "dev.ready"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "data_plane.cli",
-            "dev",
-            "up",
-            "--dir",
-            str(tmp_path / "data"),
-            "--namesrv-port",
-            "0",
-            "--broker-port",
-            "0",
-            "--no-tenancy",  # an open broker: these tests are about the commands (test_dev_up_tenancy.py: auth)
-            "--ready-file",
-            str(ready),
-            # Small files: every test's store would otherwise reserve a 1 GiB CommitLog file.
-            "--store-set",
-            "commit_log_file_size_bytes=16777216",
-            "--store-set",
-            "reserve_ahead_bytes=0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + DEADLINE_S
-    while not ready.exists():
-        assert proc.poll() is None, proc.communicate()[0]
-        assert time.monotonic() < deadline, "orbit dev up did not come up"
-        time.sleep(0.05)
-    info = json.loads(ready.read_text())
+    # --no-tenancy: an open broker; these tests are about the commands (test_dev_up_tenancy.py: auth).
+    proc, info = helpers.start_dev_up(tmp_path / "data", tmp_path / "dev.ready", "--no-tenancy", timeout_s=DEADLINE_S)
     try:
         yield proc, info
     finally:

@@ -67,11 +67,7 @@ async def test_revoking_refuses_tokens_at_once(control_plane: ControlPlaneHarnes
     revoked = await cp.call("DELETE", f"{T}/credentials/{made['access_key']}", token=admin)
     assert revoked.status == 200
     assert revoked.body["status"] == "revoked"
-    refused = await cp.call(
-        "POST",
-        "/oauth/token",
-        data={"grant_type": "client_credentials", "client_id": made["access_key"], "client_secret": made["secret"]},
-    )
+    refused = await cp.token_request(made["access_key"], made["secret"])
     assert refused.status == 401
     assert refused.body["error"] == "invalid_client"
     assert (await cp.call("GET", T + "/topics", token=token)).status == 401

@@ -146,11 +146,7 @@ async def test_sql_injection_strings_are_stored_literally_or_refused_and_change_
             ),
             await cp.call("GET", "/v1/tenants/acme/usage?granularity=" + evil.replace("#", ""), token=admin),
             await cp.call("GET", "/v1/tenants/acme/usage?from=" + evil.replace("#", ""), token=admin),
-            await cp.call(
-                "POST",
-                "/oauth/token",
-                data={"grant_type": "client_credentials", "client_id": evil, "client_secret": evil},
-            ),
+            await cp.token_request(evil, evil),
             await cp.call(
                 "POST",
                 "/internal/v1/usage",

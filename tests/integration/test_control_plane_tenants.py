@@ -48,11 +48,7 @@ async def test_a_suspended_tenant_gets_no_tokens_and_its_tokens_stop_working(
     suspended = await cp.call("POST", "/v1/tenants/acme/suspend", operator=True)
     assert suspended.status == 200
     assert suspended.body["status"] == "suspended"
-    refused = await cp.call(
-        "POST",
-        "/oauth/token",
-        data={"grant_type": "client_credentials", "client_id": cred["access_key"], "client_secret": cred["secret"]},
-    )
+    refused = await cp.token_request(cred["access_key"], cred["secret"])
     assert refused.status == 401
     assert refused.body == {
         "error": "invalid_client",

@@ -63,11 +63,7 @@ async def test_client_credentials_token_verifies_against_jwks(control_plane: Con
 async def test_the_token_endpoint_takes_basic_form_or_json(control_plane: ControlPlaneHarness) -> None:
     cred, _ = await control_plane.new_tenant("acme")
     ak, secret = cred["access_key"], cred["secret"]
-    form = await control_plane.call(
-        "POST",
-        "/oauth/token",
-        data={"grant_type": "client_credentials", "client_id": ak, "client_secret": secret},
-    )
+    form = await control_plane.token_request(ak, secret)
     as_json = await control_plane.call(
         "POST", "/oauth/token", json={"grant_type": "client_credentials", "client_id": ak, "client_secret": secret}
     )
@@ -76,12 +72,8 @@ async def test_the_token_endpoint_takes_basic_form_or_json(control_plane: Contro
         assert reply.body["token_type"] == "Bearer"
         assert reply.body["expires_in"] == 900
         assert reply.headers["Cache-Control"] == "no-store"
-    wrong = await control_plane.call(
-        "POST", "/oauth/token", data={"grant_type": "client_credentials", "client_id": ak, "client_secret": "nope"}
-    )
-    unknown = await control_plane.call(
-        "POST", "/oauth/token", data={"grant_type": "client_credentials", "client_id": "AKX", "client_secret": secret}
-    )
+    wrong = await control_plane.token_request(ak, "nope")
+    unknown = await control_plane.token_request("AKX", secret)
     for reply in (wrong, unknown):
         assert reply.status == 401
         assert reply.body["error"] == "invalid_client"

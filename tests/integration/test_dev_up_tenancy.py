@@ -9,27 +9,14 @@ import os
 import signal
 import socket
 import stat
-import subprocess
-import sys
-import time
 from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
 
+from tests.integration.helpers import orbit, start_dev_up
+
 DEADLINE_S = 120.0
-
-
-def orbit(env: dict[str, str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "data_plane.cli", *args],
-        check=False,
-        input=stdin,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
 
 
 def _refused(addr: str) -> None:
@@ -41,26 +28,8 @@ def _refused(addr: str) -> None:
 def test_dev_up_serves_a_demo_tenant_whose_printed_credentials_work(tmp_path: Path) -> None:
     ready = tmp_path / "dev.ready"
     data = tmp_path / "data"
-    proc = subprocess.Popen(
-        [
-            sys.executable, "-m", "data_plane.cli", "dev", "up",
-            "--dir", str(data),
-            "--namesrv-port", "0", "--broker-port", "0", "--control-plane-port", "0",
-            "--ready-file", str(ready),
-            "--store-set", "commit_log_file_size_bytes=16777216",
-            "--store-set", "reserve_ahead_bytes=0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc, info = start_dev_up(data, ready, "--control-plane-port", "0", timeout_s=DEADLINE_S)
     try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()[0]
-            assert time.monotonic() < deadline, "orbit dev up did not come up"
-            time.sleep(0.1)
-        info = json.loads(ready.read_text())
         demo = info["demo"]
         assert demo["topic"] == "demo%hello"
         creds_file = Path(demo["credentials_file"])

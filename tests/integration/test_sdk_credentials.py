@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import logging
 import urllib.parse
 from collections.abc import AsyncIterator
@@ -33,6 +34,10 @@ from sdk.credentials import (
     TokenProvider,
     TokenUnavailableError,
 )
+from tests.integration import helpers
+from tests.integration.helpers import Clock, serve_app
+
+until = functools.partial(helpers.until, timeout_s=5.0, every_s=0.005)
 
 CLIENT_ID = "ci_acme+1"
 CLIENT_SECRET = "cs/very:secret=value"
@@ -69,36 +74,14 @@ async def server() -> AsyncIterator[TokenServer]:
 
     app = web.Application()
     app.router.add_post("/oauth/token", token)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}/oauth/token"
-    try:
+    async with serve_app(app) as url:
+        state.url = url + "/oauth/token"
         yield state
-    finally:
-        await runner.cleanup()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
 
 
 def creds(server: TokenServer, **kw: Any) -> ClientCredentials:
     kw.setdefault("backoff_initial_s", 0.001)
     return ClientCredentials(CLIENT_ID, CLIENT_SECRET, server.url, **kw)
-
-
-async def until(cond: Any, timeout_s: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
 
 
 # --- ClientCredentials ------------------------------------------------------------------------------
@@ -120,7 +103,7 @@ async def test_tokens_come_from_a_client_credentials_grant_with_basic_auth(serve
 
 @pytest.mark.asyncio
 async def test_the_token_is_cached_until_shortly_before_expiry(server: TokenServer) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     c = creds(server, clock_s=clock, refresh_margin_s=60)
     try:
         first = await c.token()
@@ -134,7 +117,7 @@ async def test_the_token_is_cached_until_shortly_before_expiry(server: TokenServ
 
 @pytest.mark.asyncio
 async def test_near_expiry_the_token_is_refreshed_in_the_background(server: TokenServer) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     c = creds(server, clock_s=clock, refresh_margin_s=60)
     try:
         await c.token()
@@ -154,7 +137,7 @@ async def test_near_expiry_the_token_is_refreshed_in_the_background(server: Toke
 
 @pytest.mark.asyncio
 async def test_an_expired_token_is_waited_for(server: TokenServer) -> None:
-    clock = Clock()
+    clock = Clock(100.0)
     c = creds(server, clock_s=clock)
     try:
         wait = c.ensure_fresh()
@@ -291,7 +274,7 @@ class CountingProvider:
 async def test_any_token_provider_is_asked_again_from_shortly_before_exp() -> None:
     import time
 
-    clock = Clock()
+    clock = Clock(100.0)
     provider = CountingProvider(_jwt_with_exp(time.time() + 600))
     hook = ProviderCredentials(provider, clock_s=clock, refresh_margin_s=60)
     wait = hook.ensure_fresh()

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -25,34 +23,11 @@ from sdk import (  # after the skip: nothing to test without a broker
     SendResult,
     SendStatus,
 )
-
-if TYPE_CHECKING:
-    from tests.integration.conftest import ServerProcess
+from tests.integration.helpers import until
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 20.0
-
-
-@pytest.fixture
-def namesrv_addr(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> str:
-    """A name server and one registered broker (small store files); the name server's address."""
-    start_broker(namesrv.address)
-    return namesrv.address
-
-
-async def until(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = DEADLINE_S) -> None:
-    """Poll ``cond`` until it holds, or fail naming ``what``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = cond()
-        if not isinstance(r, bool):
-            r = await r
-        if r:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def drain(consumer: PullConsumer, n: int, timeout_s: float = DEADLINE_S) -> list[MessageExt]:

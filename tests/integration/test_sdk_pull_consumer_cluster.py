@@ -4,10 +4,8 @@ rebalance."""
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -22,34 +20,13 @@ from sdk import (  # after the skip: nothing to test without a broker
     Producer,
     PullConsumer,
 )
-
-if TYPE_CHECKING:
-    from tests.integration.conftest import ServerProcess
+from tests.integration.helpers import until
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 20.0
 Q0 = MessageQueue("Pull", "broker-a", 0)
 Q1 = MessageQueue("Pull", "broker-a", 1)
-
-
-@pytest.fixture
-def namesrv_addr(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> str:
-    start_broker(namesrv.address)
-    return namesrv.address
-
-
-async def until(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = cond()
-        if not isinstance(r, bool):
-            r = await r
-        if r:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def drain(consumer: PullConsumer, n: int) -> list[MessageExt]:

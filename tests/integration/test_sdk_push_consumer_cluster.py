@@ -6,15 +6,15 @@ killed with SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import signal
 import subprocess
 import sys
 import time
 import zlib
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
@@ -28,45 +28,14 @@ from sdk import (  # after the skip: nothing to test without a broker
     Producer,
     PushConsumer,
 )
-
-if TYPE_CHECKING:
-    from tests.integration.conftest import ServerProcess
+from tests.integration import helpers
+from tests.integration.helpers import QUICK, create_topic
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30.0
-# Short periods so membership changes settle in about a second.
-QUICK: dict[str, Any] = {
-    "heartbeat_interval_ms": 1000,
-    "rebalance_interval_ms": 1000,
-    "persist_interval_ms": 500,
-    "consume_from": "FIRST_OFFSET",
-}
-
-
-@pytest.fixture
-def namesrv_addr(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> str:
-    start_broker(namesrv.address)
-    return namesrv.address
-
-
-async def until(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = cond()
-        if not isinstance(r, bool):
-            r = await r
-        if r:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def create_topic(namesrv_addr: str, topic: str, queues: int) -> None:
-    async with Producer("admin", namesrv_addrs=namesrv_addr, instance_name="admin") as p:
-        await p.create_topic(topic, queue_nums=queues)
+until = functools.partial(helpers.until, timeout_s=DEADLINE_S)
 
 
 def collecting(
@@ -159,7 +128,8 @@ async def test_a_message_sent_while_a_pull_is_held_arrives_long_before_the_suspe
         async with Producer("p", namesrv_addrs=namesrv_addr) as producer:
             await producer.send(Message("LongPoll", b"warm-up"))  # connections and routes ready
             await c.start()
-            await until(lambda: len(got) == 1 and c._pulls_in_flight == 1, "the warm-up, then a pull in flight")
+            # One pull held per queue: the topic's and the group's retry queue.
+            await until(lambda: len(got) == 1 and c._pulls_in_flight == 2, "the warm-up, then pulls in flight")
             pulls = c.pulls_sent
             await asyncio.sleep(0.5)  # an idle queue: the one pull stays held at the broker
             assert c.pulls_sent == pulls, "no re-pull while nothing arrives: the pull is held, not answered empty"
@@ -198,7 +168,10 @@ async def test_committed_offsets_survive_a_consumer_restart(namesrv_addr: str) -
 
 
 @pytest.mark.asyncio
-async def test_reconsume_later_redelivers_the_message_to_this_consumer(namesrv_addr: str) -> None:
+async def test_reconsume_later_redelivers_the_message_to_this_consumer(namesrv: Any, start_broker: Any) -> None:
+    # Redelivery goes through the broker's retry topic: a 1 s ladder instead of 10 s 30 s ...
+    start_broker(namesrv.address, "--set", "message_delay_level=" + " ".join(["1s"] * 18))
+    namesrv_addr = namesrv.address
     await create_topic(namesrv_addr, "Retry", 2)
     c = PushConsumer("rl", namesrv_addrs=namesrv_addr, instance_name="r1", reconsume_delay_ms=100, **QUICK)
     c.subscribe("Retry")

@@ -5,7 +5,6 @@ the test PostgreSQL, an in-memory exporter) and as a process run with ``--teleme
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import signal
@@ -20,21 +19,17 @@ import aiohttp
 import orjson
 import pytest
 import pytest_asyncio
-from aiohttp import web
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, NumberDataPoint
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from control_plane import db
-from control_plane.app import create_app
-from control_plane.services import Services
 from data_plane.telemetry import setup_telemetry
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
-    make_settings,
     postgres_dsn_fixture,
     postgres_server_fixture,
+    serve_control_plane,
 )
 
 pytestmark = pytest.mark.integration
@@ -57,37 +52,10 @@ async def traced(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[TracedContr
     tel = setup_telemetry(
         "orbit-control-plane-test", exporter="none", span_exporters=[spans], metric_readers=[reader], set_global=False
     )
-    settings = make_settings(postgres_dsn, tmp_path)
-    pool = await db.create_pool(settings.database_url, min_size=1, max_size=settings.pool_max_size)
-    runner: web.AppRunner | None = None
     try:
-        services = Services.create(pool, settings)
-        await services.start()
-        runner = web.AppRunner(create_app(settings, services=services, telemetry=tel))
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        server = site._server
-        assert isinstance(server, asyncio.Server)
-        port = server.sockets[0].getsockname()[1]
-        with open(settings.bootstrap_credentials_file, "rb") as f:  # noqa: ASYNC230 - a tiny local file
-            operator = orjson.loads(f.read())
-        async with aiohttp.ClientSession() as session:
-            harness = ControlPlaneHarness(
-                url=f"http://127.0.0.1:{port}",
-                settings=settings,
-                services=services,
-                session=session,
-                operator_access_key=operator["access_key"],
-                operator_secret=operator["secret"],
-                operator_token="",
-            )
-            harness.operator_token = await harness.token_for(operator["access_key"], operator["secret"])
+        async with serve_control_plane(postgres_dsn, tmp_path, telemetry=tel) as harness:
             yield TracedControlPlane(harness, spans, reader)
     finally:
-        if runner is not None:
-            await runner.cleanup()
-        await pool.close()
         tel.shutdown()
 
 

@@ -6,11 +6,11 @@ that continue the producer's trace and its metrics."""
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -20,6 +20,8 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from data_plane.telemetry import Telemetry, setup_telemetry
 from sdk import ConsumeResult, Message, MessageExt, OrbitError, Producer, PullConsumer, PushConsumer
+from tests.integration import helpers
+from tests.integration.helpers import QUICK, create_topic
 
 if TYPE_CHECKING:
     from tests.integration.conftest import ServerProcess
@@ -27,12 +29,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 30.0
-QUICK: dict[str, Any] = {
-    "heartbeat_interval_ms": 1000,
-    "rebalance_interval_ms": 1000,
-    "persist_interval_ms": 500,
-    "consume_from": "FIRST_OFFSET",
-}
+until = functools.partial(helpers.until, timeout_s=DEADLINE_S)
 TOPIC = "acme%orders"
 
 
@@ -59,30 +56,6 @@ def consumer_side() -> Iterator[Traced]:
     t = Traced("orbit-test-consumer")
     yield t
     t.tel.shutdown()
-
-
-@pytest.fixture
-def namesrv_addr(namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]) -> str:
-    start_broker(namesrv.address)
-    return namesrv.address
-
-
-async def until(cond: Callable[[], bool | Awaitable[bool]], what: str, timeout_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        r = cond()
-        if not isinstance(r, bool):
-            r = await r
-        if r:
-            return
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-async def create_topic(namesrv_addr: str, topic: str, queues: int) -> None:
-    async with Producer("admin", namesrv_addrs=namesrv_addr, instance_name="admin") as p:
-        await p.create_topic(topic, queue_nums=queues)
 
 
 def ids(span: ReadableSpan) -> tuple[int, int]:

@@ -4,6 +4,7 @@ a real aiohttp server on 127.0.0.1:0, started here, that records what it receive
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -15,6 +16,9 @@ from aiohttp import web
 from data_plane.tenancy.metering import MINUTE_MS, UsageMeter, UsageRecord
 from data_plane.tenancy.usage_reporter import USAGE_PATH, UsageReporter
 from data_plane.tenancy.usage_spool import UsageSpool
+from tests.integration import helpers
+
+until = functools.partial(helpers.until, timeout_s=10.0, every_s=0.005)
 
 pytestmark = pytest.mark.unit
 
@@ -75,15 +79,6 @@ async def control_plane() -> AsyncIterator[ControlPlane]:
     await cp.start()
     yield cp
     await cp.stop()
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    """Poll ``cond`` with a deadline."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not cond():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        await asyncio.sleep(0.005)
 
 
 def spool_minutes(

@@ -38,6 +38,7 @@ import pytest
 
 from data_plane.store.message import FLAG_COMPRESSED, StoredMessage
 from sdk.admin import AdminClient, QueueProgress
+from tests.integration.helpers import NO_DISK_POLICY
 
 if TYPE_CHECKING:
     from tests.integration.conftest import ServerProcess
@@ -63,12 +64,7 @@ BROKER_FLAGS = [
     "index_hash_slots=1024",
     "--store-set",
     "index_max_entries=4096",
-    "--store-set",
-    "disk_max_used_space_ratio=0.99",
-    "--store-set",
-    "disk_space_clean_forcibly_ratio=0.99",
-    "--store-set",
-    "disk_space_warning_level_ratio=1.0",
+    *NO_DISK_POLICY,
 ]
 PROP = "orbit-prop"
 SEND_OK = 0

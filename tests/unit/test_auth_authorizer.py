@@ -94,6 +94,7 @@ CASES: dict[str, Case] = {
     "send batch, v1 names": (320, lambda t: cmd(320, b"x", topic=f"{t}%orders"), [TOPIC_PUB]),
     "pull": (11, lambda t: cmd(11, consumerGroup=f"{t}%g1", topic=f"{t}%orders", queueId="0"), [TOPIC_SUB, GROUP_SUB]),
     "query message": (12, lambda t: cmd(12, topic=f"{t}%orders", key="k"), [TOPIC_SUB]),
+    "query message trace": (9002, lambda t: cmd(9002, topic=f"{t}%orders", msgId="k"), [TOPIC_SUB]),
     "query consumer offset": (
         14,
         lambda t: cmd(14, consumerGroup=f"{t}%g1", topic=f"{t}%orders"),

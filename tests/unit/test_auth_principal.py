@@ -1,21 +1,12 @@
-"""data_plane/auth/principal.py: tenant and name rules, wire names, grants and principals."""
+"""data_plane/auth/principal.py (grants and principals) and the tenant and name rules and wire names
+of data_plane/tenancy/namespace.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from data_plane.auth.principal import (
-    AuthConfigError,
-    Grant,
-    Principal,
-    dlq_topic,
-    parse_grants,
-    parse_wire_name,
-    retry_topic,
-    valid_name,
-    valid_tenant,
-    wire_name,
-)
+from data_plane.auth.principal import AuthConfigError, Grant, Principal, parse_grants
+from data_plane.tenancy.namespace import dlq_topic, parse_wire_name, retry_topic, valid_name, valid_tenant, wire_name
 
 
 @pytest.mark.parametrize("tenant", ["acme", "a1b", "ab-c", "a" + "b" * 30 + "c"])

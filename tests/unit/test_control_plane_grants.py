@@ -6,18 +6,18 @@ import pytest
 
 from control_plane.errors import InvalidField
 from control_plane.grants import Grant, allows, default_grants, grants_to_json, is_tenant_admin, parse_grants
-from control_plane.names import dlq_topic, is_resource_name, is_tenant_id, retry_topic, wire_name
+from data_plane.tenancy.namespace import dlq_topic, retry_topic, valid_name, valid_tenant, wire_name
 
 
 def test_tenant_ids_and_names_follow_the_shared_contract() -> None:
-    assert is_tenant_id("acme")
-    assert is_tenant_id("a-1-b")
+    assert valid_tenant("acme")
+    assert valid_tenant("a-1-b")
     for bad in ("ab", "Acme", "1acme", "acme-", "a" * 33, "ac%me", "acme'--"):
-        assert not is_tenant_id(bad), bad
-    assert is_resource_name("Orders_2024-x")
-    assert is_resource_name("a" * 64)
+        assert not valid_tenant(bad), bad
+    assert valid_name("Orders_2024-x")
+    assert valid_name("a" * 64)
     for bad in ("", "a" * 65, "or%ders", "or ders", "x'; DROP TABLE topics;--"):
-        assert not is_resource_name(bad), bad
+        assert not valid_name(bad), bad
 
 
 def test_wire_names() -> None:

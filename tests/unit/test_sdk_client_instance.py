@@ -183,7 +183,7 @@ def test_notify_consumer_ids_changed_wakes_that_groups_rebalance_only() -> None:
     assert dispatch(Conn(), notice) is None  # type: ignore[arg-type]  # oneway: no answer
     assert b._rebalance_wakeup.is_set()
     assert not a._rebalance_wakeup.is_set()
-    other = dispatch(Conn(), RemotingCommand(RequestCode.CHECK_TRANSACTION_STATE))  # type: ignore[arg-type]
+    other = dispatch(Conn(), RemotingCommand(RequestCode.PULL_MESSAGE))  # type: ignore[arg-type]  # no client handles it
     assert isinstance(other, RemotingCommand)
     assert other.code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
 

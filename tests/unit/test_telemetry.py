@@ -3,12 +3,9 @@ through message properties from producer to consumer, broker metrics, and the no
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, NumberDataPoint
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -26,26 +23,9 @@ from data_plane.telemetry import (
     send_span,
     setup_telemetry,
 )
+from tests.unit.telemetry_helpers import only, spans_fixture, tel_fixture  # noqa: F401
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def spans() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def tel(spans: InMemorySpanExporter) -> Iterator[Telemetry]:
-    t = setup_telemetry("orbit-test", exporter="none", span_exporters=[spans], set_global=False)
-    yield t
-    t.shutdown()
-
-
-def only(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
-    found = [s for s in spans.get_finished_spans() if s.name == name]
-    assert len(found) == 1, [s.name for s in spans.get_finished_spans()]
-    return found[0]
 
 
 # --- exporter choice -----------------------------------------------------------------------------

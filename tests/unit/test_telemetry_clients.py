@@ -7,10 +7,8 @@ from __future__ import annotations
 import base64
 import logging
 import secrets
-from collections.abc import Iterator
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
@@ -24,31 +22,13 @@ from data_plane.telemetry import (
     consume_batch_span,
     parse_setting,
     send_span,
-    setup_telemetry,
 )
 from sdk import Message, Producer, PullConsumer, PushConsumer, telemetry_from_env
 from sdk import telemetry as sdk_telemetry
 from sdk.message import SYSTEM_PROPERTIES
+from tests.unit.telemetry_helpers import only, spans_fixture, tel_fixture  # noqa: F401
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def spans() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def tel(spans: InMemorySpanExporter) -> Iterator[Telemetry]:
-    t = setup_telemetry("orbit-test", exporter="none", span_exporters=[spans], set_global=False)
-    yield t
-    t.shutdown()
-
-
-def only(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
-    found = [s for s in spans.get_finished_spans() if s.name == name]
-    assert len(found) == 1, [s.name for s in spans.get_finished_spans()]
-    return found[0]
 
 
 # --- the switch ---------------------------------------------------------------------------------

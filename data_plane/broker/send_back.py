@@ -1,0 +1,181 @@
+"""CONSUMER_SEND_MSG_BACK (36): a consumer gives back a message it failed to consume, and the
+broker schedules it again on the group's retry topic or parks it in the group's dead-letter queue.
+
+Request ext (RocketMQ's ConsumerSendMsgBackRequestHeader): ``offset`` (the CommitLog offset of
+the message as it was delivered), ``group``, ``delayLevel``, ``originMsgId``, ``originTopic``,
+``unitMode``, ``maxReconsumeTimes``. The broker reads the record at ``offset`` and puts a copy::
+
+    record at offset ─┬─▶ %RETRY%<group>  queue 0   DELAY = delayLevel > 0 ? delayLevel : 3 + reconsumeTimes
+                      └─▶ %DLQ%<group>    queue 0   when reconsumeTimes >= max, or delayLevel < 0
+
+    copy.reconsumeTimes     = record.reconsumeTimes + 1      (the broker's count, not the client's)
+    copy.RETRY_TOPIC        = record's RETRY_TOPIC, else record.topic   (the topic subscribed to)
+    copy.ORIGIN_MESSAGE_ID  = record's ORIGIN_MESSAGE_ID, else the record's offset message id
+    copy.body, flag, born timestamp, other properties (TAGS, KEYS, UNIQ_KEY, user's) = the record's
+
+``max`` is the header's ``maxReconsumeTimes`` when it is there and >= 0 (RocketMQ clients send
+theirs, 16 by default), else the group's ``retryMaxTimes`` (subscriptionGroup.json, 16). Delay
+level 3 is the ladder's 10 s step: 10s 30s 1m 2m … 2h for retries 1 … 16 (the schedule service's
+``message_delay_level``). Both topics are created on demand with one queue: the retry topic
+read-write, the DLQ read-write too (RocketMQ makes it write-only; Orbit lets the group's
+principal and ``orbit dlq`` read it). With tenancy a group ``acme%g`` gets ``%RETRY%acme%g`` and
+``%DLQ%acme%g``, and only a record of the group's own tenant may be sent back.
+
+The copy goes through the broker's registered SEND_MESSAGE handler, so everything a send does
+applies to it: the delay service's DELAY handling, SYNC_FLUSH durability before the answer, the
+tenant's publish quota, waking pulls held on the retry queue, metrics. The copy's born host is
+the consumer's address (the connection that sent it back).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Final
+
+from data_plane.broker.topic_config import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+from data_plane.remoting.codes import PERM_READ_WRITE, RequestCode, ResponseCode
+from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
+from data_plane.remoting.headers import field_int, field_str
+from data_plane.store.message import (
+    PROPERTY_DELAY_TIME_LEVEL,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_WAIT_STORE_MSG_OK,
+    TRANSACTION_TYPE_MASK,
+    StoredMessage,
+    encode_properties,
+)
+from data_plane.tenancy.namespace import tenant_of
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from data_plane.broker.broker import Broker
+
+# RocketMQ's MessageConst names.
+PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
+PROPERTY_MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
+
+FIRST_RETRY_DELAY_LEVEL: Final = 3  # 10 s on RocketMQ's ladder "1s 5s 10s 30s 1m ..."
+MAX_DELAY_LEVEL: Final = 18  # the ladder has 18 levels; retries past it stay on the last
+DEFAULT_MAX_RECONSUME_TIMES: Final = 16
+
+# The send path's answers that mean "stored" (perhaps not as durable as asked).
+_STORED: Final = frozenset(
+    {ResponseCode.SUCCESS, ResponseCode.FLUSH_DISK_TIMEOUT, ResponseCode.FLUSH_SLAVE_TIMEOUT,
+     ResponseCode.SLAVE_NOT_AVAILABLE}
+)  # fmt: skip
+
+
+def retry_topic(group: str) -> str:
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
+
+def retry_delay_level(reconsume_times: int, requested: int = 0) -> int:
+    """The delay level of the ``reconsume_times``-th retry (0-based): the client's level when it
+    asked for one, else 3 + reconsume_times, capped at the ladder's last level."""
+    level = requested if requested > 0 else FIRST_RETRY_DELAY_LEVEL + reconsume_times
+    return min(level, MAX_DELAY_LEVEL)
+
+
+def goes_to_dlq(reconsume_times: int, max_reconsume_times: int, requested_level: int) -> bool:
+    """RocketMQ's rule: out of retries, or the client asked for the DLQ (delay level < 0)."""
+    return requested_level < 0 or reconsume_times >= max_reconsume_times
+
+
+def copy_properties(rec: StoredMessage, *, delay_level: int | None) -> dict[str, str]:
+    """The properties of the copy of ``rec`` that is sent back (``delay_level`` None: to the DLQ)."""
+    props = dict(rec.properties)
+    props.setdefault(PROPERTY_RETRY_TOPIC, rec.topic)
+    if not props.get(PROPERTY_ORIGIN_MESSAGE_ID):
+        props[PROPERTY_ORIGIN_MESSAGE_ID] = rec.msg_id
+    for stale in (PROPERTY_DELAY_TIME_LEVEL, PROPERTY_TRANSACTION_PREPARED, PROPERTY_WAIT_STORE_MSG_OK):
+        props.pop(stale, None)
+    if delay_level is not None:
+        props[PROPERTY_DELAY_TIME_LEVEL] = str(delay_level)
+    return props
+
+
+class SendBackProcessor:
+    __slots__ = ("broker",)
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        ext = cmd.ext_fields
+        offset = field_int(ext, "offset", lo=0)
+        group = field_str(ext, "group", max_length=1024)
+        requested_level = field_int(ext, "delayLevel", 0, lo=-(2**31), hi=2**31 - 1)
+        header_max = field_int(ext, "maxReconsumeTimes", -1, lo=-(2**31), hi=2**31 - 1)
+        broker = self.broker
+        if not broker.config.is_master:
+            return cmd.response(
+                ResponseCode.SERVICE_NOT_AVAILABLE, f"broker {broker.address} is a slave: send back to the master"
+            )
+        g = broker.groups.find(group)
+        if g is None:
+            return cmd.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
+        rec = broker.store.look_message_by_offset(offset)
+        if rec is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        if broker.config.auth_enabled and tenant_of(rec.topic) != tenant_of(group):
+            return cmd.response(
+                ResponseCode.NO_PERMISSION, f"the message at offset {offset} is not in group {group}'s namespace"
+            )
+        max_times = header_max if header_max >= 0 else int(g.get("retryMaxTimes", DEFAULT_MAX_RECONSUME_TIMES))
+        if goes_to_dlq(rec.reconsume_times, max_times, requested_level):
+            topic = dlq_topic(group)
+            props = copy_properties(rec, delay_level=None)
+        else:
+            topic = retry_topic(group)
+            props = copy_properties(rec, delay_level=retry_delay_level(rec.reconsume_times, requested_level))
+        try:
+            self._ensure_topic(topic)
+        except ValueError as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
+        put = RemotingCommand(
+            RequestCode.SEND_MESSAGE,
+            ext_fields={
+                "producerGroup": group,
+                "topic": topic,
+                "defaultTopic": topic,
+                "defaultTopicQueueNums": "1",
+                "queueId": "0",
+                "sysFlag": str(rec.sys_flag & ~TRANSACTION_TYPE_MASK),
+                "bornTimestamp": str(rec.born_timestamp),
+                "flag": str(rec.flag),
+                "properties": encode_properties(props).decode(),
+                "reconsumeTimes": str(rec.reconsume_times + 1),
+            },
+            body=rec.body,
+        )
+        handler = broker.processors.handlers.get(RequestCode.SEND_MESSAGE)
+        if handler is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "the broker's send path is not registered")
+        answer = handler(conn, put)
+        if answer is None or isinstance(answer, RemotingCommand):
+            return self._answer(cmd, answer)
+        return self._answer_later(cmd, answer)
+
+    def _ensure_topic(self, topic: str) -> None:
+        topics = self.broker.topics
+        if topics.get(topic) is None:
+            topics.create_or_update(topic, read_queue_nums=1, write_queue_nums=1, perm=PERM_READ_WRITE)
+            self.broker.topics_changed()
+
+    async def _answer_later(self, cmd: RemotingCommand, pending: Awaitable[RemotingCommand | None]) -> RemotingCommand:
+        return self._answer(cmd, await pending)
+
+    @staticmethod
+    def _answer(cmd: RemotingCommand, put: RemotingCommand | None) -> RemotingCommand:
+        if put is None:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, "the send path gave no answer")
+        if put.code in _STORED:
+            return cmd.response(ResponseCode.SUCCESS)
+        return cmd.response(put.code, put.remark)
