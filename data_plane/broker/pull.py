@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from data_plane.broker.consumer_filter import pull_filtered
+from data_plane.broker.consumer_filter import resolve_predicate
 from data_plane.remoting.codes import (
     PERM_READ,
     PULL_FLAG_COMMIT_OFFSET,
@@ -37,6 +37,7 @@ from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.headers import field_int, field_str
 from data_plane.store.message import tags_hash_code
+from data_plane.store.message_store import RecordFilter
 from data_plane.store.status import GetMessageResult, GetMessageStatus
 
 if TYPE_CHECKING:
@@ -102,8 +103,11 @@ class PullProcessor:
             return cmd.response(ResponseCode.NO_PERMISSION, f"subscription group no permission, {group}")
         expression_type = (ext or {}).get("expressionType", "TAG") or "TAG"
         if expression_type.upper() != "TAG":  # SQL92: data_plane/broker/consumer_filter.py
-            return pull_filtered(
-                self, cmd, group, topic, queue_id, offset, max_nums, sys_flag, suspend_ms, expression_type
+            pred = resolve_predicate(broker, cmd, group, topic, sys_flag, expression_type)
+            if isinstance(pred, RemotingCommand):
+                return pred
+            return self._serve(
+                cmd, topic, group, queue_id, offset, max_nums, sys_flag, suspend_ms, None, pred.matches_record
             )
         if sys_flag & PULL_FLAG_SUBSCRIPTION:
             expression: str | None = (ext or {}).get("subscription", "*")
@@ -114,12 +118,32 @@ class PullProcessor:
             codes = parse_tag_expression(expression)
         except ValueError as e:
             return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e))
+        return self._serve(cmd, topic, group, queue_id, offset, max_nums, sys_flag, suspend_ms, codes, None)
+
+    def _serve(
+        self,
+        cmd: RemotingCommand,
+        topic: str,
+        group: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int,
+        sys_flag: int,
+        suspend_ms: int,
+        codes: frozenset[int] | None,
+        record_filter: RecordFilter | None,
+    ) -> RemotingCommand | Awaitable[RemotingCommand]:
+        """Commit the offset the pull carries, read, and answer — or hold the pull until a
+        message arrives (a SQL92 pull, ``codes`` None, is woken by any arrival and re-read)."""
+        broker = self.broker
         max_nums = min(max_nums, self.config.max_pull_messages)
         if sys_flag & PULL_FLAG_COMMIT_OFFSET and broker.config.is_master:
-            commit = field_int(ext, "commitOffset", -1)
+            commit = field_int(cmd.ext_fields, "commitOffset", -1)
             if commit >= 0:
                 broker.offsets.commit(group, topic, queue_id, commit)
-        result = self.store.get_message(topic, queue_id, offset, max_nums, tags_codes=codes)
+        result = self.store.get_message(
+            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter
+        )
         nothing = result.status in _NOT_FOUND or (result.status in _EMPTY and offset == 0)
         if nothing and sys_flag & PULL_FLAG_SUSPEND:
             hold_ms = min(suspend_ms, self.config.max_suspend_ms)
@@ -128,7 +152,7 @@ class PullProcessor:
             if hold_ms > 0:
                 fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes)
                 if fut is not None:
-                    return self._held(cmd, fut, topic, queue_id, offset, max_nums, codes)
+                    return self._held(cmd, fut, topic, queue_id, offset, max_nums, codes, record_filter)
         return self._answer(cmd, result, offset, topic)
 
     async def _held(
@@ -140,9 +164,12 @@ class PullProcessor:
         offset: int,
         max_nums: int,
         codes: frozenset[int] | None,
+        record_filter: RecordFilter | None,
     ) -> RemotingCommand:
         await fut
-        result = self.store.get_message(topic, queue_id, offset, max_nums, tags_codes=codes)
+        result = self.store.get_message(
+            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter
+        )
         return self._answer(cmd, result, offset, topic)
 
     def _answer(self, cmd: RemotingCommand, result: GetMessageResult, offset: int, topic: str) -> RemotingCommand:

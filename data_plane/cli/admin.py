@@ -330,15 +330,19 @@ def consume(args: argparse.Namespace) -> int:
     return _run(go)
 
 
+def common_options(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options every cluster command takes: where the name servers are, how to sign, JSON."""
+    p.add_argument("--namesrv", help=f"name server host:port[;host:port] (env ORBIT_NAMESRV; {DEFAULT_NAMESRV})")
+    p.add_argument(
+        "--credentials",
+        help="file with access_key and secret (env ORBIT_CREDENTIALS_FILE, or ORBIT_ACCESS_KEY/ORBIT_SECRET_KEY)",
+    )
+    p.add_argument("--json", action="store_true", help="JSON output")
+    return p
+
+
 def add_parsers(sub: Any) -> None:
-    def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--namesrv", help=f"name server host:port[;host:port] (env ORBIT_NAMESRV; {DEFAULT_NAMESRV})")
-        p.add_argument(
-            "--credentials",
-            help="file with access_key and secret (env ORBIT_CREDENTIALS_FILE, or ORBIT_ACCESS_KEY/ORBIT_SECRET_KEY)",
-        )
-        p.add_argument("--json", action="store_true", help="JSON output")
-        return p
+    common = common_options
 
     topic = sub.add_parser("topic", help="create, list and describe topics")
     tsub = topic.add_subparsers(dest="what", required=True)

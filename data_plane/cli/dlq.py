@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from data_plane.cli.admin import DEFAULT_NAMESRV, _out, _run_admin, message_dict
+from data_plane.cli.admin import _out, _run_admin, common_options, message_dict
 from data_plane.store.message import StoredMessage
 
 if TYPE_CHECKING:
@@ -92,13 +92,7 @@ def dlq_resend(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> None:
     def common(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        p.add_argument("--namesrv", help=f"name server host:port[;host:port] (env ORBIT_NAMESRV; {DEFAULT_NAMESRV})")
-        p.add_argument(
-            "--credentials",
-            help="file with access_key and secret (env ORBIT_CREDENTIALS_FILE, or ORBIT_ACCESS_KEY/ORBIT_SECRET_KEY)",
-        )
-        p.add_argument("--json", action="store_true", help="JSON output")
-        p.add_argument("group", help="the consumer group")
+        common_options(p).add_argument("group", help="the consumer group")
         return p
 
     dlq = sub.add_parser("dlq", help="a consumer group's dead-letter queue: list, inspect, re-send")
