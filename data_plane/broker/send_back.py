@@ -29,9 +29,10 @@ the consumer's address (the connection that sent it back).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from data_plane.broker.topic_config import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
+from data_plane.broker.trace import DEAD_LETTERED, RETRIED
 from data_plane.remoting.codes import PERM_READ_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
@@ -56,6 +57,9 @@ PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
 PROPERTY_ORIGIN_MESSAGE_ID: Final = "ORIGIN_MESSAGE_ID"
 PROPERTY_RECONSUME_TIME: Final = "RECONSUME_TIME"
 PROPERTY_MAX_RECONSUME_TIMES: Final = "MAX_RECONSUME_TIMES"
+
+# (message id, event, fields) for the message trace, recorded once the copy is stored.
+TraceEvent = tuple[str, str, dict[str, Any]]
 
 FIRST_RETRY_DELAY_LEVEL: Final = 3  # 10 s on RocketMQ's ladder "1s 5s 10s 30s 1m ..."
 MAX_DELAY_LEVEL: Final = 18  # the ladder has 18 levels; retries past it stay on the last
@@ -129,12 +133,26 @@ class SendBackProcessor:
                 ResponseCode.NO_PERMISSION, f"the message at offset {offset} is not in group {group}'s namespace"
             )
         max_times = header_max if header_max >= 0 else int(g.get("retryMaxTimes", DEFAULT_MAX_RECONSUME_TIMES))
-        if goes_to_dlq(rec.reconsume_times, max_times, requested_level):
+        to_dlq = goes_to_dlq(rec.reconsume_times, max_times, requested_level)
+        if to_dlq:
             topic = dlq_topic(group)
             props = copy_properties(rec, delay_level=None)
         else:
             topic = retry_topic(group)
             props = copy_properties(rec, delay_level=retry_delay_level(rec.reconsume_times, requested_level))
+        event: TraceEvent | None = None
+        if broker.trace is not None:  # the message's trace: retried / dead-lettered by this group
+            event = (
+                rec.msg_id,
+                DEAD_LETTERED if to_dlq else RETRIED,
+                {
+                    "group": group,
+                    "topic": props.get(PROPERTY_RETRY_TOPIC, rec.topic),
+                    ("dlqTopic" if to_dlq else "retryTopic"): topic,
+                    "reconsumeTimes": rec.reconsume_times + 1,
+                    "clientAddr": conn.peer,
+                },
+            )
         try:
             self._ensure_topic(topic)
         except ValueError as e:
@@ -160,8 +178,8 @@ class SendBackProcessor:
             return cmd.response(ResponseCode.SYSTEM_ERROR, "the broker's send path is not registered")
         answer = handler(conn, put)
         if answer is None or isinstance(answer, RemotingCommand):
-            return self._answer(cmd, answer)
-        return self._answer_later(cmd, answer)
+            return self._answer(cmd, answer, event)
+        return self._answer_later(cmd, answer, event)
 
     def _ensure_topic(self, topic: str) -> None:
         topics = self.broker.topics
@@ -169,13 +187,17 @@ class SendBackProcessor:
             topics.create_or_update(topic, read_queue_nums=1, write_queue_nums=1, perm=PERM_READ_WRITE)
             self.broker.topics_changed()
 
-    async def _answer_later(self, cmd: RemotingCommand, pending: Awaitable[RemotingCommand | None]) -> RemotingCommand:
-        return self._answer(cmd, await pending)
+    async def _answer_later(
+        self, cmd: RemotingCommand, pending: Awaitable[RemotingCommand | None], event: TraceEvent | None
+    ) -> RemotingCommand:
+        return self._answer(cmd, await pending, event)
 
-    @staticmethod
-    def _answer(cmd: RemotingCommand, put: RemotingCommand | None) -> RemotingCommand:
+    def _answer(self, cmd: RemotingCommand, put: RemotingCommand | None, event: TraceEvent | None) -> RemotingCommand:
         if put is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, "the send path gave no answer")
         if put.code in _STORED:
+            trace = self.broker.trace
+            if event is not None and trace is not None:
+                trace.record(event[0], event[1], **event[2])
             return cmd.response(ResponseCode.SUCCESS)
         return cmd.response(put.code, put.remark)

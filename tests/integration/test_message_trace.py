@@ -102,6 +102,45 @@ async def test_a_messages_timeline_by_either_id_through_the_cli(
 
 
 @pytest.mark.asyncio
+async def test_a_failed_consumption_shows_as_retried_then_dead_lettered(
+    namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]
+) -> None:
+    # One-second retry ladder; the group gives up after 1 retry: delivered, retried, redelivered
+    # from the retry topic, dead-lettered.
+    start_broker(namesrv.address, *TRACE_ON, "--set", "message_delay_level=" + " ".join(["1s"] * 18))
+    namesrv_addr = namesrv.address
+    [r] = await send(namesrv_addr, 1, "bad", "p2")
+    c = PushConsumer("tg-fail", namesrv_addrs=namesrv_addr, instance_name="c3", max_reconsume_times=1, **QUICK)
+    c.subscribe(TOPIC)
+
+    @c.on_message
+    def fail(msgs: list[MessageExt]) -> ConsumeResult:
+        return ConsumeResult.RECONSUME_LATER
+
+    await c.start()
+    try:
+        events: list[dict[str, Any]] = []
+
+        async def dead() -> bool:
+            nonlocal events
+            events = await trace(namesrv_addr, r.msg_id)
+            return "dead_lettered" in kinds(events)
+
+        await until(dead, "a dead_lettered event")
+    finally:
+        await c.shutdown()
+    retried = [e for e in events if e["event"] == "retried"]
+    dead_lettered = [e for e in events if e["event"] == "dead_lettered"]
+    assert len(retried) == 1, events
+    assert retried[0]["group"] == "tg-fail"
+    assert retried[0]["retryTopic"] == "%RETRY%tg-fail"
+    assert retried[0]["topic"] == TOPIC
+    assert dead_lettered[0]["dlqTopic"] == "%DLQ%tg-fail"
+    assert kinds(events).index("retried") < kinds(events).index("dead_lettered")
+    assert "consumed" not in kinds(events), "a message given back is not reported consumed by that group"
+
+
+@pytest.mark.asyncio
 async def test_trace_off_still_answers_stored_from_the_record(
     namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]
 ) -> None:
