@@ -57,7 +57,12 @@ class ServicesStateSource:
                 "version": tenancy_version(),
                 "credentials": list(ds["credentials"]),
                 "tenants": [
-                    {"id": t["id"], "status": t["status"], "limits": {k: t["quota"][k] for k in _RATES}}  # type: ignore[literal-required]
+                    {
+                        "id": t["id"],
+                        "status": t["status"],
+                        "limits": {k: t["quota"][k] for k in _RATES},  # type: ignore[literal-required]
+                        "storage_bytes": t["quota"]["storage_bytes"],
+                    }
                     for t in ds["tenants"]
                 ],
             },

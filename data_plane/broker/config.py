@@ -95,6 +95,8 @@ class BrokerConfig:
     # of its period, which the control plane counts in that period's minute). Short in tests.
     usage_roll_interval_s: float = 60.0
     quota_burst_s: float = 1.0  # a tenant's token buckets hold this many seconds of its rate
+    # How often tenants' stored bytes are measured (metered, and checked against their storage share).
+    storage_check_interval_s: float = 30.0
     # OpenTelemetry (docs/broker.md#observability): "none", "console" or "otlp" (OTLP/HTTP to
     # OTEL_EXPORTER_OTLP_ENDPOINT and the other standard OTEL_* variables).
     telemetry: str = "none"
@@ -160,6 +162,8 @@ class BrokerConfig:
             url = getattr(self, name)
             if url and not url.startswith(("http://", "https://")):
                 problems.append(f"{name} {url!r} is not an http(s) URL")
+        if self.storage_check_interval_s <= 0:
+            problems.append("storage_check_interval_s must be > 0")
         if self.quota_burst_s <= 0:
             problems.append("quota_burst_s must be > 0")
         if self.usage_report_interval_s <= 0:

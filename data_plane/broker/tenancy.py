@@ -47,12 +47,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _STATUSES = ("active", "suspended")
+STORAGE_SAMPLES = 8  # ConsumeQueue units sampled a queue to estimate its bytes
 
 
-class TenantState(TypedDict):
+class TenantState(TypedDict, total=False):
     id: str
     status: str  # "active" | "suspended"
     limits: dict[str, float | None] | None  # this broker's share; None = no limit
+    storage_bytes: int | None  # this broker's share of the tenant's storage quota; None = no limit
 
 
 class TenancySnapshot(TypedDict):
@@ -84,6 +86,9 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
     for t in tenants:
         if not isinstance(t, dict) or not isinstance(t.get("id"), str) or t.get("status") not in _STATUSES:
             raise TenancyError(f"bad tenant entry {str(t)[:80]!r}: needs id and status active|suspended")
+        storage = t.get("storage_bytes")
+        if storage is not None and (not isinstance(storage, int) or isinstance(storage, bool) or storage < 0):
+            raise TenancyError(f"tenant {t['id']}: storage_bytes must be a non-negative integer or null")
         limits = t.get("limits")
         if limits is not None:
             if not isinstance(limits, dict):
@@ -133,6 +138,9 @@ class BrokerTenancy:
         # back one slot after another, not all at once (refused requests cost CPU too).
         self.quotas = QuotaManager(burst_s=cfg.quota_burst_s, stagger_refusals=True)
         self.suspended: frozenset[str] = frozenset()
+        self.storage_limits: dict[str, int] = {}
+        self.stored: dict[str, int] = {}
+        self.over_storage: frozenset[str] = frozenset()
         self.version = 0
         self._state_file = ConfigFile(os.path.join(conf_dir, "tenants.json"))
         self.spool = UsageSpool(os.path.join(cfg.store_dir, "usage"))
@@ -222,6 +230,8 @@ class BrokerTenancy:
             return None
         if tenant in self.suspended:
             return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
+        if tenant in self.over_storage:
+            return cmd.response(ResponseCode.FLOW_CONTROL, self._storage_remark(tenant))
         nbytes = 0
         for m in msgs:
             nbytes += len(m.body)
@@ -290,34 +300,70 @@ class BrokerTenancy:
 
     def _apply_tenants(self, snap: TenancySnapshot) -> None:
         limits: dict[str, Limits] = {}
+        storage: dict[str, int] = {}
         suspended = set()
         for t in snap["tenants"]:
             if t["status"] == "suspended":
                 suspended.add(t["id"])
             if t.get("limits") is not None:
                 limits[t["id"]] = Limits.from_dict(t["limits"] or {})
+            cap = t.get("storage_bytes")
+            if cap is not None:
+                storage[t["id"]] = cap
         self.quotas.replace_limits(limits)
+        self.storage_limits = storage
         self.suspended = frozenset(suspended)
         self.version = snap["version"]
 
-    # --- stored bytes ---------------------------------------------------------------------------------
+    # --- stored bytes and the storage quota -----------------------------------------------------------
     def stored_bytes(self) -> dict[str, int]:
-        """Per tenant: messages kept in its queues times its average message size (an estimate; the
-        CommitLog holds every tenant's records together)."""
+        """Per tenant: the messages kept in its queues times their record size, sampled from each
+        queue's ConsumeQueue units (up to ``STORAGE_SAMPLES`` a queue) — an estimate: the
+        CommitLog holds every tenant's records together, and retention frees whole files."""
         store = self.broker.store
+        cqs = store.queues.queues
         out: dict[str, int] = {}
         for topic, tc in list(self.broker.topics.topics.items()):
             tenant = tenant_of(topic)
             if tenant is None:
                 continue
-            count = 0
+            total = 0
             for q in range(int(tc.get("writeQueueNums", 0))):
-                count += max(0, store.max_offset_in_queue(topic, q) - store.min_offset_in_queue(topic, q))
-            out[tenant] = out.get(tenant, 0) + int(count * self._avg_msg_bytes.get(tenant, 0.0))
+                lo, hi = store.min_offset_in_queue(topic, q), store.max_offset_in_queue(topic, q)
+                cq = cqs.get((topic, q))
+                if hi <= lo or cq is None:
+                    continue
+                step = max(1, (hi - lo) // STORAGE_SAMPLES)
+                sizes = [u[1] for u in (cq.unit(i) for i in range(lo, hi, step)) if u is not None]
+                if sizes:
+                    total += (hi - lo) * sum(sizes) // len(sizes)
+            out[tenant] = out.get(tenant, 0) + total
         return out
+
+    def check_storage(self) -> dict[str, int]:
+        """Measure, meter, and refuse sends of tenants over their storage share from now on."""
+        stored = self.stored_bytes()
+        self.meter.replace_stored_bytes(stored)
+        self.stored = stored
+        over = {t for t, cap in self.storage_limits.items() if stored.get(t, 0) >= cap}
+        for t in over - self.over_storage:
+            log.warning("tenant %s is over its storage quota here (%d of %d bytes): sends refused", t, stored.get(t, 0),
+                        self.storage_limits[t])
+        self.over_storage = frozenset(over)
+        return stored
+
+    def _storage_remark(self, tenant: str) -> str:
+        wait_ms = max(1000, int(self.broker.config.storage_check_interval_s * 1000))
+        return (
+            f"[TOO_MANY_REQUESTS] tenant {tenant!r} is over its storage quota on this broker "
+            f"({self.stored.get(tenant, 0)} of {self.storage_limits.get(tenant, 0)} bytes; consume or let retention "
+            f"free space), retry-after-ms={wait_ms}"
+        )
 
     async def _stored_bytes_loop(self) -> None:
         while True:
-            with contextlib.suppress(Exception):
-                self.meter.replace_stored_bytes(self.stored_bytes())
-            await asyncio.sleep(30)
+            try:
+                self.check_storage()
+            except Exception:  # a bad round must not end the watch
+                log.exception("measuring tenants' stored bytes failed")
+            await asyncio.sleep(self.broker.config.storage_check_interval_s)

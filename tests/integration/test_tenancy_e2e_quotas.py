@@ -290,3 +290,34 @@ async def test_refusals_are_staggered_so_refused_clients_come_back_one_after_ano
     plain.set_limits("acme", Limits(publish_msgs_per_s=100))
     assert all(plain.acquire_publish("acme", 1, 10) == 0 for _ in range(100))
     assert {plain.acquire_publish("acme", 1, 10) for _ in range(5)} == {11}
+
+
+# --- storage -------------------------------------------------------------------------------------------
+async def test_a_tenant_over_its_storage_quota_is_refused_and_others_are_not(tenancy: TenancyCluster) -> None:
+    await tenancy.stop_broker()
+    await tenancy.start_broker("--set", "storage_check_interval_s=0.2")
+    cap = 64 * 1024
+    acme = await limited_tenant(tenancy, "acme", storage_bytes=cap)
+    beta = await limited_tenant(tenancy, "beta")
+    await tenancy.reconciled()
+    body = b"s" * 1024
+    sent = 0
+    refused: FlowControlError | None = None
+    ns = tenancy.namesrv.address
+    async with Producer("acme%p", namesrv_addrs=ns, credentials=StaticToken(acme.token), send_timeout_ms=1500) as p:
+        for _ in range(2000):
+            try:
+                await p.send(Message("acme%orders", body))
+            except FlowControlError as e:
+                refused = e
+                break
+            sent += 1
+    assert refused is not None, f"{sent} KiB stored against a {cap // 1024} KiB quota and nothing refused"
+    assert "over its storage quota" in refused.remark
+    assert refused.retry_after_ms >= 200
+    # Refused only once the tenant holds its quota: ~60 records of ~1.2 KiB fill 64 KiB; what was
+    # sent between two measurements (0.2 s apart) may come on top.
+    assert sent * 1024 >= cap * 0.8, sent
+    async with Producer("beta%p", namesrv_addrs=ns, credentials=StaticToken(beta.token), send_timeout_ms=1500) as p:
+        r = await p.send(Message("beta%orders", body))
+    assert r.status.name == "SEND_OK", "another tenant's sends are untouched"
