@@ -55,6 +55,7 @@ class ServicesStateSource:
             ],
             "tenancy": {
                 "version": tenancy_version(),
+                "topic_retention_hours": {t["name"]: t["retention_hours"] for t in ds["topics"]},
                 "credentials": list(ds["credentials"]),
                 "tenants": [
                     {

@@ -314,6 +314,7 @@ class Broker:
             "topicCount": len(self.topics.topics),
             "diskFull": st.disk_full,
             "maxLoopLagMs": self.stats["max_loop_lag_ms"],
+            "retentionHours": st.retention_hours,
         }
         info.update(self.schedule.runtime_info())
         return {k: str(v) for k, v in info.items()}

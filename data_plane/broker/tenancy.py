@@ -63,6 +63,7 @@ class TenancySnapshot(TypedDict):
     version: int
     credentials: list[CredentialEntry]
     tenants: list[TenantState]
+    topic_retention_hours: dict[str, float]  # the retention each tenant topic was promised
 
 
 class TenancyError(ValueError):
@@ -83,6 +84,12 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
         raise TenancyError("tenancy snapshot needs a non-negative integer version")
     if not isinstance(creds, list) or not isinstance(tenants, list):
         raise TenancyError("credentials and tenants must be lists")
+    retention = doc.get("topic_retention_hours", {})
+    if not isinstance(retention, dict) or not all(
+        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 100_000
+        for k, v in retention.items()
+    ):
+        raise TenancyError("topic_retention_hours must map topic names to hours (0 < h <= 100000)")
     for t in tenants:
         if not isinstance(t, dict) or not isinstance(t.get("id"), str) or t.get("status") not in _STATUSES:
             raise TenancyError(f"bad tenant entry {str(t)[:80]!r}: needs id and status active|suspended")
@@ -97,7 +104,7 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
                 Limits.from_dict(limits)
             except (TypeError, ValueError) as e:
                 raise TenancyError(f"tenant {t['id']}: {e}") from None
-    return {"version": version, "credentials": creds, "tenants": tenants}
+    return {"version": version, "credentials": creds, "tenants": tenants, "topic_retention_hours": retention}
 
 
 def load_broker_credentials(path: str) -> tuple[str, str]:
@@ -294,7 +301,11 @@ class BrokerTenancy:
         except (ValueError, TypeError, KeyError) as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"credentials: {e}")
         self._apply_tenants(snap)
-        doc = {"version": snap["version"], "tenants": snap["tenants"]}
+        doc = {
+            "version": snap["version"],
+            "tenants": snap["tenants"],
+            "topic_retention_hours": snap["topic_retention_hours"],
+        }
         await asyncio.to_thread(self._state_file.save, doc)
         return cmd.response(ResponseCode.SUCCESS)
 
@@ -312,6 +323,11 @@ class BrokerTenancy:
                 storage[t["id"]] = cap
         self.quotas.replace_limits(limits)
         self.storage_limits = storage
+        # Retention is per CommitLog file: keep files as long as the longest promise made here.
+        store = self.broker.store
+        if store is not None:
+            promised = snap["topic_retention_hours"].values()
+            store.retention_hours = max([store.config.file_reserved_time_hours, *promised])
         self.suspended = frozenset(suspended)
         self.version = snap["version"]
 

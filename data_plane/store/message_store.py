@@ -94,6 +94,9 @@ class MessageStore:
         disk_usage_ratio: Callable[[str], float] | None = None,
     ) -> None:
         self.config = config
+        # CommitLog files older than this go (file_reserved_time_hours, raised by the broker to the
+        # longest retention any topic it hosts was promised: retention is per file, not per topic).
+        self.retention_hours = config.file_reserved_time_hours
         self.clock_ms = clock_ms
         self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
         os.makedirs(config.store_path, exist_ok=True)

@@ -65,7 +65,7 @@ def clean_once(store: MessageStore, now_s: float) -> CleanReport:
     cfg = store.config
     usage = store._disk_usage_ratio(cfg.store_path)
     mfq = store.commit_log.mfq
-    expired_before = now_s - cfg.file_reserved_time_hours * 3600
+    expired_before = now_s - store.retention_hours * 3600
     deleted = 0
     with store.commit_log.lock:
         if usage >= cfg.disk_space_clean_forcibly_ratio:

@@ -241,3 +241,19 @@ async def test_broker_restarted_while_control_plane_is_down_serves_with_last_kno
     )
     assert resp.code == ResponseCode.NO_PERMISSION, resp.remark
     assert "no credentials" in (resp.remark or "")
+
+
+async def test_the_broker_keeps_files_as_long_as_its_longest_topic_retention(tenancy: TenancyCluster) -> None:
+    # Retention is per CommitLog file: a topic promised 500 h (above the broker's 72 h default)
+    # raises the broker's file retention; deleting it brings the default back.
+    big = await tenancy.new_tenant("bigco", plan="enterprise")
+    await tenancy.create_topic(big, "archive", retention_hours=500)
+
+    async def retention_is(hours: float) -> bool:
+        info = await tenancy.operator_json(RequestCode.GET_BROKER_RUNTIME_INFO)
+        return float(info["table"]["retentionHours"]) == hours
+
+    await until(lambda: retention_is(500.0), "the broker's file retention raised to 500 h", timeout_s=10)
+    reply = await tenancy.cp.call("DELETE", "/v1/tenants/bigco/topics/archive", operator=True)
+    assert reply.status == 204, reply.body
+    await until(lambda: retention_is(72.0), "the default retention back", timeout_s=10)
