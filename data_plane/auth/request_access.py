@@ -215,13 +215,15 @@ ACCESS: Final[dict[int, Extractor]] = {
     RC.UNLOCK_BATCH_MQ: _lock,
     RC.CHECK_CLIENT_CONFIG: _check_client_config,
     RC.GET_CONSUMER_RUNNING_INFO: _group("consumerGroup", ADMIN),
-    # --- administration inside the tenant's namespace
-    RC.UPDATE_AND_CREATE_TOPIC: _topic("topic", ADMIN),
-    RC.DELETE_TOPIC_IN_BROKER: _topic("topic", ADMIN),
-    RC.DELETE_TOPIC_IN_NAMESRV: _topic("topic", ADMIN),
+    # --- administration: tenants make and remove topics and groups through the control plane's
+    # API (plan limits, placement); its reconciler applies them with an operator token. Letting a
+    # tenant's admin grant do it here would skip the plan's topic and queue limits.
+    RC.UPDATE_AND_CREATE_TOPIC: _privileged,
+    RC.DELETE_TOPIC_IN_BROKER: _privileged,
+    RC.DELETE_TOPIC_IN_NAMESRV: _privileged,
     RC.GET_TOPIC_STATS_INFO: _topic("topic", ADMIN),
-    RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: _create_group,
-    RC.DELETE_SUBSCRIPTIONGROUP: _group("groupName", ADMIN),
+    RC.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP: _privileged,
+    RC.DELETE_SUBSCRIPTIONGROUP: _privileged,
     # --- name server
     RC.GET_ROUTEINFO_BY_TOPIC: _route,
     # --- listings and cluster-wide views: operators only (answers are not filtered per tenant)

@@ -103,15 +103,26 @@ class ClientManager:
 
     # --- producers ---------------------------------------------------------------------------
     def register_producer(self, conn: Connection, client_id: str, group: str) -> None:
-        members = self.producer_groups.setdefault(group, {})
-        m = members.get(conn)
+        """Raises ValueError when ``conn`` is in MAX_GROUPS_PER_CLIENT producer groups already
+        (group names come from the client: without a bound one connection grows the table at will)."""
+        members = self.producer_groups.get(group)
+        m = members.get(conn) if members is not None else None
         if m is None:
+            mine: set[str] = conn.attrs.setdefault("producer_groups", set())
+            if len(mine) >= MAX_GROUPS_PER_CLIENT:
+                raise ValueError(f"a client may be in at most {MAX_GROUPS_PER_CLIENT} producer groups")
+            mine.add(group)
+            if members is None:
+                members = self.producer_groups[group] = {}
             members[conn] = Member(client_id, conn, self.clock_s())
         else:
             m.last_update_s = self.clock_s()
 
     def unregister_producer(self, conn: Connection, group: str) -> None:
         members = self.producer_groups.get(group)
+        mine = conn.attrs.get("producer_groups")
+        if mine is not None:
+            mine.discard(group)
         if members is not None:
             members.pop(conn, None)
             if not members:

@@ -35,7 +35,10 @@ class ClientProcessor:
         broker = self.broker
         for p in data.get("producerDataSet") or ():
             if isinstance(p, dict) and p.get("groupName"):
-                broker.clients.register_producer(conn, client_id, str(p["groupName"]))
+                try:
+                    broker.clients.register_producer(conn, client_id, str(p["groupName"]))
+                except ValueError as e:
+                    return cmd.response(ResponseCode.SYSTEM_BUSY, str(e))
         for c in data.get("consumerDataSet") or ():
             if not isinstance(c, dict) or not c.get("groupName"):
                 continue

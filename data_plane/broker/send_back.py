@@ -140,6 +140,10 @@ class SendBackProcessor:
         else:
             topic = retry_topic(group)
             props = copy_properties(rec, delay_level=retry_delay_level(rec.reconsume_times, requested_level))
+        if broker.config.auth_enabled and tenant_of(props[PROPERTY_RETRY_TOPIC]) != tenant_of(group):
+            # RETRY_TOPIC came from the sender: another tenant's topic would put this group's event
+            # into that tenant's message trace.
+            props[PROPERTY_RETRY_TOPIC] = rec.topic
         event: TraceEvent | None = None
         if broker.trace is not None:  # the message's trace: retried / dead-lettered by this group
             event = (

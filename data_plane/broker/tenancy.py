@@ -30,12 +30,13 @@ import orjson
 
 from data_plane.auth import UNCHECKED, AuthConfig, AuthError, Authorizer, CredentialEntry, Denial, Principal
 from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.store.message import Message, RecordError, parse_record
 from data_plane.tenancy.metering import UsageMeter
-from data_plane.tenancy.namespace import tenant_of
+from data_plane.tenancy.namespace import parse_wire_name, tenant_of
 from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark
 from data_plane.tenancy.usage_reporter import UsageReporter
 from data_plane.tenancy.usage_spool import UsageSpool
@@ -239,6 +240,18 @@ class BrokerTenancy:
             return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
         if tenant in self.over_storage:
             return cmd.response(ResponseCode.FLOW_CONTROL, self._storage_remark(tenant))
+        if len(msgs) == 1 and is_transactional(msgs[0].sys_flag, msgs[0].properties):
+            # The check service sends the half (body and all) to a producer of its group: the
+            # group must be the topic's tenant's, not another tenant's nor a shared unprefixed one.
+            ext = cmd.ext_fields or {}
+            group = msgs[0].properties.get(PROPERTY_PRODUCER_GROUP) or ext.get("a") or ext.get("producerGroup") or ""
+            special, group_tenant, _name = parse_wire_name(group)
+            if special or group_tenant != tenant:
+                return cmd.response(
+                    ResponseCode.NO_PERMISSION,
+                    f"a transactional message to {msgs[0].topic!r} needs a producer group in tenant {tenant!r}'s "
+                    f"namespace, not {group[:255]!r}",
+                )
         nbytes = 0
         for m in msgs:
             nbytes += len(m.body)
