@@ -206,8 +206,14 @@ class CommitLog:
     def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:
         """Append bytes already laid out as records (a slave copying its master's log) at
         ``at_offset``, which must be this log's max offset. Returns the new max offset."""
-        if at_offset != self.mfq.max_offset():
+        files = self.mfq.files
+        if at_offset != self.mfq.max_offset() and (files and (len(files) > 1 or files[0].wrote_position > 0)):
             raise ValueError(f"raw append at {at_offset} but the log ends at {self.mfq.max_offset()}")
+        if at_offset != self.mfq.max_offset():
+            # An empty log (a new slave, or one truncated to nothing) starts where its
+            # master's retained log starts: positions before that are a hole, never read.
+            self.mfq.destroy()
+            self.mfq.last_file_for_write(at_offset)
         view = memoryview(data)
         while view:
             mf = self.mfq.last_file_for_write(at_offset)
@@ -272,10 +278,19 @@ class CommitLog:
             pos = offset - mf.file_from_offset
             mv = mf.mv
             limit = mf.file_size
+            # Recovery sees every loaded file as written to its end; a slave's last file ends
+            # where its master's bytes have reached so far: a record (or the end-of-file blank)
+            # not wholly received yet is not looked at until it is.
+            written = mf.wrote_position
             while True:
                 if pos + 8 > limit:
                     break  # ran into the end of the file without a blank: torn
+                if pos + 8 > written:
+                    return
                 total, magic = MAGIC_AND_SIZE.unpack_from(mv, pos)
+                partial = written < limit and pos + max(total, 8) > written
+                if partial and magic in (BLANK_MAGIC_CODE, MESSAGE_MAGIC_CODE):
+                    return
                 if magic == BLANK_MAGIC_CODE and total == limit - pos:
                     offset = mf.file_from_offset + limit
                     yield offset, None

@@ -483,9 +483,34 @@ class MessageStore:
     def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:
         """A slave's write path: copy log bytes as they are, then dispatch what they complete."""
         with self.commit_log.lock:
+            if at_offset != self.commit_log.max_offset():
+                self.dispatcher.dispatched_offset = at_offset  # an empty log starting mid-stream
             end = self.commit_log.append_raw(data, at_offset)
             self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
         return end
+
+    def truncate_log(self, offset: int) -> None:
+        """A slave whose log diverged from its master's: drop every record at or past
+        ``offset`` (a record boundary) and every ConsumeQueue unit and index entry naming them,
+        as recovery does for a torn tail; then record a checkpoint that agrees."""
+        cl = self.commit_log
+        with cl.lock:
+            if offset >= cl.max_offset():
+                return
+            log.warning("truncating the CommitLog from %d to %d (diverged from the master)", cl.max_offset(), offset)
+            cl.mfq.truncate_dirty_files(offset)
+            for cq in self.queues:
+                cq.truncate_dirty(offset)
+                cl.queue_offsets[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue()
+            redispatch_from = offset
+            if self.index is not None:
+                self.index.truncate_after(offset)
+                ix_end = self.index.end_phy_offset()
+                redispatch_from = min(offset, ix_end if ix_end >= 0 else cl.min_offset())
+            self.dispatcher.dispatched_offset = max(redispatch_from, cl.min_offset())
+            self.dispatcher.redispatch(cl, self.dispatcher.dispatched_offset)
+            self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, cl.max_offset())
+        self.flush_indexes(True)
 
     # --- reading ---------------------------------------------------------------------------
     def get_message(

@@ -1,0 +1,201 @@
+"""HAClient: the slave's side of replication (RocketMQ's HAClient).
+
+    connect ─▶ HANDSHAKE (max offset + its last records' CRCs) ─▶ reply
+       RETRY(o):  truncate to o, handshake again          (diverged: walk back)
+       STREAM(o): truncate to o if longer, then
+                  DATA frames ─▶ MessageStore.append_raw (the store's dispatcher builds the
+                  ConsumeQueues and IndexFiles) ─▶ REPORT after each frame and every
+                  report_interval_ms
+    connection lost / master down ─▶ reconnect with exponential backoff
+
+Runs on the event loop that owns the slave's store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+
+from crc32c import crc32c
+
+from data_plane.store.ha.protocol import (
+    DATA_HEADER,
+    HANDSHAKE_REPLY,
+    MAX_CANDIDATES,
+    MAX_CHUNK_BYTES,
+    REPLY_RETRY,
+    REPLY_STREAM,
+    REPORT,
+    ProtocolError,
+    encode_handshake,
+)
+from data_plane.store.message_store import MessageStore
+
+log = logging.getLogger(__name__)
+
+
+def last_records(store: MessageStore, limit: int = MAX_CANDIDATES) -> list[tuple[int, int, int]]:
+    """The newest ``limit`` whole records of the log (an end-of-file blank counts as one) as
+    (offset, size, CRC-32C of the bytes), newest first. Scans the file holding the log's last
+    byte (and, when it holds too few, nothing older: a RETRY walks further back)."""
+    cl = store.commit_log
+    top = cl.max_offset()
+    if top <= cl.min_offset():
+        return []
+    mf = cl.mfq.find_by_offset(top - 1)
+    if mf is None:
+        return []
+    prev = max(mf.file_from_offset, cl.min_offset())
+    spans: collections.deque[tuple[int, int]] = collections.deque(maxlen=limit)
+    for end, _req in cl.scan(prev, check_crc=False):
+        spans.append((prev, end - prev))
+        prev = end
+    out = []
+    for offset, size in reversed(spans):
+        data = cl.read(offset, size)
+        if data is not None:
+            out.append((offset, size, crc32c(data)))
+    return out
+
+
+class HAClient:
+    """Replicates the master at ``master_host:master_port`` into ``store``: ``start()`` /
+    ``await stop()``."""
+
+    def __init__(
+        self,
+        store: MessageStore,
+        master_host: str,
+        master_port: int,
+        *,
+        report_interval_ms: int = 1_000,
+        reconnect_initial_ms: int = 100,
+        reconnect_max_ms: int = 5_000,
+        connect_timeout_ms: int = 3_000,
+        idle_timeout_ms: int = 20_000,
+    ) -> None:
+        self.store = store
+        self.master_host = master_host
+        self.master_port = master_port
+        self.report_interval_ms = report_interval_ms
+        self.reconnect_initial_ms = reconnect_initial_ms
+        self.reconnect_max_ms = reconnect_max_ms
+        self.connect_timeout_ms = connect_timeout_ms
+        self.idle_timeout_ms = idle_timeout_ms  # no frame (not even a heartbeat) for this long: reconnect
+        self.connected = False
+        self.master_max_offset = -1
+        self.bytes_received = 0
+        self.chunks_received = 0
+        self.truncations = 0
+        self.connects = 0
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    def start(self) -> None:
+        self._stopping = False
+        self._task = asyncio.create_task(self._run(), name="ha-client")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.connected = False
+
+    def update_master_address(self, host: str, port: int) -> None:
+        """Follow another master (failover, next step): takes effect on the next connect."""
+        self.master_host, self.master_port = host, port
+
+    async def _run(self) -> None:
+        backoff = self.reconnect_initial_ms
+        while not self._stopping:
+            try:
+                reader, writer = await asyncio.wait_for(
+                    asyncio.open_connection(self.master_host, self.master_port), self.connect_timeout_ms / 1000
+                )
+            except (OSError, TimeoutError) as e:
+                log.info("HA master %s:%d unreachable: %s", self.master_host, self.master_port, e)
+            else:
+                self.connects += 1
+                chunks_before = self.chunks_received
+                try:
+                    await self._session(reader, writer)
+                except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, OSError, TimeoutError) as e:
+                    log.info("HA connection to %s:%d lost: %s", self.master_host, self.master_port, e or type(e))
+                except Exception:
+                    log.exception("HA session with %s:%d failed", self.master_host, self.master_port)
+                finally:
+                    if self.chunks_received > chunks_before:  # it worked for a while: retry soon
+                        backoff = self.reconnect_initial_ms
+                    self.connected = False
+                    writer.close()
+                    with contextlib.suppress(Exception):
+                        await writer.wait_closed()
+            await asyncio.sleep(backoff / 1000)
+            backoff = min(backoff * 2, self.reconnect_max_ms)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        store = self.store
+        idle_s = self.idle_timeout_ms / 1000
+        while True:  # handshake until the master says where to stream from
+            writer.write(encode_handshake(store.max_phy_offset(), last_records(store)))
+            await writer.drain()
+            code, offset, master_max = HANDSHAKE_REPLY.unpack(
+                await asyncio.wait_for(reader.readexactly(HANDSHAKE_REPLY.size), idle_s)
+            )
+            self.master_max_offset = master_max
+            if code == REPLY_RETRY:
+                self._truncate(offset)
+                continue
+            if code != REPLY_STREAM:
+                raise ProtocolError(f"unknown handshake reply {code}")
+            if offset < store.max_phy_offset():
+                self._truncate(offset)
+            elif offset > store.max_phy_offset() and store.max_phy_offset() > store.min_phy_offset():
+                raise ProtocolError(f"master streams from {offset}, past this log's end {store.max_phy_offset()}")
+            break
+        expected = offset
+        self.connected = True
+        log.info("HA replicating from %s:%d at offset %d", self.master_host, self.master_port, offset)
+        reporter = asyncio.create_task(self._report_loop(writer), name="ha-report")
+        try:
+            while True:
+                header = await asyncio.wait_for(reader.readexactly(DATA_HEADER.size), idle_s)
+                phy, size = DATA_HEADER.unpack(header)
+                if size == 0:
+                    continue  # heartbeat
+                if size > MAX_CHUNK_BYTES:
+                    raise ProtocolError(f"data frame of {size} bytes")
+                body = await asyncio.wait_for(reader.readexactly(size), idle_s)
+                if phy != expected:
+                    raise ProtocolError(f"data at {phy}, expected {expected}")
+                expected = store.append_raw(body, phy)
+                self.bytes_received += size
+                self.chunks_received += 1
+                writer.write(REPORT.pack(expected))
+        finally:
+            reporter.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reporter
+
+    async def _report_loop(self, writer: asyncio.StreamWriter) -> None:
+        interval = self.report_interval_ms / 1000
+        while True:
+            writer.write(REPORT.pack(self.store.max_phy_offset()))
+            await writer.drain()
+            await asyncio.sleep(interval)
+
+    def _truncate(self, offset: int) -> None:
+        started = time.monotonic()
+        before = self.store.max_phy_offset()
+        self.store.truncate_log(offset)
+        self.truncations += 1
+        log.warning(
+            "HA slave log truncated from %d to %d to match the master (%.1f ms)",
+            before, offset, (time.monotonic() - started) * 1000,
+        )
