@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from control_plane.context import OPENAPI, RECONCILER, SERVICES
+from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
 from control_plane.handlers import credentials, fleet, groups, public, tenants, topics, usage
+from control_plane.login_limiter import LoginLimiter
 from control_plane.middleware import error_middleware
 from control_plane.openapi import build_document
 from control_plane.reconcile_source import ServicesStateSource
@@ -71,6 +72,7 @@ def create_app(
     for route in ALL_ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     app[OPENAPI] = build_document(ALL_ROUTES)
+    app[LOGIN_LIMITER] = LoginLimiter()
     if services is not None:
         app[SERVICES] = services
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from control_plane.login_limiter import LoginLimiter
 from control_plane.reconciler import Reconciler
 from control_plane.request_body import Body, read_json
 from control_plane.services import Services
@@ -17,6 +18,7 @@ def services(request: web.Request) -> Services:
 
 OPENAPI = web.AppKey("openapi", dict)
 RECONCILER = web.AppKey("reconciler", Reconciler)
+LOGIN_LIMITER = web.AppKey("login_limiter", LoginLimiter)
 
 
 async def body(request: web.Request, allowed: tuple[str, ...]) -> Body:

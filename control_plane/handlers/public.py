@@ -71,9 +71,19 @@ async def token(request: web.Request) -> web.StreamResponse:
             return _oauth_error("invalid_client", "malformed Basic authorization", 401)
     if not client_id or not client_secret or len(client_id) > 64 or len(client_secret) > 256:
         return _oauth_error("invalid_client", "client id and secret are required", 401)
+    limiter = request.app[context.LOGIN_LIMITER]
+    address = request.remote or ""
+    wait_s = limiter.retry_after_s(address, client_id)
+    if wait_s:  # answered before any secret is hashed
+        return json_response(
+            {"error": "too_many_requests", "error_description": f"too many failed logins; retry in {wait_s} s"},
+            status=429,
+            headers={**NO_STORE, "Retry-After": str(wait_s)},
+        )
     try:
         access_token, expires_in = await services.credentials.login(client_id, client_secret)
     except InvalidClient as e:
+        limiter.failed(address, client_id)
         return _oauth_error("invalid_client", e.message, 401)
     body = {"access_token": access_token, "token_type": "Bearer", "expires_in": expires_in}
     return json_response(body, headers=NO_STORE)
@@ -109,6 +119,6 @@ ROUTES = [
         "client",
         "auth",
         request_schema=TOKEN_REQUEST,
-        responses={200: "token", 400: "invalid request", 401: "invalid_client"},
+        responses={200: "token", 400: "invalid request", 401: "invalid_client", 429: "too many failed logins"},
     ),
 ]

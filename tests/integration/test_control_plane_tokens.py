@@ -187,3 +187,32 @@ async def test_a_tenant_token_cannot_reach_another_tenant(control_plane: Control
     assert still.status == 200
     groups = await control_plane.call("GET", o + "/groups", token=other)
     assert [g["name"] for g in groups.body["groups"]] == ["billing"]
+
+
+async def test_failed_logins_are_slowed_down_before_any_secret_is_hashed(control_plane: ControlPlaneHarness) -> None:
+    cred, _ = await control_plane.new_tenant("acme")
+    basic = {"Authorization": "Basic " + base64.b64encode(f"{cred['access_key']}:wrong-secret".encode()).decode()}
+    form = {"grant_type": "client_credentials"}
+    codes = [(await control_plane.call("POST", "/oauth/token", data=form, headers=basic)).status for _ in range(10)]
+    assert codes == [401] * 10
+    started = time.monotonic()
+    limited = await control_plane.call("POST", "/oauth/token", data=form, headers=basic)
+    answered_in = time.monotonic() - started
+    assert limited.status == 429, limited.body
+    assert limited.body["error"] == "too_many_requests"
+    assert 1 <= int(limited.headers["Retry-After"]) <= 60
+    assert answered_in < 0.5, "no scrypt was run for a refused attempt"
+    # From this address, even the right secret waits until the window has passed.
+    right = {"Authorization": "Basic " + base64.b64encode(f"{cred['access_key']}:{cred['secret']}".encode()).decode()}
+    assert (await control_plane.call("POST", "/oauth/token", data=form, headers=right)).status == 429
+    # The limiter's own rules, with a controlled clock: per client id too, and the window slides.
+    from control_plane.login_limiter import LoginLimiter
+
+    now = [0.0]
+    limiter = LoginLimiter(max_failures_per_address=3, max_failures_per_client=2, window_s=10, clock_s=lambda: now[0])
+    limiter.failed("10.0.0.1", "AK1")
+    limiter.failed("10.0.0.2", "AK1")
+    assert limiter.retry_after_s("10.0.0.3", "AK1") == 10, "two failures for AK1 from anywhere lock AK1"
+    assert limiter.retry_after_s("10.0.0.3", "AK2") == 0
+    now[0] = 10.5
+    assert limiter.retry_after_s("10.0.0.3", "AK1") == 0, "failures leave the window"
