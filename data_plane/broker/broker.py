@@ -43,6 +43,7 @@ from data_plane.broker.schedule import Schedule
 from data_plane.broker.send import SendHandler, SendProcessor
 from data_plane.broker.send_back import SendBackProcessor
 from data_plane.broker.subscription_group import SubscriptionGroupManager
+from data_plane.broker.tasks import cancel_all
 from data_plane.broker.tenancy import BrokerTenancy
 from data_plane.broker.topic_config import TopicConfigManager
 from data_plane.broker.trace import MessageTrace
@@ -237,11 +238,7 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self.hold.wake_all()
         if self.config.namesrv_addrs and self.store is not None:
             await self._unregister_all()

@@ -24,7 +24,6 @@ disk, so the same holds across a power loss for SYNC_FLUSH brokers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from data_plane.broker.delay_level import SCHEDULE_TOPIC, DelayLevelService, parse_delay_levels
 from data_plane.broker.persisted import ConfigFile
 from data_plane.broker.reput import PROPERTY_REPUT_FROM, Notify, Reputter, scan_reputs
+from data_plane.broker.tasks import cancel_all
 from data_plane.broker.timer_wheel import (
     PROPERTY_START_DELIVER_TIME,
     PROPERTY_TIMER_DELAY_MS,
@@ -242,11 +242,7 @@ class Schedule:
 
     async def stop(self) -> None:
         """Stop the loops and save a last checkpoint (before the store shuts down)."""
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         self._tasks = []
         if self.timers is None:
             return

@@ -19,7 +19,6 @@ resource's tenant).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import tomllib
@@ -30,6 +29,7 @@ import orjson
 
 from data_plane.auth import UNCHECKED, AuthConfig, AuthError, Authorizer, CredentialEntry, Denial, Principal
 from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.tasks import cancel_all
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
@@ -153,7 +153,6 @@ class BrokerTenancy:
         self._state_file = ConfigFile(os.path.join(conf_dir, "tenants.json"))
         self.spool = UsageSpool(os.path.join(cfg.store_dir, "usage"))
         self.meter = UsageMeter(cfg.broker_name, spool=self.spool, period_ms=round(cfg.usage_roll_interval_s * 1000))
-        self._avg_msg_bytes: dict[str, float] = {}
         self.reporter: UsageReporter | None = None
         self._token_source: ClientCredentials | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -190,11 +189,7 @@ class BrokerTenancy:
         ]
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_all(self._tasks)
         if self.reporter is not None:
             await self.reporter.stop()
         if self._token_source is not None:
@@ -258,8 +253,6 @@ class BrokerTenancy:
         wait_ms = self.quotas.acquire_publish(tenant, len(msgs), nbytes)
         if wait_ms:
             return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "publish", wait_ms))
-        avg = self._avg_msg_bytes.get(tenant, 0.0)
-        self._avg_msg_bytes[tenant] = avg + (nbytes / len(msgs) - avg) * 0.01 if avg else nbytes / len(msgs)
         return None
 
     def allows_stored_topic(self, cmd: RemotingCommand, topic: str, action: str) -> bool:

@@ -11,7 +11,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,11 @@ import pytest
 from data_plane.store import MessageStore
 from data_plane.store.ha import HAClient, HAService
 from tests.ha_support import assert_replica, ha_config, log_bytes, put_many
+from tests.integration.helpers import until
+
+pytestmark = pytest.mark.asyncio
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def run(coro: Coroutine[Any, Any, None]) -> None:
-    asyncio.run(coro)
 
 
 def new_store(path: Path, **changes: object) -> MessageStore:
@@ -34,251 +34,198 @@ def new_store(path: Path, **changes: object) -> MessageStore:
     return s
 
 
-async def until(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
-def seeded() -> random.Random:
-    seed = random.randrange(2**32)
-    print("seed", seed)
-    return random.Random(seed)
-
-
-async def start_pair(tmp_path: Path, **ha: Any) -> tuple[MessageStore, HAService]:
-    master = new_store(tmp_path / "master")
-    service = HAService(master, host="127.0.0.1", port=0, poll_interval_ms=10, **ha)
+async def start_service(master: MessageStore, **ha: Any) -> HAService:
+    service = HAService(master, host="127.0.0.1", port=ha.pop("port", 0), **{"poll_interval_ms": 10, **ha})
     await service.start()
-    return master, service
+    return service
 
 
-def client_for(slave: MessageStore, service: HAService) -> HAClient:
-    c = HAClient(slave, "127.0.0.1", service.port, report_interval_ms=50, reconnect_initial_ms=20)
-    c.start()
-    return c
+class Pair:
+    """A master store with its HAService, and a slave store with its HAClient. Tests swap the
+    client or the service as they go; ``replication`` stops whatever is current at the end."""
+
+    def __init__(self, master: MessageStore, service: HAService, slave: MessageStore | None) -> None:
+        self.master = master
+        self.service = service
+        self.slave = slave
+        self.client: HAClient | None = None
+
+    @property
+    def replica(self) -> MessageStore:
+        assert self.slave is not None
+        return self.slave
+
+    def connect(self) -> HAClient:
+        c = HAClient(self.replica, "127.0.0.1", self.service.port, report_interval_ms=50, reconnect_initial_ms=20)
+        c.start()
+        self.client = c
+        return c
+
+    def caught_up(self) -> bool:
+        return self.replica.max_phy_offset() == self.master.max_phy_offset()
+
+    def acked(self) -> bool:
+        return self.service.max_acked_offset == self.master.max_phy_offset()
 
 
-def test_live_replication_identical_and_queryable(tmp_path: Path) -> None:
-    rng = seeded()
-
-    async def go() -> None:
-        master, service = await start_pair(tmp_path)
-        slave = new_store(tmp_path / "slave")
-        client = client_for(slave, service)
-        try:
-            for i in range(10):
-                put_many(master, rng, 80, start=i * 80)
-                service.notify()
-                await asyncio.sleep(0.005)
-            await until(lambda: slave.max_phy_offset() == master.max_phy_offset(), what="slave caught up")
-            assert_replica(master, slave, keys=("HaA#m-0", "HaB#m-400", "HaB#Um000000000799"))
-            await until(lambda: service.max_acked_offset == master.max_phy_offset(), what="ack")
-            (lag,) = service.lag()
-            assert lag.lag_bytes == 0
-            assert lag.lag_seconds == 0
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+@asynccontextmanager
+async def replication(
+    tmp_path: Path, *, slave: bool = True, connect: bool = True, store: dict[str, Any] | None = None, **ha: Any
+) -> AsyncIterator[Pair]:
+    master = new_store(tmp_path / "master", **(store or {}))
+    replica = new_store(tmp_path / "slave", **(store or {})) if slave else None
+    pair = Pair(master, await start_service(master, **ha), replica)
+    try:
+        if slave and connect:
+            pair.connect()
+        yield pair
+    finally:
+        if pair.client is not None:
+            await pair.client.stop()
+        await pair.service.stop()
+        if pair.slave is not None:
+            pair.slave.shutdown()
+        master.shutdown()
 
 
-def test_restart_catches_up_from_own_offset_and_lag(tmp_path: Path) -> None:
-    rng = seeded()
-
-    async def go() -> None:
-        master, service = await start_pair(tmp_path)
-        slave = new_store(tmp_path / "slave")
-        client = client_for(slave, service)
-        try:
-            put_many(master, rng, 300)
-            await until(lambda: service.max_acked_offset == master.max_phy_offset(), what="first ack")
-            before = slave.max_phy_offset()
-            await client.stop()
-            slave.shutdown()
-            await until(lambda: not service.connections, what="disconnect")
-            await asyncio.sleep(0.05)
-            put_many(master, rng, 300, start=300)  # while the slave is down
-            # lag is measured against a connected slave: reconnect, then look before it streams
-            slave.start()
-            assert slave.max_phy_offset() == before
-            client = client_for(slave, service)
-            await until(lambda: slave.max_phy_offset() == master.max_phy_offset(), what="catch-up")
-            assert client.bytes_received == master.max_phy_offset() - before  # from its own offset
-            assert_replica(master, slave, keys=("HaA#m-450",))
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+async def test_live_replication_identical_and_queryable(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    async with replication(tmp_path) as r:
+        for i in range(10):
+            put_many(r.master, rng, 80, start=i * 80)
+            r.service.notify()
+            await asyncio.sleep(0.005)
+        await until(r.caught_up, "slave caught up")
+        assert_replica(r.master, r.replica, keys=("HaA#m-0", "HaB#m-400", "HaB#Um000000000799"))
+        await until(r.acked, "ack")
+        (lag,) = r.service.lag()
+        assert lag.lag_bytes == 0
+        assert lag.lag_seconds == 0
 
 
-def test_lag_metric_bytes_and_seconds(tmp_path: Path) -> None:
-    rng = seeded()
-
-    async def go() -> None:
-        master, service = await start_pair(tmp_path, chunk_bytes=4096)
-        slave = new_store(tmp_path / "slave")
-        client = client_for(slave, service)
-        try:
-            put_many(master, rng, 50)
-            await until(lambda: service.max_acked_offset == master.max_phy_offset(), what="ack")
-            acked = service.max_acked_offset
-            # stall the slave's side: it stops reading, the master's pushes back up
-            await client.stop()
-            client = client_for(slave, service)
-            await until(lambda: bool(service.lag()) and service.lag()[0].acked_offset == acked, what="reconnect")
-            await client.stop()  # the connection lingers until the master notices
-            slave_view = service.lag()
-            await asyncio.sleep(0.3)
-            put_many(master, rng, 50, start=50)
-            lags = service.lag()
-            if lags:  # still connected on the master's side
-                (lag,) = lags
-                assert lag.lag_bytes == master.max_phy_offset() - acked > 0
-                assert lag.lag_seconds >= 0.25, lag
-            assert slave_view[0].lag_bytes == 0
-            client = client_for(slave, service)
-            await until(lambda: service.max_acked_offset == master.max_phy_offset(), what="catch-up")
-            await until(lambda: any(x.lag_bytes == 0 for x in service.lag()), what="lag zero")
-            assert next(x for x in service.lag() if x.lag_bytes == 0).lag_seconds == 0
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+async def test_restart_catches_up_from_own_offset_and_lag(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    async with replication(tmp_path) as r:
+        master, slave, service = r.master, r.replica, r.service
+        put_many(master, rng, 300)
+        await until(r.acked, "first ack")
+        before = slave.max_phy_offset()
+        assert r.client is not None
+        await r.client.stop()
+        slave.shutdown()
+        await until(lambda: not service.connections, "disconnect")
+        await asyncio.sleep(0.05)
+        put_many(master, rng, 300, start=300)  # while the slave is down
+        # lag is measured against a connected slave: reconnect, then look before it streams
+        slave.start()
+        assert slave.max_phy_offset() == before
+        client = r.connect()
+        await until(r.caught_up, "catch-up")
+        assert client.bytes_received == master.max_phy_offset() - before  # from its own offset
+        assert_replica(master, slave, keys=("HaA#m-450",))
 
 
-def test_late_slave_catches_up_backlog_in_large_chunks(tmp_path: Path) -> None:
-    rng = seeded()
+async def test_lag_metric_bytes_and_seconds(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    async with replication(tmp_path, chunk_bytes=4096) as r:
+        master, service = r.master, r.service
+        put_many(master, rng, 50)
+        await until(r.acked, "ack")
+        acked = service.max_acked_offset
+        # stall the slave's side: it stops reading, the master's pushes back up
+        assert r.client is not None
+        await r.client.stop()
+        client = r.connect()
+        await until(lambda: bool(service.lag()) and service.lag()[0].acked_offset == acked, "reconnect")
+        await client.stop()  # the connection lingers until the master notices
+        slave_view = service.lag()
+        await asyncio.sleep(0.3)
+        put_many(master, rng, 50, start=50)
+        lags = service.lag()
+        if lags:  # still connected on the master's side
+            (lag,) = lags
+            assert lag.lag_bytes == master.max_phy_offset() - acked > 0
+            assert lag.lag_seconds >= 0.25, lag
+        assert slave_view[0].lag_bytes == 0
+        r.connect()
+        await until(r.acked, "catch-up")
+        await until(lambda: any(x.lag_bytes == 0 for x in service.lag()), "lag zero")
+        assert next(x for x in service.lag() if x.lag_bytes == 0).lag_seconds == 0
 
-    async def go() -> None:
-        master = new_store(tmp_path / "master", commit_log_file_size_bytes=2 * 1024 * 1024)
-        service = HAService(master, host="127.0.0.1", port=0, chunk_bytes=256 * 1024)
-        await service.start()
-        put_many(master, rng, 6000)
-        total = master.max_phy_offset()
+
+async def test_late_slave_catches_up_backlog_in_large_chunks(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    small_files = {"commit_log_file_size_bytes": 2 * 1024 * 1024}
+    async with replication(tmp_path, connect=False, store=small_files, chunk_bytes=256 * 1024) as r:
+        put_many(r.master, rng, 6000)
+        total = r.master.max_phy_offset()
         assert total > 5 * 1024 * 1024
-        slave = new_store(tmp_path / "slave", commit_log_file_size_bytes=2 * 1024 * 1024)
         started = time.monotonic()
-        client = client_for(slave, service)
-        try:
-            await until(lambda: slave.max_phy_offset() == total, what="backlog")
-            took = time.monotonic() - started
-            print(f"backlog {total} bytes in {took:.2f} s, {client.chunks_received} chunks")
-            assert client.chunks_received <= total // (200 * 1024) + 2 * len(master.commit_log.mfq.files)
-            assert_replica(master, slave, keys=("HaB#m-5998",))
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+        client = r.connect()
+        await until(r.caught_up, "backlog")
+        took = time.monotonic() - started
+        print(f"backlog {total} bytes in {took:.2f} s, {client.chunks_received} chunks")
+        assert client.chunks_received <= total // (200 * 1024) + 2 * len(r.master.commit_log.mfq.files)
+        assert_replica(r.master, r.replica, keys=("HaB#m-5998",))
 
 
-def test_wait_for_slave(tmp_path: Path) -> None:
-    rng = seeded()
-
-    async def go() -> None:
-        master, service = await start_pair(tmp_path)
+async def test_wait_for_slave(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    async with replication(tmp_path, connect=False) as r:
+        master, service = r.master, r.service
         # no slave: False after the timeout
         put_many(master, rng, 5)
         t0 = time.monotonic()
         assert await service.wait_for_slave(master.max_phy_offset(), 100) is False
         assert time.monotonic() - t0 >= 0.09
         assert not service.is_slave_ok(master.max_phy_offset())
-        slave = new_store(tmp_path / "slave")
-        client = client_for(slave, service)
-        try:
-            results = []
-            for i in range(20):
-                put_many(master, rng, 3, start=100 + i * 3)
-                results.append(asyncio.create_task(service.wait_for_slave(master.max_phy_offset(), 5_000)))
-            assert all(await asyncio.gather(*results))
-            assert service.is_slave_ok(master.max_phy_offset())
-            await client.stop()  # the slave stops: sends after that are never acknowledged
-            put_many(master, rng, 3, start=500)
-            assert await service.wait_for_slave(master.max_phy_offset(), 200) is False
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+        client = r.connect()
+        results = []
+        for i in range(20):
+            put_many(master, rng, 3, start=100 + i * 3)
+            results.append(asyncio.create_task(service.wait_for_slave(master.max_phy_offset(), 5_000)))
+        assert all(await asyncio.gather(*results))
+        assert service.is_slave_ok(master.max_phy_offset())
+        await client.stop()  # the slave stops: sends after that are never acknowledged
+        put_many(master, rng, 3, start=500)
+        assert await service.wait_for_slave(master.max_phy_offset(), 200) is False
 
 
-def test_diverged_slave_truncates_and_converges(tmp_path: Path) -> None:
-    rng = seeded()
-
-    async def go() -> None:
-        master, service = await start_pair(tmp_path)
-        slave = new_store(tmp_path / "slave")
-        client = client_for(slave, service)
-        try:
-            put_many(master, rng, 200)
-            await until(lambda: service.max_acked_offset == master.max_phy_offset(), what="ack")
-            await client.stop()
-            common = master.max_phy_offset()
-            put_many(slave, rng, 300, start=200, tag="old")  # the slave was a master for a while
-            put_many(master, rng, 100, start=200, tag="new")
-            assert log_bytes(slave)[: common] == log_bytes(master)[: common]
-            client = client_for(slave, service)
-            await until(
-                lambda: slave.max_phy_offset() == master.max_phy_offset() and client.truncations > 0,
-                what="converged",
-            )
-            assert_replica(master, slave, keys=("HaA#new-201",))
-            assert slave.query_message("HaA", "old-201") == []
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+async def test_diverged_slave_truncates_and_converges(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    async with replication(tmp_path) as r:
+        master, slave = r.master, r.replica
+        put_many(master, rng, 200)
+        await until(r.acked, "ack")
+        assert r.client is not None
+        await r.client.stop()
+        common = master.max_phy_offset()
+        put_many(slave, rng, 300, start=200, tag="old")  # the slave was a master for a while
+        put_many(master, rng, 100, start=200, tag="new")
+        assert log_bytes(slave)[:common] == log_bytes(master)[:common]
+        client = r.connect()
+        await until(lambda: r.caught_up() and client.truncations > 0, "converged")
+        assert_replica(master, slave, keys=("HaA#new-201",))
+        assert slave.query_message("HaA", "old-201") == []
 
 
-def test_master_down_then_back(tmp_path: Path) -> None:
-    rng = seeded()
-
-    async def go() -> None:
-        master, service = await start_pair(tmp_path)
-        port = service.port
-        slave = new_store(tmp_path / "slave")
-        client = client_for(slave, service)
-        try:
-            put_many(master, rng, 100)
-            await until(lambda: slave.max_phy_offset() == master.max_phy_offset(), what="first")
-            await service.stop()
-            await asyncio.sleep(0.2)  # the client retries with backoff meanwhile
-            put_many(master, rng, 100, start=100)
-            service = HAService(master, host="127.0.0.1", port=port, poll_interval_ms=10)
-            await service.start()
-            await until(lambda: slave.max_phy_offset() == master.max_phy_offset(), what="after master restart")
-            assert_replica(master, slave)
-        finally:
-            await client.stop()
-            await service.stop()
-            slave.shutdown()
-            master.shutdown()
-
-    run(go())
+async def test_master_down_then_back(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    async with replication(tmp_path) as r:
+        port = r.service.port
+        put_many(r.master, rng, 100)
+        await until(r.caught_up, "first")
+        await r.service.stop()
+        await asyncio.sleep(0.2)  # the client retries with backoff meanwhile
+        put_many(r.master, rng, 100, start=100)
+        r.service = await start_service(r.master, port=port)
+        await until(r.caught_up, "after master restart")
+        assert_replica(r.master, r.replica)
 
 
 @pytest.mark.timeout(120)
-def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path) -> None:
-    rng = seeded()
+async def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
     slave_dir = tmp_path / "slave"
 
     def spawn(port: int) -> subprocess.Popen[bytes]:
@@ -292,8 +239,8 @@ def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path) -> None:
         p.stdout.close()
         return p
 
-    async def go() -> None:
-        master, service = await start_pair(tmp_path, chunk_bytes=16 * 1024)
+    async with replication(tmp_path, slave=False, chunk_bytes=16 * 1024) as r:
+        master, service = r.master, r.service
         proc = None
         try:
             put_many(master, rng, 3000)  # a backlog, so the kill lands mid-stream
@@ -308,7 +255,7 @@ def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path) -> None:
             put_many(master, rng, 200, start=4000)
             proc = await asyncio.to_thread(spawn, service.port)
             await until(
-                lambda: any(c.acked == master.max_phy_offset() for c in service.connections), 60, "converged"
+                lambda: any(c.acked == master.max_phy_offset() for c in service.connections), "converged", 60
             )
             proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(proc.wait, 30)
@@ -322,7 +269,3 @@ def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path) -> None:
             if proc is not None:
                 proc.kill()
                 proc.wait()
-            await service.stop()
-            master.shutdown()
-
-    run(go())
