@@ -21,7 +21,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
-from control_plane.handlers import credentials, fleet, groups, public, tenants, topics, usage
+from control_plane.handlers import credentials, endpoints, fleet, groups, ha, public, tenants, topics, usage
 from control_plane.login_limiter import LoginLimiter
 from control_plane.middleware import error_middleware
 from control_plane.openapi import build_document
@@ -44,6 +44,8 @@ ALL_ROUTES: list[Route] = [
     *groups.ROUTES,
     *credentials.ROUTES,
     *usage.ROUTES,
+    *ha.ROUTES,
+    *endpoints.ROUTES,
 ]
 
 

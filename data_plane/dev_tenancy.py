@@ -112,21 +112,23 @@ def ensure_broker_credential(api: ControlPlaneAPI, path: str) -> None:
     write_private_json(path, {"access_key": made["access_key"], "secret": made["secret"]})
 
 
-def ensure_broker_group(api: ControlPlaneAPI, name: str, broker_addr: str, namesrv_addr: str) -> None:
+def ensure_broker_group(api: ControlPlaneAPI, name: str, broker_addrs: list[str], namesrv_addr: str) -> None:
+    """The broker group with every member's address (master and slaves: the reconciler gives
+    each the group's topics and tenants, so any of them can serve after a failover)."""
     status, group = api.call("GET", f"/v1/fleet/broker-groups/{name}")
     if status == 404:
         api.ok("POST", "/v1/fleet/broker-groups", {
             "name": name,
             "namesrv_addrs": [namesrv_addr],
-            "broker_addrs": [broker_addr],
+            "broker_addrs": broker_addrs,
             "max_queues": 10_000,
             "max_msgs_per_s": 100_000,
             "storage_bytes": 100 * 1024**3,
         })
     elif status == 200:
-        if group.get("broker_addrs") != [broker_addr] or group.get("namesrv_addrs") != [namesrv_addr]:
+        if group.get("broker_addrs") != broker_addrs or group.get("namesrv_addrs") != [namesrv_addr]:
             api.ok("PATCH", f"/v1/fleet/broker-groups/{name}", {
-                "broker_addrs": [broker_addr], "namesrv_addrs": [namesrv_addr]
+                "broker_addrs": broker_addrs, "namesrv_addrs": [namesrv_addr]
             })
     else:
         raise BootstrapError(f"GET broker group {name}: {status} {group}")

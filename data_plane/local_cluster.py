@@ -6,6 +6,10 @@ With ``tenancy`` the cluster is the managed service in miniature: the control pl
 authentication on and reports usage with a credential of its own, the broker group is
 registered, and a demo tenant is made (``data_plane/dev_tenancy.py``).
 
+With ``slaves`` > 0 the broker group is a SYNC_MASTER (``master_role``) and that many slaves
+(``broker-a-s1``, ...; listen port = broker port + 10 x n); with tenancy on too, the group fails
+over automatically through the control plane's leases (docs/ha.md).
+
 Each child is ``python -m data_plane.cli <namesrv|broker> ... --ready-file F``; a child is up
 once F holds its address. Stopping sends SIGTERM to brokers first (they unregister and flush),
 then to the name server, and waits."""
@@ -96,6 +100,9 @@ class LocalCluster:
     flush: str = "ASYNC_FLUSH"
     broker_flags: list[str] = field(default_factory=list)
     tenancy: bool = False
+    slaves: int = 0
+    master_role: str = "SYNC_MASTER"
+    failover: bool = True  # with tenancy and slaves
     control_plane_port: int = 8080
     children: list[Child] = field(default_factory=list)
     control_plane_url: str = ""
@@ -136,33 +143,41 @@ class LocalCluster:
             ns_args = ["--listen", f"{self.host}:{self.namesrv_port}", *(["--tenancy"] if self.tenancy else [])]
             ns = spawn("namesrv", "namesrv", ns_args, self.run_dir)
             self.children.append(ns)
-            broker = spawn(
-                "broker",
-                "broker-a",
-                [
-                    "--listen",
-                    f"{self.host}:{self.broker_port}",
-                    "--namesrv",
-                    ns.address,
-                    "--broker-name",
-                    "broker-a",
-                    "--store-dir",
-                    os.path.join(self.root, "broker-a"),
-                    "--flush",
-                    self.flush,
-                    *tenancy_flags,
-                    *self.broker_flags,
-                ],
-                self.run_dir,
-            )
-            self.children.append(broker)
+            members = [spawn("broker", name, self.broker_args(i, ns.address, tenancy_flags), self.run_dir)
+                       for i, name in enumerate(self.broker_names)]  # fmt: skip
+            self.children.extend(members)
             if api is not None:
-                ensure_broker_group(api, "broker-a", broker.address, ns.address)
+                ensure_broker_group(api, "broker-a", [m.address for m in members], ns.address)
                 self.demo = ensure_demo(api, os.path.join(self.root, "demo-credentials.json"))
         except (ClusterError, BootstrapError):
             self.stop()
             raise
         return self
+
+    @property
+    def broker_names(self) -> list[str]:
+        return ["broker-a", *(f"broker-a-s{i}" for i in range(1, self.slaves + 1))]
+
+    def broker_args(self, member: int, namesrv: str, tenancy_flags: list[str]) -> list[str]:
+        """``orbit broker`` flags of member 0 (the master) or slave ``member``."""
+        port = self.broker_port + 10 * member if self.broker_port else 0
+        store_dir = os.path.join(self.root, self.broker_names[member])
+        args = [
+            "--listen", f"{self.host}:{port}",
+            "--namesrv", namesrv,
+            "--broker-name", "broker-a",
+            "--store-dir", store_dir,
+            "--flush", self.flush,
+            *tenancy_flags,
+        ]  # fmt: skip
+        if self.slaves:
+            role = "SLAVE" if member else self.master_role
+            args += ["--role", role, "--broker-id", str(member)]
+            if not self.broker_port:
+                args += ["--set", f"ha_listen={self.host}:0"]
+            if self.tenancy and self.failover:
+                args += ["--set", "failover_enabled=true"]
+        return [*args, *self.broker_flags]
 
     def _child(self, name: str) -> Child:
         for c in self.children:

@@ -23,7 +23,6 @@ Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over p
 from __future__ import annotations
 
 import asyncio
-import base64
 import multiprocessing
 import os
 import shutil
@@ -34,37 +33,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from hdrh.histogram import HdrHistogram
-
 from data_plane.local_cluster import LocalCluster
-
-LOWEST_US = 1
-HIGHEST_US = 60_000_000
-DIGITS = 3
-
-
-def new_hist() -> HdrHistogram:
-    return HdrHistogram(LOWEST_US, HIGHEST_US, DIGITS)
-
-
-def encode_hist(h: HdrHistogram) -> str:
-    return base64.b64encode(h.encode()).decode() if h.get_total_count() else ""
-
-
-def merge(encoded: list[str]) -> HdrHistogram:
-    h = new_hist()
-    for e in encoded:
-        if e:
-            h.add(HdrHistogram.decode(base64.b64decode(e)))
-    return h
-
-
-def summary_ms(h: HdrHistogram, pcts: tuple[float, ...] = (50, 99, 99.9)) -> dict[str, float]:
-    out: dict[str, float] = {"count": h.get_total_count()}
-    for p in pcts:
-        out[f"p{p:g}"] = round(h.get_value_at_percentile(p) / 1000, 3)
-    out["max"] = round(h.get_max_value() / 1000, 3)
-    return out
+from loadtest.histogram import encode_hist, merge, new_hist, summary_ms
+from loadtest.rate import OpenLoop, RateProfile
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,13 +129,12 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     body = _body(opts["message_bytes"])
     hist = new_hist()
     rate = opts["rate"]
-    interval = 1.0 / rate
     sent = acked = errors = dropped = 0
     outstanding = 0
     max_outstanding = 20_000
     done = asyncio.Event()
     start = time.perf_counter() + 0.2
-    n_total = int(rate * opts["seconds"])
+    n_total = RateProfile.steady(msgs_per_s=rate, duration_s=opts["seconds"]).count()
     wall_minus_perf_ns = time.time_ns() - int(time.perf_counter() * 1e9)
 
     async def send_one(intended: float) -> None:
@@ -182,21 +152,20 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
 
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
-    i = 0
-    while i < n_total:
-        now = time.perf_counter()
-        while i < n_total and start + i * interval <= now:
+    schedule = OpenLoop(RateProfile.steady(msgs_per_s=rate, duration_s=opts["seconds"]), start_s=start)
+    while (next_at := schedule.next_at()) is not None:
+        delay = next_at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        for intended in schedule.due(time.perf_counter()):
             if outstanding >= max_outstanding:
                 dropped += 1  # counted: the broker fell this far behind the schedule
             else:
                 outstanding += 1
                 sent += 1
-                task = loop.create_task(send_one(start + i * interval))
+                task = loop.create_task(send_one(intended))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-            i += 1
-        if i < n_total:
-            await asyncio.sleep(max(0.0, start + i * interval - time.perf_counter()))
     if outstanding:
         await asyncio.wait_for(done.wait(), 60)
     await producer.shutdown()

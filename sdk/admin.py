@@ -68,10 +68,13 @@ def decode_records(body: bytes) -> list[StoredMessage]:
 
 class AdminClient:
     def __init__(
-        self, namesrv_addrs: Sequence[str], *, timeout_ms: int = 5000, credentials: Credentials | None = None
+        self, namesrv_addrs: str | Sequence[str], *, timeout_ms: int = 5000, credentials: Credentials | None = None
     ) -> None:
-        """``credentials``: signs every request to a broker (see sdk.credentials); name server
-        requests go unsigned, as RocketMQ's do."""
+        """``namesrv_addrs``: a list, or one string of ``;``-separated addresses (as the
+        producer and consumers take). ``credentials``: signs every request to a broker (see
+        sdk.credentials); name server requests go unsigned, as RocketMQ's do."""
+        if isinstance(namesrv_addrs, str):
+            namesrv_addrs = [a.strip() for a in namesrv_addrs.split(";") if a.strip()]
         if not namesrv_addrs:
             raise AdminError("no name server address given")
         self.namesrv_addrs = list(namesrv_addrs)
@@ -141,6 +144,25 @@ class AdminClient:
                 out[name] = addr
         return out
 
+    async def broker_status(self, addr: str) -> dict[str, str]:
+        """One broker's runtime figures (GET_BROKER_RUNTIME_INFO): role, offsets, HA lag..."""
+        r = self._ok(await self._call(addr, RemotingCommand(RequestCode.GET_BROKER_RUNTIME_INFO)), "runtime info")
+        table = bodies.loads_object(r.body_bytes()).get("table") or {}
+        return {str(k): str(v) for k, v in table.items()}
+
+    async def cluster_status(self) -> list[dict[str, Any]]:
+        """Every registered broker with its runtime figures (None where it does not answer)."""
+        info = await self.cluster_info()
+        rows: list[dict[str, Any]] = []
+        for name, bd in sorted((info.get("brokerAddrTable") or {}).items()):
+            for bid, addr in sorted((bd.get("brokerAddrs") or {}).items(), key=lambda kv: int(kv[0])):
+                try:
+                    status: dict[str, str] | None = await self.broker_status(addr)
+                except (AdminError, OrbitError):
+                    status = None
+                rows.append({"broker_name": name, "broker_id": int(bid), "addr": addr, "status": status})
+        return rows
+
     async def route(self, topic: str) -> dict[str, Any]:
         r = await self._namesrv(
             lambda: RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields={"topic": topic})
@@ -157,9 +179,20 @@ class AdminClient:
             if "0" in (bd.get("brokerAddrs") or {})
         }
 
+    @staticmethod
+    def _readers(route: dict[str, Any]) -> dict[str, str]:
+        """Broker name → its master's address, or a slave's while the master is away."""
+        out = {}
+        for bd in route.get("brokerDatas", []):
+            addrs = {int(k): str(v) for k, v in (bd.get("brokerAddrs") or {}).items()}
+            if addrs:
+                out[bd["brokerName"]] = addrs[min(addrs)]
+        return out
+
     def _read_queues(self, route: dict[str, Any]) -> list[tuple[str, str, int]]:
-        """(broker name, master address, queue id) of every readable queue of a route."""
-        brokers = self._brokers(route)
+        """(broker name, address, queue id) of every readable queue of a route (the master, or
+        a slave while the master is away)."""
+        brokers = self._readers(route)
         out: list[tuple[str, str, int]] = []
         for qd in route.get("queueDatas", []):
             addr = brokers.get(qd["brokerName"])

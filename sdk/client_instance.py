@@ -284,11 +284,23 @@ class ClientInstance:
         return table
 
     def find_broker_addr(self, broker_name: str, broker_id: int = MASTER_ID) -> str | None:
-        """The address of a broker by id, else its master, else any of its addresses."""
+        """The address of a broker by id (a slave id the route lacks: any slave), else its
+        master, else any of its addresses."""
         addrs = self.broker_table().get(broker_name)
         if not addrs:
             return None
+        if broker_id != MASTER_ID and broker_id not in addrs:
+            slaves = [i for i in addrs if i != MASTER_ID]
+            if slaves:
+                return addrs[min(slaves)]
         return addrs.get(broker_id) or addrs.get(MASTER_ID) or addrs[min(addrs)]
+
+    def other_broker_id(self, broker_name: str, failed_addr: str) -> int:
+        """After a request to ``failed_addr`` failed: the id of another broker of the group to
+        try next (its master first, else a slave), or the master id when there is none."""
+        addrs = self.broker_table().get(broker_name) or {}
+        others = sorted(i for i, a in addrs.items() if a != failed_addr)
+        return others[0] if others else MASTER_ID
 
     def cached_master_addr(self, mq: MessageQueue) -> str | None:
         """The queue's master from the topic's own cached route (the hot path), or None."""

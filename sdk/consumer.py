@@ -489,7 +489,7 @@ class ConsumerBase:
     # --- offsets -------------------------------------------------------------------------------------------
     async def _queue_offset(self, code: RequestCode, mq: MessageQueue) -> int:
         inst = self.instance
-        addr = await inst.broker_addr(mq, master_only=True)
+        addr = await inst.broker_addr(mq)  # the master, else a slave (reads)
         return protocol.parse_offset_response(await inst.invoke(addr, protocol.queue_offset_request(code, mq)), addr)
 
     async def max_offset(self, mq: MessageQueue) -> int:
@@ -502,7 +502,7 @@ class ConsumerBase:
     async def search_offset(self, mq: MessageQueue, timestamp_ms: int) -> int:
         """The offset of the first message stored at or after ``timestamp_ms``."""
         inst = self.instance
-        addr = await inst.broker_addr(mq, master_only=True)
+        addr = await inst.broker_addr(mq)  # the master, else a slave (reads)
         resp = await inst.invoke(addr, protocol.search_offset_request(mq, timestamp_ms))
         return protocol.parse_offset_response(resp, addr)
 
@@ -546,6 +546,7 @@ class ConsumerBase:
     async def _pull_loop(self, mq: MessageQueue, pq: ProcessQueue, offset: int) -> None:
         inst = self.instance
         broker_id = 0
+        addr = ""
         timeout_ms = self.pull_suspend_ms + max(self.request_timeout_ms, 5000)
         while not pq.dropped and not self._stop.is_set():
             if not await self._may_pull(mq, pq):
@@ -581,7 +582,8 @@ class ConsumerBase:
                     await wait_event(self._stop, e.retry_after_ms / 1000)
                     continue
                 log.warning("consumer %s: pull of %s failed: %s", self.group, mq, e)
-                broker_id = 0
+                # Another broker of the group next (a slave while the master is away).
+                broker_id = inst.other_broker_id(mq.broker_name, addr) if e.retriable and addr else 0
                 await wait_event(self._stop, self.pull_retry_delay_ms / 1000)
                 continue
             if pq.is_dropped():

@@ -81,7 +81,7 @@ class RemoteOffsetStore(_Table):
 
     async def read_store(self, mq: MessageQueue) -> int | None:
         """The broker's committed offset (also cached), or None when the group has none."""
-        addr = await self.instance.broker_addr(mq, master_only=True)
+        addr = await self.instance.broker_addr(mq)  # the master, else a slave
         resp = await self.instance.invoke(addr, protocol.query_offset_request(self.group, mq))
         offset = protocol.parse_query_offset_response(resp, addr)
         if offset is not None:
@@ -93,17 +93,30 @@ class RemoteOffsetStore(_Table):
         the first failure; otherwise the updates are oneway and failures are logged."""
         wanted = self.offsets() if mqs is None else {mq: o for mq in mqs if (o := self.table.get(mq)) is not None}
         first_error: OrbitError | None = None
+        inst = self.instance
         for mq, offset in sorted(wanted.items()):
-            try:
-                addr = await self.instance.broker_addr(mq, master_only=True)
-                cmd = protocol.update_offset_request(self.group, mq, offset)
-                if sync:
-                    protocol.check(await self.instance.invoke(addr, cmd), addr)
-                else:
-                    await self.instance.invoke_oneway(addr, cmd)
-            except OrbitError as e:
-                log.warning("persisting offset %d of %s for group %s failed: %s", offset, mq, self.group, e)
-                first_error = first_error or e
+            cmd = protocol.update_offset_request(self.group, mq, offset)
+            addr = ""
+            for attempt in range(2):  # the master (a slave when the route has no master), then another
+                try:
+                    if attempt == 0:
+                        addr = await inst.broker_addr(mq)
+                    else:
+                        other = inst.find_broker_addr(mq.broker_name, inst.other_broker_id(mq.broker_name, addr))
+                        if other is None or other == addr:
+                            break
+                        addr = other
+                    if sync:
+                        protocol.check(await inst.invoke(addr, cmd), addr)
+                    else:
+                        await inst.invoke_oneway(addr, cmd)
+                    break
+                except OrbitError as e:
+                    log.warning("persisting offset %d of %s for group %s at %s failed: %s", offset, mq, self.group,
+                                addr or "?", e)  # fmt: skip
+                    if attempt == 1 or not e.retriable:
+                        first_error = first_error or e
+                        break
         if sync and first_error is not None:
             raise first_error
 

@@ -113,7 +113,7 @@ def consumer_group(opts: ReadOptions, topic: str) -> str:
 
 
 # --- planning ---------------------------------------------------------------------------------------
-async def _topics(client: TaskClient, opts: ReadOptions) -> list[str]:
+async def topics_of(client: TaskClient, opts: ReadOptions) -> list[str]:
     if opts.topic_pattern is None:
         return list(opts.topics)
     inst = client.instance
@@ -127,12 +127,12 @@ async def _topics(client: TaskClient, opts: ReadOptions) -> list[str]:
     return found
 
 
-async def _offset(client: TaskClient, addr: str, code: int, mq: MessageQueue) -> int:
+async def queue_offset(client: TaskClient, addr: str, code: int, mq: MessageQueue) -> int:
     resp = await client.instance.invoke(addr, protocol.queue_offset_request(code, mq))
     return protocol.parse_offset_response(resp, addr)
 
 
-async def _resolve(
+async def resolve_offset(
     client: TaskClient, addr: str, mq: MessageQueue, spec: OffsetSpec, lo: int, hi: int, what: str, strict: bool
 ) -> int:
     if spec.kind == "timestamp":
@@ -156,9 +156,21 @@ async def _resolve(
     return off
 
 
-async def plan(client: TaskClient, opts: ReadOptions) -> list[OffsetRange]:
-    ranges: list[OffsetRange] = []
-    for topic in await _topics(client, opts):
+@dataclass(frozen=True)
+class QueueBounds:
+    """A readable queue, the address of its master, and its first and next offsets right now."""
+
+    mq: MessageQueue
+    addr: str
+    lo: int
+    hi: int
+
+
+async def queue_bounds(client: TaskClient, opts: ReadOptions) -> list[QueueBounds]:
+    """Every readable queue of the topics the options name, with its min and max offset; a
+    JSON ``startingOffsets`` / ``endingOffsets`` naming a queue the topic lacks is an error."""
+    found: list[QueueBounds] = []
+    for topic in await topics_of(client, opts):
         try:
             route = await client.instance.route(topic, refresh=True)
         except OrbitError as e:
@@ -174,17 +186,26 @@ async def plan(client: TaskClient, opts: ReadOptions) -> list[OffsetRange]:
                 raise OrbitSparkError(f"{what} names queues topic {topic!r} does not have: {names}")
         for mq in queues:
             addr = await client.instance.broker_addr(mq, master_only=True)
-            lo = await _offset(client, addr, RequestCode.GET_MIN_OFFSET, mq)
-            hi = await _offset(client, addr, RequestCode.GET_MAX_OFFSET, mq)
-            start = await _resolve(client, addr, mq, opts.starting, lo, hi, "startingOffsets", opts.fail_on_data_loss)
-            end = await _resolve(client, addr, mq, opts.ending, lo, hi, "endingOffsets", opts.fail_on_data_loss)
-            if end < start:
-                if opts.starting.kind == "offsets" and opts.ending.kind == "offsets":
-                    raise OrbitSparkError(f"{mq}: the starting offset {start} is after the ending offset {end}")
-                end = start  # e.g. a timestamp window with nothing in it
-            ranges.extend(
-                split(OffsetRange(topic, mq.broker_name, mq.queue_id, start, end), opts.max_records_per_partition)
-            )
+            lo = await queue_offset(client, addr, RequestCode.GET_MIN_OFFSET, mq)
+            hi = await queue_offset(client, addr, RequestCode.GET_MAX_OFFSET, mq)
+            found.append(QueueBounds(mq, addr, lo, hi))
+    return found
+
+
+async def plan(client: TaskClient, opts: ReadOptions) -> list[OffsetRange]:
+    ranges: list[OffsetRange] = []
+    strict = opts.fail_on_data_loss
+    for q in await queue_bounds(client, opts):
+        mq = q.mq
+        start = await resolve_offset(client, q.addr, mq, opts.starting, q.lo, q.hi, "startingOffsets", strict)
+        end = await resolve_offset(client, q.addr, mq, opts.ending, q.lo, q.hi, "endingOffsets", strict)
+        if end < start:
+            if opts.starting.kind == "offsets" and opts.ending.kind == "offsets":
+                raise OrbitSparkError(f"{mq}: the starting offset {start} is after the ending offset {end}")
+            end = start  # e.g. a timestamp window with nothing in it
+        ranges.extend(
+            split(OffsetRange(mq.topic, mq.broker_name, mq.queue_id, start, end), opts.max_records_per_partition)
+        )
     return ranges
 
 
@@ -251,9 +272,14 @@ class OrbitBatchReader(DataSourceReader):
             return c.run(plan(c, self.opts))
 
     def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
-        assert isinstance(partition, OffsetRange)
-        if partition.count <= 0:
-            return
-        with TaskClient(self.opts.namesrv, self.opts.credentials, request_timeout_ms=self.opts.request_timeout_ms) as c:
-            for m in read_range(c, self.opts, partition):
-                yield to_row(m)
+        return read_rows(self.opts, partition)
+
+
+def read_rows(opts: ReadOptions, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    """The rows of one planned range, with a client of the task's own (batch and streaming)."""
+    assert isinstance(partition, OffsetRange)
+    if partition.count <= 0:
+        return
+    with TaskClient(opts.namesrv, opts.credentials, request_timeout_ms=opts.request_timeout_ms) as c:
+        for m in read_range(c, opts, partition):
+            yield to_row(m)

@@ -23,7 +23,7 @@ READ_OPTIONS = frozenset(
     {
         "namesrv", "topic", "topics", "topicpattern", "startingoffsets", "endingoffsets",
         "startingtimestamp", "endingtimestamp", "maxrecordsperpartition", "consumergroup",
-        "pullbatchsize", "requesttimeoutms", "failondataloss",
+        "pullbatchsize", "requesttimeoutms", "failondataloss", "maxmessagespertrigger", "committogroup",
     }
 )  # fmt: skip
 WRITE_OPTIONS = frozenset(
@@ -35,8 +35,11 @@ WRITE_OPTIONS = frozenset(
 CREDENTIAL_OPTIONS = frozenset(
     {"clientid", "clientsecret", "tokenurl", "accesskey", "secretkey", "token", "tokenprovider"}
 )
-# Options Spark itself adds (``path`` from ``load(path)`` / ``save(path)``).
-SPARK_OPTIONS = frozenset({"path"})
+# RocketMQ's group name rule (plus the ``tenant%`` namespace separator).
+_GROUP_NAME = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")
+# Options Spark itself adds (``path`` from ``load(path)`` / ``save(path)``; a streaming write's
+# ``checkpointLocation``).
+SPARK_OPTIONS = frozenset({"path", "checkpointlocation"})
 
 
 def _lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -154,6 +157,9 @@ class ReadOptions:
     request_timeout_ms: int
     fail_on_data_loss: bool
     credentials: CredentialSpec
+    # Streaming only (``readStream``): admission control and the group progress is committed to.
+    max_messages_per_trigger: int | None = None
+    commit_to_group: str | None = None
 
     @classmethod
     def parse(cls, options: Mapping[str, str], env: Mapping[str, str] | None = None) -> ReadOptions:
@@ -189,6 +195,13 @@ class ReadOptions:
         if opts.get("endingtimestamp"):
             ending = OffsetSpec("timestamp", timestamp_ms=_int(opts, "endingTimestamp", 0, minimum=0))
         max_records = _int(opts, "maxRecordsPerPartition", 0, minimum=1) if opts.get("maxrecordsperpartition") else None
+        per_trigger = _int(opts, "maxMessagesPerTrigger", 0, minimum=1) if opts.get("maxmessagespertrigger") else None
+        commit_group = opts.get("committogroup") or None
+        if commit_group is not None and not _GROUP_NAME.fullmatch(commit_group):
+            raise OrbitSparkError(
+                "option commitToGroup must be a consumer group name ([%|a-zA-Z0-9_-], at most 255 characters), "
+                f"got {commit_group!r}"
+            )
         return cls(
             namesrv=namesrv,
             topics=topics,
@@ -201,7 +214,27 @@ class ReadOptions:
             request_timeout_ms=_int(opts, "requestTimeoutMs", 10_000),
             fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
             credentials=credentials_from(opts, env),
+            max_messages_per_trigger=per_trigger,
+            commit_to_group=commit_group,
         )
+
+    def check_batch(self) -> ReadOptions:
+        """A batch read (``spark.read``): the streaming-only options are refused, by name."""
+        streaming = (("maxMessagesPerTrigger", self.max_messages_per_trigger), ("commitToGroup", self.commit_to_group))
+        for name, value in streaming:
+            if value is not None:
+                raise OrbitSparkError(f"option {name} is for spark.readStream only; a batch read has no triggers")
+        return self
+
+    def check_stream(self) -> ReadOptions:
+        """A streaming read: it has no end (use ``trigger(availableNow=True)`` to stop at the
+        offsets found when the query starts)."""
+        if self.ending.kind != "latest":
+            raise OrbitSparkError(
+                "options endingOffsets / endingTimestamp are for batch reads; a stream has no end "
+                "(use trigger(availableNow=True) to stop once what is there now is read)"
+            )
+        return self
 
 
 @dataclass(frozen=True)

@@ -131,61 +131,72 @@ class _Sender:
         self.batches += 1
 
 
+def write_partition(opts: WriteOptions, iterator: Iterator[Any]) -> WriteResult:
+    """Send one Spark task's rows (batch or micro-batch) with a producer of the task's own."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    partition_id = ctx.partitionId() if ctx is not None else -1
+    with TaskClient(opts.namesrv, opts.credentials, request_timeout_ms=opts.request_timeout_ms) as client:
+        producer = Producer(
+            opts.producer_group,
+            namesrv_addrs=list(opts.namesrv),
+            credentials=client.credentials,
+            send_timeout_ms=opts.send_timeout_ms,
+            instance_name=f"orbit-spark-{partition_id}",
+        )
+        client.run(producer.start())
+        try:
+            sender = _Sender(client, producer, opts)
+            pending: dict[tuple[str, str | None], tuple[list[Message], int]] = {}
+            for row in iterator:
+                msg, key = to_message(row.asDict(), opts.topic)
+                group = (msg.topic, key)
+                batch, size = pending.get(group, ([], 0))
+                if batch and (len(batch) >= opts.batch_size or size + len(msg.body) > MAX_BATCH_BYTES):
+                    sender.send(batch, key)
+                    batch, size = [], 0
+                batch.append(msg)
+                pending[group] = (batch, size + len(msg.body))
+            for (_, key), (batch, _) in pending.items():
+                if batch:
+                    sender.send(batch, key)
+        except Exception as e:
+            err = translate(e, opts.credentials)
+            if err is e:
+                raise
+            raise err from None
+        finally:
+            client.run(producer.shutdown())
+    return WriteResult(partition_id, sender.messages, sender.batches, sender.throttled_waits)
+
+
 class OrbitBatchWriter(DataSourceWriter):
     def __init__(self, opts: WriteOptions) -> None:
         self.opts = opts
 
     def write(self, iterator: Iterator[Any]) -> WriteResult:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        partition_id = ctx.partitionId() if ctx is not None else -1
-        opts = self.opts
-        with TaskClient(opts.namesrv, opts.credentials, request_timeout_ms=opts.request_timeout_ms) as client:
-            producer = Producer(
-                opts.producer_group,
-                namesrv_addrs=list(opts.namesrv),
-                credentials=client.credentials,
-                send_timeout_ms=opts.send_timeout_ms,
-                instance_name=f"orbit-spark-{partition_id}",
-            )
-            client.run(producer.start())
-            try:
-                sender = _Sender(client, producer, opts)
-                pending: dict[tuple[str, str | None], tuple[list[Message], int]] = {}
-                for row in iterator:
-                    msg, key = to_message(row.asDict(), opts.topic)
-                    group = (msg.topic, key)
-                    batch, size = pending.get(group, ([], 0))
-                    if batch and (len(batch) >= opts.batch_size or size + len(msg.body) > MAX_BATCH_BYTES):
-                        sender.send(batch, key)
-                        batch, size = [], 0
-                    batch.append(msg)
-                    pending[group] = (batch, size + len(msg.body))
-                for (_, key), (batch, _) in pending.items():
-                    if batch:
-                        sender.send(batch, key)
-            except Exception as e:
-                err = translate(e, opts.credentials)
-                if err is e:
-                    raise
-                raise err from None
-            finally:
-                client.run(producer.shutdown())
-        return WriteResult(partition_id, sender.messages, sender.batches, sender.throttled_waits)
+        return write_partition(self.opts, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        done = [m for m in messages if isinstance(m, WriteResult)]
-        log.info(
-            "orbit write committed: %d messages in %d batches from %d tasks (%d throttled waits)",
-            sum(m.messages for m in done),
-            sum(m.batches for m in done),
-            len(done),
-            sum(m.throttled_waits for m in done),
-        )
+        log_commit("orbit write", messages)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        stored = sum(m.messages for m in messages if isinstance(m, WriteResult))
-        log.warning(
-            "orbit write aborted: %d messages already stored by successful tasks stay stored (at-least-once)", stored
-        )
+        log_abort("orbit write", messages)
+
+
+def log_commit(what: str, messages: list[WriterCommitMessage | None]) -> None:
+    done = [m for m in messages if isinstance(m, WriteResult)]
+    log.info(
+        "%s committed: %d messages in %d batches from %d tasks (%d throttled waits)",
+        what,
+        sum(m.messages for m in done),
+        sum(m.batches for m in done),
+        len(done),
+        sum(m.throttled_waits for m in done),
+    )
+
+
+def log_abort(what: str, messages: list[WriterCommitMessage | None]) -> None:
+    stored = sum(m.messages for m in messages if isinstance(m, WriteResult))
+    log.warning("%s aborted: %d messages already stored by successful tasks stay stored (at-least-once)", what, stored)

@@ -22,6 +22,7 @@ from control_plane.services.credentials import CredentialService, DecryptedCrede
 from control_plane.services.desired_state import DesiredState, DesiredStateService
 from control_plane.services.fleet import FleetService
 from control_plane.services.groups import GroupService
+from control_plane.services.ha import HaService
 from control_plane.services.tenants import TenantService
 from control_plane.services.tokens import TokenService
 from control_plane.services.topics import TopicService
@@ -43,6 +44,7 @@ class Services:
     groups: GroupService
     usage: UsageService
     desired: DesiredStateService
+    ha: HaService
 
     @classmethod
     def create(cls, pool: db.Pool, settings: Settings) -> Services:
@@ -60,6 +62,7 @@ class Services:
             groups=GroupService(pool),
             usage=UsageService(pool),
             desired=DesiredStateService(pool, credentials),
+            ha=HaService(pool),
         )
 
     async def start(self) -> None:

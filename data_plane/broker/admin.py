@@ -12,7 +12,6 @@ from data_plane.remoting.codes import PERM_READ_WRITE, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.headers import field_bool, field_int, field_str
-from data_plane.store import retention
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
@@ -87,7 +86,7 @@ class AdminProcessor:
         # starts at 0 (so it sees the whole young queue); otherwise the client decides.
         if self.store.min_offset_in_queue(topic, queue_id) <= 0:
             phy = self.store.commit_log_offset_in_queue(topic, queue_id, 0)
-            if phy < 0 or self.store.max_phy_offset() - phy <= retention.memory_for_hot_data_bytes():
+            if phy < 0 or self.store.max_phy_offset() - phy <= self.store.hot_data_bytes:
                 return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
         return cmd.response(ResponseCode.QUERY_NOT_FOUND, "Not found, maybe this group consumer boot first")
 

@@ -39,6 +39,7 @@ from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.long_poll import PullRequestHoldService
 from data_plane.broker.pull import PullHandler, PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
+from data_plane.broker.replication import Replication
 from data_plane.broker.schedule import Schedule
 from data_plane.broker.send import SendHandler, SendProcessor
 from data_plane.broker.send_back import SendBackProcessor
@@ -60,6 +61,7 @@ from data_plane.store import MessageStore
 from data_plane.store.message import Message
 
 if TYPE_CHECKING:
+    from data_plane.broker.failover import FailoverAgent
     from data_plane.telemetry import BrokerMetrics, Telemetry
 
 log = logging.getLogger(__name__)
@@ -106,7 +108,12 @@ class Broker:
         self.namesrv_client = RemotingClient()
         self.store: MessageStore = None  # type: ignore[assignment]  # set in start(), once the port is known
         self.address = ""
-        self.has_slave = False
+        self.replication: Replication = None  # type: ignore[assignment]  # set in start()
+        # Kept by replication.py: this broker's role now, and whether the send path may write
+        # (False on a slave and on a fenced master).
+        self.is_master = config.is_master
+        self.writable = config.is_master and not config.failover_enabled
+        self.failover: FailoverAgent | None = None
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
         self.tenancy: BrokerTenancy | None = None
         self.transactions: TransactionalMessageService = None  # type: ignore[assignment]  # set in start()
@@ -132,31 +139,65 @@ class Broker:
         self.tenancy = BrokerTenancy(self)
         await self.tenancy.start()
         self.before_put = self.tenancy.before_put
-        if self.config.is_master:
+        self.replication = Replication(self)
+        # With failover on, a master starts its master-only services once the control plane
+        # confirms it (on_became_master); a slave when it is promoted.
+        if self.replication.writable:
             await self.schedule.start(self.store, self.hold.notify)
         if self.config.auth_enabled:
             self.processors.before = self.tenancy.before
         self._start_telemetry()
         self.trace = trace.install(self)
         self.transactions = TransactionalMessageService.for_broker(self)
-        if self.config.is_master:
-            self.transaction_check = TransactionCheckService.for_broker(self, self.transactions)
-            self.transaction_check.load()
+        if self.replication.writable:
+            self._start_transaction_check()
+        await self.replication.start()
         self._register_processors()
         await self.server.start_serving()
         loop = asyncio.get_running_loop()
-        self._tasks = [
+        self._tasks += [
             loop.create_task(self._register_loop()),
             loop.create_task(self._persist_loop()),
             loop.create_task(self._scan_clients_loop()),
             loop.create_task(self.store.run_maintenance()),
             loop.create_task(self._watch_loop_lag()),
             *([loop.create_task(self.trace.run())] if self.trace is not None else []),
-            *([loop.create_task(self.transaction_check.run())] if self.transaction_check is not None else []),
         ]
+        if self.config.failover_enabled:  # first: the control plane says what this broker is
+            from data_plane.broker.failover import FailoverAgent
+
+            self.failover = FailoverAgent(self)
+            await self.failover.start()
         if self.config.namesrv_addrs:
             await self.register_all()
         log.info("broker %s (%s) serving on %s", self.config.broker_name, self.config.broker_role.value, self.address)
+
+    def _start_transaction_check(self) -> None:
+        self.transaction_check = TransactionCheckService.for_broker(self, self.transactions)
+        self.transaction_check.load()
+        task = asyncio.get_running_loop().create_task(self.transaction_check.run(), name="orbit-tx-check")
+        self._tasks.append(task)
+
+    async def on_became_master(self) -> None:
+        """Promoted (failover): the master-only services start, the name servers hear at once."""
+        if self.schedule.levels is None:
+            await self.schedule.start(self.store, self.hold.notify)
+        if self.transaction_check is None:
+            self._start_transaction_check()
+        self.replication.adopt_stored_topics()
+        await self.register_all()
+
+    async def on_became_slave(self) -> None:
+        """Demoted (failover): the master-only services stop before the log is truncated."""
+        await self.schedule.stop()
+        self.schedule = Schedule(self.config)
+        if self.transaction_check is not None:
+            check, self.transaction_check = self.transaction_check, None
+            for task in [t for t in self._tasks if t.get_name() == "orbit-tx-check"]:
+                self._tasks.remove(task)
+                await cancel_all([task])
+            del check
+        self.hold.wake_all()
 
     def _start_telemetry(self) -> None:
         cfg = self.config
@@ -238,12 +279,16 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        if self.failover is not None:
+            await self.failover.stop()
         await cancel_all(self._tasks)
         self.hold.wake_all()
         if self.config.namesrv_addrs and self.store is not None:
             await self._unregister_all()
         await self.namesrv_client.close()
         await self.server.close()
+        if self.replication is not None:
+            await self.replication.stop()
         await self.schedule.stop()
         if self.tenancy is not None:
             await self.tenancy.stop()
@@ -260,7 +305,9 @@ class Broker:
 
     # --- hooks of the processors ----------------------------------------------------------------
     def topics_changed(self) -> None:
-        """Tell the name servers soon (one registration for a burst of changes)."""
+        """Tell the slaves now and the name servers soon (one registration for a burst of changes)."""
+        if self.replication is not None:
+            self.replication.metadata_changed()
         if self._register_soon or not self.config.namesrv_addrs:
             return
         self._register_soon = True
@@ -314,6 +361,10 @@ class Broker:
             "retentionHours": st.retention_hours,
         }
         info.update(self.schedule.runtime_info())
+        info["brokerRole"] = self.replication.role.value
+        info.update(self.replication.runtime_info())
+        if self.failover is not None:
+            info.update(self.failover.runtime_info())
         return {k: str(v) for k, v in info.items()}
 
     # --- name servers ---------------------------------------------------------------------------
@@ -332,8 +383,8 @@ class Broker:
                 "brokerName": cfg.broker_name,
                 "brokerAddr": self.address,
                 "clusterName": cfg.cluster_name,
-                "haServerAddr": self.address,
-                "brokerId": str(cfg.broker_id),
+                "haServerAddr": self.replication.ha_addr or self.address,
+                "brokerId": str(self.replication.registration_id()),
                 "compressed": "false",
             },
             body=bodies.dumps(body),
@@ -348,6 +399,9 @@ class Broker:
                 return
             if r.code != ResponseCode.SUCCESS:
                 log.warning("name server %s refused the registration: %s %s", addr, r.code, r.remark)
+            elif self.replication.follows_namesrv:
+                ext = r.ext_fields or {}  # a slave learns its master here (RocketMQ's way)
+                self.replication.follow(ext.get("masterAddr", ""), ext.get("haServerAddr", ""))
 
         await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))
 
@@ -360,7 +414,7 @@ class Broker:
                     "brokerName": cfg.broker_name,
                     "brokerAddr": self.address,
                     "clusterName": cfg.cluster_name,
-                    "brokerId": str(cfg.broker_id),
+                    "brokerId": str(self.replication.registration_id()),
                 },
             )
             with contextlib.suppress(RemotingError):
@@ -368,9 +422,16 @@ class Broker:
 
     # --- periodic work ------------------------------------------------------------------------
     async def _register_loop(self) -> None:
+        last = time.monotonic()
         while True:
-            await asyncio.sleep(self.config.register_interval_s)
-            await self.register_all()
+            await asyncio.sleep(min(self.config.register_interval_s, 1.0))
+            # A slave cut off from its master registers every second: the answer names the
+            # master's (perhaps new) HA address.
+            rep = self.replication
+            lost = rep.follows_namesrv and not rep.linked
+            if lost or time.monotonic() - last >= self.config.register_interval_s:
+                last = time.monotonic()
+                await self.register_all()
 
     async def _persist_loop(self) -> None:
         while True:

@@ -46,7 +46,7 @@ class ClientProcessor:
             g = broker.groups.find(group)
             if g is None:
                 return cmd.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group {group} not exist")
-            if c.get("messageModel", "CLUSTERING") == "CLUSTERING" and broker.config.is_master:
+            if c.get("messageModel", "CLUSTERING") == "CLUSTERING" and broker.is_master:
                 try:
                     if broker.topics.create_retry_topic(group):
                         broker.topics_changed()

@@ -94,6 +94,9 @@ class BrokerConfig:
     # How often usage counters become records (a divisor of 60 s; each record is keyed by the start
     # of its period, which the control plane counts in that period's minute). Short in tests.
     usage_roll_interval_s: float = 60.0
+    # Also write every usage record as a message of the system topic ORBIT_SYS_USAGE (operators
+    # only), which the Spark metering pipeline reads (data_plane/tenancy/usage_topic.py).
+    usage_topic_enabled: bool = False
     quota_burst_s: float = 1.0  # a tenant's token buckets hold this many seconds of its rate
     # How often tenants' stored bytes are measured (metered, and checked against their storage share).
     storage_check_interval_s: float = 30.0
@@ -110,6 +113,24 @@ class BrokerConfig:
     timer_log_segment_units: int = 1 << 20  # 32-byte units per TimerLog file (32 MiB)
     schedule_tick_ms: int = 100  # how often due delayed and timed messages are looked for
     schedule_checkpoint_interval_ms: int = 1_000
+    # --- High availability (docs/ha.md) ---------------------------------------------------------------
+    # A master's replication port (RocketMQ's haListenPort). "" = the listen host and listen port + 1
+    # (10912 next to 10911); port 0 picks a free port (tests), published to name servers.
+    ha_listen: str = ""
+    # A slave's master HA address (host:port). "" = learned from the name server's answer to the
+    # slave's registration (the master's published HA address), as RocketMQ does.
+    ha_master_address: str = ""
+    # SYNC_MASTER: how long a send waits for a slave to hold its bytes before FLUSH_SLAVE_TIMEOUT.
+    ha_sync_timeout_ms: int = 3_000
+    # SYNC_MASTER: a slave further behind than this is "not available" (SLAVE_NOT_AVAILABLE at once).
+    ha_max_gap_bytes: int = 256 * 1024 * 1024
+    # A master tells a consumer reading data no longer in memory to read from a slave next (seed
+    # 7.15; the store's access_message_in_memory_max_ratio decides "in memory").
+    slave_read_enable: bool = True
+    # Automatic failover through leases kept in the control plane's PostgreSQL (docs/ha.md#failover).
+    failover_enabled: bool = False
+    failover_lease_s: float = 6.0  # a master that cannot renew within this stops accepting writes
+    failover_check_interval_s: float = 1.0
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     @property
@@ -150,6 +171,18 @@ class BrokerConfig:
             problems.append("broker_id must be >= 0")
         if (self.broker_id == 0) != self.is_master:
             problems.append(f"broker_id {self.broker_id} does not match role {self.broker_role.value}")
+        if self.broker_id >= 100:
+            problems.append("broker_id must be < 100 (100 is a former master's id while it is a slave)")
+        if self.ha_listen and not self.ha_listen.rpartition(":")[2].isdigit():
+            problems.append(f"ha_listen {self.ha_listen!r} is not host:port")
+        if self.ha_master_address and not self.ha_master_address.rpartition(":")[2].isdigit():
+            problems.append(f"ha_master_address {self.ha_master_address!r} is not host:port")
+        if self.ha_sync_timeout_ms <= 0:
+            problems.append("ha_sync_timeout_ms must be > 0")
+        if self.failover_enabled and not (self.control_plane_url and self.broker_credentials_file):
+            problems.append("failover_enabled needs control_plane_url and broker_credentials_file (the leases)")
+        if self.failover_lease_s <= 2 * self.failover_check_interval_s:
+            problems.append("failover_lease_s must be more than twice failover_check_interval_s")
         _host, sep, port = self.listen.rpartition(":")
         if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
             problems.append(f"listen {self.listen!r} is not host:port")

@@ -22,6 +22,8 @@ class ConsumerOffsetManager:
         # Told (group, topic, queue id, offset) when a commit moves an offset (the message trace's
         # "consumed" events, data_plane/broker/trace.py); None: no cost beyond this check.
         self.on_advance: Callable[[str, str, int, int], None] | None = None
+        # Told every commit while this broker is a slave (replication.py sends them to the master).
+        self.on_local_commit: Callable[[str, str, int, int], None] | None = None
 
     def load(self) -> None:
         doc = self.file.load()
@@ -49,6 +51,8 @@ class ConsumerOffsetManager:
             self.dirty = True
             if self.on_advance is not None:
                 self.on_advance(group, topic, queue_id, offset)
+            if self.on_local_commit is not None:
+                self.on_local_commit(group, topic, queue_id, offset)
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed for this queue."""

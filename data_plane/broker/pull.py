@@ -137,7 +137,8 @@ class PullProcessor:
         message arrives (a SQL92 pull, ``codes`` None, is woken by any arrival and re-read)."""
         broker = self.broker
         max_nums = min(max_nums, self.config.max_pull_messages)
-        if sys_flag & PULL_FLAG_COMMIT_OFFSET and broker.config.is_master:
+        # A slave takes commits too (a master that is away; replication.py sends them back).
+        if sys_flag & PULL_FLAG_COMMIT_OFFSET:
             commit = field_int(cmd.ext_fields, "commitOffset", -1)
             if commit >= 0:
                 broker.offsets.commit(group, topic, queue_id, commit)
@@ -178,7 +179,7 @@ class PullProcessor:
             "nextBeginOffset": str(result.next_begin_offset),
             "minOffset": str(result.min_offset),
             "maxOffset": str(result.max_offset),
-            "suggestWhichBrokerId": "1" if result.suggest_pulling_from_slave and self.broker.has_slave else "0",
+            "suggestWhichBrokerId": self.broker.replication.suggest_broker_id(result.suggest_pulling_from_slave),
         }
         if status is GetMessageStatus.FOUND:
             self.broker.on_pulled(topic, result.message_count, result.buffer_total_size)

@@ -304,6 +304,12 @@ class Schedule:
             self.timers.timer_log.delete_segments(int(timer_doc["deliveredSecond"]))
         return saved
 
+    def save_delay_progress(self, delay_doc: dict[str, Any]) -> None:
+        """A slave keeps its master's delay-level progress (replication.py), so that a
+        promotion starts the levels where the master left them; ignored while running."""
+        if self.levels is None:
+            self._delay_file.save(delay_doc)
+
     def _save(self, delay_doc: dict[str, Any], timer_doc: dict[str, Any], durable_needed: int) -> bool:
         """On a worker thread: never record progress whose re-puts could still be lost."""
         assert self.store is not None

@@ -140,8 +140,9 @@ class SendProcessor:
         self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str], names: _HeaderNames
     ) -> RemotingCommand | Awaitable[RemotingCommand]:
         broker = self.broker
-        if not broker.config.is_master:
-            remark = f"broker {broker.address} is a slave: send to the master"
+        if not broker.writable:
+            what = "fenced: its master lease is not confirmed" if broker.is_master else "a slave"
+            remark = f"broker {broker.address} is {what}: send to the master"
             return cmd.response(ResponseCode.SERVICE_NOT_AVAILABLE, remark)
         topic = field_str(ext, names.topic, max_length=1024)
         batch = cmd.code == 320 or ext.get(names.batch) == "true"
@@ -207,15 +208,30 @@ class SendProcessor:
                 return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
         if (why := broker.schedule.redirect(msgs)) is not None:  # DELAY / TIMER_* → the schedule topics
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
-        if self.sync_flush:
+        if self.sync_flush or broker.replication.sync_master:
             return self._put_and_wait(cmd, msgs, topic, queue_id)
         result, _end = self.store.append(msgs)
+        broker.replication.notify()
         return self._answer(cmd, result, msgs, topic, queue_id)
 
     async def _put_and_wait(
         self, cmd: RemotingCommand, msgs: list[Message], topic: str, queue_id: int
     ) -> RemotingCommand:
-        result = await self.store.put_messages(msgs)
+        """SYNC_FLUSH: answer once the bytes are on disk; SYNC_MASTER: once a slave holds them
+        too (FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE otherwise, never a false PUT_OK)."""
+        replication = self.broker.replication
+        if self.sync_flush:
+            result = await self.store.put_messages(msgs)
+        else:
+            result, _end = self.store.append(msgs)
+        if replication.sync_master and result.status is PutMessageStatus.PUT_OK:
+            a = result.append
+            if a is not None:
+                status = await replication.replicated(a.wrote_offset + a.wrote_bytes)
+                if status is not PutMessageStatus.PUT_OK:
+                    result.status = status
+        else:
+            replication.notify()
         return self._answer(cmd, result, msgs, topic, queue_id)
 
     def _answer(

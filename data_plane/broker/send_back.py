@@ -118,7 +118,7 @@ class SendBackProcessor:
         requested_level = field_int(ext, "delayLevel", 0, lo=-(2**31), hi=2**31 - 1)
         header_max = field_int(ext, "maxReconsumeTimes", -1, lo=-(2**31), hi=2**31 - 1)
         broker = self.broker
-        if not broker.config.is_master:
+        if not broker.writable:
             return cmd.response(
                 ResponseCode.SERVICE_NOT_AVAILABLE, f"broker {broker.address} is a slave: send back to the master"
             )

@@ -40,6 +40,7 @@ from data_plane.tenancy.namespace import parse_wire_name, tenant_of
 from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark
 from data_plane.tenancy.usage_reporter import UsageReporter
 from data_plane.tenancy.usage_spool import UsageSpool
+from data_plane.tenancy.usage_topic import UsageTopic
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
@@ -152,10 +153,22 @@ class BrokerTenancy:
         self.version = 0
         self._state_file = ConfigFile(os.path.join(conf_dir, "tenants.json"))
         self.spool = UsageSpool(os.path.join(cfg.store_dir, "usage"))
-        self.meter = UsageMeter(cfg.broker_name, spool=self.spool, period_ms=round(cfg.usage_roll_interval_s * 1000))
+        # The usage topic (masters only): records also go to ORBIT_SYS_USAGE for the Spark pipeline.
+        self.usage_topic = UsageTopic(broker.store) if cfg.usage_topic_enabled and cfg.is_master else None
+        self.meter = UsageMeter(
+            cfg.broker_name,
+            spool=self.spool,
+            period_ms=round(cfg.usage_roll_interval_s * 1000),
+            publish=self.usage_topic.publish if self.usage_topic is not None else None,
+        )
         self.reporter: UsageReporter | None = None
         self._token_source: ClientCredentials | None = None
         self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def token_source(self) -> ClientCredentials | None:
+        """The broker's own credential for the control plane (usage reports, failover leases)."""
+        return self._token_source
 
     # --- life cycle -------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -166,6 +179,8 @@ class BrokerTenancy:
             except TenancyError as e:
                 log.error("ignoring %s: %s", self._state_file.path, e)
         await self.auth.start()
+        if self.usage_topic is not None:
+            self.usage_topic.ensure_topic(self.broker.topics)
         cfg = self.broker.config
         if cfg.control_plane_url and cfg.broker_credentials_file:
             from sdk.credentials import ClientCredentials

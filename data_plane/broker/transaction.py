@@ -233,7 +233,7 @@ class TransactionalMessageService:
             hold_notify=broker.hold.notify,
             on_stored=broker.on_stored,
             stored_topic_check=check,
-            is_master=broker.config.is_master,
+            is_master=broker.is_master,
         )
 
     # --- the send path ------------------------------------------------------------------------

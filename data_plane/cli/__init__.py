@@ -4,9 +4,13 @@
     orbit broker [--config FILE] [flags]                   a broker
     orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
     orbit bench e2e [--quick] [--seconds S] [--out FILE]   end-to-end benchmark, JSON on stdout
+    orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
+    orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
+    orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
     orbit topic|produce|consume|message|group ...          cluster operations (see --help)
     orbit dlq list|get|resend GROUP ...                    a consumer group's dead-letter queue
     orbit dev up [--dir DIR]                               the local cluster (see README)
+    orbit loadtest --list | --scenario S [--out DIR] | merge A.json B.json --out DIR   load tests
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 
 import orjson
 
-from data_plane.cli import admin, dev, dlq, servers
+from data_plane.cli import admin, dev, dlq, servers, spark
+from loadtest import cli as loadtest_cli
 
 
 def _log(message: str) -> None:
@@ -64,6 +69,18 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_ha(args: argparse.Namespace) -> int:
+    from data_plane.broker import ha_bench
+
+    opts = ha_bench.HaBenchOptions.quick() if args.quick else ha_bench.HaBenchOptions()
+    if args.seconds:
+        opts = dataclasses.replace(opts, seconds=args.seconds)
+    if args.catch_up_mb:
+        opts = dataclasses.replace(opts, catch_up_mb=args.catch_up_mb)
+    print(_save(ha_bench.run(opts, log=_log), args.out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orbit", description="Orbit: a managed message queue.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,9 +106,18 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--seconds", type=float, help="length of each publishing phase")
     e2e.add_argument("--out", help="also write the JSON here")
     e2e.set_defaults(func=_bench_e2e)
+    ha = bench_sub.add_parser("ha", help="SYNC_MASTER vs ASYNC_MASTER publishing and slave catch-up, on a real group")
+    ha.add_argument("--quick", action="store_true", help="3-second phases, 128 MiB catch-up")
+    ha.add_argument("--seconds", type=float, help="length of each publishing phase")
+    ha.add_argument("--catch-up-mb", type=int, help="MiB the slave catches up")
+    ha.add_argument("--out", help="also write the JSON here")
+    ha.set_defaults(func=_bench_ha)
+    spark.add_bench_parser(bench_sub)
     dev.add_parser(sub)
     admin.add_parsers(sub)
     dlq.add_parser(sub)
+    loadtest_cli.add_parser(sub)
+    spark.add_pipeline_parser(sub)
     return parser
 
 

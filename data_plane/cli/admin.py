@@ -212,6 +212,30 @@ def message_query(args: argparse.Namespace) -> int:
 
 
 # --- groups -------------------------------------------------------------------------------------
+def cluster_status(args: argparse.Namespace) -> int:
+    """Each broker's role, epoch, CommitLog end and replication lag (docs/ha.md)."""
+
+    async def work(admin: AdminClient) -> int:
+        rows = await admin.cluster_status()
+        if args.json:
+            _out(args, {"brokers": rows}, "")
+            return 0
+        print(f"{'broker':<16} {'id':>3} {'address':<22} {'role':<13} {'epoch':>5} {'max offset':>14} "
+              f"{'lag bytes':>10} {'lag s':>7}")  # fmt: skip
+        for r in rows:
+            st = r["status"]
+            if st is None:
+                print(f"{r['broker_name']:<16} {r['broker_id']:>3} {r['addr']:<22} (not answering)")
+                continue
+            role = st.get("brokerRole", "?") + (" (fenced)" if st.get("haFenced") == "True" else "")
+            print(f"{r['broker_name']:<16} {r['broker_id']:>3} {r['addr']:<22} {role:<13} {st.get('haEpoch', '0'):>5} "
+                  f"{st.get('commitLogMaxOffset', '?'):>14} {st.get('haLagBytes', '-'):>10} "
+                  f"{st.get('haLagSeconds', '-'):>7}")  # fmt: skip
+        return 0
+
+    return _run_admin(args, work)
+
+
 def group_progress(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
         rows = await admin.group_progress(args.group, args.topic)
@@ -391,6 +415,11 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("msg_id", help="the message id (UNIQ_KEY) or its offset message id")
     p.add_argument("--topic", required=True, help="the message's topic")
     p.set_defaults(func=message_trace)
+
+    cl = sub.add_parser("cluster", help="the brokers the name servers know")
+    clsub = cl.add_subparsers(dest="what", required=True)
+    p = common(clsub.add_parser("status", help="role, epoch, CommitLog end and replication lag of each broker"))
+    p.set_defaults(func=cluster_status)
 
     group = sub.add_parser("group", help="consumer groups")
     gsub = group.add_subparsers(dest="what", required=True)

@@ -52,7 +52,15 @@ def add_parser(sub: Any) -> None:
     up.add_argument("--control-plane-port", type=int, default=8080, help="0 picks a free port")
     up.add_argument("--no-tenancy", action="store_true", help="no control plane: an open broker, no credentials")
     up.add_argument("--flush", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
+    up.add_argument(
+        "--single-broker", action="store_true",
+        help="one broker instead of a broker group of a SYNC_MASTER and a slave",
+    )  # fmt: skip
     up.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE", help="a broker store setting")
+    up.add_argument(
+        "--broker-set", action="append", default=[], metavar="KEY=VALUE",
+        help="a broker setting, e.g. usage_topic_enabled=true (the Spark metering pipeline's input)",
+    )  # fmt: skip
     up.add_argument("--ready-file", help="write the endpoints here as JSON once serving")
     up.set_defaults(func=dev_up)
 
@@ -72,8 +80,12 @@ def dev_up(args: argparse.Namespace) -> int:
         namesrv_port=args.namesrv_port,
         broker_port=args.broker_port,
         flush=args.flush,
-        broker_flags=[f for kv in args.store_set for f in ("--store-set", kv)],
+        broker_flags=[
+            *(f for kv in args.store_set for f in ("--store-set", kv)),
+            *(f for kv in args.broker_set for f in ("--set", kv)),
+        ],
         tenancy=not args.no_tenancy,
+        slaves=0 if args.single_broker else 1,
         control_plane_port=args.control_plane_port,
     )
     try:
@@ -104,11 +116,17 @@ def dev_up(args: argparse.Namespace) -> int:
         _print_demo(cluster.namesrv, cluster.control_plane_url, demo)
     print("Ctrl-C stops the cluster.", flush=True)
     code = 0
+    reported: set[str] = set()
     while not stop_requested:
         dead = cluster.dead()
-        if dead:
-            for c in dead:
+        for c in dead:
+            if c.name not in reported:
+                reported.add(c.name)
                 print(f"orbit dev up: {c.name} exited with code {c.proc.returncode}; see {c.log_path}", file=sys.stderr)
+        # A broker group member may die (the group fails over; restart it with `orbit broker`
+        # and the flags in its log's first line); anything else, or every broker, ends the run.
+        brokers = set(cluster.brokers)
+        if any(c.name not in brokers for c in dead) or (brokers and brokers <= reported):
             code = 1
             break
         time.sleep(0.2)

@@ -68,6 +68,10 @@ class StoreConfig:
     delete_files_batch_max: int = 10
     clean_resource_interval_ms: int = 10_000
     # --- Reads -------------------------------------------------------------------------------
+    # Data further behind the write point than this is taken to be out of the page cache: a
+    # master then suggests reading from a slave (seed 7.15). 0 = 40% of physical memory
+    # (RocketMQ's accessMessageInMemoryMaxRatio).
+    hot_data_bytes: int = 0
     max_transfer_bytes_on_message: int = 256 * 1024
     max_transfer_count_on_message: int = 32
     # --- Identity of this store on the wire ---------------------------------------------------

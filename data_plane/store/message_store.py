@@ -97,6 +97,7 @@ class MessageStore:
         # CommitLog files older than this go (file_reserved_time_hours, raised by the broker to the
         # longest retention any topic it hosts was promised: retention is per file, not per topic).
         self.retention_hours = config.file_reserved_time_hours
+        self.hot_data_bytes = config.hot_data_bytes or retention.memory_for_hot_data_bytes()
         self.clock_ms = clock_ms
         self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
         os.makedirs(config.store_path, exist_ok=True)
@@ -480,14 +481,22 @@ class MessageStore:
             result.reason = "not flushed within sync_flush_timeout_ms"
         return result
 
-    def append_raw(self, data: bytes | memoryview, at_offset: int) -> int:
-        """A slave's write path: copy log bytes as they are, then dispatch what they complete."""
+    def append_raw(self, data: bytes | memoryview, at_offset: int, *, dispatch: bool = True) -> int:
+        """A slave's write path: copy log bytes as they are, then dispatch what they complete
+        (``dispatch=False``: later, with ``dispatch_pending`` — a slave acknowledges the bytes
+        to its master in between, as RocketMQ's slave does before its reput service runs)."""
         with self.commit_log.lock:
             if at_offset != self.commit_log.max_offset():
                 self.dispatcher.dispatched_offset = at_offset  # an empty log starting mid-stream
             end = self.commit_log.append_raw(data, at_offset)
-            self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
+            if dispatch:
+                self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
         return end
+
+    def dispatch_pending(self) -> None:
+        """Dispatch whatever ``append_raw(..., dispatch=False)`` wrote and nothing indexed yet."""
+        with self.commit_log.lock:
+            self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
 
     def truncate_log(self, offset: int) -> None:
         """A slave whose log diverged from its master's: drop every record at or past
@@ -606,7 +615,7 @@ class MessageStore:
         result.buffer_total_size = total_bytes
         if messages:
             behind = cl.max_offset() - last_phy
-            result.suggest_pulling_from_slave = behind > retention.memory_for_hot_data_bytes()
+            result.suggest_pulling_from_slave = behind > self.hot_data_bytes
         return result
 
     def read_record(self, commit_log_offset: int) -> memoryview | None:

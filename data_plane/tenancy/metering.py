@@ -20,8 +20,9 @@ are strictly increasing per broker, also across restarts (the spool remembers th
 ``report_id = f"{broker}:{minute}:{tenant}"`` is unique and a resend of the same record is
 idempotent on the control plane.
 
-``roll_and_spool`` writes the records to the UsageSpool on a worker thread. When the spool is full
-(or the disk fails) the records' counters are folded back into the open minute and reported with
+``roll_and_spool`` writes the records to the UsageSpool on a worker thread, then hands them to
+``publish`` when given (the broker's UsageTopic: ORBIT_SYS_USAGE, for the Spark pipeline). When the
+spool is full (or the disk fails) the records' counters are folded back into the open minute and reported with
 a later minute once there is room: delayed, not lost — except by a crash meanwhile, which loses
 what is only in memory, as it loses the open minute's counters. Stored-bytes samples of the
 minutes folded that way are not kept (a gauge keeps only its last value).
@@ -89,6 +90,7 @@ class UsageMeter:
         "_last_minute",
         "_open_minute",
         "_period",
+        "_publish",
         "_roll_lock",
         "_spool",
         "_stored",
@@ -102,12 +104,14 @@ class UsageMeter:
         spool: UsageSpool | None = None,
         clock_ms: Callable[[], int] = wall_ms,
         period_ms: int = MINUTE_MS,
+        publish: Callable[[list[UsageRecord]], object] | None = None,
     ) -> None:
         if period_ms <= 0 or MINUTE_MS % period_ms:
             raise ValueError(f"period_ms must divide a minute ({MINUTE_MS} ms), not {period_ms}")
         self.broker = broker
         self._period = period_ms
         self._spool = spool
+        self._publish = publish  # also told every spooled roll's records (the usage topic)
         self._clock = clock_ms
         self._counters: dict[str, _Counters] = {}
         self._stored: dict[str, int] = {}
@@ -209,6 +213,11 @@ class UsageMeter:
                 )
                 self.fold_back(records)
                 return 0
+            if self._publish is not None:
+                try:
+                    self._publish(records)
+                except Exception:
+                    log.exception("publishing %d usage records failed (the spool has them)", len(records))
             return len(records)
 
     async def run(

@@ -8,13 +8,15 @@ log file the tests can search), and a name server + broker kept for a whole test
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 from pyspark.sql import SparkSession
@@ -23,6 +25,7 @@ from sdk.admin import AdminClient
 from tests.integration.conftest import SMALL_STORE, ServerProcess, spawn
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 @dataclass
@@ -82,6 +85,18 @@ def spark_fixture() -> Iterator[SparkHandle]:
         shutil.rmtree(log_dir, ignore_errors=True)
 
 
+async def off_loop(spark: SparkHandle, action: Callable[[], T]) -> T:
+    """Run a Spark action in a worker thread (for async tests whose event loop serves the control
+    plane's tokens). The JVM's active session is per thread: set it there first."""
+    session = spark.session
+
+    def run() -> T:
+        session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]
+        return action()
+
+    return await asyncio.to_thread(run)
+
+
 @dataclass
 class OrbitCluster:
     namesrv: ServerProcess
@@ -106,16 +121,17 @@ class OrbitCluster:
         asyncio.run(create())
 
 
-@pytest.fixture(scope="module", name="orbit_cluster")
-def orbit_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OrbitCluster]:
-    """A name server and a broker (small store) for a whole test module."""
-    tmp = tmp_path_factory.mktemp("orbit")
+@contextlib.contextmanager
+def start_orbit_cluster(
+    tmp: Path, *, broker_name: str = "broker-a", store_flags: Sequence[str] = SMALL_STORE
+) -> Iterator[OrbitCluster]:
+    """A name server and a broker (store under ``tmp/store``), stopped on exit."""
     ns = spawn("namesrv", ["--listen", "127.0.0.1:0"], tmp / "run")
     try:
         broker = spawn(
             "broker",
-            ["--listen", "127.0.0.1:0", "--namesrv", ns.address, "--broker-name", "broker-a",
-             "--store-dir", str(tmp / "store"), *SMALL_STORE],
+            ["--listen", "127.0.0.1:0", "--namesrv", ns.address, "--broker-name", broker_name,
+             "--store-dir", str(tmp / "store"), *store_flags],
             tmp / "run",
         )  # fmt: skip
         try:
@@ -124,3 +140,10 @@ def orbit_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             broker.stop()
     finally:
         ns.stop()
+
+
+@pytest.fixture(scope="module", name="orbit_cluster")
+def orbit_cluster_fixture(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OrbitCluster]:
+    """A name server and a broker (small store) for a whole test module."""
+    with start_orbit_cluster(tmp_path_factory.mktemp("orbit")) as cluster:
+        yield cluster

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,24 @@ def test_dev_up_prints_its_endpoints_and_stops_cleanly_on_ctrl_c(
 ) -> None:
     proc, info = dev_cluster
     assert info["namesrv"].startswith("127.0.0.1:")
-    assert set(info["brokers"]) == {"broker-a"}
+    assert set(info["brokers"]) == {"broker-a", "broker-a-s1"}  # a SYNC_MASTER and its slave
     assert Path(info["data_dir"]) == tmp_path / "data"
     # The broker registered with the name server: a topic created through it is routable.
     r = orbit(info["namesrv"], "topic", "create", "cli-topic", "--queues", "2", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"topic": "cli-topic", "brokers": ["broker-a"]}
+    # Both members of the group report their role and the replication link.
+    def roles() -> dict[str, str]:
+        r = orbit(info["namesrv"], "cluster", "status", "--json")
+        assert r.returncode == 0, r.stderr
+        rows = json.loads(r.stdout)["brokers"]
+        return {row["addr"]: f"{row['status']['brokerRole']}/{row['status'].get('haConnected', '-')}" for row in rows}
+
+    want = {info["brokers"]["broker-a"]: "SYNC_MASTER/-", info["brokers"]["broker-a-s1"]: "SLAVE/True"}
+    deadline = time.monotonic() + 20
+    while roles() != want and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert roles() == want
     proc.send_signal(signal.SIGINT)
     out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
@@ -67,7 +80,7 @@ def test_dev_up_prints_its_endpoints_and_stops_cleanly_on_ctrl_c(
     assert info["brokers"]["broker-a"] in out
     assert "stopped." in out
     # Both children are gone: their ports refuse connections.
-    for addr in (info["namesrv"], info["brokers"]["broker-a"]):
+    for addr in (info["namesrv"], *info["brokers"].values()):
         import socket
 
         host, port = addr.rsplit(":", 1)

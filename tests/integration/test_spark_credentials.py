@@ -4,16 +4,14 @@ error, and the secret never in the plan string or in what Spark and its workers 
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import pytest
 
 from sdk import Message, Producer
 from tests.integration.spark_support import (
     SparkHandle,
+    off_loop,
     spark_fixture,  # noqa: F401
 )
 from tests.integration.tenancy_cluster import TenancyCluster, tenancy_fixture  # noqa: F401
@@ -21,20 +19,7 @@ from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(300)]
 
-T = TypeVar("T")
 FAIL_FAST_S = 20.0  # a refused credential fails the action within this long (no task retries)
-
-
-async def off_loop(spark: SparkHandle, action: Callable[[], T]) -> T:
-    """Run a Spark action in a worker thread (the control plane serves tokens from this test's
-    event loop). The JVM's active session is per thread: set it there first."""
-    session = spark.session
-
-    def run() -> T:
-        session._jvm.SparkSession.setActiveSession(session._jsparkSession)  # type: ignore[union-attr]
-        return action()
-
-    return await asyncio.to_thread(run)
 
 
 async def test_credentials_read_write_and_redaction(

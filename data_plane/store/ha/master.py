@@ -23,6 +23,7 @@ import heapq
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from crc32c import crc32c
@@ -32,12 +33,16 @@ from data_plane.store.ha.protocol import (
     DATA_HEADER,
     HANDSHAKE_HEAD,
     HANDSHAKE_REPLY,
+    LENGTH,
     MAGIC,
     MAX_CANDIDATES,
     MAX_CHUNK_BYTES,
+    MAX_DOCUMENT_BYTES,
+    METADATA,
     REPLY_RETRY,
     REPLY_STREAM,
     REPORT,
+    SLAVE_OFFSETS,
     VERSION,
     ProtocolError,
 )
@@ -73,6 +78,9 @@ class _SlaveConnection:
         self.samples: collections.deque[tuple[int, int]] = collections.deque(maxlen=_SAMPLES)
         self.acked_ts = -1
         self.bytes_sent = 0
+        self.metadata_sent: bytes | None = None
+        self.metadata_at = 0.0
+        self.metadata_version = -1
 
     async def run(self) -> None:
         push: asyncio.Task[None] | None = None
@@ -82,6 +90,16 @@ class _SlaveConnection:
             push = asyncio.create_task(self._push(), name=f"ha-push-{self.peer}")
             while True:
                 (offset,) = REPORT.unpack(await self.reader.readexactly(REPORT.size))
+                if offset == SLAVE_OFFSETS:
+                    (size,) = LENGTH.unpack(await self.reader.readexactly(LENGTH.size))
+                    if size > MAX_DOCUMENT_BYTES:
+                        raise ProtocolError(f"an offsets document of {size} bytes")
+                    doc = await self.reader.readexactly(size)
+                    if self.service.on_slave_offsets is not None:
+                        self.service.on_slave_offsets(doc)
+                    continue
+                if offset < 0:
+                    raise ProtocolError(f"report of offset {offset}")
                 self._on_report(offset)
         except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, OSError) as e:
             log.info("HA connection from %s closed: %s", self.peer, e or type(e).__name__)
@@ -130,6 +148,11 @@ class _SlaveConnection:
         poll_s = service.poll_interval_ms / 1000
         last_write = time.monotonic()
         while True:
+            if service.metadata is not None and (
+                self.metadata_version != service.metadata_version
+                or time.monotonic() - self.metadata_at >= service.metadata_interval_s
+            ):
+                await self._send_metadata()
             top = cl.max_offset()
             if not self.samples or self.samples[-1][0] < top:
                 self.samples.append((top, cl.last_store_timestamp))
@@ -157,6 +180,23 @@ class _SlaveConnection:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), poll_s)
 
+    async def _send_metadata(self) -> None:
+        """The broker's metadata when it changed since this slave last got it (looked at every
+        ``metadata_interval_ms``)."""
+        assert self.service.metadata is not None
+        self.metadata_at = time.monotonic()
+        self.metadata_version = self.service.metadata_version
+        doc = self.service.metadata()
+        if doc is None or doc == self.metadata_sent:
+            return
+        if len(doc) > MAX_DOCUMENT_BYTES:
+            log.error("metadata of %d bytes is over %d: not replicated", len(doc), MAX_DOCUMENT_BYTES)
+            return
+        self.writer.write(DATA_HEADER.pack(METADATA, len(doc)))
+        self.writer.write(doc)
+        self.metadata_sent = doc
+        await self.writer.drain()
+
     def _on_report(self, offset: int) -> None:
         if offset < self.acked:
             log.warning("HA slave %s went back from %d to %d", self.peer, self.acked, offset)
@@ -180,6 +220,9 @@ class HAService:
         heartbeat_interval_ms: int = 5_000,
         poll_interval_ms: int = 100,
         max_gap_not_in_sync_bytes: int = 256 * 1024 * 1024,
+        metadata: Callable[[], bytes | None] | None = None,
+        metadata_interval_ms: int = 1_000,
+        on_slave_offsets: Callable[[bytes], None] | None = None,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be 1..{MAX_CHUNK_BYTES}")
@@ -190,6 +233,12 @@ class HAService:
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.poll_interval_ms = poll_interval_ms
         self.max_gap_not_in_sync_bytes = max_gap_not_in_sync_bytes
+        # The broker's metadata document (None: unchanged or nothing to send), sent to each
+        # slave when it differs from what that slave last got; slaves' offset documents go back.
+        self.metadata = metadata
+        self.metadata_interval_s = metadata_interval_ms / 1000
+        self.on_slave_offsets = on_slave_offsets
+        self.metadata_version = 0
         self.connections: set[_SlaveConnection] = set()
         self.max_acked_offset = -1  # best offset any slave has acknowledged (this master's run)
         self._server: asyncio.Server | None = None
@@ -262,6 +311,12 @@ class HAService:
         otherwise they look every ``poll_interval_ms``)."""
         for conn in self.connections:
             conn.wake.set()
+
+    def metadata_changed(self) -> None:
+        """Topics or groups changed: every slave gets the metadata now, not at the next interval
+        (a topic must not be missing on a slave that holds its messages)."""
+        self.metadata_version += 1
+        self.notify()
 
     def on_ack(self, offset: int) -> None:
         if offset <= self.max_acked_offset:

@@ -26,6 +26,12 @@ reaches as 8 bytes; the master streams its CommitLog from there as data frames::
       |     8      |                                 |     8      |  4   | size   |
       +------------+                                 +------------+------+--------+
                                                      size 0: a heartbeat (body empty)
+
+    Orbit's extension frames share those headers, told apart by a negative offset:
+      master ─▶ slave  DATA with phy offset METADATA (-1): the body is the broker's metadata
+                       (topics, subscription groups, consumer offsets, schedule progress) as JSON
+      slave ─▶ master  REPORT of SLAVE_OFFSETS (-2), then [size 4][body]: consumer offsets that
+                       clients committed on the slave while it could not reach the master, as JSON
 """
 
 from __future__ import annotations
@@ -40,6 +46,12 @@ CANDIDATE = struct.Struct(">qII")
 HANDSHAKE_REPLY = struct.Struct(">Iqq")
 REPORT = struct.Struct(">q")
 DATA_HEADER = struct.Struct(">qI")
+
+METADATA = -1
+SLAVE_OFFSETS = -2
+LENGTH = struct.Struct(">I")
+# A metadata or offsets document never exceeds this (topic tables of 10,000s of queues fit).
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024
 
 REPLY_STREAM = 0
 REPLY_RETRY = 1

@@ -18,17 +18,22 @@ import collections
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from crc32c import crc32c
 
 from data_plane.store.ha.protocol import (
     DATA_HEADER,
     HANDSHAKE_REPLY,
+    LENGTH,
     MAX_CANDIDATES,
     MAX_CHUNK_BYTES,
+    MAX_DOCUMENT_BYTES,
+    METADATA,
     REPLY_RETRY,
     REPLY_STREAM,
     REPORT,
+    SLAVE_OFFSETS,
     ProtocolError,
     encode_handshake,
 )
@@ -76,6 +81,8 @@ class HAClient:
         reconnect_max_ms: int = 5_000,
         connect_timeout_ms: int = 3_000,
         idle_timeout_ms: int = 20_000,
+        on_metadata: Callable[[bytes], None] | None = None,
+        offsets_to_report: Callable[[], bytes | None] | None = None,
     ) -> None:
         self.store = store
         self.master_host = master_host
@@ -85,6 +92,10 @@ class HAClient:
         self.reconnect_max_ms = reconnect_max_ms
         self.connect_timeout_ms = connect_timeout_ms
         self.idle_timeout_ms = idle_timeout_ms  # no frame (not even a heartbeat) for this long: reconnect
+        # The master's metadata documents go to on_metadata; offsets_to_report is asked with
+        # every report for consumer offsets committed here to send back (None: nothing).
+        self.on_metadata = on_metadata
+        self.offsets_to_report = offsets_to_report
         self.connected = False
         self.master_max_offset = -1
         self.bytes_received = 0
@@ -92,6 +103,7 @@ class HAClient:
         self.truncations = 0
         self.connects = 0
         self._task: asyncio.Task[None] | None = None
+        self._writer: asyncio.StreamWriter | None = None
         self._stopping = False
 
     def start(self) -> None:
@@ -108,8 +120,13 @@ class HAClient:
         self.connected = False
 
     def update_master_address(self, host: str, port: int) -> None:
-        """Follow another master (failover, next step): takes effect on the next connect."""
+        """Follow another master (failover): takes effect on the next connect (``reconnect``)."""
         self.master_host, self.master_port = host, port
+
+    def reconnect(self) -> None:
+        """Drop the current connection, if any: the next one goes to the current address."""
+        if self._writer is not None:
+            self._writer.close()
 
     async def _run(self) -> None:
         backoff = self.reconnect_initial_ms
@@ -122,6 +139,7 @@ class HAClient:
                 log.info("HA master %s:%d unreachable: %s", self.master_host, self.master_port, e)
             else:
                 self.connects += 1
+                self._writer = writer
                 chunks_before = self.chunks_received
                 try:
                     await self._session(reader, writer)
@@ -133,6 +151,7 @@ class HAClient:
                     if self.chunks_received > chunks_before:  # it worked for a while: retry soon
                         backoff = self.reconnect_initial_ms
                     self.connected = False
+                    self._writer = None
                     writer.close()
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
@@ -169,15 +188,23 @@ class HAClient:
                 phy, size = DATA_HEADER.unpack(header)
                 if size == 0:
                     continue  # heartbeat
+                if phy == METADATA:
+                    if size > MAX_DOCUMENT_BYTES:
+                        raise ProtocolError(f"a metadata document of {size} bytes")
+                    doc = await asyncio.wait_for(reader.readexactly(size), idle_s)
+                    if self.on_metadata is not None:
+                        self.on_metadata(doc)
+                    continue
                 if size > MAX_CHUNK_BYTES:
                     raise ProtocolError(f"data frame of {size} bytes")
                 body = await asyncio.wait_for(reader.readexactly(size), idle_s)
                 if phy != expected:
                     raise ProtocolError(f"data at {phy}, expected {expected}")
-                expected = store.append_raw(body, phy)
+                expected = store.append_raw(body, phy, dispatch=False)
                 self.bytes_received += size
                 self.chunks_received += 1
-                writer.write(REPORT.pack(expected))
+                writer.write(REPORT.pack(expected))  # acknowledged once written, then indexed
+                store.dispatch_pending()
         finally:
             reporter.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -187,6 +214,9 @@ class HAClient:
         interval = self.report_interval_ms / 1000
         while True:
             writer.write(REPORT.pack(self.store.max_phy_offset()))
+            if self.offsets_to_report is not None and (doc := self.offsets_to_report()) is not None:
+                writer.write(REPORT.pack(SLAVE_OFFSETS) + LENGTH.pack(len(doc)))
+                writer.write(doc)
             await writer.drain()
             await asyncio.sleep(interval)
 

@@ -1,0 +1,152 @@
+"""FailoverAgent: a broker's side of automatic failover (docs/ha.md#failover).
+
+Every ``failover_check_interval_s`` the broker tells the control plane where it stands
+(``POST /internal/v1/ha/heartbeat``: its member id, addresses, max CommitLog offset, epoch) and
+does what the answer says: stay or become master under the answer's epoch, or follow the master
+it names. The control plane's election is transactional in PostgreSQL (control_plane/services/ha.py).
+
+Fencing: a master writes only while it holds a lease. The lease the control plane grants ends
+``lease_s`` after it answered; this broker counts its own copy from the moment it *sent* the
+heartbeat, less one check interval, and refuses writes (``Replication.fence``) when it runs
+out — always before the control plane could elect someone else. A broker that starts with
+failover on takes no writes until its first answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+import orjson
+
+from data_plane.broker.config import BrokerRole
+from data_plane.broker.tasks import cancel_all
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_PATH = "/internal/v1/ha/heartbeat"
+
+
+class FailoverError(Exception):
+    """A heartbeat that got no usable answer."""
+
+
+class FailoverAgent:
+    def __init__(self, broker: Broker) -> None:
+        cfg = broker.config
+        self.broker = broker
+        self.url = cfg.control_plane_url.rstrip("/") + HEARTBEAT_PATH
+        self.interval_s = cfg.failover_check_interval_s
+        self.lease_s = cfg.failover_lease_s
+        self.heartbeats = 0
+        self.failures = 0
+        self._session: aiohttp.ClientSession | None = None
+        self._fence_timer: asyncio.TimerHandle | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(1.0, self.interval_s * 2)))
+        try:
+            await self.beat()
+        except FailoverError as e:
+            log.warning("failover: first heartbeat failed (%s); writes stay fenced until one succeeds", e)
+        self._tasks = [asyncio.get_running_loop().create_task(self._run(), name="orbit-failover")]
+
+    async def stop(self) -> None:
+        await cancel_all(self._tasks)
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.beat()
+            except FailoverError as e:
+                self.failures += 1
+                log.warning("failover heartbeat failed: %s", e)
+            except Exception:
+                self.failures += 1
+                log.exception("failover heartbeat failed")
+
+    def _request(self) -> dict[str, Any]:
+        b = self.broker
+        rep = b.replication
+        cfg = b.config
+        info = rep.runtime_info()
+        lag = info.get("haLagBytes", -1)
+        return {
+            "cluster": cfg.cluster_name,
+            "broker_name": cfg.broker_name,
+            "member_id": cfg.broker_id,
+            "addr": b.address,
+            "ha_addr": rep.ha_addr,
+            "max_offset": b.store.max_phy_offset(),
+            "epoch": rep.epoch,
+            "acting_master": rep.writable,
+            "master_role": cfg.broker_role.value if cfg.is_master else rep.master_role.value,
+            **({"lag_bytes": lag} if isinstance(lag, int) and lag >= 0 else {}),
+            "lease_s": self.lease_s,
+        }
+
+    async def beat(self) -> None:
+        assert self._session is not None
+        tenancy = self.broker.tenancy
+        if tenancy is None or tenancy.token_source is None:
+            raise FailoverError("no broker credential to call the control plane with")
+        sent_at = time.monotonic()
+        try:
+            token = await tenancy.token_source.token()
+            async with self._session.post(
+                self.url,
+                data=orjson.dumps(self._request()),
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            ) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise FailoverError(f"HTTP {resp.status}: {raw[:300]!r}")
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+            raise FailoverError(f"{type(e).__name__}: {e}") from None
+        except Exception as e:  # the token endpoint's errors (sdk.errors) among them
+            if isinstance(e, FailoverError):
+                raise
+            raise FailoverError(str(e)) from None
+        try:
+            answer = orjson.loads(raw)
+            role = str(answer["role"])
+            epoch = int(answer["epoch"])
+            master_role = BrokerRole(str(answer["master_role"]))
+            master_addr = str(answer.get("master_addr") or "")
+            master_ha_addr = str(answer.get("master_ha_addr") or "")
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise FailoverError(f"unusable answer: {e}") from None
+        self.heartbeats += 1
+        rep = self.broker.replication
+        if role == "MASTER":
+            # Counted from when the heartbeat was sent, one interval short: never past the
+            # control plane's own expiry.
+            self._hold_lease(sent_at + self.lease_s - self.interval_s)
+            await rep.become_master(epoch, master_role)
+        elif master_ha_addr:
+            await rep.become_slave(epoch, master_addr, master_ha_addr)
+            await self.broker.register_all()
+        elif rep.is_master:
+            rep.fence("the control plane names no master yet")
+
+    def _hold_lease(self, until_monotonic: float) -> None:
+        loop = asyncio.get_running_loop()
+        if self._fence_timer is not None:
+            self._fence_timer.cancel()
+        delay = until_monotonic - time.monotonic()
+        self._fence_timer = loop.call_later(max(0.0, delay), self.broker.replication.fence, "the master lease ran out")
+
+    def runtime_info(self) -> dict[str, int]:
+        return {"failoverHeartbeats": self.heartbeats, "failoverFailures": self.failures}

@@ -1,0 +1,434 @@
+"""Replication: a broker's place in its broker group (docs/ha.md#roles).
+
+    master (SYNC_MASTER / ASYNC_MASTER)            slave (SLAVE)
+      HAService on ha_listen ◀──── HA link ────── HAClient → store.append_raw → own dispatcher
+        DATA frames of the CommitLog  ─────────▶
+        METADATA frames (topics, groups,  ─────▶  apply: topics, groups, offsets, delay progress
+          consumer offsets, delay progress)
+        ◀─ SLAVE_OFFSETS (offsets clients committed here while the master was away)
+
+A SYNC_MASTER answers a send only once a slave has acknowledged the bytes (``replicated``):
+PUT_OK, or FLUSH_SLAVE_TIMEOUT after ``ha_sync_timeout_ms``, or SLAVE_NOT_AVAILABLE at once when
+no slave is connected and near enough (RocketMQ's isSlaveOK). Never PUT_OK without a copy.
+
+Roles can change while the broker runs (automatic failover, data_plane/broker/failover.py):
+``become_master`` stops the HA client and starts the HA service, the schedule and the
+transaction check; ``become_slave`` does the reverse and follows the new master, whose
+handshake truncates whatever this log holds that the new master never had. ``writable`` is
+what the send path looks at: False on a slave and, with failover on, on a master whose lease
+is not (or no longer) confirmed — a fenced old master refuses writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from data_plane.broker.config import BrokerRole
+from data_plane.broker.consumer_offset import TOPIC_GROUP_SEPARATOR
+from data_plane.broker.persisted import ConfigFile
+from data_plane.store.ha import HAClient, HAService
+from data_plane.store.status import PutMessageStatus
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+MASTER_ID = 0
+# The id a broker configured as master (id 0) registers with while it is a slave after a
+# failover; configured slave ids stay below it.
+DEMOTED_MASTER_ID = 100
+
+
+def split_address(addr: str) -> tuple[str, int]:
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"{addr!r} is not host:port")
+    return host, int(port)
+
+
+class Replication:
+    def __init__(self, broker: Broker) -> None:
+        cfg = broker.config
+        self.broker = broker
+        self.role = cfg.broker_role
+        # The role this broker takes when it is master (a promoted slave takes its group's mode,
+        # told by the control plane; SYNC_MASTER unless the group says otherwise).
+        self.master_role: BrokerRole = (
+            cfg.broker_role if cfg.broker_role is not BrokerRole.SLAVE else BrokerRole.SYNC_MASTER
+        )
+        self.service: HAService | None = None
+        self.client: HAClient | None = None
+        self.ha_addr = ""  # a master's published HA address
+        self.master_addr = ""  # a slave's master (client address), when known
+        self.master_ha_addr = cfg.ha_master_address
+        self._state = ConfigFile(os.path.join(cfg.store_dir, "config", "ha.json"))
+        doc = self._state.load() or {}
+        self.epoch = int(doc.get("epoch", 0))
+        # With failover on, nothing is written until the control plane confirms this master.
+        self.fenced = cfg.failover_enabled
+        self.role_changes = 0
+        # Offsets clients committed on this slave: reported to the master until it has them.
+        self.local_offsets: dict[str, dict[int, int]] = {}
+        self._metadata_applied: bytes | None = None
+        self._lock = asyncio.Lock()
+
+    # --- what the rest of the broker looks at ----------------------------------------------------
+    @property
+    def is_master(self) -> bool:
+        return self.role is not BrokerRole.SLAVE
+
+    @property
+    def writable(self) -> bool:
+        return self.is_master and not self.fenced
+
+    @property
+    def follows_namesrv(self) -> bool:
+        """A slave that learns its master from the name servers' answers to its registrations
+        (neither a fixed ha_master_address nor the control plane's failover)."""
+        cfg = self.broker.config
+        return not self.is_master and not cfg.failover_enabled and not cfg.ha_master_address
+
+    @property
+    def linked(self) -> bool:
+        """A slave replicating from its master right now."""
+        return self.client is not None and self.client.connected
+
+    @property
+    def sync_master(self) -> bool:
+        return self.role is BrokerRole.SYNC_MASTER
+
+    def registration_id(self) -> int:
+        """The broker id registered with name servers: 0 while a master that takes writes; a
+        slave's own id otherwise (a master configured as 0 takes DEMOTED_MASTER_ID while it is a
+        slave or fenced: it must not push the group's real master out of the routes)."""
+        if self.writable:
+            return MASTER_ID
+        return self.broker.config.broker_id or DEMOTED_MASTER_ID
+
+    def _publish(self) -> None:
+        b = self.broker
+        b.is_master = self.is_master
+        b.writable = self.writable
+        if b.transactions is not None:
+            b.transactions.is_master = self.is_master
+        b.offsets.on_local_commit = None if self.is_master else self.on_local_commit
+
+    # --- life cycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.is_master:
+            await self._start_service()
+        else:
+            self._start_client()
+        self._publish()
+
+    async def stop(self) -> None:
+        await self._stop_client()
+        await self._stop_service()
+
+    async def _start_service(self) -> None:
+        cfg = self.broker.config
+        host, port = _ha_listen(cfg.ha_listen, cfg.listen_host, cfg.listen_port, self.broker.server.port)
+        self.service = HAService(
+            self.broker.store,
+            host=host,
+            port=port,
+            max_gap_not_in_sync_bytes=cfg.ha_max_gap_bytes,
+            metadata=self.metadata,
+            on_slave_offsets=self.on_slave_offsets,
+        )
+        await self.service.start()
+        adv = cfg.advertised_host or ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
+        self.ha_addr = f"{adv}:{self.service.port}"
+
+    async def _stop_service(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+            self.service = None
+            self.ha_addr = ""
+
+    def _start_client(self) -> None:
+        if not self.master_ha_addr:
+            log.info("slave: waiting to learn the master's HA address (name server or control plane)")
+            return
+        host, port = split_address(self.master_ha_addr)
+        self.client = HAClient(
+            self.broker.store, host, port, on_metadata=self.on_metadata, offsets_to_report=self.offsets_to_report
+        )
+        self.client.start()
+
+    async def _stop_client(self) -> None:
+        if self.client is not None:
+            await self.client.stop()
+            self.client = None
+
+    def follow(self, master_addr: str, master_ha_addr: str) -> None:
+        """A slave learns (or re-learns) its master: from the name server's answer to its
+        registration, or from the control plane."""
+        if master_addr:
+            self.master_addr = master_addr
+        if not master_ha_addr or self.is_master or (master_ha_addr == self.master_ha_addr and self.client):
+            return
+        try:
+            split_address(master_ha_addr)
+        except ValueError:
+            log.warning("ignoring master HA address %r", master_ha_addr)
+            return
+        log.info("slave: following master HA %s (was %s)", master_ha_addr, self.master_ha_addr or "none")
+        self.master_ha_addr = master_ha_addr
+        if self.client is not None:
+            host, port = split_address(master_ha_addr)
+            self.client.update_master_address(host, port)
+            self.client.reconnect()
+        else:
+            self._start_client()
+
+    # --- role changes (failover) --------------------------------------------------------------------
+    def save_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch = epoch
+            self._state.save({"epoch": epoch})
+
+    async def become_master(self, epoch: int, role: BrokerRole) -> None:
+        async with self._lock:
+            self.save_epoch(epoch)
+            self.master_role = role
+            if self.is_master:
+                was_fenced = self.fenced
+                self.role = role
+                self.fenced = False
+                self._publish()
+                if was_fenced:  # confirmed (at start, or after a lapse): serve as master again
+                    log.info("master of %s confirmed (epoch %d)", self.broker.config.broker_name, epoch)
+                    await self.broker.on_became_master()
+                return
+            log.warning("promoted to %s of %s (epoch %d)", role.value, self.broker.config.broker_name, epoch)
+            await self._stop_client()
+            # Offsets clients committed here while the old master was away are simply ours now.
+            self.local_offsets.clear()
+            self.role = role
+            self.fenced = False
+            self.master_addr = ""
+            await self._start_service()
+            self.role_changes += 1
+            self._publish()
+            await self.broker.on_became_master()
+
+    async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> None:
+        async with self._lock:
+            self.save_epoch(epoch)
+            if not self.is_master:
+                self.follow(master_addr, master_ha_addr)
+                return
+            log.warning(
+                "demoted to slave of %s (epoch %d, master %s)", self.broker.config.broker_name, epoch, master_addr
+            )
+            self.role = BrokerRole.SLAVE
+            self.fenced = True
+            self._publish()
+            await self.broker.on_became_slave()
+            await self._stop_service()
+            self._forget_timer_progress()
+            self.role_changes += 1
+            self.master_ha_addr = ""
+            self.follow(master_addr, master_ha_addr)
+
+    def fence(self, why: str) -> None:
+        """Stop taking writes now (a master whose lease lapsed)."""
+        if not self.fenced:
+            log.error("writes fenced: %s", why)
+            self.fenced = True
+            self._publish()
+            self.broker.topics_changed()  # re-register: no longer the group's id 0
+
+    def _forget_timer_progress(self) -> None:
+        """The timer log of a former master describes its own log, which the new master's
+        handshake may truncate: drop it; a promotion rebuilds it from the timer topic."""
+        cfg = self.broker.config
+        for path in (os.path.join(cfg.store_dir, "config", "timerCheckpoint.json"),):
+            for p in (path, path + ".bak"):
+                if os.path.exists(p):
+                    os.unlink(p)
+        shutil.rmtree(os.path.join(cfg.store_dir, "timerlog"), ignore_errors=True)
+
+    # --- sync double write ----------------------------------------------------------------------------
+    async def replicated(self, end_offset: int) -> PutMessageStatus:
+        """SYNC_MASTER: PUT_OK once a slave holds the log up to ``end_offset``."""
+        service = self.service
+        if service is None or not service.is_slave_ok(end_offset):
+            return PutMessageStatus.SLAVE_NOT_AVAILABLE
+        if await service.wait_for_slave(end_offset, self.broker.config.ha_sync_timeout_ms):
+            return PutMessageStatus.PUT_OK
+        return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+
+    def suggest_broker_id(self, far_behind: bool) -> str:
+        """Where a consumer should pull next (seed 7.15): a master sends readers of data no
+        longer in memory to a slave; a slave sends readers back once they read hot data and
+        the master is reachable, else keeps them."""
+        if self.is_master:
+            service = self.service
+            if far_behind and service is not None and service.connections and self.broker.config.slave_read_enable:
+                return "1"
+            return "0"
+        client = self.client
+        if not far_behind and client is not None and client.connected:
+            return "0"
+        return str(self.registration_id())
+
+    def metadata_changed(self) -> None:
+        if self.service is not None:
+            self.service.metadata_changed()
+
+    def adopt_stored_topics(self) -> list[str]:
+        """A new master: topics whose messages it holds but whose config never reached it (the
+        old master died within a moment of creating them) get a config from their queues."""
+        topics = self.broker.topics
+        queue_ids: dict[str, int] = {}
+        for topic, qid in list(self.broker.store.queues.queues):
+            queue_ids[topic] = max(queue_ids.get(topic, 0), qid + 1)
+        adopted = []
+        for topic, n in queue_ids.items():
+            if topics.get(topic) is None:
+                try:
+                    topics.create_or_update(topic, read_queue_nums=n, write_queue_nums=n)
+                except ValueError as e:
+                    log.warning("cannot adopt stored topic %s: %s", topic, e)
+                    continue
+                adopted.append(topic)
+        if adopted:
+            log.warning("adopted %d topics known only from their stored messages: %s", len(adopted), adopted[:10])
+        return adopted
+
+    def notify(self) -> None:
+        if self.service is not None:
+            self.service.notify()
+
+    # --- metadata: master → slave --------------------------------------------------------------------
+    def metadata(self) -> bytes | None:
+        b = self.broker
+        doc: dict[str, Any] = {
+            "epoch": self.epoch,
+            "topicConfigTable": b.topics.topics,
+            "subscriptionGroupTable": b.groups.groups,
+            "offsetTable": b.offsets.table,
+        }
+        if b.schedule.levels is not None:
+            delay_doc, _timer_doc, _end = b.schedule.snapshot()
+            doc["delayOffset"] = delay_doc
+        return orjson.dumps(doc, option=orjson.OPT_NON_STR_KEYS)
+
+    def on_metadata(self, raw: bytes) -> None:
+        if raw == self._metadata_applied or self.is_master:
+            return
+        try:
+            doc = orjson.loads(raw)
+            self._apply(doc)
+        except (orjson.JSONDecodeError, TypeError, ValueError, AttributeError) as e:
+            log.error("ignoring the master's metadata: %s", e)
+            return
+        self._metadata_applied = raw
+
+    def _apply(self, doc: dict[str, Any]) -> None:
+        b = self.broker
+        topics = doc.get("topicConfigTable")
+        if isinstance(topics, dict) and topics != b.topics.topics:
+            for name, tc in topics.items():
+                b.topics.topics[str(name)] = tc
+            for name in [n for n in b.topics.topics if n not in topics]:
+                del b.topics.topics[name]
+            b.topics.persist()
+            b.topics_changed()
+        groups = doc.get("subscriptionGroupTable")
+        if isinstance(groups, dict) and groups != b.groups.groups:
+            b.groups.groups = {str(k): v for k, v in groups.items() if isinstance(v, dict)}
+            b.groups.persist()
+        offsets = doc.get("offsetTable")
+        if isinstance(offsets, dict):
+            self._merge_offsets(offsets)
+        delay = doc.get("delayOffset")
+        if isinstance(delay, dict):
+            b.schedule.save_delay_progress(delay)
+
+    def _merge_offsets(self, master: dict[str, Any]) -> None:
+        """The master's table, except where a client committed further here (kept, and sent
+        back until the master has it)."""
+        table: dict[str, dict[int, int]] = {}
+        for key, queues in master.items():
+            if isinstance(queues, dict):
+                table[str(key)] = {int(q): int(o) for q, o in queues.items()}
+        local = self.local_offsets
+        for key in list(local):
+            mine = local[key]
+            theirs = table.setdefault(key, {})
+            for q in list(mine):
+                if theirs.get(q, -1) >= mine[q]:
+                    del mine[q]  # the master has it
+                else:
+                    theirs[q] = mine[q]
+            if not mine:
+                del local[key]
+        offsets = self.broker.offsets
+        if table != offsets.table:
+            offsets.table = table
+            offsets.dirty = True
+
+    def on_local_commit(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A client committed an offset on this slave."""
+        if not self.is_master:
+            self.local_offsets.setdefault(topic + TOPIC_GROUP_SEPARATOR + group, {})[queue_id] = offset
+
+    # --- offsets: slave → master ----------------------------------------------------------------------
+    def offsets_to_report(self) -> bytes | None:
+        if not self.local_offsets:
+            return None
+        return orjson.dumps({"offsetTable": self.local_offsets}, option=orjson.OPT_NON_STR_KEYS)
+
+    def on_slave_offsets(self, raw: bytes) -> None:
+        """Offsets committed on a slave while this master was away: taken where they are ahead."""
+        try:
+            doc = orjson.loads(raw)
+            table = doc["offsetTable"]
+            offsets = self.broker.offsets
+            for key, queues in table.items():
+                topic, sep, group = str(key).partition(TOPIC_GROUP_SEPARATOR)
+                if not sep:
+                    continue
+                for q, o in queues.items():
+                    if int(o) > offsets.query(group, topic, int(q)):
+                        offsets.commit(group, topic, int(q), int(o))
+        except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError) as e:
+            log.error("ignoring a slave's offsets: %s", e)
+
+    # --- figures ----------------------------------------------------------------------------------------
+    def runtime_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"haEpoch": self.epoch, "haFenced": self.fenced, "haRoleChanges": self.role_changes}
+        if self.service is not None:
+            lags = self.service.lag()
+            info["haServerAddr"] = self.ha_addr
+            info["haSlaves"] = len(lags)
+            info["haLagBytes"] = max((lag.lag_bytes for lag in lags), default=-1)
+            secs = [lag.lag_seconds for lag in lags if lag.lag_seconds == lag.lag_seconds]
+            info["haLagSeconds"] = round(max(secs), 3) if secs else -1
+        if self.client is not None:
+            c = self.client
+            info["haMasterAddr"] = self.master_ha_addr
+            info["haConnected"] = c.connected
+            info["haMasterMaxOffset"] = c.master_max_offset
+            info["haLagBytes"] = max(0, c.master_max_offset - self.broker.store.max_phy_offset()) if c.connected else -1
+            info["haBytesReceived"] = c.bytes_received
+        return info
+
+
+def _ha_listen(setting: str, listen_host: str, configured_port: int, bound_port: int) -> tuple[str, int]:
+    """ha_listen, else the listen host and listen port + 1 (10912 beside 10911); a broker
+    listening on port 0 (any free port) takes any free HA port too."""
+    if not setting:
+        return listen_host or "0.0.0.0", bound_port + 1 if configured_port else 0
+    host, port = split_address(setting)
+    return host or "0.0.0.0", port

@@ -1,0 +1,323 @@
+"""What a load test runs against, and the clients generators use for it.
+
+A *target spec* is a small picklable dict handed to every generator process:
+``{"kind": "orbit", "namesrv": "host:port", "credentials": {...} | None}``, or a peer's
+(``loadtest/peers``). ``publisher(spec)`` and ``subscriber(spec, ...)`` build the matching
+client inside the generator process.
+
+``OrbitServer`` starts a LocalCluster for a case (flush type, broker role, store settings,
+tenancy) and makes its topics — through the control plane's HTTP API when the case has tenants,
+so the generators go through the real auth path with credentials of their own.
+``RemoteOrbit`` is an Orbit cluster somebody else runs (distributed use)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from loadtest.scenario import Case
+
+
+class TargetUnavailable(RuntimeError):
+    """A case cannot run against this target here; the message says why."""
+
+
+class Publisher(Protocol):
+    async def start(self) -> None: ...
+    async def send(self, topic: str, bodies: list[bytes], key: str | None) -> None: ...
+    async def close(self) -> None: ...
+
+
+class Subscriber(Protocol):
+    async def run(self, on_batch: Callable[[list[bytes]], None], stop: asyncio.Event) -> None: ...
+
+
+class Server(Protocol):
+    kind: str
+
+    def start(self) -> dict[str, Any]: ...
+    def prepare(self, spec: dict[str, Any], *, topics: list[str], queues: int) -> None: ...
+    def stop(self) -> None: ...
+
+
+def tenant_name(index: int) -> str:
+    """Tenant ``index`` of a tenant case; tenant 0 is the noisy one."""
+    return f"lt-t{index}"
+
+
+def topic_names(case: Case, tenant: str | None = None) -> list[str]:
+    prefix = f"{tenant}%" if tenant else ""
+    return [f"{prefix}lt-{i}" for i in range(case.topics)]
+
+
+def group_names(case: Case, tenant: str | None = None) -> list[str]:
+    prefix = f"{tenant}%" if tenant else ""
+    return [f"{prefix}lt-group-{i}" for i in range(case.consumer_groups)]
+
+
+def _credentials(spec: dict[str, Any]) -> Any:
+    c = spec.get("credentials")
+    if not c:
+        return None
+    from sdk.credentials import AccessKeyCredentials, ClientCredentials
+
+    if c.get("token_url"):
+        return ClientCredentials(c["access_key"], c["secret"], c["token_url"])
+    return AccessKeyCredentials(c["access_key"], c["secret"])
+
+
+async def _close(credentials: Any) -> None:
+    """A token provider holds an HTTP session; close it with the client."""
+    aclose = getattr(credentials, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+class OrbitPublisher:
+    def __init__(self, spec: dict[str, Any], *, instance: str) -> None:
+        from sdk import Producer
+
+        self.credentials = _credentials(spec)
+        self.producer = Producer(
+            "lt-producers", namesrv_addrs=[spec["namesrv"]], credentials=self.credentials, instance_name=instance
+        )
+
+    async def start(self) -> None:
+        await self.producer.start()
+
+    async def send(self, topic: str, bodies: list[bytes], key: str | None) -> None:
+        from sdk import Message
+
+        if len(bodies) == 1:
+            await self.producer.send(Message(topic, bodies[0]), sharding_key=key)
+        else:
+            await self.producer.send_batch([Message(topic, b) for b in bodies])
+
+    async def close(self) -> None:
+        await self.producer.shutdown()
+        await _close(self.credentials)
+
+
+class OrbitSubscriber:
+    def __init__(self, spec: dict[str, Any], *, group: str, topics: list[str], ordered: bool) -> None:
+        self.spec, self.group, self.topics, self.ordered = spec, group, topics, ordered
+
+    async def run(self, on_batch: Callable[[list[bytes]], None], stop: asyncio.Event) -> None:
+        from sdk import ConsumeResult, PushConsumer
+
+        credentials = _credentials(self.spec)
+        consumer = PushConsumer(
+            self.group,
+            namesrv_addrs=[self.spec["namesrv"]],
+            credentials=credentials,
+            consume_from="FIRST_OFFSET",
+            consume_batch_size=32,
+            pull_batch_size=32,
+            rebalance_interval_ms=2000,
+            instance_name=f"lt-{os.getpid()}-{self.group}",
+        )
+        for t in self.topics:
+            consumer.subscribe(t, "*")
+
+        async def listener(msgs: list[Any]) -> ConsumeResult:
+            on_batch([m.body for m in msgs])
+            return ConsumeResult.SUCCESS
+
+        if self.ordered:
+            consumer.on_message_orderly(listener)
+        else:
+            consumer.on_message(listener)
+        await consumer.start()
+        try:
+            await stop.wait()
+        finally:
+            await consumer.shutdown()
+            await _close(credentials)
+
+
+def publisher(spec: dict[str, Any], *, instance: str) -> Publisher:
+    kind = spec["kind"]
+    if kind == "orbit":
+        return OrbitPublisher(spec, instance=instance)
+    if kind == "nats":
+        from loadtest.peers.nats import NatsPublisher
+
+        return NatsPublisher(spec)
+    from loadtest.peers.redis import RedisPublisher
+
+    return RedisPublisher(spec)
+
+
+def subscriber(spec: dict[str, Any], *, group: str, topics: list[str], ordered: bool) -> Subscriber:
+    kind = spec["kind"]
+    if kind == "orbit":
+        return OrbitSubscriber(spec, group=group, topics=topics, ordered=ordered)
+    if kind == "nats":
+        from loadtest.peers.nats import NatsSubscriber
+
+        return NatsSubscriber(spec, group=group, topics=topics, ordered=ordered)
+    from loadtest.peers.redis import RedisSubscriber
+
+    return RedisSubscriber(spec, group=group, topics=topics, ordered=ordered)
+
+
+def peer_server(kind: str, root: str) -> Server:
+    if kind == "nats":
+        from loadtest.peers.nats import NatsServer
+
+        return NatsServer(root)
+    from loadtest.peers.redis import RedisServer
+
+    return RedisServer(root)
+
+
+def durability(kind: str, case: Case) -> str:
+    if kind == "nats":
+        from loadtest.peers.nats import DURABILITY
+
+        return DURABILITY
+    if kind == "redis":
+        from loadtest.peers.redis import DURABILITY as REDIS_DURABILITY
+
+        return REDIS_DURABILITY
+    flush = (
+        "SYNC_FLUSH: a send is answered once its bytes are fsynced (group commit)"
+        if case.flush == "SYNC_FLUSH"
+        else "ASYNC_FLUSH: answered once in the mapped CommitLog (page cache), flushed every 500 ms"
+    )
+    role = " ; SYNC_MASTER: and once a slave holds the bytes" if case.broker_role == "SYNC_MASTER" else ""
+    return flush + role
+
+
+@dataclasses.dataclass
+class TenantAccess:
+    """One tenant's wire names and credential (kept in memory and in generator arguments only —
+    never written to results or logs)."""
+
+    tenant: str
+    topics: list[str]
+    groups: list[str]
+    spec: dict[str, Any]
+
+
+class OrbitServer:
+    """A LocalCluster for one case."""
+
+    kind = "orbit"
+
+    def __init__(self, root: str, case: Case) -> None:
+        self.root = root
+        self.case = case
+        self.cluster: Any = None
+        self.tenants: list[TenantAccess] = []
+
+    def start(self) -> dict[str, Any]:
+        from data_plane.local_cluster import LocalCluster
+
+        case = self.case
+        flags: list[str] = []
+        for k, v in case.store_set:
+            flags += ["--store-set", f"{k}={v}"]
+        options: dict[str, Any] = {}
+        if case.slaves:  # LocalCluster gives the master its role and each slave its own
+            have = {f.name for f in dataclasses.fields(LocalCluster)}
+            if not {"slaves", "master_role"} <= have:
+                raise TargetUnavailable(
+                    "this LocalCluster cannot start slave brokers (no 'slaves'/'master_role' options); "
+                    "the replication case needs a master and a slave"
+                )
+            options = {"slaves": case.slaves, "master_role": case.broker_role}
+        self.cluster = LocalCluster(
+            self.root,
+            namesrv_port=0,
+            broker_port=0,
+            flush=case.flush,
+            broker_flags=flags,
+            tenancy=case.tenants is not None,
+            control_plane_port=0,
+            **options,
+        )
+        self.cluster.start()
+        return {"kind": "orbit", "namesrv": self.cluster.namesrv, "credentials": None}
+
+    def members(self) -> list[str]:
+        """The brokers that ran (names only), for the result."""
+        return sorted(self.cluster.brokers) if self.cluster is not None else []
+
+    def prepare(self, spec: dict[str, Any], *, topics: list[str], queues: int) -> None:
+        if self.case.tenants is None:
+            create_topics(spec, topics, queues)
+        else:
+            self.tenants = self._make_tenants(spec)
+
+    def _make_tenants(self, spec: dict[str, Any]) -> list[TenantAccess]:
+        """Tenants ``lt-t0`` (the noisy one) .. ``lt-t<n-1>``, each with the case's publish quota, its
+        topics, groups and a credential, made through the control plane's HTTP API."""
+        from data_plane.dev_tenancy import operator_api
+
+        case = self.case
+        assert case.tenants is not None
+        url = self.cluster.control_plane_url
+        api = operator_api(url, os.path.join(self.root, "control-plane", "operator.json"))
+        out = []
+        for i in range(case.tenants.count):
+            t = tenant_name(i)
+            api.ok("POST", "/v1/tenants", {"id": t, "plan": "enterprise", "display_name": f"load test {t}"})
+            api.ok("PUT", f"/v1/tenants/{t}/quota", {"publish_msgs_per_s": case.tenants.publish_quota_msgs_per_s})
+            for name in topic_names(case):
+                api.ok("POST", f"/v1/tenants/{t}/topics", {
+                    "name": name, "message_type": "NORMAL", "throughput_hint_msgs_per_s": case.queues * 1000
+                })  # fmt: skip
+            for name in group_names(case):
+                api.ok("POST", f"/v1/tenants/{t}/groups", {"name": name})
+            made = api.ok("POST", f"/v1/tenants/{t}/credentials", {"description": "orbit loadtest"})
+            creds = {"access_key": made["access_key"], "secret": made["secret"], "token_url": url + "/oauth/token"}
+            out.append(TenantAccess(t, topic_names(case, t), group_names(case, t), {**spec, "credentials": creds}))
+        deadline = time.monotonic() + 60
+        for access in out:
+            for name in topic_names(case):
+                while api.ok("GET", f"/v1/tenants/{access.tenant}/topics/{name}").get("status") != "active":
+                    if time.monotonic() > deadline:
+                        raise TargetUnavailable(f"topic {access.tenant}%{name} did not become active within 60 s")
+                    time.sleep(0.2)
+        return out
+
+    def stop(self) -> None:
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+class RemoteOrbit:
+    """An Orbit cluster run elsewhere (generator-only mode): nothing to start or stop."""
+
+    kind = "orbit"
+
+    def __init__(self, spec: dict[str, Any], *, create_topics: bool) -> None:
+        self.spec = spec
+        self.create = create_topics
+        self.tenants: list[TenantAccess] = []
+
+    def start(self) -> dict[str, Any]:
+        return self.spec
+
+    def prepare(self, spec: dict[str, Any], *, topics: list[str], queues: int) -> None:
+        if self.create:
+            create_topics(spec, topics, queues)
+
+    def stop(self) -> None:
+        pass
+
+
+def create_topics(spec: dict[str, Any], topics: list[str], queues: int) -> None:
+    from sdk.admin import AdminClient
+
+    async def go() -> None:
+        async with AdminClient([spec["namesrv"]], credentials=_credentials(spec), timeout_ms=30_000) as admin:
+            for t in topics:
+                await admin.create_topic(t, queue_nums=queues)
+
+    asyncio.run(go())

@@ -1,0 +1,156 @@
+"""The scenario parser: shipped files, a file with variants, flags over a file, and bad files —
+each refused with a message naming the field."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadtest import scenario as sc
+
+pytestmark = pytest.mark.unit
+
+
+def test_every_shipped_scenario_parses_and_is_listed() -> None:
+    names = [n for n, _ in sc.shipped()]
+    assert {"steady", "burst", "backlog", "many-queues", "fan-out", "ordered", "flush", "replication",
+            "noisy-neighbour"} <= set(names)  # fmt: skip
+    for name in names:
+        s = sc.load(name)
+        assert s.name == name
+        assert s.cases, name
+
+
+def test_a_file_with_variants_gives_one_case_per_variant_over_the_base(tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text(
+        """
+name = "mine"
+duration_s = 5
+producers = 3
+message_bytes = [100, 2000]
+rate_msgs_per_s = 800
+peers = ["redis"]
+store_set = { reserve_ahead_bytes = 0, check = true }
+[burst]
+at_s = 1
+duration_s = 2
+factor = 10
+[[variants]]
+name = "a"
+queues = 16
+[[variants]]
+name = "b"
+queues = 10000
+producers = 1
+"""
+    )
+    s = sc.load(f)
+    assert s.peers == ("redis",)
+    a, b = s.cases
+    assert (a.name, a.queues, a.producers) == ("a", 16, 3)
+    assert (b.name, b.queues, b.producers) == ("b", 10000, 1)
+    for c in s.cases:
+        assert c.message_bytes == (100, 2000)
+        assert c.duration_s == 5.0
+        assert c.burst == sc.Burst(at_s=1.0, duration_s=2.0, factor=10.0)
+        assert c.store_set == (("check", "true"), ("reserve_ahead_bytes", "0"))
+        assert c.open_loop
+
+
+def test_flags_override_the_file_in_every_case() -> None:
+    s = sc.load("many-queues", overrides={"duration_s": 2, "rate_msgs_per_s": 100, "message_bytes": [64, 64]})
+    assert [c.topics * c.queues for c in s.cases] == [16, 10000]
+    assert all(c.duration_s == 2.0 and c.rate_msgs_per_s == 100.0 and c.message_bytes == (64, 64) for c in s.cases)
+
+
+def test_no_file_at_all_is_a_case_of_defaults_and_flags() -> None:
+    s = sc.parse({}, overrides={"producers": 2})
+    (c,) = s.cases
+    assert c.producers == 2
+    assert not c.open_loop  # no rate: closed loop, as fast as it goes
+
+
+@pytest.mark.parametrize(
+    ("doc", "field", "why"),
+    [
+        ({"producer": 2}, "producer", "unknown field"),
+        ({"producers": "2"}, "producers", "whole number"),
+        ({"producers": 2.5}, "producers", "whole number"),
+        ({"producers": 65}, "producers", "outside"),
+        ({"ordered": 1}, "ordered", "true or false"),
+        ({"flush": "SOMETIMES"}, "flush", "ASYNC_FLUSH"),
+        ({"message_bytes": 8}, "message_bytes", "outside"),
+        ({"message_bytes": [2000, 100]}, "message_bytes", "larger than max"),
+        ({"message_bytes": [1, 2, 3]}, "message_bytes", "[min, max]"),
+        ({"duration_s": 0}, "duration_s", "outside"),
+        ({"peers": ["kafka"]}, "peers", "nats, redis"),
+        ({"burst": {"at_s": 1, "duration_s": 2, "factor": 10}}, "burst", "needs a target rate"),
+        ({"burst": {"at_s": 1, "factor": 10}, "rate_msgs_per_s": 5}, "burst.duration_s", "missing"),
+        ({"burst": {"at_s": 1, "duration_s": 1, "factor": 2, "x": 1}, "rate_msgs_per_s": 5}, "burst.x", "unknown"),
+        ({"ordered": True, "batch": 4}, "ordered", "batch = 1"),
+        ({"broker_role": "SYNC_MASTER"}, "slaves", "set slaves = 1"),
+        ({"flush": "SYNC_FLUSH", "peers": ["nats"]}, "peers", "Orbit's"),
+        ({"producers": 0, "consumers": 0}, "producers", "needs producers or consumers"),
+        ({"topics": 20, "queues": 10000}, "queues", "100,000"),
+        ({"consumers": 0, "consumers_start_after_msgs": 5}, "consumers_start_after_msgs", "needs consumers"),
+        ({"tenants": {"count": 2, "publish_quota_msgs_per_s": 5, "noisy_rate_msgs_per_s": 9},
+          "rate_msgs_per_s": 5, "producers": 2, "peers": ["redis"]}, "tenants", "peers have no tenants"),
+        ({"tenants": {"count": 3, "publish_quota_msgs_per_s": 5, "noisy_rate_msgs_per_s": 9},
+          "rate_msgs_per_s": 5, "producers": 2}, "producers", "one producer process per tenant"),
+        ({"variants": [{"name": "a"}, {"name": "a"}]}, "variants[1].name", "appears twice"),
+        ({"variants": [{"queues": 4}]}, "variants[0].name", "expected a name"),
+        ({"variants": [{"name": "a", "peers": []}]}, "variants[0].peers", "top of the file"),
+        ({"variants": [{"name": "a", "queues": 0}]}, "variants[0].queues", "outside"),
+        ({"store_set": {"a": [1]}}, "store_set", "broker store settings"),
+    ],
+)
+def test_a_bad_field_is_refused_naming_it(doc: dict[str, Any], field: str, why: str) -> None:
+    with pytest.raises(sc.ScenarioError) as e:
+        sc.parse(doc, source="bad.toml")
+    assert str(e.value).startswith("bad.toml"), e.value
+    assert field in str(e.value), e.value
+    assert why in str(e.value), e.value
+
+
+def test_a_bad_flag_is_refused_naming_the_flag() -> None:
+    with pytest.raises(sc.ScenarioError, match=r"--producers: 100 is outside"):
+        sc.parse({}, overrides={"producers": 100})
+
+
+def test_files_that_are_not_scenarios(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.toml"
+    broken.write_text("name = [unterminated\n")
+    with pytest.raises(sc.ScenarioError, match="not valid TOML"):
+        sc.load(broken)
+    with pytest.raises(sc.ScenarioError, match="no such file, and not a shipped scenario"):
+        sc.load(tmp_path / "missing.toml")
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * sc.MAX_FILE_BYTES + "\n")
+    with pytest.raises(sc.ScenarioError, match="small file"):
+        sc.load(big)
+
+
+def test_the_shipped_files_say_what_they_promise() -> None:
+    """The issue's scenario list, as data: burst is 10x for 10 s, fan-out has 8 groups, the
+    many-queues case goes from 16 to 10,000, flush and replication compare both modes."""
+    burst = sc.load("burst").cases[0]
+    assert burst.burst is not None
+    assert (burst.burst.factor, burst.burst.duration_s) == (10.0, 10.0)
+    assert sc.load("fan-out").cases[0].consumer_groups == 8
+    assert [c.topics * c.queues for c in sc.load("many-queues").cases] == [16, 10000]
+    assert {c.flush for c in sc.load("flush").cases} == {"ASYNC_FLUSH", "SYNC_FLUSH"}
+    assert {c.broker_role for c in sc.load("replication").cases} == {"ASYNC_MASTER", "SYNC_MASTER"}
+    baseline, noisy = sc.load("noisy-neighbour").cases
+    assert baseline.tenants is not None
+    assert noisy.tenants is not None
+    assert baseline.tenants.noisy_rate_msgs_per_s <= baseline.tenants.publish_quota_msgs_per_s
+    assert noisy.tenants.noisy_rate_msgs_per_s > noisy.tenants.publish_quota_msgs_per_s
+    assert sc.load("backlog").cases[0].consumers_start_after_msgs > 0
+    assert sc.load("ordered").cases[0].ordered
+    assert set(sc.load("steady").peers) == {"nats", "redis"}
+    raw = tomllib.loads((sc.SHIPPED_DIR / "steady.toml").read_text())
+    assert raw["name"] == "steady"
