@@ -44,7 +44,7 @@ import contextlib
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Literal
 
@@ -512,3 +512,37 @@ class BrokerMetrics:
         if not self._enabled:
             return
         self._send_duration.record(seconds, self._attributes_of(tenant, topic))
+
+
+# --- replication lag (docs/ha.md) ------------------------------------------------------------------
+LagSource = Callable[[], "tuple[int, float] | None"]
+
+
+def register_replication_lag(tel: Telemetry, lag: LagSource, *, broker_name: str) -> None:
+    """``orbit.broker.replication.lag.bytes`` (By) and ``.seconds`` (s) as observable gauges:
+    read from ``lag()`` — (bytes, seconds) of the slave furthest behind on a master, of this
+    slave on a slave, or None (nothing to report) — whenever the metrics are collected."""
+    if not tel.enabled or tel.meter_provider is None:
+        return
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    attrs: dict[str, AttributeValue] = {"orbit.broker.name": broker_name}
+
+    def observe(index: int) -> Callable[[CallbackOptions], list[Observation]]:
+        def callback(_options: CallbackOptions) -> list[Observation]:
+            value = lag()
+            if value is None or value[index] != value[index] or value[index] < 0:  # None, NaN, unknown
+                return []
+            return [Observation(value[index], attrs)]
+
+        return callback
+
+    m = tel.meter
+    m.create_observable_gauge(
+        "orbit.broker.replication.lag.bytes", callbacks=[observe(0)], unit="By",
+        description="CommitLog bytes the slave furthest behind lacks (on a slave: this slave)",
+    )  # fmt: skip
+    m.create_observable_gauge(
+        "orbit.broker.replication.lag.seconds", callbacks=[observe(1)], unit="s",
+        description="store-time gap between the master's newest record and the slave's",
+    )  # fmt: skip

@@ -217,9 +217,10 @@ class Broker:
             )
             self._owns_telemetry = True
         if self.telemetry.enabled:
-            from data_plane.telemetry import BrokerMetrics
+            from data_plane.telemetry import BrokerMetrics, register_replication_lag
 
             self.metrics = BrokerMetrics(self.telemetry)
+            register_replication_lag(self.telemetry, self.replication.lag, broker_name=cfg.broker_name)
             log.info("telemetry on (%s)", self.telemetry.exporter)
 
     def _register_processors(self) -> None:

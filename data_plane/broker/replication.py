@@ -406,6 +406,20 @@ class Replication:
             log.error("ignoring a slave's offsets: %s", e)
 
     # --- figures ----------------------------------------------------------------------------------------
+    def lag(self) -> tuple[int, float] | None:
+        """(bytes, seconds) behind: of the slave furthest behind on a master, of this slave on a
+        slave (seconds unknown there: -1); None when there is nothing to say."""
+        if self.service is not None:
+            lags = self.service.lag()
+            if not lags:
+                return None
+            worst = max(lags, key=lambda s: s.lag_bytes)
+            return worst.lag_bytes, worst.lag_seconds
+        c = self.client
+        if c is not None and c.connected:
+            return max(0, c.master_max_offset - self.broker.store.max_phy_offset()), -1.0
+        return None
+
     def runtime_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"haEpoch": self.epoch, "haFenced": self.fenced, "haRoleChanges": self.role_changes}
         if self.service is not None:

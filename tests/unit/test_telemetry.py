@@ -19,6 +19,7 @@ from data_plane.telemetry import (
     consume_span,
     extract_context,
     inject_context,
+    register_replication_lag,
     resolve_exporter,
     send_span,
     setup_telemetry,
@@ -256,4 +257,29 @@ def test_the_attribute_cache_is_bounded() -> None:
     for i in range(100):
         m.messages_in(f"t{i}", f"t{i}%orders", 1, 1)
     assert len(m._attrs) <= 10
+    t.shutdown()
+
+
+def test_replication_lag_gauges_read_their_source_at_collection() -> None:
+    reader = InMemoryMetricReader()
+    t = setup_telemetry("orbit-broker-test", exporter="none", metric_readers=[reader], set_global=False)
+    now: list[tuple[int, float] | None] = [(4096, 0.25)]
+    register_replication_lag(t, lambda: now[0], broker_name="broker-a")
+
+    def gauges() -> dict[str, float]:
+        data = reader.get_metrics_data()
+        out: dict[str, float] = {}
+        for rm in data.resource_metrics if data is not None else ():
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for p in metric.data.data_points:
+                        assert dict(p.attributes or {}) == {"orbit.broker.name": "broker-a"}
+                        out[metric.name] = p.value  # type: ignore[union-attr]
+        return out
+
+    assert gauges() == {"orbit.broker.replication.lag.bytes": 4096, "orbit.broker.replication.lag.seconds": 0.25}
+    now[0] = (0, -1.0)  # a slave: bytes known, seconds not
+    assert gauges() == {"orbit.broker.replication.lag.bytes": 0}
+    now[0] = None  # nothing to report (no slave connected)
+    assert gauges() == {}
     t.shutdown()
