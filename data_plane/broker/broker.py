@@ -280,6 +280,9 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        if self.replication is not None:
+            # Before the lease timer goes with the failover agent; the unregistration follows.
+            self.replication.fence("stopping", reregister=False)
         if self.failover is not None:
             await self.failover.stop()
         await cancel_all(self._tasks)

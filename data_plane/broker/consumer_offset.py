@@ -24,6 +24,8 @@ class ConsumerOffsetManager:
         self.on_advance: Callable[[str, str, int, int], None] | None = None
         # Told every commit while this broker is a slave (replication.py sends them to the master).
         self.on_local_commit: Callable[[str, str, int, int], None] | None = None
+        # Told after any change on a master (replication.py sends offsets to slaves soon).
+        self.on_commit: Callable[[], None] | None = None
 
     def load(self) -> None:
         doc = self.file.load()
@@ -53,6 +55,8 @@ class ConsumerOffsetManager:
                 self.on_advance(group, topic, queue_id, offset)
             if self.on_local_commit is not None:
                 self.on_local_commit(group, topic, queue_id, offset)
+            if self.on_commit is not None:
+                self.on_commit()
 
     def query(self, group: str, topic: str, queue_id: int) -> int:
         """The committed offset, or -1 when the group never committed for this queue."""

@@ -132,8 +132,11 @@ class FailoverAgent:
         rep = self.broker.replication
         if role == "MASTER":
             # Counted from when the heartbeat was sent, one interval short: never past the
-            # control plane's own expiry.
-            self._hold_lease(sent_at + self.lease_s - self.interval_s)
+            # control plane's own expiry. An answer that arrives after that is no lease at all.
+            deadline = sent_at + self.lease_s - self.interval_s
+            if time.monotonic() >= deadline:
+                raise FailoverError("the lease answer came after the lease's own deadline")
+            self._hold_lease(deadline)
             await rep.become_master(epoch, master_role)
         elif master_ha_addr:
             await rep.become_slave(epoch, master_addr, master_ha_addr)

@@ -77,6 +77,7 @@ class Replication:
         # Offsets clients committed on this slave: reported to the master until it has them.
         self.local_offsets: dict[str, dict[int, int]] = {}
         self._metadata_applied: bytes | None = None
+        self._offsets_timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
 
     # --- what the rest of the broker looks at ----------------------------------------------------
@@ -116,9 +117,12 @@ class Replication:
         b = self.broker
         b.is_master = self.is_master
         b.writable = self.writable
+        if b.store is not None:
+            b.store.fenced = not self.writable  # every writer, not only the send path
         if b.transactions is not None:
-            b.transactions.is_master = self.is_master
+            b.transactions.is_master = self.writable
         b.offsets.on_local_commit = None if self.is_master else self.on_local_commit
+        b.offsets.on_commit = self.offsets_changed if self.is_master else None
 
     # --- life cycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -210,12 +214,20 @@ class Replication:
                 return
             log.warning("promoted to %s of %s (epoch %d)", role.value, self.broker.config.broker_name, epoch)
             await self._stop_client()
+            # A master that died mid-chunk left a partial record: new records must not follow it.
+            end = self.broker.store.cut_partial_tail()
+            try:
+                await self._start_service()
+            except OSError as e:  # stay a fenced slave; the next answer tries again
+                log.error("promotion failed, staying a slave: %s", e)
+                self._start_client()
+                return
+            log.info("promoted at CommitLog offset %d", end)
             # Offsets clients committed here while the old master was away are simply ours now.
             self.local_offsets.clear()
             self.role = role
             self.fenced = False
             self.master_addr = ""
-            await self._start_service()
             self.role_changes += 1
             self._publish()
             await self.broker.on_became_master()
@@ -239,13 +251,14 @@ class Replication:
             self.master_ha_addr = ""
             self.follow(master_addr, master_ha_addr)
 
-    def fence(self, why: str) -> None:
-        """Stop taking writes now (a master whose lease lapsed)."""
+    def fence(self, why: str, *, reregister: bool = True) -> None:
+        """Stop taking writes now (a master whose lease lapsed, or one shutting down)."""
         if not self.fenced:
             log.error("writes fenced: %s", why)
             self.fenced = True
             self._publish()
-            self.broker.topics_changed()  # re-register: no longer the group's id 0
+            if reregister:
+                self.broker.topics_changed()  # no longer the group's id 0
 
     def _forget_timer_progress(self) -> None:
         """The timer log of a former master describes its own log, which the new master's
@@ -284,6 +297,16 @@ class Replication:
     def metadata_changed(self) -> None:
         if self.service is not None:
             self.service.metadata_changed()
+
+    def offsets_changed(self) -> None:
+        """A commit on the master: slaves get the offsets within ~50 ms (one push for a burst),
+        so a promoted slave starts from offsets at most that old."""
+        if self._offsets_timer is None and self.service is not None and self.service.connections:
+            self._offsets_timer = asyncio.get_running_loop().call_later(0.05, self._push_offsets)
+
+    def _push_offsets(self) -> None:
+        self._offsets_timer = None
+        self.metadata_changed()
 
     def adopt_stored_topics(self) -> list[str]:
         """A new master: topics whose messages it holds but whose config never reached it (the

@@ -117,6 +117,10 @@ class MessageStore:
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.disk_full = False
+        # Set by a broker that is not (or no longer) its group's master: every writer of this
+        # store (sends, schedule re-puts, transaction checks, trace, usage) is refused in one place.
+        # append_raw (replication) is not affected.
+        self.fenced = False
         self.dispatch_broken = False  # a dispatch failed (full disk); puts wait for a redispatch
         self.running = False
         self.recovered_abnormally = False
@@ -309,11 +313,13 @@ class MessageStore:
     # --- writing ---------------------------------------------------------------------------
     @property
     def writable(self) -> bool:
-        return self.running and not self.disk_full and not self.dispatch_broken
+        return self.running and not self.disk_full and not self.dispatch_broken and not self.fenced
 
     def _refuse(self) -> PutMessageResult:
         if not self.running:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is not running")
+        if self.fenced:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="not the master: writes fenced")
         return PutMessageResult(PutMessageStatus.DISK_FULL, reason="disk is full; writes resume when space returns")
 
     def append(self, msgs: Sequence[Message]) -> tuple[PutMessageResult, int]:
@@ -492,6 +498,16 @@ class MessageStore:
             if dispatch:
                 self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
         return end
+
+    def cut_partial_tail(self) -> int:
+        """A slave about to become master: dispatch what was received, then cut the log back to
+        the end of its last whole record (a master that died mid-chunk leaves a partial one, and
+        new records must not follow it). Returns the new end."""
+        self.dispatch_pending()
+        end = self.dispatcher.dispatched_offset
+        if end < self.commit_log.max_offset():
+            self.truncate_log(end)
+        return self.commit_log.max_offset()
 
     def dispatch_pending(self) -> None:
         """Dispatch whatever ``append_raw(..., dispatch=False)`` wrote and nothing indexed yet."""

@@ -21,7 +21,7 @@ import pytest
 from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import ResponseCode
 from sdk import Message, protocol
-from tests.fault.ha_group import LEASE_S, TOPIC, Consumer, HaGroup, Load, new_group, read_all
+from tests.fault.ha_group import LEASE_S, QUEUES, TOPIC, Consumer, HaGroup, Load, new_group, read_all
 from tests.integration.conftest import ServerProcess
 from tests.integration.helpers import until
 from tests.postgres_fixture import ControlPlaneHarness
@@ -29,6 +29,23 @@ from tests.postgres_fixture import ControlPlaneHarness
 pytestmark = [pytest.mark.fault, pytest.mark.asyncio]
 
 FAILOVER_BOUND_S = 10.0
+
+
+async def offsets_on(group: HaGroup, member: int) -> dict[int, int]:
+    """The group's committed offsets as one broker holds them (QUERY_CONSUMER_OFFSET)."""
+    from data_plane.remoting.codes import RequestCode
+    from data_plane.remoting.command import RemotingCommand
+
+    assert group.admin is not None
+    out = {}
+    for q in range(QUEUES):
+        ext = {"consumerGroup": "ha-load-readers", "topic": TOPIC, "queueId": str(q)}
+        r = await group.admin.client.invoke(
+            group.members[member].address, RemotingCommand(RequestCode.QUERY_CONSUMER_OFFSET, ext_fields=ext), 5000
+        )
+        if r.code == ResponseCode.SUCCESS:
+            out[q] = int((r.ext_fields or {}).get("offset", "-1"))
+    return out
 
 
 async def failover(group: HaGroup) -> float:
@@ -51,10 +68,15 @@ async def test_sync_master_failover_loses_no_acknowledged_message(
         await consumer.start()
         await until(lambda: len(load.acked) >= 300 and len(consumer.got) >= 100, "steady load", timeout_s=30)
         assert group.admin is not None
-        before = {(r.queue_id): r.consumer_offset for r in await group.admin.group_progress("ha-load-readers", TOPIC)}
+        # The offsets committed on the master just before it dies; the slave must hold them (the
+        # master pushes committed offsets to its slaves within ~50 ms).
+        before = await offsets_on(group, 0)
         took = await failover(group)
         print(f"failover: the slave took writes {took:.2f} s after kill -9 of the master")
         assert took < FAILOVER_BOUND_S
+        # Right after the promotion, before consumers could commit anything to the new master.
+        at_promotion = await offsets_on(group, 1)
+        assert all(at_promotion.get(q, -1) >= o for q, o in before.items()), (before, at_promotion)
         # The old master comes back: a slave of the new one, its writes fenced.
         await group.start(0)
         await group.wait_role(0, "SLAVE")

@@ -137,8 +137,8 @@ async def test_lag_metric_bytes_and_seconds(tmp_path: Path, seed: int) -> None:
         await r.client.stop()
         client = r.connect()
         await until(lambda: bool(service.lag()) and service.lag()[0].acked_offset == acked, "reconnect")
-        await client.stop()  # the connection lingers until the master notices
-        slave_view = service.lag()
+        slave_view = service.lag()  # connected and caught up
+        await client.stop()  # the master drops it from its slaves as soon as it sees the close
         await asyncio.sleep(0.3)
         put_many(master, rng, 50, start=50)
         lags = service.lag()
@@ -269,3 +269,24 @@ async def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path, seed: int) -
             if proc is not None:
                 proc.kill()
                 proc.wait()
+
+
+async def test_a_report_past_what_was_sent_is_refused(tmp_path: Path, seed: int) -> None:
+    """A peer claiming to hold bytes the master never sent it must not resolve SYNC_MASTER
+    waiters: the master drops the connection instead."""
+    from data_plane.store.ha.protocol import HANDSHAKE_REPLY, REPORT, encode_handshake
+
+    rng = random.Random(seed)
+    async with replication(tmp_path, connect=False) as r:
+        put_many(r.master, rng, 5)
+        reader, writer = await asyncio.open_connection("127.0.0.1", r.service.port)
+        try:
+            writer.write(encode_handshake(0, []))  # an empty slave: streamed from the start
+            await reader.readexactly(HANDSHAKE_REPLY.size)
+            writer.write(REPORT.pack(1 << 40))
+            await writer.drain()
+            waiter = asyncio.create_task(r.service.wait_for_slave(r.master.max_phy_offset() + 1000, 1_000))
+            assert await waiter is False
+            await until(lambda: not r.service.connections, "the lying connection dropped", timeout_s=5)
+        finally:
+            writer.close()

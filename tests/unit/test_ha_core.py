@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.store import MessageStore
+from data_plane.store import MessageStore, PutMessageStatus
 from data_plane.store.ha import HAService
 from data_plane.store.ha.protocol import (
     CANDIDATE,
@@ -25,7 +25,7 @@ from data_plane.store.ha.protocol import (
     encode_handshake,
 )
 from data_plane.store.ha.slave import last_records
-from tests.ha_support import assert_replica, ha_config, log_bytes, put_many
+from tests.ha_support import TOPICS, assert_replica, ha_config, log_bytes, make_message, put_many
 
 
 @pytest.fixture
@@ -190,3 +190,58 @@ def test_wait_for_slave_resolves_on_ack_and_times_out(stores: Callable[[str], Me
         assert not ha.is_slave_ok(0)  # nobody connected
 
     asyncio.run(go())
+
+
+def test_a_promoted_slave_cuts_a_partial_record_before_writing(tmp_path: Path, seed: int) -> None:
+    """A master that died mid-chunk leaves the slave's log ending inside a record: promotion cuts
+    it back to the last whole record, so records written next survive a restart."""
+    rng = random.Random(seed)
+    master = MessageStore(ha_config(str(tmp_path / "m")))
+    master.start()
+    slave = MessageStore(ha_config(str(tmp_path / "s")))
+    slave.start()
+    try:
+        put_many(master, rng, 20)
+        data = log_bytes(master)
+        cut = len(data) - rng.randint(1, 40)  # inside the last record
+        slave.append_raw(data[:cut], 0, dispatch=False)
+        whole = slave.cut_partial_tail()
+        assert whole < cut
+        assert data[:whole] == log_bytes(slave)
+        r, _end = slave.append([make_message(rng, 1000, "promoted")])
+        assert r.status is PutMessageStatus.PUT_OK
+        assert r.append is not None
+        assert r.append.wrote_offset == whole
+    finally:
+        master.shutdown()
+        slave.shutdown()
+    again = MessageStore(ha_config(str(tmp_path / "s")))
+    again.start()
+    try:
+        found = [m for topic in TOPICS for m in again.query_message(topic, "promoted-1000")]
+        assert len(found) == 1  # recovered, not cut away as a torn tail
+        assert again.max_phy_offset() > whole
+    finally:
+        again.shutdown()
+
+
+def test_a_fenced_store_refuses_every_writer_but_replication(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    store = MessageStore(ha_config(str(tmp_path / "f")))
+    store.start()
+    try:
+        store.fenced = True
+        r, end = store.append([make_message(rng, 1)])
+        assert (r.status, end) == (PutMessageStatus.SERVICE_NOT_AVAILABLE, -1)
+        assert "fenced" in r.reason
+        source = MessageStore(ha_config(str(tmp_path / "src")))
+        source.start()
+        try:
+            put_many(source, rng, 3)
+            assert store.append_raw(log_bytes(source), 0) == source.max_phy_offset()
+        finally:
+            source.shutdown()
+        store.fenced = False
+        assert store.append([make_message(rng, 2)])[0].status is PutMessageStatus.PUT_OK
+    finally:
+        store.shutdown()

@@ -88,6 +88,9 @@ class _SlaveConnection:
             start = await self._handshake()
             self.next_offset = start
             push = asyncio.create_task(self._push(), name=f"ha-push-{self.peer}")
+            # A push task that ends (an error) ends the connection: it must not stay counted as
+            # a slave that SYNC_MASTER sends could wait for.
+            push.add_done_callback(lambda _t: self.writer.close())
             while True:
                 (offset,) = REPORT.unpack(await self.reader.readexactly(REPORT.size))
                 if offset == SLAVE_OFFSETS:
@@ -98,19 +101,24 @@ class _SlaveConnection:
                     if self.service.on_slave_offsets is not None:
                         self.service.on_slave_offsets(doc)
                     continue
-                if offset < 0:
-                    raise ProtocolError(f"report of offset {offset}")
+                if not 0 <= offset <= self.next_offset:
+                    # A slave can only hold what this connection sent it: anything else would
+                    # resolve SYNC_MASTER waiters for bytes no slave has.
+                    raise ProtocolError(f"report of offset {offset}, past the {self.next_offset} sent")
                 self._on_report(offset)
         except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, OSError) as e:
             log.info("HA connection from %s closed: %s", self.peer, e or type(e).__name__)
         finally:
+            # Not counted as a slave from this moment (SYNC_MASTER waits must not lean on it),
+            # however long the socket takes to close.
+            self.service.connections.discard(self)
             if push is not None:
                 push.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await push
             self.writer.close()
             with contextlib.suppress(Exception):
-                await self.writer.wait_closed()
+                await asyncio.wait_for(self.writer.wait_closed(), 5)
 
     # --- handshake -------------------------------------------------------------------------
     async def _handshake(self) -> int:

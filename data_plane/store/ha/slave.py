@@ -104,6 +104,7 @@ class HAClient:
         self.connects = 0
         self._task: asyncio.Task[None] | None = None
         self._writer: asyncio.StreamWriter | None = None
+        self._position = 0  # the end of what the current session received
         self._stopping = False
 
     def start(self) -> None:
@@ -179,6 +180,7 @@ class HAClient:
                 raise ProtocolError(f"master streams from {offset}, past this log's end {store.max_phy_offset()}")
             break
         expected = offset
+        self._position = offset
         self.connected = True
         log.info("HA replicating from %s:%d at offset %d", self.master_host, self.master_port, offset)
         reporter = asyncio.create_task(self._report_loop(writer), name="ha-report")
@@ -203,6 +205,7 @@ class HAClient:
                 expected = store.append_raw(body, phy, dispatch=False)
                 self.bytes_received += size
                 self.chunks_received += 1
+                self._position = expected
                 writer.write(REPORT.pack(expected))  # acknowledged once written, then indexed
                 store.dispatch_pending()
         finally:
@@ -213,7 +216,8 @@ class HAClient:
     async def _report_loop(self, writer: asyncio.StreamWriter) -> None:
         interval = self.report_interval_ms / 1000
         while True:
-            writer.write(REPORT.pack(self.store.max_phy_offset()))
+            # What this session received from the master (never bytes written here otherwise).
+            writer.write(REPORT.pack(self._position))
             if self.offsets_to_report is not None and (doc := self.offsets_to_report()) is not None:
                 writer.write(REPORT.pack(SLAVE_OFFSETS) + LENGTH.pack(len(doc)))
                 writer.write(doc)
