@@ -467,6 +467,14 @@ class Producer:
             resp = await inst.invoke(addr, protocol.create_topic_request(topic, queue_nums=queue_nums, perm=perm))
             protocol.check(resp, addr)
             done.append(name)
-        with contextlib.suppress(OrbitError):
-            await inst.fetch_route(topic)
+        # The brokers tell the name servers at once, but asynchronously: wait (briefly) until the
+        # route has the topic, so a send right after this does not take the default topic's
+        # queues (and a queue id the new topic does not have).
+        deadline = time.monotonic() + 3.0
+        while done and time.monotonic() < deadline:
+            with contextlib.suppress(OrbitError):
+                known = await inst.fetch_route(topic)
+                if known is not None and set(done) <= set(known.brokers()):
+                    break
+            await asyncio.sleep(0.05)
         return done

@@ -254,7 +254,8 @@ class Replication:
     def fence(self, why: str, *, reregister: bool = True) -> None:
         """Stop taking writes now (a master whose lease lapsed, or one shutting down)."""
         if not self.fenced:
-            log.error("writes fenced: %s", why)
+            # A lapsed lease is an incident; a shutdown (no re-registration) is routine.
+            log.log(logging.ERROR if reregister else logging.INFO, "writes fenced: %s", why)
             self.fenced = True
             self._publish()
             if reregister:

@@ -107,7 +107,7 @@ async def test_a_cut_link_gets_a_timely_refusal_and_heals(
 
         await until(linked, "the slave replicating through the proxy", timeout_s=20)
         async with Producer("link-p", namesrv_addrs=namesrv.address, retry_times=0, send_timeout_ms=10_000) as p:
-            await p.create_topic("HaLink", queue_nums=4)
+            await p.create_topic("HaLink", queue_nums=1)
             assert (await p.send(Message("HaLink", b"before"))).status is SendStatus.SEND_OK
             proxy.blackhole()
             statuses = []
