@@ -192,11 +192,10 @@ class Broker:
         await self.schedule.stop()
         self.schedule = Schedule(self.config)
         if self.transaction_check is not None:
-            check, self.transaction_check = self.transaction_check, None
-            for task in [t for t in self._tasks if t.get_name() == "orbit-tx-check"]:
-                self._tasks.remove(task)
-                await cancel_all([task])
-            del check
+            self.transaction_check = None
+            checks = [t for t in self._tasks if t.get_name() == "orbit-tx-check"]
+            self._tasks = [t for t in self._tasks if t not in checks]
+            await cancel_all(checks)
         self.hold.wake_all()
 
     def _start_telemetry(self) -> None:

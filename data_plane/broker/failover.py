@@ -110,15 +110,11 @@ class FailoverAgent:
                 data=orjson.dumps(self._request()),
                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
             ) as resp:
-                raw = await resp.read()
-                if resp.status != 200:
-                    raise FailoverError(f"HTTP {resp.status}: {raw[:300]!r}")
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                status, raw = resp.status, await resp.read()
+        except Exception as e:  # transport, timeout, and the token endpoint's errors (sdk.errors)
             raise FailoverError(f"{type(e).__name__}: {e}") from None
-        except Exception as e:  # the token endpoint's errors (sdk.errors) among them
-            if isinstance(e, FailoverError):
-                raise
-            raise FailoverError(str(e)) from None
+        if status != 200:
+            raise FailoverError(f"HTTP {status}: {raw[:300]!r}")
         try:
             answer = orjson.loads(raw)
             role = str(answer["role"])
@@ -139,8 +135,8 @@ class FailoverAgent:
             self._hold_lease(deadline)
             await rep.become_master(epoch, master_role)
         elif master_ha_addr:
-            await rep.become_slave(epoch, master_addr, master_ha_addr)
-            await self.broker.register_all()
+            if await rep.become_slave(epoch, master_addr, master_ha_addr):
+                await self.broker.register_all()  # the new id and master, at once (not every beat)
         elif rep.is_master:
             rep.fence("the control plane names no master yet")
 

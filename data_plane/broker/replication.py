@@ -22,6 +22,7 @@ is not (or no longer) confirmed — a fenced old master refuses writes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -172,18 +173,18 @@ class Replication:
             await self.client.stop()
             self.client = None
 
-    def follow(self, master_addr: str, master_ha_addr: str) -> None:
+    def follow(self, master_addr: str, master_ha_addr: str) -> bool:
         """A slave learns (or re-learns) its master: from the name server's answer to its
-        registration, or from the control plane."""
+        registration, or from the control plane. True when it now follows another master."""
         if master_addr:
             self.master_addr = master_addr
         if not master_ha_addr or self.is_master or (master_ha_addr == self.master_ha_addr and self.client):
-            return
+            return False
         try:
             split_address(master_ha_addr)
         except ValueError:
             log.warning("ignoring master HA address %r", master_ha_addr)
-            return
+            return False
         log.info("slave: following master HA %s (was %s)", master_ha_addr, self.master_ha_addr or "none")
         self.master_ha_addr = master_ha_addr
         if self.client is not None:
@@ -192,6 +193,7 @@ class Replication:
             self.client.reconnect()
         else:
             self._start_client()
+        return True
 
     # --- role changes (failover) --------------------------------------------------------------------
     def save_epoch(self, epoch: int) -> None:
@@ -232,12 +234,12 @@ class Replication:
             self._publish()
             await self.broker.on_became_master()
 
-    async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> None:
+    async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> bool:
+        """True when something changed (demoted, or following another master)."""
         async with self._lock:
             self.save_epoch(epoch)
             if not self.is_master:
-                self.follow(master_addr, master_ha_addr)
-                return
+                return self.follow(master_addr, master_ha_addr)
             log.warning(
                 "demoted to slave of %s (epoch %d, master %s)", self.broker.config.broker_name, epoch, master_addr
             )
@@ -250,6 +252,7 @@ class Replication:
             self.role_changes += 1
             self.master_ha_addr = ""
             self.follow(master_addr, master_ha_addr)
+            return True
 
     def fence(self, why: str, *, reregister: bool = True) -> None:
         """Stop taking writes now (a master whose lease lapsed, or one shutting down)."""
@@ -265,10 +268,10 @@ class Replication:
         """The timer log of a former master describes its own log, which the new master's
         handshake may truncate: drop it; a promotion rebuilds it from the timer topic."""
         cfg = self.broker.config
-        for path in (os.path.join(cfg.store_dir, "config", "timerCheckpoint.json"),):
-            for p in (path, path + ".bak"):
-                if os.path.exists(p):
-                    os.unlink(p)
+        checkpoint = os.path.join(cfg.store_dir, "config", "timerCheckpoint.json")
+        for path in (checkpoint, checkpoint + ".bak"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         shutil.rmtree(os.path.join(cfg.store_dir, "timerlog"), ignore_errors=True)
 
     # --- sync double write ----------------------------------------------------------------------------
