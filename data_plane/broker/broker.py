@@ -132,6 +132,8 @@ class Broker:
         os.makedirs(self.config.store_dir, exist_ok=True)
         self.store = MessageStore(self.config.store_config(self.server.port))
         await asyncio.to_thread(self.store.start)
+        # Answers leave only after the records they acknowledge are in the CommitLog file.
+        self.server.before_write = self.store.write_staged
         self.topics.load()
         self.offsets.load()
         self.groups.load()

@@ -7,7 +7,9 @@ answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never to
   awaitable of it, or None (no answer: oneway requests, or a handler that answers later
   through ``send``). At most ``max_inflight`` awaitable requests per connection; past that the
   answer is SYSTEM_BUSY, so one client cannot pile up unbounded work.
-* Responses written while handling one read are gathered and written together.
+* Responses written while handling one read are gathered and written together; ``before_write``
+  (when set) runs before each such write — the broker writes the records its store gathered
+  from those requests there, so no answer leaves before what it acknowledges is in the file.
 * A frame over ``max_frame_bytes`` or bytes that are not a frame close the connection; a handler
   error answers SYSTEM_ERROR (or the header error's remark) and keeps the connection.
 * A connection with no traffic for ``idle_timeout_s`` is closed.
@@ -63,8 +65,10 @@ class Connection(asyncio.Protocol):
         max_inflight: int = MAX_INFLIGHT,
         on_close: Callable[[Connection], None] | None = None,
         server_side: bool = False,
+        before_write: Callable[[], object] | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.before_write = before_write
         # Only a server stops reading while its peer does not read: a client that stopped
         # reading answers because its own requests queue up would deadlock with the server.
         self.server_side = server_side
@@ -220,6 +224,8 @@ class Connection(asyncio.Protocol):
             return
         self._out = []
         self._last_active = self.loop.time()
+        if self.before_write is not None:
+            self.before_write()
         if len(out) == 1:
             self.transport.write(out[0])  # the network write
             return

@@ -67,8 +67,10 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         on_close: Callable[[Connection], None] | None = None,
+        before_write: Callable[[], object] | None = None,
     ) -> None:
         self.processors = processors
+        self.before_write = before_write  # see Connection; may be set until the first connection
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
@@ -89,6 +91,7 @@ class RemotingServer:
             idle_timeout_s=self.idle_timeout_s,
             on_close=self._closed,
             server_side=True,
+            before_write=self.before_write,
         )
         self.connections.add(conn)
         return conn

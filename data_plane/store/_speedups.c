@@ -9,6 +9,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -127,14 +128,63 @@ typedef struct {
 static PyObject *s_body, *s_properties, *s_flag, *s_sys_flag, *s_born_timestamp, *s_born_host,
     *s_reconsume_times, *s_prepared;
 
-static int get_ll(PyObject *obj, PyObject *name, long long *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
+/* ---- attribute access through __slots__ offsets ------------------------------------------
+ * Messages, MappedFiles and ConsumeQueues keep their fields in __slots__. Each call site keeps
+ * the slot's offset for the last exact type it saw and reads or writes the slot directly (what
+ * the member descriptor would do, without the lookup); any other object goes through
+ * PyObject_GetAttr / PyObject_SetAttr. */
+typedef struct {
+    PyTypeObject *tp; /* strong reference */
+    Py_ssize_t off;
+} slot_t;
+
+static void slot_learn(PyObject *o, PyObject *name, slot_t *c) {
+    PyObject *d = _PyType_Lookup(Py_TYPE(o), name); /* borrowed */
+    if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return;
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return;
+    Py_XDECREF(c->tp);
+    Py_INCREF(Py_TYPE(o));
+    c->tp = Py_TYPE(o);
+    c->off = m->offset;
+}
+
+static PyObject *sget(PyObject *o, PyObject *name, slot_t *c) {
+    if (Py_TYPE(o) == c->tp) {
+        PyObject *v = *(PyObject **)((char *)o + c->off);
+        if (v) {
+            Py_INCREF(v);
+            return v;
+        }
+    } else {
+        slot_learn(o, name, c);
+    }
+    return PyObject_GetAttr(o, name);
+}
+
+static int sset(PyObject *o, PyObject *name, slot_t *c, PyObject *v) {
+    if (Py_TYPE(o) == c->tp) {
+        PyObject **addr = (PyObject **)((char *)o + c->off), *old = *addr;
+        Py_INCREF(v);
+        *addr = v;
+        Py_XDECREF(old);
+        return 0;
+    }
+    slot_learn(o, name, c);
+    return PyObject_SetAttr(o, name, v);
+}
+
+#define SGET(o, name) ({ static slot_t _c; sget((o), (name), &_c); })
+#define SSET(o, name, v) ({ static slot_t _c; sset((o), (name), &_c, (v)); })
+
+static int get_ll_v(PyObject *v, long long *out) {
     if (!v) return -1;
     *out = PyLong_AsLongLong(v);
     Py_DECREF(v);
     if (*out == -1 && PyErr_Occurred()) return -1;
     return 0;
 }
+#define GET_LL(o, name, out) get_ll_v(SGET((o), (name)), (out))
 
 static void release_items(item_t *items, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -235,7 +285,7 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(msgs, i);
         item_t *it = &items[i];
-        PyObject *body = PyObject_GetAttr(m, s_body);
+        PyObject *body = SGET(m, s_body);
         if (!body) { release_items(items, n); goto done; }
         int rc = PyObject_GetBuffer(body, &it->body, PyBUF_SIMPLE);
         Py_DECREF(body);
@@ -245,19 +295,19 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
             result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("message body is empty"));
             goto done;
         }
-        it->props = PyObject_GetAttr(m, s_properties);
+        it->props = SGET(m, s_properties);
         if (!it->props) { release_items(items, n); goto done; }
         if (!PyDict_Check(it->props)) {
             result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("properties must be a dict"));
             goto done;
         }
-        if (get_ll(m, s_flag, &it->flag) || get_ll(m, s_sys_flag, &it->sys_flag) ||
-            get_ll(m, s_born_timestamp, &it->born_ts) || get_ll(m, s_reconsume_times, &it->reconsume) ||
-            get_ll(m, s_prepared, &it->prepared)) {
+        if (GET_LL(m, s_flag, &it->flag) || GET_LL(m, s_sys_flag, &it->sys_flag) ||
+            GET_LL(m, s_born_timestamp, &it->born_ts) || GET_LL(m, s_reconsume_times, &it->reconsume) ||
+            GET_LL(m, s_prepared, &it->prepared)) {
             release_items(items, n);
             goto done;
         }
-        it->born_host_obj = PyObject_GetAttr(m, s_born_host);
+        it->born_host_obj = SGET(m, s_born_host);
         if (!it->born_host_obj) { release_items(items, n); goto done; }
         if (!PyBytes_Check(it->born_host_obj) || PyBytes_GET_SIZE(it->born_host_obj) != 8) {
             result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("born_host must be 8 bytes"));
@@ -527,6 +577,10 @@ typedef struct {
     long long ix_slots, ix_max_entries;
     unsigned char *stage; /* records are laid out here, then pwritten to the CommitLog file */
     Py_ssize_t stage_cap;
+    /* Staged records not yet written: stage[0, staged) belongs at st_pos.. of st_mf, which is
+     * that file's wrote_position (the file's positions move when the stage is committed). */
+    PyObject *st_mf;
+    Py_ssize_t staged, st_pos, stage_commit_bytes;
 } Appender;
 
 static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_committed_position, *s_file_size,
@@ -537,6 +591,7 @@ static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_c
 static void Appender_dealloc(Appender *a) {
     Py_XDECREF(a->commit_log); Py_XDECREF(a->queue_offsets); Py_XDECREF(a->topic_bytes);
     Py_XDECREF(a->cq_table); Py_XDECREF(a->index); Py_XDECREF(a->dispatcher); Py_XDECREF(a->clock);
+    Py_XDECREF(a->st_mf);
     PyMem_RawFree(a->stage);
     Py_TYPE(a)->tp_free((PyObject *)a);
 }
@@ -548,9 +603,12 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     Py_buffer host;
     int ie;
     long long slots;
-    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL", &cl, &PyDict_Type, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
-                          &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots, &a->ix_max_entries))
+    a->stage_commit_bytes = 0;
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL|n", &cl, &PyDict_Type, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
+                          &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots, &a->ix_max_entries,
+                          &a->stage_commit_bytes))
         return -1;
+    if (a->stage_commit_bytes < 0) a->stage_commit_bytes = 0;
     if (host.len != 8) {
         PyBuffer_Release(&host);
         PyErr_SetString(PyExc_ValueError, "store host must be 8 bytes");
@@ -562,13 +620,14 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "bad max message size, or Appender initialised twice");
         return -1;
     }
-    /* One message of max_msg bytes fits; pages are only touched as far as messages reach. */
-    a->stage = PyMem_RawMalloc((size_t)a->max_msg);
+    /* One message of max_msg bytes fits after what may be staged; pages are only touched as
+     * far as messages reach. */
+    a->stage_cap = a->max_msg + a->stage_commit_bytes;
+    a->stage = PyMem_RawMalloc((size_t)a->stage_cap);
     if (!a->stage) {
         PyErr_NoMemory();
         return -1;
     }
-    a->stage_cap = a->max_msg;
     Py_INCREF(cl); Py_INCREF(qo); Py_INCREF(tb); Py_INCREF(cq); Py_INCREF(ix); Py_INCREF(disp); Py_INCREF(clock);
     a->commit_log = cl; a->queue_offsets = qo; a->topic_bytes = tb; a->cq_table = cq; a->index = ix;
     a->dispatcher = disp; a->clock = clock;
@@ -577,32 +636,59 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     return 0;
 }
 
-static int get_ssize(PyObject *o, PyObject *name, Py_ssize_t *out) {
-    PyObject *v = PyObject_GetAttr(o, name);
+static int get_ssize_v(PyObject *v, Py_ssize_t *out) {
     if (!v) return -1;
     *out = PyLong_AsSsize_t(v);
     Py_DECREF(v);
     return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
 }
+#define GET_SSIZE(o, name, out) get_ssize_v(SGET((o), (name)), (out))
 
-static int set_ll(PyObject *o, PyObject *name, long long v) {
-    PyObject *x = PyLong_FromLongLong(v);
+static int set_ll_v(PyObject *x, PyObject *o, PyObject *name, slot_t *c) {
     if (!x) return -1;
-    int rc = PyObject_SetAttr(o, name, x);
+    int rc = sset(o, name, c, x);
     Py_DECREF(x);
     return rc;
 }
+#define SET_LL(o, name, v) ({ static slot_t _c; set_ll_v(PyLong_FromLongLong(v), (o), (name), &_c); })
+
+/* Write the staged records to their file and move its positions. The GIL is held throughout,
+ * so no other thread sees the file's positions half-moved. On an error nothing moves and the
+ * records stay staged. */
+static int stage_commit(Appender *a) {
+    if (a->staged == 0) return 0;
+    Py_ssize_t fd;
+    if (GET_SSIZE(a->st_mf, s_fd, &fd)) return -1;
+    if (fd < 0 || fd > INT32_MAX) {
+        errno = EBADF;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    if (write_fully((int)fd, a->stage, a->staged, a->st_pos) < 0) return -1;
+    Py_ssize_t end = a->st_pos + a->staged;
+    if (SET_LL(a->st_mf, s_wrote_position, end) || SET_LL(a->st_mf, s_committed_position, end)) return -1;
+    a->staged = 0;
+    Py_CLEAR(a->st_mf);
+    return 0;
+}
+
+static PyObject *Appender_commit(Appender *a, PyObject *unused) {
+    if (stage_commit(a) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Appender_staged(Appender *a, void *closure) { return PyLong_FromSsize_t(a->staged); }
 
 static PyObject *Appender_append(Appender *a, PyObject *msg) {
     PyObject *result = NULL, *topic = NULL, *qid_obj = NULL, *key = NULL, *mfq = NULL, *files = NULL;
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     int dispatch_failed = 0;
-    topic = PyObject_GetAttr(msg, s_topic);
+    topic = SGET(msg, s_topic);
     if (!topic) goto error;
     PyObject *topic_b = PyUnicode_Check(topic) ? PyDict_GetItemWithError(a->topic_bytes, topic) : NULL;
     if (!topic_b) { if (PyErr_Occurred()) goto error; goto slow; }
-    qid_obj = PyObject_GetAttr(msg, s_queue_id);
+    qid_obj = SGET(msg, s_queue_id);
     if (!qid_obj) goto error;
     if (!PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
@@ -614,59 +700,70 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     if (qo_obj) first_qo = PyLong_AsLongLong(qo_obj);
     else if (PyErr_Occurred()) goto error;
     /* the CommitLog file appends go to */
-    mfq = PyObject_GetAttr(a->commit_log, s_mfq);
+    mfq = SGET(a->commit_log, s_mfq);
     if (!mfq) goto error;
-    files = PyObject_GetAttr(mfq, s_files);
+    files = SGET(mfq, s_files);
     if (!files) goto error;
     if (!PyList_Check(files) || PyList_GET_SIZE(files) == 0) goto slow;
     PyObject *mf = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
+    if (a->staged && (mf != a->st_mf || a->staged >= a->stage_commit_bytes)) {
+        if (stage_commit(a) < 0) goto error; /* an OSError: nothing of this message recorded */
+    }
     Py_ssize_t wrote, file_size, reserved, file_from, fd;
-    if (get_ssize(mf, s_wrote_position, &wrote) || get_ssize(mf, s_file_size, &file_size) ||
-        get_ssize(mf, s_reserved_upto, &reserved) || get_ssize(mf, s_file_from_offset, &file_from) ||
-        get_ssize(mf, s_fd, &fd))
+    if (GET_SSIZE(mf, s_wrote_position, &wrote) || GET_SSIZE(mf, s_file_size, &file_size) ||
+        GET_SSIZE(mf, s_reserved_upto, &reserved) || GET_SSIZE(mf, s_file_from_offset, &file_from) ||
+        GET_SSIZE(mf, s_fd, &fd))
         goto error;
     if (fd < 0 || fd > INT32_MAX) goto slow;
+    if (a->staged && a->st_pos != wrote) {
+        /* the file moved under the stage (it cannot while the CommitLog lock is held): refuse */
+        PyErr_SetString(PyExc_RuntimeError, "CommitLog file positions moved under staged records");
+        goto error;
+    }
+    Py_ssize_t staged = a->staged;
     Py_ssize_t limit = file_size - 8;
     if (reserved < limit) limit = reserved;
     /* the ConsumeQueue: must exist, with room for the unit where the queue offset says */
     PyObject *cq = PyDict_GetItemWithError(a->cq_table, key);
     if (!cq) { if (PyErr_Occurred()) goto error; goto slow; }
-    cq_mf = PyObject_GetAttr(cq, s_last_file);
+    cq_mf = SGET(cq, s_last_file);
     if (!cq_mf) goto error;
     if (cq_mf == Py_None) goto slow;
     Py_ssize_t cq_pos, cq_from, cq_size, cq_res;
-    if (get_ssize(cq_mf, s_wrote_position, &cq_pos) || get_ssize(cq_mf, s_file_from_offset, &cq_from) ||
-        get_ssize(cq_mf, s_file_size, &cq_size) || get_ssize(cq_mf, s_reserved_upto, &cq_res))
+    if (GET_SSIZE(cq_mf, s_wrote_position, &cq_pos) || GET_SSIZE(cq_mf, s_file_from_offset, &cq_from) ||
+        GET_SSIZE(cq_mf, s_file_size, &cq_size) || GET_SSIZE(cq_mf, s_reserved_upto, &cq_res))
         goto error;
     Py_ssize_t cq_limit = cq_res < cq_size ? cq_res : cq_size;
     if (cq_from + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
-    cq_mv = PyObject_GetAttr(cq_mf, s_mv);
+    cq_mv = SGET(cq_mf, s_mv);
     if (!cq_mv) goto error;
     /* the IndexFile: begun, with room for this message's keys */
     long long ix_count = 0, ix_max = 0, ix_begin = 0;
     if (a->index_enabled && a->index != Py_None) {
-        files_ix = PyObject_GetAttr(a->index, s_files);
+        files_ix = SGET(a->index, s_files);
         if (!files_ix) goto error;
         if (!PyList_Check(files_ix) || PyList_GET_SIZE(files_ix) == 0) goto slow;
         ixf = PyList_GET_ITEM(files_ix, PyList_GET_SIZE(files_ix) - 1);
         Py_INCREF(ixf);
         Py_ssize_t c;
-        if (get_ssize(ixf, s_index_count, &c)) goto error;
+        if (GET_SSIZE(ixf, s_index_count, &c)) goto error;
         ix_count = c;
-        ix_mf = PyObject_GetAttr(ixf, s_mf);
+        ix_mf = SGET(ixf, s_mf);
         if (!ix_mf) goto error;
         Py_ssize_t ix_res;
-        if (get_ssize(ix_mf, s_reserved_upto, &ix_res)) goto error;
+        if (GET_SSIZE(ix_mf, s_reserved_upto, &ix_res)) goto error;
         /* IndexFile.reserved_entries(): entries that fit the blocks reserved so far */
         ix_max = (ix_res - (40 + a->ix_slots * 4)) / 20;
         if (ix_max > a->ix_max_entries) ix_max = a->ix_max_entries;
-        PyObject *bt = PyObject_GetAttr(ixf, s_begin_timestamp);
+        PyObject *bt = SGET(ixf, s_begin_timestamp);
         if (!bt) goto error;
         ix_begin = PyLong_AsLongLong(bt);
         Py_DECREF(bt);
-        if (ix_count <= 1 || ix_count + 64 > ix_max) goto slow;
-        ix_mv = PyObject_GetAttr(ix_mf, s_mv);
-        if (!ix_mv) goto error;
+        if (ix_count + 64 > ix_max) goto slow;
+        if (ix_count > 1) { /* begun: entries go straight in; otherwise put_items begins it */
+            ix_mv = SGET(ix_mf, s_mv);
+            if (!ix_mv) goto error;
+        }
     }
     /* the store timestamp never goes backwards; clock None = the wall clock, read here */
     long long now;
@@ -680,23 +777,29 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         now = PyLong_AsLongLong(now_obj);
     }
     Py_ssize_t last_ts;
-    if (get_ssize(a->commit_log, s_last_store_timestamp, &last_ts)) goto error;
+    if (GET_SSIZE(a->commit_log, s_last_store_timestamp, &last_ts)) goto error;
     if (now < last_ts) now = last_ts;
     Py_buffer sb = {.buf = a->stage, .len = a->stage_cap};
-    Py_ssize_t room = limit - wrote;
-    if (room > a->stage_cap) room = a->stage_cap;
+    /* room after what is written and staged, in the file and in the stage */
+    Py_ssize_t room = limit - wrote - staged;
+    if (room > a->stage_cap - staged) room = a->stage_cap - staged;
     if (room < 0) goto slow;
     list = PyList_New(1);
     if (!list) goto error;
     Py_INCREF(msg);
     PyList_SET_ITEM(list, 0, msg);
-    r = write_batch_impl(&sb, 0, room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
+    /* Staging (stage_commit_bytes > 0): the record joins the stage, written with the ones
+     * around it; otherwise it is written to the file now. Stage position p lies at file
+     * position wrote + p either way. */
+    int stage_it = a->stage_commit_bytes > 0;
+    r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
                          a->index_enabled, cq_mv, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
-                         ix_max, ix_begin, (int)fd, wrote);
+                         ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
-    Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1));
+    Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1)); /* end of this record in the file */
+    Py_ssize_t rec_start = wrote + staged;
     PyObject *next_qo = PyTuple_GET_ITEM(r, 2);
     PyObject *batch_qo = PyTuple_GET_ITEM(r, 3);
     PyObject *cq_out = PyTuple_GET_ITEM(r, 4);
@@ -705,12 +808,21 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     long long end_abs = (long long)file_from + end;
     /* From here on the record is in the log: record every position, as the Python path does. */
     if (PyDict_SetItem(a->queue_offsets, key, next_qo) < 0) goto error;
-    if (set_ll(mf, s_wrote_position, end) || set_ll(mf, s_committed_position, end)) goto error;
-    if (set_ll(a->commit_log, s_last_store_timestamp, now)) goto error;
+    if (stage_it) {
+        if (!a->st_mf) {
+            Py_INCREF(mf);
+            a->st_mf = mf;
+            a->st_pos = wrote;
+        }
+        a->staged = end - wrote;
+    } else if (SET_LL(mf, s_wrote_position, end) || SET_LL(mf, s_committed_position, end)) {
+        goto error;
+    }
+    if (SET_LL(a->commit_log, s_last_store_timestamp, now)) goto error;
     if (PyLong_Check(cq_out)) {
-        if (PyObject_SetAttr(cq_mf, s_wrote_position, cq_out) || PyObject_SetAttr(cq_mf, s_committed_position, cq_out))
+        if (SSET(cq_mf, s_wrote_position, cq_out) || SSET(cq_mf, s_committed_position, cq_out))
             goto error;
-        if (set_ll(cq, s_max_physic_offset, end_abs)) goto error;
+        if (SET_LL(cq, s_max_physic_offset, end_abs)) goto error;
     } else if (PyBytes_GET_SIZE(cq_out) > 0) {
         PyObject *e = PyLong_FromLongLong(end_abs);
         if (!e) goto error;
@@ -724,8 +836,8 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         Py_XDECREF(x);
     }
     if (PyLong_Check(ix_out)) {
-        if (PyObject_SetAttr(ixf, s_index_count, ix_out) || set_ll(ixf, s_end_phy_offset, last_ix) ||
-            set_ll(ixf, s_end_timestamp, now))
+        if (SSET(ixf, s_index_count, ix_out) || SET_LL(ixf, s_end_phy_offset, last_ix) ||
+            SET_LL(ixf, s_end_timestamp, now))
             goto error;
     } else if (PyBytes_GET_SIZE(ix_out) > 0 && a->index != Py_None) {
         PyObject *t = PyLong_FromLongLong(now);
@@ -739,8 +851,8 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         }
         Py_XDECREF(x);
     }
-    if (set_ll(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
-    result = Py_BuildValue("(LnLOi)", (long long)file_from + wrote, end - wrote, now, batch_qo, dispatch_failed);
+    if (SET_LL(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
+    result = Py_BuildValue("(LnLOi)", (long long)file_from + rec_start, end - rec_start, now, batch_qo, dispatch_failed);
     goto done;
 slow:
     result = Py_None;
@@ -759,7 +871,13 @@ static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)Appender_append, METH_O,
      "Append one message on the common path: (wrote_offset, wrote_bytes, store_ts, queue_offset, "
      "dispatch_failed), or None."},
+    {"commit", (PyCFunction)Appender_commit, METH_NOARGS, "Write the staged records to the CommitLog file."},
     {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Appender_getset[] = {
+    {"staged", (getter)Appender_staged, NULL, "Bytes staged, not yet written to the CommitLog file.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
 };
 
 static PyTypeObject AppenderType = {
@@ -770,6 +888,7 @@ static PyTypeObject AppenderType = {
     .tp_init = (initproc)Appender_init,
     .tp_dealloc = (destructor)Appender_dealloc,
     .tp_methods = Appender_methods,
+    .tp_getset = Appender_getset,
     .tp_doc = "The single-message append path of MessageStore, in C.",
 };
 

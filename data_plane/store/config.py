@@ -34,6 +34,11 @@ class StoreConfig:
     max_message_size_bytes: int = 4 * 1024 * 1024
     max_topic_length: int = 127
     max_properties_size_bytes: int = 32767  # 32 KiB less one byte: a signed short on disk
+    # Single-message appends gather up to this many bytes and reach the file in one pwrite
+    # (RocketMQ's transient store pool does the same with a direct buffer). Any reader, flush,
+    # rollover or other writer writes them first, so nobody ever sees them missing. 0 = each
+    # single append is written on its own.
+    write_stage_bytes: int = 128 * 1024
     # --- ConsumeQueue ------------------------------------------------------------------------
     consume_queue_units_per_file: int = 300_000
     # --- IndexFile ---------------------------------------------------------------------------
@@ -88,6 +93,8 @@ class StoreConfig:
             problems.append("max_topic_length must be 1..127 (one length byte on disk)")
         if not 0 < self.max_properties_size_bytes <= 32767:
             problems.append("max_properties_size_bytes must be 1..32767 (a signed short on disk)")
+        if not 0 <= self.write_stage_bytes <= 64 * 1024 * 1024:
+            problems.append("write_stage_bytes must be 0..64 MiB")
         if self.consume_queue_units_per_file < 1:
             problems.append("consume_queue_units_per_file must be positive")
         if self.index_hash_slots < 1 or self.index_max_entries < 2:

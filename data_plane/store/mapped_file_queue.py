@@ -7,6 +7,10 @@ Logical offset ``o`` lives in file ``(o - first.file_from_offset) // file_size``
 ``o % file_size``. The queue tracks ``flushed_where`` (everything before it is durable);
 its max offset is the last file's start plus its wrote position.
 
+A writer that gathers records before writing them (the CommitLog's staged single appends, see
+``commit_log``) sets ``sync_staged``: every lookup, rollover and flush calls it first, so nothing
+past a file's wrote position is ever named by an index while a reader or flusher looks.
+
 The next file of a CommitLog is created ahead of need by ``AllocateMappedFileService`` on a
 worker thread (fallocate, map, optional warm-up), so a rollover on the write path only swaps in
 a ready file.
@@ -123,6 +127,7 @@ class MappedFileQueue:
         self.flushed_where = 0
         self._allocator = allocator
         self._keep_fd = keep_fd
+        self.sync_staged: Callable[[], object] | None = None
         self._zombies: list[MappedFile] = []  # destroyed but still referenced by a reader
         os.makedirs(directory, exist_ok=True)
 
@@ -162,12 +167,16 @@ class MappedFileQueue:
         return self.files[0].file_from_offset if self.files else 0
 
     def max_offset(self) -> int:
+        if self.sync_staged is not None:
+            self.sync_staged()
         if not self.files:
             return 0
         last = self.files[-1]
         return last.file_from_offset + last.wrote_position
 
     def find_by_offset(self, offset: int) -> MappedFile | None:
+        if self.sync_staged is not None:
+            self.sync_staged()
         files = self.files
         if not files:
             return None
@@ -184,6 +193,8 @@ class MappedFileQueue:
     def last_file_for_write(self, start_offset: int = 0) -> MappedFile:
         """The file appends go to, rolling over to a new one when the last is full. Raises
         OSError when a new file cannot be created (full disk)."""
+        if self.sync_staged is not None:
+            self.sync_staged()
         last = self.files[-1] if self.files else None
         if last is not None and not last.is_full():
             return last
@@ -214,7 +225,7 @@ class MappedFileQueue:
     # --- durability ------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> bool:
         """Flush the file holding ``flushed_where``. True when nothing was left to flush."""
-        mf = self.find_by_offset(self.flushed_where)
+        mf = self.find_by_offset(self.flushed_where)  # (writes what is staged first)
         if mf is None:
             return True
         where = mf.file_from_offset + mf.flush(least_pages)

@@ -173,6 +173,8 @@ class MessageStore:
                 self.disk_full = True
                 log.error("cannot create an IndexFile at start: %s", e)
         self._appender = self._make_appender()
+        if self._appender is not None and cfg.write_stage_bytes > 0:
+            self.commit_log.mfq.sync_staged = self._appender.commit
         create_abort_file(cfg.abort_path)
         self._start_services()
         self.running = True
@@ -195,7 +197,7 @@ class MessageStore:
             cl, cl.queue_offsets, cl.topic_bytes_cache, self.queues.queues, self.index, self.dispatcher,
             None if self.clock_ms is _wall_clock_ms else self.clock_ms, cl.store_host,
             cfg.max_properties_size_bytes, cfg.max_message_size_bytes, cfg.index_enabled, cfg.index_hash_slots,
-            cfg.index_max_entries,
+            cfg.index_max_entries, cfg.write_stage_bytes,
         )
 
     def _start_services(self) -> None:
@@ -326,7 +328,7 @@ class MessageStore:
         """Append and dispatch ``msgs`` as one batch (one topic and queue id, as RocketMQ's
         batches are), without waiting for a flush. Returns the result and the log offset the
         batch ends at (-1 when nothing was written). The hot path: keep it short."""
-        if not self.writable:
+        if not self.running or self.disk_full or self.dispatch_broken or self.fenced:  # `writable`, inlined
             return self._refuse(), -1
         n = len(msgs)
         appender = self._appender
@@ -395,6 +397,19 @@ class MessageStore:
         self.put_count += n
         self.put_bytes += result.wrote_bytes
         return PutMessageResult(PutMessageStatus.PUT_OK, result), end
+
+    def write_staged(self) -> None:
+        """Write the single appends gathered in the stage (``write_stage_bytes``) to the
+        CommitLog file now. Readers, flushes, rollovers and other writers do this by themselves;
+        a server calls it before it acknowledges what it appended."""
+        sync = self.commit_log.mfq.sync_staged
+        if sync is None:
+            return
+        try:
+            sync()
+        except OSError as e:  # the records stay staged; writes stop until there is room
+            self.disk_full = True
+            log.error("writing staged records to the CommitLog failed: %s", e)
 
     def _io_refusal(self, e: OSError) -> PutMessageResult:
         if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
+
+_new_object: Any = object.__new__
 
 
 class PutMessageStatus(enum.Enum):
@@ -105,21 +108,24 @@ class PutMessageResult:
         self.status = status
         self._append = append
         self.reason = reason
-        self._raw: tuple[int, int, int, int] | None = None
+        self._raw: tuple[int, ...] | None = None
         self._host_hex = ""
 
     @classmethod
-    def stored(cls, raw: tuple[int, int, int, int, int], host_hex: str) -> PutMessageResult:
+    def stored(cls, raw: tuple[int, ...], host_hex: str) -> PutMessageResult:
         """PUT_OK for one message appended at ``raw`` (the compiled Appender's answer)."""
-        result = cls(PutMessageStatus.PUT_OK)
-        result._raw = raw[:4]
+        result: PutMessageResult = _new_object(cls)  # __init__'s work without its call: the hot path
+        result.status = PutMessageStatus.PUT_OK
+        result._append = None
+        result.reason = ""
+        result._raw = raw
         result._host_hex = host_hex
         return result
 
     @property
     def append(self) -> AppendResult | None:
         if self._append is None and self._raw is not None:
-            offset, size, store_ts, queue_offset = self._raw
+            offset, size, store_ts, queue_offset = self._raw[:4]
             self._append = AppendResult(
                 AppendMessageStatus.PUT_OK, offset, size, store_ts, queue_offset, 1, self._host_hex
             )

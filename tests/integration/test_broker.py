@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import socket
 import struct
@@ -374,6 +375,32 @@ async def test_send_v2_then_pull_returns_the_exact_message(broker: ServerProcess
     ext2 = await wire.send_ok("Exact", b"second", queue_id=1)
     assert ext2["queueOffset"] == "1"
     assert int(decode_message_id(ext2["msgId"])[2]) == m.total_size
+
+
+@pytest.mark.asyncio
+async def test_an_acknowledged_message_is_in_the_commit_log_file_already(
+    start_broker: StartBroker, wires: Callable[..., Wire], tmp_path: Path
+) -> None:
+    """Single sends are gathered in the store's stage and written together, but never after
+    their answer: read from outside the broker process, the file holds every acknowledged
+    record the moment its SEND_OK arrives (also for several sends in flight on one connection)."""
+    quiet = ["--store-set", "flush_interval_commit_log_ms=60000"]
+    quiet += ["--store-set", "flush_commit_log_thorough_interval_ms=60000"]
+    broker = start_broker(None, *quiet)
+    wire = wires(broker.address)
+    log_file = tmp_path / "stores" / "broker-a" / "store" / "commitlog" / ("0" * 20)
+    await wire.send_ok("Staged", b"warm-up", queue_id=0)
+    for round_ in range(5):
+        bodies = [f"round {round_} message {i} ".encode() * 8 for i in range(8)]
+        answers = await asyncio.gather(*(wire.send_ok("Staged", b, queue_id=0) for b in bodies))
+        fd = os.open(log_file, os.O_RDONLY)
+        try:
+            for body, ext in zip(bodies, answers, strict=True):
+                offset = decode_message_id(ext["msgId"])[2]
+                on_disk = os.pread(fd, 88 + len(body), offset)
+                assert on_disk[88:] == body, (round_, ext["msgId"])
+        finally:
+            os.close(fd)
 
 
 @pytest.mark.asyncio
