@@ -67,10 +67,10 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         on_close: Callable[[Connection], None] | None = None,
-        before_write: Callable[[], object] | None = None,
     ) -> None:
         self.processors = processors
-        self.before_write = before_write  # see Connection; may be set until the first connection
+        # Passed to every new Connection (see there); the broker sets it once its store runs.
+        self.before_write: Callable[[], object] | None = None
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes

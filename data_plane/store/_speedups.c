@@ -129,48 +129,52 @@ static PyObject *s_body, *s_properties, *s_flag, *s_sys_flag, *s_born_timestamp,
     *s_reconsume_times, *s_prepared;
 
 /* ---- attribute access through __slots__ offsets ------------------------------------------
- * Messages, MappedFiles and ConsumeQueues keep their fields in __slots__. Each call site keeps
- * the slot's offset for the last exact type it saw and reads or writes the slot directly (what
- * the member descriptor would do, without the lookup); any other object goes through
- * PyObject_GetAttr / PyObject_SetAttr. */
+ * Messages, MappedFiles and ConsumeQueues keep their fields in __slots__. Each call site keeps,
+ * for the last exact type it saw (and that type's version tag, which changes when the class
+ * does), either the slot's offset — then it reads or writes the slot directly, what the member
+ * descriptor would do without the lookup — or -1: not a slot, go through PyObject_GetAttr /
+ * PyObject_SetAttr without asking again. */
 typedef struct {
     PyTypeObject *tp; /* strong reference */
-    Py_ssize_t off;
+    unsigned int ver;
+    Py_ssize_t off; /* -1: not a writable object slot */
 } slot_t;
 
-static void slot_learn(PyObject *o, PyObject *name, slot_t *c) {
-    PyObject *d = _PyType_Lookup(Py_TYPE(o), name); /* borrowed */
-    if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return;
-    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-    if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return;
-    Py_XDECREF(c->tp);
-    Py_INCREF(Py_TYPE(o));
-    c->tp = Py_TYPE(o);
-    c->off = m->offset;
+static int slot_known(PyObject *o, PyObject *name, slot_t *c) {
+    PyTypeObject *tp = Py_TYPE(o);
+    if (tp == c->tp && tp->tp_version_tag == c->ver && c->ver != 0) return 1;
+    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; assigns the version tag */
+    Py_ssize_t off = -1;
+    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
+    }
+    Py_INCREF(tp);
+    Py_XSETREF(c->tp, tp);
+    c->ver = tp->tp_version_tag;
+    c->off = off;
+    return c->ver != 0;
 }
 
 static PyObject *sget(PyObject *o, PyObject *name, slot_t *c) {
-    if (Py_TYPE(o) == c->tp) {
+    if (slot_known(o, name, c) && c->off >= 0) {
         PyObject *v = *(PyObject **)((char *)o + c->off);
         if (v) {
             Py_INCREF(v);
             return v;
         }
-    } else {
-        slot_learn(o, name, c);
     }
-    return PyObject_GetAttr(o, name);
+    return PyObject_GetAttr(o, name); /* not a slot, or unset: AttributeError as usual */
 }
 
 static int sset(PyObject *o, PyObject *name, slot_t *c, PyObject *v) {
-    if (Py_TYPE(o) == c->tp) {
+    if (slot_known(o, name, c) && c->off >= 0) {
         PyObject **addr = (PyObject **)((char *)o + c->off), *old = *addr;
         Py_INCREF(v);
         *addr = v;
         Py_XDECREF(old);
         return 0;
     }
-    slot_learn(o, name, c);
     return PyObject_SetAttr(o, name, v);
 }
 
