@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from data_plane.remoting import bodies
@@ -25,6 +25,7 @@ from data_plane.remoting.codes import (
     ResponseCode,
 )
 from data_plane.remoting.command import RemotingCommand
+from data_plane.store import fastpath
 from data_plane.store.message import (
     FLAG_COMPRESSED,
     MESSAGE_MAGIC_CODE,
@@ -242,6 +243,14 @@ def pull_request(
     return RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext)
 
 
+def _compiled_decoder() -> Any:
+    """``_speedups.decode_records`` when built and in use, and made for this MessageExt's fields."""
+    mod = fastpath.speedups_module()
+    if mod is None or getattr(mod, "RECORD_FIELDS", None) != tuple(f.name for f in fields(MessageExt)):
+        return None
+    return mod.decode_records
+
+
 _HOSTS: dict[bytes, tuple[str, int]] = {}  # 8-byte host field → (ip, port): a few distinct values
 _TOPICS: dict[bytes, str] = {}
 
@@ -258,9 +267,35 @@ def _host(raw: bytes) -> tuple[str, int]:
 def decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
     """The records of a PULL body, in order. A record that is not sound raises BrokerError.
 
-    The consumer's hot loop: one header unpack per record, topics and hosts decoded once and
-    cached, the same checks as ``parse_record`` (magic, nested lengths, body CRC, properties
-    ending with their separator)."""
+    The compiled decoder (``_speedups.decode_records``) does this when it is built, at about a
+    fifth of the cost; ``py_decode_messages`` is its twin and the reference."""
+    if _decode_records is None:
+        return py_decode_messages(body, broker_name, check_crc=check_crc)
+    try:
+        out: list[MessageExt]
+        out, compressed = _decode_records(body, MessageExt, broker_name, check_crc, _TOPICS, _HOSTS, unpack_host)
+    except ValueError as e:
+        raise BrokerError(str(e)) from None
+    if compressed:
+        for i, m in enumerate(out):
+            if m.sys_flag & FLAG_COMPRESSED:
+                try:
+                    m.body = zlib.decompress(m.body)
+                except zlib.error as e:
+                    raise BrokerError(
+                        f"pull body: record at byte {_record_position(out, i)} does not decompress: {e}"
+                    ) from None
+    return out
+
+
+def _record_position(records: list[MessageExt], i: int) -> int:
+    return sum(m.store_size for m in records[:i])
+
+
+def py_decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
+    """``decode_messages`` in Python: one header unpack per record, topics and hosts decoded
+    once and cached, the same checks as ``parse_record`` (magic, nested lengths, body CRC,
+    properties ending with their separator)."""
     mv = memoryview(body)
     n = len(mv)
     out: list[MessageExt] = []
@@ -333,6 +368,16 @@ def decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bo
         )
         pos = end
     return out
+
+
+_decode_records = _compiled_decoder()
+
+
+def use_compiled_decoder(enabled: bool) -> bool:
+    """Switch decoders at run time (tests compare them); returns whether the compiled one is on."""
+    global _decode_records
+    _decode_records = _compiled_decoder() if enabled else None
+    return _decode_records is not None
 
 
 def parse_pull_response(

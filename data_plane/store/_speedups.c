@@ -25,22 +25,9 @@
 
 /* ---- CRC-32C (Castagnoli), same as the crc32c package -------------------------------- */
 static uint32_t crc_table[8][256];
+#define CRC_LANE 128 /* bytes in each of crc_hw's three parallel lanes (a multiple of 8) */
+static uint32_t crc_shift[4][256];
 static int have_sse42 = 0;
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    have_sse42 = __builtin_cpu_supports("sse4.2");
-#endif
-}
 
 static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t n) {
     while (n >= 8) {
@@ -57,16 +44,63 @@ static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t n) {
     return crc;
 }
 
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+    /* crc_shift[k][b]: the register b << 8k after CRC_LANE zero bytes. The register is linear
+       in its start value, so four lookups move any register past a lane without reading it. */
+    static const unsigned char zeros[CRC_LANE];
+    for (uint32_t k = 0; k < 4; k++)
+        for (uint32_t b = 0; b < 256; b++) crc_shift[k][b] = crc_sw(b << (8 * k), zeros, CRC_LANE);
 #if defined(__x86_64__)
+    __builtin_cpu_init();
+    have_sse42 = __builtin_cpu_supports("sse4.2");
+#endif
+}
+
+#if defined(__x86_64__)
+__attribute__((target("sse4.2"))) static inline uint64_t crc_hw_run(uint64_t c, const unsigned char *p, size_t n8) {
+    for (size_t i = 0; i < n8; i++) {
+        uint64_t v;
+        memcpy(&v, p + 8 * i, 8);
+        c = __builtin_ia32_crc32di(c, v);
+    }
+    return c;
+}
+
+static inline uint32_t crc_shift_lane(uint32_t c) {
+    return crc_shift[0][c & 0xFF] ^ crc_shift[1][(c >> 8) & 0xFF] ^ crc_shift[2][(c >> 16) & 0xFF] ^
+           crc_shift[3][c >> 24];
+}
+
+/* The crc32 instruction takes three cycles and issues one a cycle: three lanes of CRC_LANE bytes
+   run side by side, the first two then moved past the lanes that follow them (crc_shift). */
 __attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) {
     uint64_t c = crc;
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = __builtin_ia32_crc32di(c, v);
-        p += 8;
-        n -= 8;
+    while (n >= 3 * CRC_LANE) {
+        uint64_t a = c, b = 0, d = 0;
+        for (size_t i = 0; i < CRC_LANE / 8; i++) {
+            uint64_t va, vb, vd;
+            memcpy(&va, p + 8 * i, 8);
+            memcpy(&vb, p + CRC_LANE + 8 * i, 8);
+            memcpy(&vd, p + 2 * CRC_LANE + 8 * i, 8);
+            a = __builtin_ia32_crc32di(a, va);
+            b = __builtin_ia32_crc32di(b, vb);
+            d = __builtin_ia32_crc32di(d, vd);
+        }
+        c = crc_shift_lane(crc_shift_lane((uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)d;
+        p += 3 * CRC_LANE;
+        n -= 3 * CRC_LANE;
     }
+    c = crc_hw_run(c, p, n / 8);
+    p += n & ~(size_t)7;
+    n &= 7;
     uint32_t c32 = (uint32_t)c;
     while (n--) c32 = __builtin_ia32_crc32qi(c32, *p++);
     return c32;
@@ -940,10 +974,216 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
     return PyLong_FromUnsignedLong(c);
 }
 
+
+/* ---- pull bodies: the consumer's decoder ---------------------------------------------------
+ * decode_records(body, cls, broker_name, check_crc, topics, hosts, host_of) -> (list, compressed)
+ * Splits a PULL_MESSAGE body (CommitLog records back to back, the layout at the top of this
+ * file) into ``cls`` objects (sdk.message.MessageExt), with the checks of the pure-Python
+ * sdk.protocol.decode_messages: magic, nested lengths inside the record, body CRC, properties
+ * ending with their separator and valid UTF-8. ``topics`` (raw bytes -> str) and ``hosts``
+ * (8 raw bytes -> (ip, port), filled through ``host_of``) are the caller's caches. The objects
+ * are made without running ``cls.__init__``: each field's slot is written directly, ``extra``
+ * gets a new dict (its default factory). ``compressed`` counts records whose sys flag says
+ * their body is zlib-compressed; the caller inflates those. A record that is not sound raises
+ * ValueError naming its byte position. */
+enum {
+    MX_TOPIC, MX_BODY, MX_PROPERTIES, MX_QUEUE_ID, MX_QUEUE_OFFSET, MX_BROKER_NAME, MX_OFFSET_MSG_ID,
+    MX_COMMIT_LOG_OFFSET, MX_BORN_TS, MX_BORN_HOST, MX_STORE_TS, MX_STORE_HOST, MX_RECONSUME,
+    MX_SYS_FLAG, MX_FLAG, MX_STORE_SIZE, MX_EXTRA, MX_FIELDS
+};
+static const char *mx_names[MX_FIELDS] = {
+    "topic", "body", "properties", "queue_id", "queue_offset", "broker_name", "offset_msg_id",
+    "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms", "store_host",
+    "reconsume_times", "sys_flag", "flag", "store_size", "extra",
+};
+static PyObject *mx_interned[MX_FIELDS];
+static slot_t mx_slots[MX_FIELDS];
+
+static PyObject *record_error(Py_ssize_t pos, const char *what) {
+    PyErr_Format(PyExc_ValueError, "pull body: record at byte %zd %s", pos, what);
+    return NULL;
+}
+
+/* "name\x01value\x02..." -> dict; what decode_properties does (items without a \x01 are
+ * dropped, an empty item is skipped), every byte checked to be UTF-8. */
+static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    Py_ssize_t i = 0;
+    while (i < n) {
+        const unsigned char *e = memchr(p + i, 2, n - i);
+        Py_ssize_t j = e ? e - p : n;
+        if (j > i) {
+            const unsigned char *sep = memchr(p + i, 1, j - i);
+            Py_ssize_t kl = sep ? sep - (p + i) : j - i;
+            PyObject *k = PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
+            PyObject *v = k && sep ? PyUnicode_DecodeUTF8((const char *)sep + 1, j - i - kl - 1, NULL) : NULL;
+            int bad = !k || (sep && !v) || (sep && PyDict_SetItem(d, k, v) < 0);
+            Py_XDECREF(k);
+            Py_XDECREF(v);
+            if (bad) {
+                Py_DECREF(d);
+                return NULL;
+            }
+        }
+        i = j + 1;
+    }
+    return d;
+}
+
+static PyObject *host_tuple(PyObject *hosts, PyObject *host_of, const unsigned char *raw) {
+    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, 8);
+    if (!key) return NULL;
+    PyObject *h = PyDict_GetItemWithError(hosts, key);
+    if (h) {
+        Py_INCREF(h);
+    } else if (!PyErr_Occurred()) {
+        h = PyObject_CallOneArg(host_of, key);
+        if (h) {
+            if (PyDict_GET_SIZE(hosts) > 4096) PyDict_Clear(hosts);
+            if (PyDict_SetItem(hosts, key, h) < 0) Py_CLEAR(h);
+        }
+    }
+    Py_DECREF(key);
+    return h;
+}
+
+static PyObject *topic_str(PyObject *topics, const unsigned char *raw, Py_ssize_t n) {
+    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, n);
+    if (!key) return NULL;
+    PyObject *t = PyDict_GetItemWithError(topics, key);
+    if (t) {
+        Py_INCREF(t);
+    } else if (!PyErr_Occurred()) {
+        t = PyUnicode_DecodeUTF8((const char *)raw, n, NULL);
+        if (t && PyDict_GET_SIZE(topics) < 100000 && PyDict_SetItem(topics, key, t) < 0) Py_CLEAR(t);
+    }
+    Py_DECREF(key);
+    return t;
+}
+
+static PyObject *offset_msg_id(const unsigned char *store_host, long long physical) {
+    static const char hexd[] = "0123456789ABCDEF";
+    char s[32];
+    for (int i = 0; i < 8; i++) {
+        s[2 * i] = hexd[store_host[i] >> 4];
+        s[2 * i + 1] = hexd[store_host[i] & 15];
+    }
+    for (int i = 0; i < 16; i++) s[16 + i] = hexd[((unsigned long long)physical >> (60 - 4 * i)) & 15];
+    return PyUnicode_FromStringAndSize(s, 32);
+}
+
+static PyObject *decode_records(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    PyObject *cls, *broker, *topics, *hosts, *host_of;
+    int check_crc;
+    if (!PyArg_ParseTuple(args, "y*OUpO!O!O:decode_records", &b, &cls, &broker, &check_crc, &PyDict_Type,
+                          &topics, &PyDict_Type, &hosts, &host_of))
+        return NULL;
+    PyObject *out = PyList_New(0), *result = NULL;
+    Py_ssize_t compressed = 0;
+    if (!out) goto done;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "decode_records: cls must be a type");
+        goto done;
+    }
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    const unsigned char *base = b.buf;
+    Py_ssize_t n = b.len, pos = 0;
+    while (pos < n) {
+        if (n - pos < HEADER_SIZE) {
+            record_error(pos, "is cut short");
+            goto done;
+        }
+        const unsigned char *r = base + pos;
+        int32_t total = (int32_t)get32(r), magic = (int32_t)get32(r + 4), body_len = (int32_t)get32(r + 84);
+        Py_ssize_t end = pos + (Py_ssize_t)total, p = pos + HEADER_SIZE;
+        if (magic != MAGIC_CODE || total < HEADER_SIZE + 3 || end > n || body_len < 0 || p + body_len + 3 > end) {
+            record_error(pos, "is not sound (magic or sizes)");
+            goto done;
+        }
+        uint32_t crc = get32(r + 8);
+        if (check_crc && ((~crc_update(0xFFFFFFFFu, base + p, body_len)) & 0x7FFFFFFFu) != crc) {
+            record_error(pos, "fails its body CRC");
+            goto done;
+        }
+        Py_ssize_t body_at = p;
+        p += body_len;
+        Py_ssize_t topic_len = base[p];
+        Py_ssize_t topic_at = p + 1;
+        p += 1 + topic_len;
+        if (p + 2 > end) {
+            record_error(pos, "is not sound (topic length)");
+            goto done;
+        }
+        Py_ssize_t props_len = (int16_t)((base[p] << 8) | base[p + 1]);
+        p += 2;
+        if (props_len < 0 || p + props_len != end || (props_len && base[end - 1] != 2)) {
+            record_error(pos, "is not sound (properties)");
+            goto done;
+        }
+        long long physical = (long long)get64(r + 28);
+        int32_t sys_flag = (int32_t)get32(r + 36);
+        PyObject *v[MX_FIELDS] = {0};
+        v[MX_TOPIC] = topic_str(topics, base + topic_at, topic_len);
+        if (!v[MX_TOPIC]) {
+            PyErr_Clear();
+            record_error(pos, "has a topic that is not UTF-8");
+            goto done;
+        }
+        v[MX_PROPERTIES] = properties_dict(base + p, props_len);
+        if (!v[MX_PROPERTIES]) {
+            Py_DECREF(v[MX_TOPIC]);
+            PyErr_Clear();
+            record_error(pos, "has bad properties: not UTF-8");
+            goto done;
+        }
+        v[MX_BODY] = PyBytes_FromStringAndSize((const char *)base + body_at, body_len);
+        v[MX_QUEUE_ID] = PyLong_FromLong((int32_t)get32(r + 12));
+        v[MX_QUEUE_OFFSET] = PyLong_FromLongLong((long long)get64(r + 20));
+        Py_INCREF(broker);
+        v[MX_BROKER_NAME] = broker;
+        v[MX_OFFSET_MSG_ID] = offset_msg_id(r + 64, physical);
+        v[MX_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(physical);
+        v[MX_BORN_TS] = PyLong_FromLongLong((long long)get64(r + 40));
+        v[MX_BORN_HOST] = host_tuple(hosts, host_of, r + 48);
+        v[MX_STORE_TS] = PyLong_FromLongLong((long long)get64(r + 56));
+        v[MX_STORE_HOST] = host_tuple(hosts, host_of, r + 64);
+        v[MX_RECONSUME] = PyLong_FromLong((int32_t)get32(r + 72));
+        v[MX_SYS_FLAG] = PyLong_FromLong(sys_flag);
+        v[MX_FLAG] = PyLong_FromLong((int32_t)get32(r + 16));
+        v[MX_STORE_SIZE] = PyLong_FromLong(total);
+        v[MX_EXTRA] = PyDict_New();
+        PyObject *obj = NULL;
+        int ok = 1;
+        for (int f = 0; f < MX_FIELDS; f++) ok &= v[f] != NULL;
+        if (ok) obj = tp->tp_alloc(tp, 0);
+        if (obj) {
+            for (int f = 0; f < MX_FIELDS && obj; f++) {
+                if (sset(obj, mx_interned[f], &mx_slots[f], v[f]) < 0) Py_CLEAR(obj);
+            }
+        }
+        for (int f = 0; f < MX_FIELDS; f++) Py_XDECREF(v[f]);
+        if (!obj || PyList_Append(out, obj) < 0) {
+            Py_XDECREF(obj);
+            goto done;
+        }
+        Py_DECREF(obj);
+        if (sys_flag & 0x1) compressed++;
+        pos = end;
+    }
+    result = Py_BuildValue("(On)", out, compressed);
+done:
+    Py_XDECREF(out);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
+    {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {NULL, NULL, 0, NULL},
 };
@@ -972,8 +1212,18 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
     INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
     INTERN2(s_fd, "_fd");
+    for (int f = 0; f < MX_FIELDS; f++) INTERN2(mx_interned[f], mx_names[f]);
     if (PyType_Ready(&AppenderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
+    if (m) {
+        PyObject *names = PyTuple_New(MX_FIELDS);
+        if (!names) return NULL;
+        for (int f = 0; f < MX_FIELDS; f++) {
+            Py_INCREF(mx_interned[f]);
+            PyTuple_SET_ITEM(names, f, mx_interned[f]);
+        }
+        if (PyModule_AddObject(m, "RECORD_FIELDS", names) < 0) return NULL;
+    }
     if (!m) return NULL;
     Py_INCREF(&AppenderType);
     if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {

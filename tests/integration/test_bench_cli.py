@@ -46,6 +46,7 @@ def figure(result: dict[str, Any], path: str) -> Any:
 def check_figures(result: dict[str, Any]) -> None:
     for path in (
         "disk_seq_write.mb_per_s",
+        "page_cache_write.mb_per_s",
         "append_single.msgs_per_s",
         "append_single.mb_per_s",
         "append_batch32.msgs_per_s",
@@ -55,10 +56,13 @@ def check_figures(result: dict[str, Any]) -> None:
         "queues_10000.msgs_per_s",
         "ratio_to_disk.append_single",
         "ratio_to_disk.append_batch32",
+        "ratio_to_page_cache.append_single",
+        "ratio_to_page_cache.append_batch32",
     ):
         positive(figure(result, path), path)
     # The flags fix these counts.
     assert figure(result, "disk_seq_write.megabytes") == DISK_MB
+    assert figure(result, "page_cache_write.megabytes") == DISK_MB
     assert figure(result, "append_single.msgs") == MESSAGES
     assert figure(result, "append_batch32.msgs") == MESSAGES // 32 * 32
     # Every message appended above (in every repeat) is read back.

@@ -1,0 +1,170 @@
+"""The consumer's pull-body decoder, both of it: the compiled ``_speedups.decode_records`` and its
+pure-Python twin ``sdk.protocol.py_decode_messages``. Every test runs against each; records are
+laid out by hand here (``RECORD_HEADER``) so that odd and broken ones can be made too."""
+
+from __future__ import annotations
+
+import random
+import zlib
+from collections.abc import Iterator
+from dataclasses import fields
+
+import pytest
+
+from data_plane.store.message import (
+    MESSAGE_MAGIC_CODE,
+    RECORD_HEADER,
+    body_crc,
+    encode_properties,
+    pack_host,
+)
+from sdk import errors, protocol
+from sdk.message import MessageExt
+
+BORN = pack_host("10.9.9.9", 4321)
+STORE = pack_host("10.1.2.3", 10911)
+
+
+@pytest.fixture(params=["compiled", "python"])
+def decoder(request: pytest.FixtureRequest) -> Iterator[str]:
+    was = protocol.use_compiled_decoder(False)
+    if request.param == "compiled" and not protocol.use_compiled_decoder(True):
+        protocol.use_compiled_decoder(was)
+        pytest.skip("the compiled module is not built")
+    yield request.param
+    protocol.use_compiled_decoder(was)
+
+
+def record(
+    *,
+    body: bytes = b"hello",
+    topic: bytes = b"Orders",
+    props: bytes = b"TAGS\x01A\x02",
+    queue_id: int = 2,
+    queue_offset: int = 0,
+    physical: int = 0,
+    sys_flag: int = 0,
+    flag: int = 0,
+    reconsume: int = 0,
+    crc: int | None = None,
+    magic: int = MESSAGE_MAGIC_CODE,
+    props_len: int | None = None,
+) -> bytes:
+    total = RECORD_HEADER.size + len(body) + 1 + len(topic) + 2 + len(props)
+    head = RECORD_HEADER.pack(
+        total, magic, body_crc(body) if crc is None else crc, queue_id, flag, queue_offset, physical, sys_flag,
+        1_700_000_000_000, BORN, 1_700_000_000_123, STORE, reconsume, 0, len(body),
+    )  # fmt: skip
+    plen = len(props) if props_len is None else props_len
+    return head + body + bytes([len(topic)]) + topic + plen.to_bytes(2, "big", signed=True) + props
+
+
+def as_dict(m: MessageExt) -> dict[str, object]:
+    return {f.name: getattr(m, f.name) for f in fields(m)}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_both_decoders_give_the_same_messages(seed: int) -> None:
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    parts, offset = [], 0
+    for i in range(rng.randrange(1, 40)):
+        props = {
+            f"k{j}": "".join(rng.choice("aé中z9 ") for _ in range(rng.randrange(0, 20)))
+            for j in range(rng.randrange(0, 6))
+        }
+        rec = record(
+            body=rng.randbytes(rng.randrange(1, 3000)),
+            topic=rng.choice([b"Orders", b"%RETRY%G", b"T" * 127]),
+            props=encode_properties(props) if props else b"",
+            queue_id=rng.randrange(0, 1 << 31),
+            queue_offset=i,
+            physical=offset,
+            flag=rng.randrange(-(1 << 31), 1 << 31),
+            reconsume=rng.randrange(0, 17),
+        )
+        parts.append(rec)
+        offset += len(rec)
+    body = b"".join(parts)
+    was = protocol.use_compiled_decoder(True)
+    try:
+        if not was and not protocol.use_compiled_decoder(True):
+            pytest.skip("the compiled module is not built")
+        compiled = protocol.decode_messages(body, "broker-a")
+    finally:
+        protocol.use_compiled_decoder(was)
+    python = protocol.py_decode_messages(body, "broker-a")
+    assert len(compiled) == len(python) == len(parts)
+    for c, p in zip(compiled, python, strict=True):
+        assert as_dict(c) == as_dict(p)
+    assert [m.commit_log_offset for m in compiled] == [sum(map(len, parts[:i])) for i in range(len(parts))]
+
+
+def test_fields_of_one_record(decoder: str) -> None:
+    (m,) = protocol.decode_messages(
+        record(body=b"payload", props=b"TAGS\x01A\x02UNIQ_KEY\x01ABC\x02", queue_offset=7, physical=4096, reconsume=3),
+        "broker-a",
+    )
+    assert (m.topic, m.body, m.queue_id, m.queue_offset, m.broker_name) == ("Orders", b"payload", 2, 7, "broker-a")
+    assert m.properties == {"TAGS": "A", "UNIQ_KEY": "ABC"}
+    assert (m.tags, m.msg_id) == ("A", "ABC")
+    assert m.offset_msg_id == "0A01020300002A9F0000000000001000"
+    assert (m.commit_log_offset, m.reconsume_times) == (4096, 3)
+    assert (m.born_host, m.store_host) == (("10.9.9.9", 4321), ("10.1.2.3", 10911))
+    assert (m.born_timestamp_ms, m.store_timestamp_ms) == (1_700_000_000_000, 1_700_000_000_123)
+    assert m.store_size == len(record(body=b"payload", props=b"TAGS\x01A\x02UNIQ_KEY\x01ABC\x02"))
+    assert m.extra == {}
+    m.extra["seen"] = True  # each message has its own
+    (again,) = protocol.decode_messages(record(), "b")
+    assert again.extra == {}
+
+
+def test_properties_are_read_as_rocketmq_writes_them(decoder: str) -> None:
+    # an item without a name/value separator is dropped; an empty name is kept; empty items skipped
+    (m,) = protocol.decode_messages(record(props=b"a\x01b\x02\x02no-separator\x02\x01x\x02k\x01\x02"), "b")
+    assert m.properties == {"a": "b", "": "x", "k": ""}
+    (m,) = protocol.decode_messages(record(props=b""), "b")
+    assert m.properties == {}
+
+
+def test_a_compressed_body_is_inflated(decoder: str) -> None:
+    plain = b"x" * 10_000
+    packed = zlib.compress(plain)
+    first = record(body=b"not compressed")
+    second = record(body=packed, sys_flag=0x1, physical=len(first))
+    got = protocol.decode_messages(first + second, "b")
+    assert [m.body for m in got] == [b"not compressed", plain]
+    broken = record(body=b"not zlib at all", sys_flag=0x1)
+    with pytest.raises(errors.BrokerError, match=rf"record at byte {len(first)} does not decompress"):
+        protocol.decode_messages(first + broken, "b")
+
+
+def test_the_crc_check_can_be_skipped(decoder: str) -> None:
+    bad = record(body=b"abc", crc=12345)
+    with pytest.raises(errors.BrokerError, match="record at byte 0 fails its body CRC"):
+        protocol.decode_messages(bad, "b")
+    (m,) = protocol.decode_messages(bad, "b", check_crc=False)
+    assert m.body == b"abc"
+
+
+@pytest.mark.parametrize(
+    ("broken", "why"),
+    [
+        (record()[:50], "is cut short"),
+        (record(magic=0x12345678), r"is not sound \(magic or sizes\)"),
+        (record()[:-1], r"is not sound \(magic or sizes\)"),
+        (record(topic=b"\xff\xfe"), "has a topic that is not UTF-8"),
+        (record(props=b"TAGS\x01\xff\x02"), "has bad properties"),
+        (record(props=b"TAGS\x01A"), r"is not sound \(properties\)"),
+        (record(props=b"TAGS\x01A\x02", props_len=-1), r"is not sound \(properties\)"),
+        (record(props=b"TAGS\x01A\x02", props_len=3), r"is not sound \(properties\)"),
+    ],
+)
+def test_an_unsound_record_is_a_broker_error_naming_its_position(decoder: str, broken: bytes, why: str) -> None:
+    good = record()
+    with pytest.raises(errors.BrokerError, match=rf"pull body: record at byte {len(good)} {why}"):
+        protocol.decode_messages(good + broken, "b")
+
+
+def test_an_empty_body_is_no_messages(decoder: str) -> None:
+    assert protocol.decode_messages(b"", "b") == []
