@@ -590,7 +590,11 @@ class ConsumerBase:
                 return
             broker_id = result.suggest_which_broker_id
             if result.status is PullStatus.FOUND:
-                msgs = [m for m in result.messages if m.queue_offset >= offset and sub.matches(m.tags)]
+                msgs = result.messages
+                if not sub.tags and msgs and msgs[0].queue_offset >= offset:
+                    pass  # all of them: offsets ascend within a pull, and "*" (or SQL92) keeps every tag
+                else:
+                    msgs = [m for m in msgs if m.queue_offset >= offset and sub.matches(m.tags)]
                 offset = max(result.next_begin_offset, offset)
                 if msgs:
                     pq.put(msgs)

@@ -50,6 +50,35 @@ class ProcessQueue:
     # --- filling ---------------------------------------------------------------------------------
     def put(self, msgs: list[MessageExt]) -> int:
         """Add pulled messages; returns how many were new (an offset already cached is ignored)."""
+        if msgs and msgs[0].queue_offset > self.max_offset:
+            return self._put_ascending(msgs)
+        return self._put_each(msgs)
+
+    def _put_ascending(self, msgs: list[MessageExt]) -> int:
+        """The usual put: a pull that goes on past everything cached. While the offsets keep
+        rising they are appended to the heap as they are (a value no smaller than every other
+        keeps a min-heap a heap); the rest, if any, goes the general way."""
+        cache, heap = self._msgs, self._heap
+        top = self.max_offset
+        size = 0
+        for i, m in enumerate(msgs):
+            off = m.queue_offset
+            if off <= top:
+                self.count += i
+                self.size_bytes += size
+                self.max_offset = top
+                return i + self._put_each(msgs[i:])
+            cache[off] = m
+            heap.append(off)
+            size += len(m.body)
+            top = off
+        self.count += len(msgs)
+        self.size_bytes += size
+        self.max_offset = top
+        self._update_room()
+        return len(msgs)
+
+    def _put_each(self, msgs: list[MessageExt]) -> int:
         added = 0
         for m in msgs:
             off = m.queue_offset

@@ -127,3 +127,33 @@ def test_orderly_consumption_needs_a_live_lock() -> None:
     pq.last_lock_ms = 1000
     assert pq.can_consume_orderly(now_ms=1000 + LOCK_MAX_LIVE_MS)
     assert not pq.can_consume_orderly(now_ms=1001 + LOCK_MAX_LIVE_MS)
+
+
+@pytest.mark.parametrize("seed", [11, 12, 13, 14])
+def test_puts_in_any_order_keep_the_window_and_counters(seed: int) -> None:
+    """Pulls usually go on past everything cached (the bulk path); redeliveries, overlaps and
+    out-of-order batches take the general one. Either way the cache holds each offset once and
+    the commit offset is the lowest not consumed."""
+    print(f"seed={seed}")
+    rng = random.Random(seed)
+    pq = ProcessQueue()
+    cached: dict[int, int] = {}  # offset -> body size
+    seen_max = -1
+    for _ in range(200):
+        start = rng.randrange(0, 400)
+        offsets = sorted(rng.sample(range(start, start + 40), rng.randrange(1, 20)))
+        if rng.random() < 0.2:
+            offsets.insert(rng.randrange(len(offsets)), rng.randrange(0, start + 1))  # a dip inside the batch
+        msgs = [_msg(o, size=o % 7 + 1) for o in offsets]
+        new = {m.queue_offset: len(m.body) for m in msgs if m.queue_offset not in cached}
+        assert pq.put(msgs) == len(new)
+        cached.update(new)
+        seen_max = max([seen_max, *offsets])
+        assert (pq.count, pq.size_bytes, pq.max_offset) == (len(cached), sum(cached.values()), seen_max)
+        if rng.random() < 0.5 and cached:
+            done = rng.sample(sorted(cached), rng.randrange(1, len(cached) + 1))
+            expected = min((o for o in cached if o not in done), default=seen_max + 1)
+            assert pq.remove([_msg(o) for o in done]) == expected
+            for o in done:
+                del cached[o]
+        assert [m.queue_offset for m in pq.messages()] == sorted(cached)
