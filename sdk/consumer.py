@@ -591,9 +591,9 @@ class ConsumerBase:
             broker_id = result.suggest_which_broker_id
             if result.status is PullStatus.FOUND:
                 msgs = result.messages
-                if not sub.tags and msgs and msgs[0].queue_offset >= offset:
-                    pass  # all of them: offsets ascend within a pull, and "*" (or SQL92) keeps every tag
-                else:
+                # All of them when offsets (ascending within a pull) start at ours and "*" (or
+                # SQL92) keeps every tag; else message by message.
+                if sub.tags or (msgs and msgs[0].queue_offset < offset):
                     msgs = [m for m in msgs if m.queue_offset >= offset and sub.matches(m.tags)]
                 offset = max(result.next_begin_offset, offset)
                 if msgs:

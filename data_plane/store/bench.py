@@ -116,20 +116,31 @@ def _measure(run: Run, repeats: int) -> dict[str, Any]:
     return _measure_interleaved({"run": run}, repeats)["run"]
 
 
-def disk_seq_write(directory: str, megabytes: int) -> dict[str, float]:
-    path = os.path.join(directory, "disk-probe")
+def _write_probe(directory: str, megabytes: int, *, fdatasync: bool, tail_from: int = 0) -> tuple[float, float]:
+    """``megabytes`` 1 MiB writes of new bytes to a new file (then ``fdatasync`` if asked), after
+    the earlier dirty pages are written back. Returns the seconds of the whole and of the writes
+    from ``tail_from`` on."""
+    path = os.path.join(directory, "write-probe")
     block = os.urandom(1 << 20)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.sync()
-        t = time.perf_counter()
-        for _ in range(megabytes):
+        t = t_tail = time.perf_counter()
+        for i in range(megabytes):
+            if i == tail_from:
+                t_tail = time.perf_counter()
             os.write(fd, block)
-        os.fdatasync(fd)
-        dt = time.perf_counter() - t
+        if fdatasync:
+            os.fdatasync(fd)
+        end = time.perf_counter()
     finally:
         os.close(fd)
         os.unlink(path)
+    return end - t, end - t_tail
+
+
+def disk_seq_write(directory: str, megabytes: int) -> dict[str, float]:
+    dt, _ = _write_probe(directory, megabytes, fdatasync=True)
     return {"megabytes": megabytes, "seconds": round(dt, 3), "mb_per_s": round(megabytes / dt, 1)}
 
 
@@ -139,26 +150,13 @@ def page_cache_write(directory: str, megabytes: int) -> dict[str, float]:
     handed back to the host costs a host fault per page. The probe writes four times
     ``megabytes`` and reports the whole and its last quarter, by which time the recently
     freed memory is used up."""
-    path = os.path.join(directory, "page-cache-probe")
-    block = os.urandom(1 << 20)
     total = 4 * megabytes
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.sync()
-        t = time.perf_counter()
-        for i in range(total):
-            if i == 3 * megabytes:
-                t_last = time.perf_counter()
-            os.write(fd, block)
-        end = time.perf_counter()
-    finally:
-        os.close(fd)
-        os.unlink(path)
+    dt, dt_last = _write_probe(directory, total, fdatasync=False, tail_from=3 * megabytes)
     return {
         "megabytes": total,
-        "seconds": round(end - t, 3),
-        "mb_per_s": round(total / (end - t), 1),
-        "last_quarter_mb_per_s": round(megabytes / (end - t_last), 1),
+        "seconds": round(dt, 3),
+        "mb_per_s": round(total / dt, 1),
+        "last_quarter_mb_per_s": round(megabytes / dt_last, 1),
     }
 
 
