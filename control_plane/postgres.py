@@ -17,7 +17,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import glob
-import hashlib
 import importlib.util
 import os
 import pwd
@@ -26,6 +25,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,11 +45,69 @@ class DataDirUnreachable(EmbeddedPostgresError):
     """Running as root, and the ``postgres`` user cannot enter the data directory's parents."""
 
 
-def fallback_data_dir(data_dir: str | os.PathLike[str]) -> Path:
+FALLBACK_ROOT = Path("/var/tmp")
+FALLBACK_PREFIX = "orbit-postgres-"
+FALLBACK_POINTER = "fallback-location"  # in the unreachable data directory: where its data went
+FALLBACK_OWNER = "owner"  # in the fallback directory: the data directory it belongs to
+
+
+def fallback_data_dir(data_dir: str | os.PathLike[str], *, root: Path = FALLBACK_ROOT) -> Path:
     """Where the data goes when the postgres user cannot reach ``data_dir`` (root's home, a
-    private pytest dir): a stable directory under /var/tmp named after ``data_dir``."""
-    digest = hashlib.sha256(str(Path(data_dir).absolute()).encode()).hexdigest()[:12]
-    return Path("/var/tmp") / f"orbit-postgres-{digest}"
+    private pytest dir): a directory of its own under ``root``, recorded in ``data_dir``.
+
+    The record lives in ``data_dir`` itself, so the same directory finds its database again
+    after a restart, while a new directory at a path used before (a fresh clone, pytest's
+    reused ``pytest-N`` names) gets an empty one. Fallback directories whose data directory is
+    gone, and whose server is not running, are removed on the way."""
+    data_dir = Path(data_dir).absolute()
+    pointer = data_dir / FALLBACK_POINTER
+    with contextlib.suppress(OSError):
+        recorded = Path(pointer.read_text().strip())
+        if recorded.parent == root and recorded.name.startswith(FALLBACK_PREFIX) and recorded.is_dir():
+            return recorded
+    sweep_orphaned_fallbacks(root)
+    made = Path(tempfile.mkdtemp(prefix=FALLBACK_PREFIX, dir=root))
+    (made / FALLBACK_OWNER).write_text(f"{data_dir}\n")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = pointer.with_name(FALLBACK_POINTER + ".tmp")
+    tmp.write_text(f"{made}\n")
+    os.replace(tmp, pointer)
+    return made
+
+
+def sweep_orphaned_fallbacks(root: Path = FALLBACK_ROOT) -> list[Path]:
+    """Remove fallback directories under ``root`` whose data directory no longer points at
+    them and whose PostgreSQL is not running; returns what was removed. Directories without
+    an owner record are left alone (nothing says whose they are)."""
+    removed: list[Path] = []
+    for candidate in root.glob(FALLBACK_PREFIX + "*"):
+        try:
+            owner = Path((candidate / FALLBACK_OWNER).read_text().strip())
+        except OSError:
+            continue
+        try:
+            still_owned = Path((owner / FALLBACK_POINTER).read_text().strip()) == candidate
+        except OSError:
+            still_owned = False
+        if still_owned or _postmaster_alive(candidate / "pgdata"):
+            continue
+        shutil.rmtree(candidate, ignore_errors=True)
+        removed.append(candidate)
+    return removed
+
+
+def _postmaster_alive(pgdata: Path) -> bool:
+    try:
+        pid = int((pgdata / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (OSError, ValueError):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _version_key(path: str) -> tuple[int, ...]:

@@ -116,3 +116,26 @@ async def test_without_a_database_url_it_runs_an_embedded_postgresql(short_tmp: 
         assert stop(proc) == 0
     assert "embedded PostgreSQL" in log.read_text()
     assert not (short_tmp / "data" / "postgres" / "pgdata" / "postmaster.pid").exists()  # stopped with us
+
+
+@pytest.mark.asyncio
+async def test_a_new_data_dir_at_a_used_path_gets_a_fresh_database(tmp_path: Path) -> None:
+    """pytest's private tmp dirs (and a fresh clone's) reuse paths. As root the postgres user
+    cannot enter them, so the data goes elsewhere; a directory made anew at a used path must
+    not inherit the old database, or no operator credential is bootstrapped for it."""
+    data, bootstrap = tmp_path / "data", tmp_path / "operator.json"
+    args = ["--data-dir", str(data), "--bootstrap-credentials-file", str(bootstrap)]
+    proc, url, _ = start(args, tmp_path)
+    try:
+        await exercise(url, bootstrap)
+    finally:
+        assert stop(proc) == 0
+    first = orjson.loads(bootstrap.read_bytes())["access_key"]
+    shutil.rmtree(data)
+    bootstrap.unlink()
+    proc, url, _ = start(args, tmp_path)
+    try:
+        await exercise(url, bootstrap)  # reads the operator.json this start wrote
+    finally:
+        assert stop(proc) == 0
+    assert orjson.loads(bootstrap.read_bytes())["access_key"] != first

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
 from control_plane import postgres
-from control_plane.postgres import EmbeddedPostgresError, fallback_data_dir, has_server_binaries, system_bin_dirs
+from control_plane.postgres import (
+    EmbeddedPostgresError,
+    fallback_data_dir,
+    has_server_binaries,
+    sweep_orphaned_fallbacks,
+    system_bin_dirs,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -69,8 +76,41 @@ def test_without_system_binaries_the_pypi_package_is_used(tmp_path: Path, monkey
     assert postgres.find_bin_dir(install=False) == str(package / "pginstall" / "bin")
 
 
-def test_the_fallback_data_dir_is_stable_per_path(tmp_path: Path) -> None:
-    a = fallback_data_dir(tmp_path / "a")
-    assert a == fallback_data_dir(str(tmp_path / "a")) != fallback_data_dir(tmp_path / "b")
-    assert a.parent == Path("/var/tmp")
-    assert os.path.basename(a).startswith("orbit-postgres-")
+def test_the_fallback_data_dir_is_kept_by_its_data_dir_and_not_inherited_by_a_new_one(tmp_path: Path) -> None:
+    root = tmp_path / "var"
+    root.mkdir()
+    data = tmp_path / "cp" / "postgres"
+    first = fallback_data_dir(data, root=root)
+    assert first.parent == root
+    assert first.name.startswith("orbit-postgres-")
+    assert first.is_dir()
+    assert fallback_data_dir(str(data), root=root) == first  # a restart finds its database again
+    assert fallback_data_dir(tmp_path / "other", root=root) != first
+    (first / "pgdata").mkdir()
+    (first / "pgdata" / "PG_VERSION").write_text("15\n")
+    shutil.rmtree(tmp_path / "cp")  # the data dir goes; a new one appears at the same path
+    second = fallback_data_dir(data, root=root)
+    assert second != first
+    assert not (second / "pgdata").exists()
+    assert not first.exists()  # the orphan was swept
+
+
+def test_the_sweep_spares_running_servers_and_directories_without_an_owner(tmp_path: Path) -> None:
+    root = tmp_path / "var"
+    root.mkdir()
+    legacy = root / "orbit-postgres-legacy"
+    (legacy / "pgdata").mkdir(parents=True)
+    running = fallback_data_dir(tmp_path / "gone-running", root=root)
+    (running / "pgdata").mkdir()
+    (running / "pgdata" / "postmaster.pid").write_text(f"{os.getpid()}\n/some/dir\n")
+    dead = fallback_data_dir(tmp_path / "gone-dead", root=root)
+    (dead / "pgdata").mkdir()
+    (dead / "pgdata" / "postmaster.pid").write_text("999999999\n/some/dir\n")
+    kept = fallback_data_dir(tmp_path / "kept", root=root)
+    shutil.rmtree(tmp_path / "gone-running")
+    shutil.rmtree(tmp_path / "gone-dead")
+    assert sweep_orphaned_fallbacks(root) == [dead]
+    assert legacy.is_dir()
+    assert running.is_dir()
+    assert kept.is_dir()
+    assert not dead.exists()
