@@ -67,6 +67,17 @@ async def exercise(url: str, bootstrap: Path) -> None:
             assert resp.status in (201, 409)
 
 
+async def serve_once(args: list[str], workdir: Path, bootstrap: Path) -> Path:
+    """Start the process, exercise it with the operator credential in ``bootstrap``, stop it
+    (exit code 0): the process's log."""
+    proc, url, log = start(args, workdir)
+    try:
+        await exercise(url, bootstrap)
+    finally:
+        assert stop(proc) == 0
+    return log
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """A directory the postgres user can enter (pytest's tmp_path is private to root)."""
@@ -87,11 +98,7 @@ async def test_the_process_serves_over_a_given_database(postgres_dsn: str, tmp_p
         "--bootstrap-credentials-file",
         str(bootstrap),
     ]
-    proc, url, log = start(args, tmp_path)
-    try:
-        await exercise(url, bootstrap)
-    finally:
-        assert stop(proc) == 0
+    log = await serve_once(args, tmp_path, bootstrap)
     secret = orjson.loads(bootstrap.read_bytes())["secret"]
     assert secret not in log.read_text()
     # a restart keeps the state and does not bootstrap a second operator
@@ -125,17 +132,9 @@ async def test_a_new_data_dir_at_a_used_path_gets_a_fresh_database(tmp_path: Pat
     not inherit the old database, or no operator credential is bootstrapped for it."""
     data, bootstrap = tmp_path / "data", tmp_path / "operator.json"
     args = ["--data-dir", str(data), "--bootstrap-credentials-file", str(bootstrap)]
-    proc, url, _ = start(args, tmp_path)
-    try:
-        await exercise(url, bootstrap)
-    finally:
-        assert stop(proc) == 0
+    await serve_once(args, tmp_path, bootstrap)
     first = orjson.loads(bootstrap.read_bytes())["access_key"]
     shutil.rmtree(data)
     bootstrap.unlink()
-    proc, url, _ = start(args, tmp_path)
-    try:
-        await exercise(url, bootstrap)  # reads the operator.json this start wrote
-    finally:
-        assert stop(proc) == 0
+    await serve_once(args, tmp_path, bootstrap)  # reads the operator.json this start wrote
     assert orjson.loads(bootstrap.read_bytes())["access_key"] != first
