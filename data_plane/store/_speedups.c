@@ -1179,11 +1179,76 @@ done:
     return result;
 }
 
+/* ---- the pull read: ConsumeQueue units -> record slices ---------------------------------- */
+/* collect_units(units, i, n, cur, cur_from, cur_end, log_min, max_nums, max_bytes, total_bytes,
+ *               tags_codes, messages, queue_offsets, first_queue_offset)
+ * -> (i, total_bytes, last_phy, full)
+ * Walks 20-byte units from index i while each one's record lies whole in ``cur`` (the mapping of
+ * the CommitLog file [cur_from, cur_end)), appending a memoryview slice per record and its queue
+ * offset. Stops, with the unit at i not taken, when the pull is full (full = 1), when the units
+ * run out, or at a unit the caller must look at itself (removed, another file, cut short). */
+static PyObject *collect_units(PyObject *self, PyObject *args) {
+    Py_buffer u;
+    Py_ssize_t i, n, max_nums;
+    long long cur_from, cur_end, log_min, max_bytes, total, first_qo;
+    PyObject *cur, *tags_codes, *messages, *queue_offsets;
+    if (!PyArg_ParseTuple(args, "y*nnOLLLnLLOO!O!L:collect_units", &u, &i, &n, &cur, &cur_from, &cur_end, &log_min,
+                          &max_nums, &max_bytes, &total, &tags_codes, &PyList_Type, &messages, &PyList_Type,
+                          &queue_offsets, &first_qo))
+        return NULL;
+    PyObject *result = NULL;
+    long long last_phy = 0;
+    int full = 0;
+    if (n < 0 || i < 0 || n * 20 > u.len) {
+        PyErr_SetString(PyExc_ValueError, "collect_units: more units than bytes");
+        goto done;
+    }
+    if (cur == Py_None) cur_end = cur_from; /* no file yet: every unit goes back to the caller */
+    const unsigned char *base = u.buf;
+    for (; i < n; i++) {
+        const unsigned char *p = base + i * 20;
+        long long phy = (long long)get64(p);
+        int32_t size = (int32_t)get32(p + 8);
+        Py_ssize_t have = PyList_GET_SIZE(messages);
+        if (have && (have >= max_nums || total + size > max_bytes)) {
+            full = 1;
+            break;
+        }
+        if (phy < log_min || size <= 0 || phy < cur_from || phy >= cur_end || phy + size > cur_end) break;
+        if (tags_codes != Py_None) {
+            PyObject *code = PyLong_FromLongLong((long long)get64(p + 12));
+            if (!code) goto done;
+            int in = PySequence_Contains(tags_codes, code);
+            Py_DECREF(code);
+            if (in < 0) goto done;
+            if (!in) continue;
+        }
+        Py_ssize_t at = (Py_ssize_t)(phy - cur_from);
+        PyObject *record = PySequence_GetSlice(cur, at, at + size);
+        if (!record) goto done;
+        int bad = PyList_Append(messages, record);
+        Py_DECREF(record);
+        if (bad) goto done;
+        PyObject *qo = PyLong_FromLongLong(first_qo + i);
+        if (!qo) goto done;
+        bad = PyList_Append(queue_offsets, qo);
+        Py_DECREF(qo);
+        if (bad) goto done;
+        total += size;
+        last_phy = phy;
+    }
+    result = Py_BuildValue("(nLLi)", i, total, last_phy, full);
+done:
+    PyBuffer_Release(&u);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
     {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
+    {"collect_units", collect_units, METH_VARARGS, "Turn ConsumeQueue units into record slices (a pull read)."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {NULL, NULL, 0, NULL},
 };

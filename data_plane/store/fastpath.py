@@ -1,4 +1,5 @@
-"""The write path's per-message loops, in pure Python, and the switch to their compiled twin.
+"""The store's per-message loops (the write path's, and the pull read's), in pure Python, and
+the switch to their compiled twin.
 
 ``write_batch`` lays out a batch of messages of one (topic, queue id) as CommitLog records and
 returns, with them, the ConsumeQueue units and the index items they need::
@@ -21,7 +22,10 @@ Given a file descriptor (``fd``, ``fd_offset``), ``buf`` is a staging buffer: th
 out in it are written to the file with ``pwrite`` — before the ConsumeQueue and IndexFile
 targets are touched, so an ``OSError`` from the file leaves nothing pointing at them.
 
-``_speedups.c`` implements both functions byte for byte; it is used when it was built and
+``collect_units`` is the pull read's loop: ConsumeQueue units to memoryview slices of one
+CommitLog file (see its docstring); ``MessageStore.get_message`` handles what it stops at.
+
+``_speedups.c`` implements these functions byte for byte; it is used when it was built and
 ``ORBIT_PURE_PYTHON`` is not set. Tests run both and compare their output.
 
 Return values of ``write_batch``::
@@ -204,11 +208,55 @@ def py_index_write(
     return count, i, last_phys
 
 
+def py_collect_units(
+    units: Any,
+    i: int,
+    n: int,
+    cur: memoryview | None,
+    cur_from: int,
+    cur_end: int,
+    log_min: int,
+    max_nums: int,
+    max_bytes: int,
+    total_bytes: int,
+    tags_codes: Any,
+    messages: list[memoryview],
+    queue_offsets: list[int],
+    first_queue_offset: int,
+) -> tuple[int, int, int, int]:
+    """The pull read's loop: ConsumeQueue units from index ``i`` to record slices of ``cur``
+    (the mapping of the CommitLog file [cur_from, cur_end)), each appended with its queue
+    offset. Stops, the unit at ``i`` not taken, when the pull is full (``full`` = 1), when the
+    units run out, or at a unit the caller must look at itself: removed, in another file, cut
+    short. Returns ``(i, total_bytes, last_phy, full)``; ``last_phy`` is 0 when nothing was taken."""
+    if cur is None:
+        cur_end = cur_from
+    unpack = _CQ_UNIT.unpack_from
+    last_phy = 0
+    while i < n:
+        phy, size, tags = unpack(units, i * 20)
+        if messages and (len(messages) >= max_nums or total_bytes + size > max_bytes):
+            return i, total_bytes, last_phy, 1
+        if phy < log_min or size <= 0 or not cur_from <= phy < cur_end or phy + size > cur_end:
+            break
+        if tags_codes is None or tags in tags_codes:
+            assert cur is not None
+            at = phy - cur_from
+            messages.append(cur[at : at + size])
+            queue_offsets.append(first_queue_offset + i)
+            total_bytes += size
+            last_phy = phy
+        i += 1
+    return i, total_bytes, last_phy, 0
+
+
 WriteBatch = Callable[..., tuple[Any, ...]]
 IndexWrite = Callable[..., tuple[int, int, int]]
+CollectUnits = Callable[..., tuple[int, int, int, int]]
 
 write_batch: WriteBatch = py_write_batch
 index_write: IndexWrite = py_index_write
+collect_units: CollectUnits = py_collect_units
 COMPILED = False
 
 if not os.environ.get("ORBIT_PURE_PYTHON"):
@@ -219,6 +267,7 @@ if not os.environ.get("ORBIT_PURE_PYTHON"):
     else:
         write_batch = _speedups.write_batch
         index_write = _speedups.index_write
+        collect_units = _speedups.collect_units
         COMPILED = True
 
 
@@ -236,7 +285,7 @@ def speedups_module() -> Any:
 def use_compiled(enabled: bool) -> bool:
     """Switch implementations at run time (tests compare them); returns whether the compiled
     one is in use afterwards."""
-    global write_batch, index_write, COMPILED
+    global write_batch, index_write, collect_units, COMPILED
     if enabled:
         try:
             from data_plane.store import _speedups  # type: ignore[attr-defined]
@@ -244,7 +293,8 @@ def use_compiled(enabled: bool) -> bool:
             enabled = False
         else:
             write_batch, index_write = _speedups.write_batch, _speedups.index_write
+            collect_units = _speedups.collect_units
     if not enabled:
-        write_batch, index_write = py_write_batch, py_index_write
+        write_batch, index_write, collect_units = py_write_batch, py_index_write, py_collect_units
     COMPILED = enabled
     return enabled

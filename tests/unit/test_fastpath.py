@@ -478,3 +478,93 @@ def test_a_file_that_refuses_the_records_raises_and_leaves_the_index_targets_alo
             os.close(fd)
         assert cq == bytearray(200), "no ConsumeQueue unit names a record that is not in the file"
         assert bytes(ix) == ix_before, "no index entry names it either"
+
+
+def _random_units(rng: random.Random, cur_from: int, cur_len: int, n: int) -> bytes:
+    """ConsumeQueue units, most inside the file [cur_from, cur_from + cur_len), some removed,
+    some in other files, some cut short by the file's end, some of size 0."""
+    out = []
+    for _ in range(n):
+        size = rng.choice([rng.randint(1, 300), rng.randint(1, 40), 0, -5])
+        kind = rng.random()
+        if kind < 0.6:
+            phy = cur_from + rng.randint(0, max(0, cur_len - max(size, 1)))
+        elif kind < 0.7:
+            phy = cur_from + cur_len - max(size, 1)  # ends exactly at the file's end
+        elif kind < 0.8:
+            phy = cur_from + cur_len - rng.randint(0, 20)  # at or past the end: cut short
+        elif kind < 0.9:
+            phy = rng.choice([cur_from - rng.randint(1, 5000), cur_from + cur_len + rng.randint(0, 5000)])
+        else:
+            phy = rng.randint(0, 3)  # below the log's min offset
+        out.append(CQ_UNIT.pack(phy, size, rng.choice([0, 7, 42, tags_hash_code("a"), -(2**40)])))
+    return b"".join(out)
+
+
+def test_both_twins_collect_the_same_records_from_consume_queue_units(speedups: ModuleType, seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(300):
+        cur_from = rng.choice([0, 4096, 10**12])
+        mapping = memoryview(rng.randbytes(rng.choice([0, 64, 2000])))
+        n = rng.randint(0, 40)
+        units = memoryview(_random_units(rng, cur_from, len(mapping), n))
+        args = (
+            units,
+            rng.randint(0, n),
+            n,
+            rng.choice([mapping, None]),
+            cur_from,
+            cur_from + len(mapping),
+            rng.choice([0, 4, cur_from]),
+            rng.choice([1, 3, 32]),
+            rng.choice([50, 500, 256 * 1024]),
+            rng.choice([0, 100]),
+            rng.choice([None, {7, 42}, frozenset({tags_hash_code("a")}), [0]]),
+        )
+        first_queue_offset = rng.randint(0, 10**9)
+        already = rng.choice([0, 0, 1])  # messages an earlier call took
+        outs = []
+        for fn in (speedups.collect_units, fastpath.py_collect_units):
+            messages: list[memoryview] = [memoryview(b"old")] * already
+            offsets: list[int] = [5] * len(messages)
+            got = fn(*args, messages, offsets, first_queue_offset)
+            outs.append((got, [bytes(m) for m in messages], offsets))
+        assert outs[0] == outs[1], f"seed {seed}"
+
+
+def test_collect_units_takes_whole_records_in_queue_order_and_stops_where_it_must() -> None:
+    mapping = memoryview(bytes(range(256)) * 4)  # the file [1000, 2024)
+    units = b"".join(
+        CQ_UNIT.pack(phy, size, tag)
+        for phy, size, tag in [(1000, 10, 1), (1010, 20, 2), (1030, 5, 1), (5000, 10, 1), (1040, 5, 1)]
+    )
+    for fn in _collect_twins():
+        messages: list[memoryview] = []
+        offsets: list[int] = []
+        # Stops at the unit in another file (index 3), not taking it.
+        assert fn(units, 0, 5, mapping, 1000, 2024, 0, 32, 1 << 20, 0, None, messages, offsets, 100) == (3, 35, 1030, 0)
+        assert [bytes(m) for m in messages] == [bytes(mapping[0:10]), bytes(mapping[10:30]), bytes(mapping[30:35])]
+        assert offsets == [100, 101, 102]
+        # Full at two messages: the third is left for the next pull.
+        messages, offsets = [], []
+        assert fn(units, 0, 5, mapping, 1000, 2024, 0, 2, 1 << 20, 0, None, messages, offsets, 0) == (2, 30, 1010, 1)
+        # The tag filter skips units without stopping.
+        messages, offsets = [], []
+        assert fn(units, 0, 3, mapping, 1000, 2024, 0, 32, 1 << 20, 0, {1}, messages, offsets, 0) == (3, 15, 1030, 0)
+        assert offsets == [0, 2]
+        # Over the byte limit stops, but the first message always goes, however large.
+        messages, offsets = [], []
+        assert fn(units, 0, 3, mapping, 1000, 2024, 0, 32, 12, 0, None, messages, offsets, 0) == (1, 10, 1000, 1)
+        messages, offsets = [], []
+        assert fn(units, 1, 3, mapping, 1000, 2024, 0, 32, 12, 0, None, messages, offsets, 0) == (2, 20, 1010, 1)
+        # Without a file yet, nothing is taken: the caller finds the file first.
+        assert fn(units, 0, 3, None, 1000, 2024, 0, 32, 1 << 20, 0, None, [], [], 0) == (0, 0, 0, 0)
+
+
+def _collect_twins() -> list[Callable[..., tuple[int, int, int, int]]]:
+    twins: list[Callable[..., tuple[int, int, int, int]]] = [fastpath.py_collect_units]
+    try:
+        from data_plane.store import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        return twins
+    return [*twins, _speedups.collect_units]
