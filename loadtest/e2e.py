@@ -47,6 +47,9 @@ class E2EOptions:
     batches_in_flight: int = 8  # per producer process
     sync_producers: int = 16
     consumer_processes: int = 2
+    # Messages a push consumer asks for in one pull (its pull_batch_size; RocketMQ's default,
+    # and the SDK's, is 32). The broker returns at most 256 KiB of records a pull.
+    pull_batch_size: int = 128
     queues: int = 8
     warmup_s: float = 1.0
     directory: str | None = None
@@ -180,7 +183,7 @@ async def _consume(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, 
         namesrv_addrs=[namesrv],
         consume_from="FIRST_OFFSET",
         consume_batch_size=32,
-        pull_batch_size=32,
+        pull_batch_size=opts.get("pull_batch_size", 32),
     )
     consumer.subscribe(topic, "*")
     hist = new_hist()
@@ -277,7 +280,18 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             log(f"phase 3: consume the {stored} stored messages")
             rs = _pool_run(
                 [
-                    ("consume", ns, "bench", {"group": "bench-consume", "timeout_s": 300, "idle_s": 3.0, "expected": 0})
+                    (
+                        "consume",
+                        ns,
+                        "bench",
+                        {
+                            "group": "bench-consume",
+                            "timeout_s": 300,
+                            "idle_s": 3.0,
+                            "expected": 0,
+                            "pull_batch_size": opts.pull_batch_size,
+                        },
+                    )
                     for _ in range(opts.consumer_processes)
                 ]
             )
@@ -306,6 +320,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                         "idle_s": 3.0,
                         "expected": int(rate * opts.seconds),
                         "e2e": True,
+                        "pull_batch_size": opts.pull_batch_size,
                     },
                 ),
             ]

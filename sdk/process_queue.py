@@ -17,7 +17,7 @@ Not thread-safe: everything runs on the consumer's event loop.
 from __future__ import annotations
 
 import asyncio
-import heapq
+import bisect
 import time
 
 from sdk.aio import wait_event
@@ -33,7 +33,10 @@ def monotonic_ms() -> int:
 class ProcessQueue:
     def __init__(self) -> None:
         self._msgs: dict[int, MessageExt] = {}
-        self._heap: list[int] = []  # offsets in _msgs, lazily cleaned
+        # Offsets put, ascending, from index _head on; those no longer in _msgs are skipped
+        # lazily. Pulls go on past what is cached, so a put is nearly always an append.
+        self._order: list[int] = []
+        self._head = 0
         self._consuming: dict[int, MessageExt] = {}  # orderly: taken, neither committed nor rolled back
         self.count = 0  # messages cached (consuming included)
         self.size_bytes = 0  # body bytes cached
@@ -56,9 +59,8 @@ class ProcessQueue:
 
     def _put_ascending(self, msgs: list[MessageExt]) -> int:
         """The usual put: a pull that goes on past everything cached. While the offsets keep
-        rising they are appended to the heap as they are (a value no smaller than every other
-        keeps a min-heap a heap); the rest, if any, goes the general way."""
-        cache, heap = self._msgs, self._heap
+        rising they are appended to the order as they are; the rest, if any, goes the general way."""
+        cache, order = self._msgs, self._order
         top = self.max_offset
         size = 0
         for i, m in enumerate(msgs):
@@ -69,7 +71,7 @@ class ProcessQueue:
                 self.max_offset = top
                 return i + self._put_each(msgs[i:])
             cache[off] = m
-            heap.append(off)
+            order.append(off)
             size += len(m.body)
             top = off
         self.count += len(msgs)
@@ -85,7 +87,7 @@ class ProcessQueue:
             if off in self._msgs or off in self._consuming:
                 continue
             self._msgs[off] = m
-            heapq.heappush(self._heap, off)
+            bisect.insort(self._order, off, lo=self._head)
             self.count += 1
             self.size_bytes += len(m.body)
             added += 1
@@ -95,21 +97,31 @@ class ProcessQueue:
 
     # --- concurrent consumption ---------------------------------------------------------------------
     def _first(self) -> int | None:
-        heap, msgs = self._heap, self._msgs
-        while heap and heap[0] not in msgs:
-            heapq.heappop(heap)
-        return heap[0] if heap else None
+        order, msgs, head = self._order, self._msgs, self._head
+        end = len(order)
+        while head < end and order[head] not in msgs:
+            head += 1
+        if head > 1024 and head * 2 > end:  # drop the consumed front now and then, not each time
+            del order[:head]
+            head, end = 0, end - head
+        self._head = head
+        return order[head] if head < end else None
 
     def remove(self, msgs: list[MessageExt]) -> int:
         """Mark messages consumed; returns the offset to commit (lowest not consumed), or -1 when
         nothing was cached."""
-        if not self._msgs and not self._consuming:
+        cache = self._msgs
+        if not cache and not self._consuming:
             return -1
+        pop = cache.pop
+        n = size = 0
         for m in msgs:
-            got = self._msgs.pop(m.queue_offset, None)
+            got = pop(m.queue_offset, None)
             if got is not None:
-                self.count -= 1
-                self.size_bytes -= len(got.body)
+                n += 1
+                size += len(got.body)
+        self.count -= n
+        self.size_bytes -= size
         self.last_consume_ms = monotonic_ms()
         self._update_room()
         return self.commit_offset()
@@ -117,8 +129,11 @@ class ProcessQueue:
     def commit_offset(self) -> int:
         """The lowest offset not yet consumed (cached or being consumed), or max offset + 1."""
         first = self._first()
-        lows = [o for o in (first, min(self._consuming, default=None)) if o is not None]
-        return min(lows) if lows else self.max_offset + 1
+        if self._consuming:
+            taken = min(self._consuming)
+            if first is None or taken < first:
+                first = taken
+        return first if first is not None else self.max_offset + 1
 
     @property
     def span(self) -> int:
@@ -138,7 +153,7 @@ class ProcessQueue:
             first = self._first()
             if first is None:
                 break
-            heapq.heappop(self._heap)
+            self._head += 1
             m = self._msgs.pop(first)
             self._consuming[first] = m
             out.append(m)
@@ -165,7 +180,7 @@ class ProcessQueue:
         for m in back:
             if self._consuming.pop(m.queue_offset, None) is not None:
                 self._msgs[m.queue_offset] = m
-                heapq.heappush(self._heap, m.queue_offset)
+                bisect.insort(self._order, m.queue_offset, lo=self._head)
 
     @property
     def consuming(self) -> int:
@@ -173,7 +188,8 @@ class ProcessQueue:
 
     def clear(self) -> None:
         self._msgs.clear()
-        self._heap.clear()
+        self._order.clear()
+        self._head = 0
         self._consuming.clear()
         self.count = 0
         self.size_bytes = 0

@@ -65,6 +65,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     opts = e2e.E2EOptions.quick(args.dir) if args.quick else e2e.E2EOptions(directory=args.dir)
     if args.seconds:
         opts = dataclasses.replace(opts, seconds=args.seconds)
+    if args.pull_batch_size:
+        opts = dataclasses.replace(opts, pull_batch_size=args.pull_batch_size)
     print(_save(e2e.run(opts, log=_log), args.out))
     return 0
 
@@ -104,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--quick", action="store_true", help="3-second phases")
     e2e.add_argument("--dir", help="cluster directory (default: a new temporary directory)")
     e2e.add_argument("--seconds", type=float, help="length of each publishing phase")
+    e2e.add_argument("--pull-batch-size", type=int, help="messages a consumer asks for in one pull (default 128)")
     e2e.add_argument("--out", help="also write the JSON here")
     e2e.set_defaults(func=_bench_e2e)
     ha = bench_sub.add_parser("ha", help="SYNC_MASTER vs ASYNC_MASTER publishing and slave catch-up, on a real group")

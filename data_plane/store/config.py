@@ -77,8 +77,10 @@ class StoreConfig:
     # master then suggests reading from a slave (seed 7.15). 0 = 40% of physical memory
     # (RocketMQ's accessMessageInMemoryMaxRatio).
     hot_data_bytes: int = 0
+    # Bytes of records one pull read returns at most (one record always goes, however large);
+    # RocketMQ's maxTransferBytesOnMessageInMemory. The count is the puller's maxMsgNums, capped
+    # by the broker's max_pull_messages.
     max_transfer_bytes_on_message: int = 256 * 1024
-    max_transfer_count_on_message: int = 32
     # --- Identity of this store on the wire ---------------------------------------------------
     store_host: str = "127.0.0.1"
     store_port: int = 10911

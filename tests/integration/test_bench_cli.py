@@ -1,4 +1,5 @@
-"""``orbit bench store``, run as a user runs it: a process, its JSON on stdout, the --out file.
+"""``orbit bench store`` and ``orbit bench e2e``, run as a user runs them: a process, its JSON
+on stdout, the --out file.
 
 The issue asks for these figures; each must be there and be a positive number. Their sizes are
 not judged (a benchmark is not a timed test); where a figure is a count the flags fix, the count
@@ -94,28 +95,34 @@ def check_figures(result: dict[str, Any]) -> None:
             positive(v, f"rss.{key}[{i}]")
 
 
-def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
-    out = tmp_path / "r.json"
+def orbit_bench(kind: str, *flags: str) -> str:
+    """Run ``orbit bench <kind> <flags>``; its stdout once it exits 0."""
     proc = subprocess.run(
-        [
-            sys.executable, "-m", "data_plane.cli", "bench", "store",
-            "--messages", str(MESSAGES),
-            "--queue-messages", str(QUEUE_MESSAGES),
-            "--sync-seconds", "0.3",
-            "--rss-gb", str(RSS_GB),
-            "--disk-mb", str(DISK_MB),
-            "--repeats", str(REPEATS),
-            "--dir", str(tmp_path / "bench"),
-            "--out", str(out),
-        ],
+        [sys.executable, "-m", "data_plane.cli", "bench", kind, *flags],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=600,
         check=False,
+    )
+    assert proc.returncode == 0, f"orbit bench {kind} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return proc.stdout
+
+
+def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    stdout = orbit_bench(
+        "store",
+        "--messages", str(MESSAGES),
+        "--queue-messages", str(QUEUE_MESSAGES),
+        "--sync-seconds", "0.3",
+        "--rss-gb", str(RSS_GB),
+        "--disk-mb", str(DISK_MB),
+        "--repeats", str(REPEATS),
+        "--dir", str(tmp_path / "bench"),
+        "--out", str(out),
     )  # fmt: skip
-    assert proc.returncode == 0, f"orbit bench store exited {proc.returncode}:\n{proc.stderr[-4000:]}"
-    printed = json.loads(proc.stdout)
+    printed = json.loads(stdout)
     written = json.loads(out.read_text())
     assert printed["schema"] == written["schema"] == "orbit.bench.store/1"
     check_figures(printed)
@@ -134,3 +141,38 @@ def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert "samples" not in printed["rss"]
     without_samples = {**written, "rss": {k: v for k, v in written["rss"].items() if k != "samples"}}
     assert printed == without_samples
+
+
+def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path) -> None:
+    """``orbit bench e2e`` with one-second phases: every figure the issue asks for is there and
+    positive, nothing failed, and the consumers read every message the producers stored (at
+    least once)."""
+    out = tmp_path / "e2e.json"
+    stdout = orbit_bench(
+        "e2e", "--quick", "--seconds", "1", "--pull-batch-size", "64",
+        "--dir", str(tmp_path / "cluster"), "--out", str(out),
+    )  # fmt: skip
+    result = json.loads(stdout)
+    assert json.loads(out.read_text()) == result
+    assert result["options"]["seconds"] == 1
+    assert result["options"]["pull_batch_size"] == 64
+    for path in ("publish_batched.msgs_per_s", "publish_sync_16.msgs_per_s", "consume.msgs_per_s"):
+        positive(figure(result, path), path)
+    for path, quantiles in (
+        ("publish_sync_16.send_latency_ms", ("p50", "p99", "p99.9")),
+        ("half_peak.send_latency_ms", ("p50", "p99", "p99.9")),
+        ("half_peak.with_consumer.e2e_latency_ms", ("p50", "p99")),
+    ):
+        hist = figure(result, path)
+        for q in quantiles:
+            assert q in hist, f"{path} has no {q} (have {sorted(hist)})"
+            positive(hist[q], f"{path}.{q}")
+    assert result["publish_batched"]["errors"] == 0
+    assert result["publish_sync_16"]["errors"] == 0
+    consume = result["consume"]
+    positive(consume["stored"], "consume.stored")
+    assert consume["consumed"] >= consume["stored"], consume
+    half = result["half_peak"]
+    assert half["errors"] == 0
+    assert half["with_consumer"]["errors"] == 0
+    assert half["with_consumer"]["consumed"] >= half["with_consumer"]["acked"] > 0, half

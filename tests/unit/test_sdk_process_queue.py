@@ -157,3 +157,50 @@ def test_puts_in_any_order_keep_the_window_and_counters(seed: int) -> None:
             for o in done:
                 del cached[o]
         assert [m.queue_offset for m in pq.messages()] == sorted(cached)
+
+
+def test_a_long_run_of_puts_takes_rollbacks_and_removes_matches_a_model(seed: int) -> None:
+    """Thousands of offsets pass through (the consumed front of the order is dropped now and
+    then); orderly takes, commits and rollbacks mix with concurrent removes and redeliveries."""
+    rng = random.Random(seed)
+    pq = ProcessQueue()
+    cached: set[int] = set()
+    taken: set[int] = set()
+    next_offset = 0
+    highest = -1
+    for _ in range(6000):
+        r = rng.random()
+        if r < 0.35 or not cached:
+            batch = [_msg(next_offset + i) for i in range(rng.randrange(1, 6))]
+            if rng.random() < 0.1 and next_offset:  # a redelivery of something older
+                batch.insert(0, _msg(rng.randrange(next_offset)))
+            next_offset = max(next_offset, batch[-1].queue_offset + 1) + rng.randrange(0, 3)
+            pq.put(batch)
+            cached.update(m.queue_offset for m in batch if m.queue_offset not in taken)
+            highest = max(highest, *(m.queue_offset for m in batch))
+        elif r < 0.5:
+            got = pq.take(rng.randrange(1, 4))
+            expect = sorted(cached)[: len(got)]
+            assert [m.queue_offset for m in got] == expect
+            cached.difference_update(expect)
+            taken.update(expect)
+        elif r < 0.55 and taken:
+            pq.rollback()
+            cached |= taken
+            taken.clear()
+        elif r < 0.6 and taken:
+            left = cached
+            expect_commit = min(left) if left else max(taken) + 1
+            assert pq.commit() == expect_commit
+            taken.clear()
+        else:
+            done = rng.sample(sorted(cached), rng.randrange(1, min(4, len(cached)) + 1))
+            got_offset = pq.remove([_msg(o) for o in done])
+            cached.difference_update(done)
+            lows = cached | taken
+            assert got_offset == (min(lows) if lows else highest + 1)
+        assert pq.count == len(cached) + len(taken)
+        assert pq.consuming == len(taken)
+        assert pq.span == (highest - min(cached) if cached else 0)
+    assert [m.queue_offset for m in pq.messages()] == sorted(cached)
+    assert len(pq._order) < 4000  # the consumed front was dropped along the way
