@@ -13,6 +13,9 @@ answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never to
 * A frame over ``max_frame_bytes`` or bytes that are not a frame close the connection; a handler
   error answers SYSTEM_ERROR (or the header error's remark) and keeps the connection.
 * A connection with no traffic for ``idle_timeout_s`` is closed.
+* Our requests' timeouts share one timer: requests wait in a queue per timeout value (so in
+  deadline order), and the timer is set for the earliest deadline still waiting; answered
+  requests leave the front of their queue as new ones arrive. No timer is made per request.
 * Back-pressure (server side): while the peer does not read what we write (the transport's buffer is over its
   high-water mark), we stop reading from it, so a stalled client cannot make us buffer without end.
 """
@@ -24,6 +27,7 @@ import contextlib
 import itertools
 import logging
 import socket
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -83,7 +87,11 @@ class Connection(asyncio.Protocol):
         self.closed_event = asyncio.Event()
         self.inflight = 0
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
-        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], asyncio.TimerHandle | None]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], int]] = {}  # opaque -> (future, code)
+        # Per timeout (ms): (deadline, opaque, future) in the order sent, i.e. by deadline.
+        self._deadlines: dict[int, deque[tuple[float, int, asyncio.Future[RemotingCommand]]]] = {}
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_at = 0.0
         self._opaque = itertools.count(1)
         self._out: list[Body] = []
         self._flush_scheduled = False
@@ -136,10 +144,12 @@ class Connection(asyncio.Protocol):
         self.closed_event.set()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        self._deadlines.clear()
         pending, self._pending = self._pending, {}
-        for fut, timer in pending.values():
-            if timer is not None:
-                timer.cancel()
+        for fut, _code in pending.values():
             if not fut.done():
                 fut.set_exception(RemotingConnectError(self.peer, f"connection closed ({exc or 'by peer'})"))
         self._out.clear()
@@ -254,8 +264,17 @@ class Connection(asyncio.Protocol):
             return fut
         opaque = next(self._opaque) & 0x7FFFFFFF
         cmd.opaque = opaque
-        timer = self.loop.call_later(timeout_ms / 1000, self._expire, opaque, cmd.code, timeout_ms)
-        self._pending[opaque] = (fut, timer)
+        pending = self._pending
+        pending[opaque] = (fut, cmd.code)
+        deadline = self.loop.time() + timeout_ms / 1000
+        waiting = self._deadlines.get(timeout_ms)
+        if waiting is None:
+            waiting = self._deadlines[timeout_ms] = deque()
+        waiting.append((deadline, opaque, fut))
+        while waiting[0][2].done():  # answered (or given up on) at the front: not waiting any more
+            self._forget(*waiting.popleft())
+        if self._expiry is None or deadline < self._expiry_at:
+            self._arm_expiry(deadline)
         self.send(cmd)
         return fut
 
@@ -264,18 +283,50 @@ class Connection(asyncio.Protocol):
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
         self.send(cmd)
 
-    def _expire(self, opaque: int, code: int, timeout_ms: int) -> None:
-        entry = self._pending.pop(opaque, None)
-        if entry is not None and not entry[0].done():
-            entry[0].set_exception(RemotingTimeoutError(self.peer, code, timeout_ms))
+    def _forget(self, _deadline: float, opaque: int, fut: asyncio.Future[RemotingCommand]) -> None:
+        """A request no longer waited for: answered, or its future cancelled by the caller
+        (then its answer, if it ever comes, is dropped)."""
+        entry = self._pending.get(opaque)
+        if entry is not None and entry[0] is fut:
+            del self._pending[opaque]
+
+    def _arm_expiry(self, at: float) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_at = at
+        self._expiry = self.loop.call_at(at, self._expire_due)
+
+    def _expire_due(self) -> None:
+        """Fail the requests whose deadline has passed; set the timer for the next deadline."""
+        self._expiry = None
+        now = self.loop.time()
+        pending = self._pending
+        earliest = None
+        for timeout_ms, waiting in list(self._deadlines.items()):
+            while waiting:
+                deadline, opaque, fut = waiting[0]
+                if fut.done():
+                    self._forget(*waiting.popleft())
+                    continue
+                if deadline > now:
+                    break
+                waiting.popleft()
+                entry = pending.pop(opaque, None)
+                if entry is not None:
+                    fut.set_exception(RemotingTimeoutError(self.peer, entry[1], timeout_ms))
+            if waiting:
+                if earliest is None or waiting[0][0] < earliest:
+                    earliest = waiting[0][0]
+            else:
+                del self._deadlines[timeout_ms]
+        if earliest is not None and not self.closed:
+            self._arm_expiry(earliest)
 
     def _on_response(self, cmd: RemotingCommand) -> None:
         entry = self._pending.pop(cmd.opaque, None)
         if entry is None:
             return  # answered after its timeout
-        fut, timer = entry
-        if timer is not None:
-            timer.cancel()
+        fut = entry[0]
         if not fut.done():
             fut.set_result(cmd)
 

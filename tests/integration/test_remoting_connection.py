@@ -283,6 +283,48 @@ async def test_a_request_that_times_out_raises_remoting_timeout_and_its_late_ans
 
 
 @pytest.mark.asyncio
+async def test_requests_with_different_timeouts_each_time_out_at_their_own_deadline() -> None:
+    """One timer serves every request of a connection: a shorter timeout sent after longer ones
+    still fires first, and answered requests in between do not disturb either."""
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        failed_at: dict[int, float] = {}
+
+        async def wait_out(timeout_ms: int) -> None:
+            with pytest.raises(RemotingTimeoutError) as info:
+                await client.invoke(server.address, RemotingCommand(NEVER), timeout_ms=timeout_ms)
+            assert info.value.timeout_ms == timeout_ms
+            failed_at[timeout_ms] = loop.time() - started
+
+        waits = [asyncio.create_task(wait_out(ms)) for ms in (900, 600, 150)]
+        for i in range(20):  # answered along the way
+            await echo(client, server.address, f"between {i}", timeout_ms=900)
+        await asyncio.gather(*waits)
+        assert sorted(failed_at, key=failed_at.__getitem__) == [150, 600, 900]
+        for ms, at in failed_at.items():
+            assert ms / 1000 <= at + 0.01, failed_at  # never early (loop clock granularity aside)
+            assert at < ms / 1000 + 0.3, failed_at
+        conn = await client.connection(server.address)
+        assert not conn._pending  # nothing left waiting
+
+
+@pytest.mark.asyncio
+async def test_a_request_whose_caller_gave_up_is_forgotten() -> None:
+    """A caller cancels its wait (asyncio.wait_for); the request is dropped from the table of
+    requests waiting for answers once later ones pass it, not kept until the connection closes."""
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.invoke(server.address, RemotingCommand(NEVER), timeout_ms=60_000), 0.05)
+        conn = await client.connection(server.address)
+        for i in range(3):
+            await echo(client, server.address, f"later {i}", timeout_ms=60_000)
+        assert not conn._pending
+
+
+@pytest.mark.asyncio
 async def test_timeout_is_catchable_as_asyncio_timeout_error() -> None:
     app = App()
     async with serving(app) as server, client_of() as client:
