@@ -1004,6 +1004,27 @@ static PyObject *record_error(Py_ssize_t pos, const char *what) {
     return NULL;
 }
 
+/* Property names and values that nearly every message carries, made once: a pull of 32
+ * messages would otherwise make each of them 32 times (and free them again). */
+static const char *common_texts[] = {"TAGS", "KEYS", "WAIT", "UNIQ_KEY", "true", "false", "DELAY", "RETRY_TOPIC",
+                                     "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET",
+                                     "RECONSUME_TIME", "MAX_RECONSUME_TIMES", "ORIGIN_MESSAGE_ID", "traceparent"};
+#define N_COMMON (sizeof(common_texts) / sizeof(common_texts[0]))
+static PyObject *common_strs[N_COMMON];
+static Py_ssize_t common_lens[N_COMMON];
+
+static PyObject *text(const unsigned char *p, Py_ssize_t n) {
+    if (n <= 19) {
+        for (size_t c = 0; c < N_COMMON; c++) {
+            if (common_lens[c] == n && memcmp(common_texts[c], p, n) == 0) {
+                Py_INCREF(common_strs[c]);
+                return common_strs[c];
+            }
+        }
+    }
+    return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+}
+
 /* "name\x01value\x02..." -> dict; what decode_properties does (items without a \x01 are
  * dropped, an empty item is skipped), every byte checked to be UTF-8. */
 static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
@@ -1016,9 +1037,10 @@ static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
         if (j > i) {
             const unsigned char *sep = memchr(p + i, 1, j - i);
             Py_ssize_t kl = sep ? sep - (p + i) : j - i;
-            PyObject *k = PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
-            PyObject *v = k && sep ? PyUnicode_DecodeUTF8((const char *)sep + 1, j - i - kl - 1, NULL) : NULL;
-            int bad = !k || (sep && !v) || (sep && PyDict_SetItem(d, k, v) < 0);
+            /* An item without a value is dropped, but its bytes must still be UTF-8. */
+            PyObject *k = sep ? text(p + i, kl) : PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
+            PyObject *v = k && sep ? text(sep + 1, j - i - kl - 1) : NULL;
+            int bad = !k || (sep && (!v || PyDict_SetItem(d, k, v) < 0));
             Py_XDECREF(k);
             Py_XDECREF(v);
             if (bad) {
@@ -1278,6 +1300,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
     INTERN2(s_fd, "_fd");
     for (int f = 0; f < MX_FIELDS; f++) INTERN2(mx_interned[f], mx_names[f]);
+    for (size_t c = 0; c < N_COMMON; c++) {
+        INTERN2(common_strs[c], common_texts[c]);
+        common_lens[c] = (Py_ssize_t)strlen(common_texts[c]);
+    }
     if (PyType_Ready(&AppenderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m) {
