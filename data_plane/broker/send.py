@@ -23,6 +23,7 @@ from data_plane.remoting.command import SERIALIZE_JSON, RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
+from data_plane.store.fastpath import speedups_module
 from data_plane.store.message import (
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
@@ -65,6 +66,9 @@ _SEND_OK_HEADER = (
     b'{"code":0,"language":"JAVA","version":%d,"opaque":%d,"flag":1,"serializeTypeCurrentRPC":"JSON",'
     b'"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion","TRACE_ON":"true"}}'
 )
+
+MAX_BATCH_MESSAGES = 100_000  # messages in one SEND_BATCH_MESSAGE body
+_speedups = speedups_module()  # the compiled store module, when built (batch decoding, batch ids)
 
 _STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -184,13 +188,7 @@ class SendProcessor:
         reconsume = field_int(ext, names.reconsume_times, 0, lo=0, hi=2**31 - 1)
         born_host = _born_host(conn)
         if batch:
-            msgs = []
-            for flag, b, praw in decode_batch(body):
-                try:
-                    p = decode_properties(praw)
-                except ValueError as e:
-                    raise HeaderError(f"a batch message's properties are malformed: {e}") from None
-                msgs.append(Message(topic, b, queue_id, flag, p, sys_flag, born_ts, born_host, reconsume))
+            msgs = batch_messages(body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
         else:  # a batch's properties are its messages'; a single message's are in the header
             try:
                 props = decode_properties(ext.get(names.properties, ""))
@@ -265,7 +263,7 @@ class SendProcessor:
             return out
         code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         ext = {
-            "msgId": a.msg_id if a.msg_num == 1 else ",".join(self._batch_ids(a.wrote_offset, a.msg_num)),
+            "msgId": a.msg_id if a.msg_num == 1 else self._batch_ids(a.wrote_offset, a.msg_num),
             "queueId": str(queue_id),
             "queueOffset": str(a.queue_offset),
             "MSG_REGION": "DefaultRegion",
@@ -273,22 +271,55 @@ class SendProcessor:
         }
         return cmd.response(code, None if status is PutMessageStatus.PUT_OK else result.reason or status.value, ext)
 
-    def _batch_ids(self, offset: int, n: int) -> list[str]:
-        """The message id of each record of a batch: the records lie back to back in one
-        CommitLog file, so walking their total-size fields is enough."""
+    def _batch_ids(self, offset: int, n: int) -> str:
+        """The message ids of a batch's records, comma-joined: the records lie back to back in
+        one CommitLog file, so walking their total-size fields is enough."""
         cl = self.store.commit_log
         mf = cl.mfq.find_by_offset(offset)
         if mf is None:
-            return []
+            return ""
         mv = mf.mv
         base = mf.file_from_offset
         prefix = cl.msg_id(0)[:-16]
+        if _speedups is not None:
+            joined: str | None = _speedups.batch_ids(mv, base, offset, n, prefix)
+            if joined is not None:
+                return joined
         unpack = TOTAL_SIZE.unpack_from
         ids = []
         for _ in range(n):
             ids.append(prefix + format(offset, "016X"))
             offset += unpack(mv, offset - base)[0]
-        return ids
+        return ",".join(ids)
+
+
+def py_batch_messages(
+    body: bytes, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
+) -> list[Message]:
+    """The messages of a SEND_BATCH_MESSAGE body (layout in remoting/bodies.py), as the store
+    takes them. Raises HeaderError, saying what is wrong."""
+    msgs = []
+    for flag, b, praw in decode_batch(body, MAX_BATCH_MESSAGES):
+        try:
+            p = decode_properties(praw)
+        except ValueError as e:
+            raise HeaderError(f"a batch message's properties are malformed: {e}") from None
+        msgs.append(Message(topic, b, queue_id, flag, p, sys_flag, born_ts, born_host, reconsume))
+    return msgs
+
+
+def batch_messages(
+    body: bytes, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
+) -> list[Message]:
+    """``py_batch_messages``, by its compiled twin when that is built (which leaves a body that
+    is not well formed to the Python one, for its error)."""
+    if _speedups is not None:
+        msgs: list[Message] | None = _speedups.batch_messages(
+            body, Message, topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES
+        )
+        if msgs is not None:
+            return msgs
+    return py_batch_messages(body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
 
 
 # --- telemetry (registered only when it is on) ---------------------------------------------------

@@ -1265,11 +1265,124 @@ done:
     return result;
 }
 
+/* ---- the broker's batch send: SEND_BATCH_MESSAGE bodies -> store Messages ----------------- */
+/* Batch body item (big-endian): total 4 | magic 4 | body CRC 4 | flag 4 | body length 4 | body |
+ * properties length 2 | properties. batch_messages(body, cls, topic, queue_id, sys_flag, born_ts,
+ * born_host, reconsume, max_messages) -> [cls(...)] with every field set, or None when the body
+ * is anything but well formed (the Python decoder then says what is wrong). */
+static PyObject *s_msg_topic, *s_msg_born_ts, *s_msg_reconsume, *s_msg_prepared;
+
+static PyObject *batch_messages(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    PyObject *cls, *topic, *queue_id, *sys_flag, *born_ts, *born_host, *reconsume;
+    Py_ssize_t max_messages;
+    if (!PyArg_ParseTuple(args, "y*OOOOOOOn:batch_messages", &b, &cls, &topic, &queue_id, &sys_flag, &born_ts,
+                          &born_host, &reconsume, &max_messages))
+        return NULL;
+    PyObject *out = PyList_New(0), *result = NULL, *zero = PyLong_FromLong(0);
+    if (!out || !zero) goto done;
+    if (!PyType_Check(cls)) {
+        PyErr_SetString(PyExc_TypeError, "batch_messages: cls must be a type");
+        goto done;
+    }
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    const unsigned char *base = b.buf;
+    Py_ssize_t n = b.len, pos = 0;
+    while (pos < n) {
+        if (n - pos < 22) goto malformed;
+        const unsigned char *r = base + pos;
+        int32_t total = (int32_t)get32(r), flag = (int32_t)get32(r + 12), body_len = (int32_t)get32(r + 16);
+        if (total < 22 || (Py_ssize_t)total > n - pos || body_len < 0 || 20 + (long long)body_len + 2 > total)
+            goto malformed;
+        Py_ssize_t plen = ((Py_ssize_t)r[20 + body_len] << 8) | r[21 + body_len];
+        if (20 + (Py_ssize_t)body_len + 2 + plen != total) goto malformed;
+        if (PyList_GET_SIZE(out) >= max_messages) goto malformed;
+        PyObject *props = properties_dict(r + 22 + body_len, plen);
+        if (!props) {
+            PyErr_Clear();
+            goto malformed;
+        }
+        PyObject *body = PyBytes_FromStringAndSize((const char *)r + 20, body_len);
+        PyObject *fl = PyLong_FromLong(flag);
+        PyObject *m = body && fl ? tp->tp_alloc(tp, 0) : NULL;
+        int bad = !m || SSET(m, s_msg_topic, topic) < 0 || SSET(m, s_body, body) < 0 ||
+                  SSET(m, s_queue_id, queue_id) < 0 || SSET(m, s_flag, fl) < 0 || SSET(m, s_properties, props) < 0 ||
+                  SSET(m, s_sys_flag, sys_flag) < 0 || SSET(m, s_msg_born_ts, born_ts) < 0 ||
+                  SSET(m, s_born_host, born_host) < 0 || SSET(m, s_msg_reconsume, reconsume) < 0 ||
+                  SSET(m, s_msg_prepared, zero) < 0 || PyList_Append(out, m) < 0;
+        Py_XDECREF(m);
+        Py_XDECREF(body);
+        Py_XDECREF(fl);
+        Py_DECREF(props);
+        if (bad) goto done;
+        pos += total;
+    }
+    if (PyList_GET_SIZE(out) == 0) goto malformed;
+    result = out;
+    out = NULL;
+    goto done;
+malformed:
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    Py_XDECREF(out);
+    Py_XDECREF(zero);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+/* batch_ids(mapping, file_from, offset, n, prefix) -> "id,id,...": the message id of each of the
+ * n records lying back to back from CommitLog offset ``offset`` in one file's mapping (prefix:
+ * the store host as 16 hex digits, then the offset as 16). None when a record runs out of it. */
+static PyObject *batch_ids(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    long long file_from, offset;
+    Py_ssize_t n;
+    const char *prefix;
+    Py_ssize_t prefix_len;
+    if (!PyArg_ParseTuple(args, "y*LLns#:batch_ids", &b, &file_from, &offset, &n, &prefix, &prefix_len)) return NULL;
+    PyObject *result = NULL;
+    static const char hexd[] = "0123456789ABCDEF";
+    Py_ssize_t one = prefix_len + 16;
+    char *text = n > 0 ? PyMem_Malloc((size_t)(one + 1) * (size_t)n) : NULL;
+    if (n > 0 && !text) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    char *w = text;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long at = offset - file_from;
+        if (at < 0 || at + 4 > b.len) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        if (i) *w++ = ',';
+        memcpy(w, prefix, prefix_len);
+        w += prefix_len;
+        for (int k = 0; k < 16; k++) *w++ = hexd[((unsigned long long)offset >> (60 - 4 * k)) & 15];
+        int32_t size = (int32_t)get32((const unsigned char *)b.buf + at);
+        if (size <= 0) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        offset += size;
+    }
+    result = PyUnicode_FromStringAndSize(text ? text : "", w - text);
+done:
+    PyMem_Free(text);
+    PyBuffer_Release(&b);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
     {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
+    {"batch_messages", batch_messages, METH_VARARGS, "Split a SEND_BATCH_MESSAGE body into store Messages."},
+    {"batch_ids", batch_ids, METH_VARARGS, "The comma-joined message ids of records lying back to back."},
     {"collect_units", collect_units, METH_VARARGS, "Turn ConsumeQueue units into record slices (a pull read)."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {NULL, NULL, 0, NULL},
@@ -1299,6 +1412,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
     INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
     INTERN2(s_fd, "_fd");
+    INTERN2(s_msg_topic, "topic"); INTERN2(s_msg_born_ts, "born_timestamp"); INTERN2(s_msg_reconsume, "reconsume_times");
+    INTERN2(s_msg_prepared, "prepared_transaction_offset");
     for (int f = 0; f < MX_FIELDS; f++) INTERN2(mx_interned[f], mx_names[f]);
     for (size_t c = 0; c < N_COMMON; c++) {
         INTERN2(common_strs[c], common_texts[c]);
