@@ -6,6 +6,7 @@ import os
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -32,6 +33,18 @@ def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
         yield request.param
     finally:
         fastpath.use_compiled(was)
+
+
+@pytest.fixture
+def speedups() -> ModuleType:
+    """The compiled store module (data_plane/store/_speedups.c); the test is skipped where it
+    is not built."""
+    try:
+        from data_plane.store import _speedups  # type: ignore[attr-defined]
+    except ImportError:
+        pytest.skip("data_plane.store._speedups is not built here")
+    module: ModuleType = _speedups
+    return module
 
 
 class ManualClock:

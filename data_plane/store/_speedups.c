@@ -999,6 +999,13 @@ static const char *mx_names[MX_FIELDS] = {
 static PyObject *mx_interned[MX_FIELDS];
 static slot_t mx_slots[MX_FIELDS];
 
+/* ``cls`` as the type objects are made of, or NULL with TypeError. */
+static PyTypeObject *as_type(PyObject *cls, const char *fn) {
+    if (PyType_Check(cls)) return (PyTypeObject *)cls;
+    PyErr_Format(PyExc_TypeError, "%s: cls must be a type", fn);
+    return NULL;
+}
+
 static PyObject *record_error(Py_ssize_t pos, const char *what) {
     PyErr_Format(PyExc_ValueError, "pull body: record at byte %zd %s", pos, what);
     return NULL;
@@ -1104,12 +1111,8 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         return NULL;
     PyObject *out = PyList_New(0), *result = NULL;
     Py_ssize_t compressed = 0;
-    if (!out) goto done;
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "decode_records: cls must be a type");
-        goto done;
-    }
-    PyTypeObject *tp = (PyTypeObject *)cls;
+    PyTypeObject *tp = out ? as_type(cls, "decode_records") : NULL;
+    if (!tp) goto done;
     const unsigned char *base = b.buf;
     Py_ssize_t n = b.len, pos = 0;
     while (pos < n) {
@@ -1280,12 +1283,8 @@ static PyObject *batch_messages(PyObject *self, PyObject *args) {
                           &born_host, &reconsume, &max_messages))
         return NULL;
     PyObject *out = PyList_New(0), *result = NULL, *zero = PyLong_FromLong(0);
-    if (!out || !zero) goto done;
-    if (!PyType_Check(cls)) {
-        PyErr_SetString(PyExc_TypeError, "batch_messages: cls must be a type");
-        goto done;
-    }
-    PyTypeObject *tp = (PyTypeObject *)cls;
+    PyTypeObject *tp = out && zero ? as_type(cls, "batch_messages") : NULL;
+    if (!tp) goto done;
     const unsigned char *base = b.buf;
     Py_ssize_t n = b.len, pos = 0;
     while (pos < n) {

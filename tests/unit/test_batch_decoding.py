@@ -8,8 +8,6 @@ import random
 import struct
 from types import ModuleType
 
-import pytest
-
 from data_plane.broker.send import MAX_BATCH_MESSAGES, py_batch_messages
 from data_plane.remoting.bodies import encode_batch_item
 from data_plane.remoting.errors import HeaderError
@@ -17,16 +15,6 @@ from data_plane.store.message import Message, encode_properties, pack_host
 
 BORN = pack_host("10.1.2.3", 4567)
 ARGS = ("Orders", 3, 0, 1_700_000_000_000, BORN, 2)
-
-
-@pytest.fixture
-def speedups() -> ModuleType:
-    try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        pytest.skip("data_plane.store._speedups is not built here")
-    module: ModuleType = _speedups
-    return module
 
 
 def _item(rng: random.Random) -> bytes:

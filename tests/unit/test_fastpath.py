@@ -37,16 +37,6 @@ TEXT_CHARS = "abcxyz019 _-:/.\u00e9\u00df\u4e2d\u6587\U0001f600\U00010348"
 WriteBatch = Callable[..., tuple[Any, ...]]
 
 
-@pytest.fixture
-def speedups() -> ModuleType:
-    try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        pytest.skip("data_plane.store._speedups is not built here")
-    module: ModuleType = _speedups
-    return module
-
-
 def _text(rng: random.Random, lo: int, hi: int, chars: str = TEXT_CHARS) -> str:
     return "".join(rng.choice(chars) for _ in range(rng.randint(lo, hi)))
 
