@@ -65,6 +65,19 @@ def _check_schedule(delay_level: int, deliver_at_ms: int | None) -> None:
             raise IllegalMessageError("a message takes a delay_level or a deliver_at_ms, not both")
 
 
+# Topics and tags already found good: most programs send to a handful of each, so a message
+# is checked against a set instead of anew (bounded: emptied when it grows past the limit).
+_CHECKED_TOPICS: set[str] = set()
+_CHECKED_TAGS: set[str] = set()
+_CHECKED_LIMIT = 4096
+
+
+def _remember(checked: set[str], value: str) -> None:
+    if len(checked) >= _CHECKED_LIMIT:
+        checked.clear()
+    checked.add(value)
+
+
 def _check_text(what: str, value: str) -> None:
     if NAME_VALUE_SEPARATOR in value or PROPERTY_SEPARATOR in value:
         raise IllegalMessageError(f"{what} {value!r} contains \\x01 or \\x02 (the property separators)")
@@ -91,16 +104,20 @@ class Message:
         delay_level: int = 0,
         deliver_at_ms: int | None = None,
     ) -> None:
-        why = validate_topic(topic)
-        if why is not None:
-            raise IllegalMessageError(why)
-        if topic == DEFAULT_TOPIC:
-            raise IllegalMessageError(f"{DEFAULT_TOPIC} is the default topic and cannot take messages")
+        if topic not in _CHECKED_TOPICS:
+            why = validate_topic(topic)
+            if why is not None:
+                raise IllegalMessageError(why)
+            if topic == DEFAULT_TOPIC:
+                raise IllegalMessageError(f"{DEFAULT_TOPIC} is the default topic and cannot take messages")
+            _remember(_CHECKED_TOPICS, topic)
         if not isinstance(body, bytes | bytearray | memoryview):
             raise IllegalMessageError(f"body must be bytes, not {type(body).__name__}")
         if len(body) == 0:
             raise IllegalMessageError("body is empty")
-        if tags is not None:
+        if tags is not None and (tags.__class__ is not str or tags not in _CHECKED_TAGS):
+            if not isinstance(tags, str):
+                raise IllegalMessageError(f"tags must be a string, not {type(tags).__name__}")
             if not tags.strip():
                 raise IllegalMessageError("tags is blank (use None for no tag)")
             if "||" in tags:
@@ -108,6 +125,7 @@ class Message:
             if len(tags) > MAX_TAGS_LENGTH:
                 raise IllegalMessageError(f"tags is {len(tags)} characters, more than {MAX_TAGS_LENGTH}")
             _check_text("tags", tags)
+            _remember(_CHECKED_TAGS, tags)
         key_list = [keys] if isinstance(keys, str) else list(keys)
         for k in key_list:
             if not isinstance(k, str) or not k:
@@ -150,7 +168,12 @@ class Message:
         return out
 
     def encoded_properties(self, unique_id: str) -> bytes:
-        return encode_properties(self.wire_properties(unique_id))
+        if self.properties or self.keys or self.delay_level or self.deliver_at_ms is not None:
+            return encode_properties(self.wire_properties(unique_id))
+        # The common message, formatted directly (what wire_properties + encode_properties give).
+        if self.tags is None:
+            return f"WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02".encode()
+        return f"TAGS\x01{self.tags}\x02WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02".encode()
 
     def __repr__(self) -> str:
         return f"Message(topic={self.topic!r}, body={len(self.body)}B, tags={self.tags!r}, keys={self.keys!r})"
@@ -273,6 +296,7 @@ class SendResult:
 # 16 bytes as 32 upper-case hex digits, RocketMQ's MessageClientIDSetter layout:
 #   ip 4 │ pid 2 │ random 4 (per process) │ ms since the start of the month 4 │ counter 2
 _UNIQ_TAIL = struct.Struct(">IH")
+_UNIQ_TIME = struct.Struct(">I")
 _counter = itertools.count()
 _prefix: str | None = None
 
@@ -300,11 +324,23 @@ def _since_month_start_ms(now_ms: int) -> int:
     return now_ms - start
 
 
-def new_unique_id(now_ms: int | None = None) -> str:
-    """A new message id: unique per process by (ms, counter), across processes by ip/pid/random."""
+def _id_prefix() -> str:
     global _prefix
     if _prefix is None:
         _prefix = (_local_ip_bytes() + struct.pack(">H", os.getpid() & 0xFFFF) + secrets.token_bytes(4)).hex().upper()
+    return _prefix
+
+
+def new_unique_id(now_ms: int | None = None) -> str:
+    """A new message id: unique per process by (ms, counter), across processes by ip/pid/random."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     since = _since_month_start_ms(now) & 0xFFFFFFFF
-    return _prefix + _UNIQ_TAIL.pack(since, next(_counter) & 0xFFFF).hex().upper()
+    return (_prefix or _id_prefix()) + _UNIQ_TAIL.pack(since, next(_counter) & 0xFFFF).hex().upper()
+
+
+def new_unique_ids(n: int, now_ms: int | None = None) -> list[str]:
+    """``n`` new message ids at once (a batch's): one clock reading, the counter for the rest."""
+    now = int(time.time() * 1000) if now_ms is None else now_ms
+    head = _id_prefix() + _UNIQ_TIME.pack(_since_month_start_ms(now) & 0xFFFFFFFF).hex().upper()
+    count = _counter
+    return [f"{head}{next(count) & 0xFFFF:04X}" for _ in range(n)]

@@ -54,7 +54,7 @@ from sdk.errors import (
     RequestTimeoutError,
 )
 from sdk.fault import Clock, MQFaultStrategy, TopicPublishQueues
-from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id
+from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id, new_unique_ids
 from sdk.route import TopicRoute
 
 if TYPE_CHECKING:
@@ -326,7 +326,7 @@ class Producer:
                 raise IllegalMessageError(f"expected Messages, got {type(m).__name__}")
             if m.topic != topic:
                 raise IllegalMessageError(f"a batch holds one topic: {topic!r} and {m.topic!r}")
-        uids = [new_unique_id() for _ in msgs]
+        uids = new_unique_ids(len(msgs))
         if self.telemetry is not None:
             return await self._send_batch_traced(self.telemetry, msgs, uids, sharding_key, queue_selector)
         return await self._send_batch(msgs, msgs, uids, sharding_key, queue_selector)

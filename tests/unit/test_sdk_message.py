@@ -10,7 +10,7 @@ import pytest
 
 from data_plane.store.message import FLAG_COMPRESSED, StoredMessage, decode_properties
 from sdk.errors import IllegalMessageError
-from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus, new_unique_id
+from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus, new_unique_id, new_unique_ids
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -40,6 +40,22 @@ def test_a_bad_message_is_refused_where_it_is_built(kwargs: dict[str, object], e
         Message(**kwargs)  # type: ignore[arg-type]
 
 
+def test_a_topic_or_tag_found_good_once_does_not_let_a_bad_one_through() -> None:
+    """Good topics and tags are remembered (a set look-up instead of the checks); bad ones never are."""
+    for _ in range(3):
+        Message("Good", b"x", tags="fine")
+        with pytest.raises(IllegalMessageError, match="characters outside"):
+            Message("Go od", b"x", tags="fine")
+        with pytest.raises(IllegalMessageError, match=re.escape("'||'")):
+            Message("Good", b"x", tags="fine || other")
+        with pytest.raises(IllegalMessageError, match="tags must be a string"):
+            Message("Good", b"x", tags=["fine"])  # type: ignore[arg-type]
+    for i in range(5000):  # more than it keeps: the memory is bounded, the answers unchanged
+        Message(f"T{i}", b"x", tags=f"t{i}")
+    with pytest.raises(IllegalMessageError, match="default topic"):
+        Message("TBW102", b"x")
+
+
 def test_illegal_message_error_is_a_value_error_with_the_wire_code() -> None:
     with pytest.raises(ValueError, match="body is empty") as info:
         Message("T", b"")
@@ -59,6 +75,26 @@ def test_wire_properties_carry_tags_keys_wait_and_the_unique_id_next_to_user_pro
         "UNIQ_KEY": "0123456789ABCDEF0123456789ABCDEF",
     }
     assert decode_properties(msg.encoded_properties("U" * 32)) == {**props, "UNIQ_KEY": "U" * 32}
+
+
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Message("T", b"x"),
+        Message("T", b"x", tags="paid"),
+        Message("T", b"x", tags="中文"),
+        Message("T", b"x", tags="a", keys="k"),
+        Message("T", b"x", properties={"p": "v"}),
+        Message("T", b"x", tags="a", delay_level=3),
+        Message("T", b"x", deliver_at_ms=1_700_000_000_000),
+    ],
+    ids=["plain", "tags", "unicode-tags", "keys", "user-property", "delay", "deliver-at"],
+)
+def test_encoded_properties_are_the_wire_properties_in_order(msg: Message) -> None:
+    """Plain messages take a shortcut; every message's bytes are its wire properties, in order."""
+    uid = new_unique_id()
+    expected = "".join(f"{k}\x01{v}\x02" for k, v in msg.wire_properties(uid).items()).encode()
+    assert msg.encoded_properties(uid) == expected
 
 
 def test_one_key_may_be_given_as_a_string_and_no_tags_means_no_tags_property() -> None:
@@ -84,6 +120,18 @@ def test_unique_ids_are_32_upper_hex_digits_unique_and_share_a_process_prefix() 
     assert all(re.fullmatch(r"[0-9A-F]{32}", i) for i in ids)
     assert len(set(ids)) == len(ids)
     assert len({i[:20] for i in ids}) == 1, "ip, pid and the process's random part"
+
+
+def test_a_batch_of_unique_ids_is_made_as_single_ones_are() -> None:
+    now_ms = 1_700_000_123_456
+    one = new_unique_id(now_ms)
+    batch = new_unique_ids(40, now_ms)
+    after = new_unique_id(now_ms)
+    assert all(re.fullmatch(r"[0-9A-F]{32}", i) for i in batch)
+    assert {i[:28] for i in [one, *batch, after]} == {one[:28]}, "same process part and time"
+    counters = [int(i[28:], 16) for i in [one, *batch, after]]
+    assert counters == [(counters[0] + k) & 0xFFFF for k in range(42)], "one counter, in order"
+    assert new_unique_ids(0) == []
 
 
 # --- received messages ------------------------------------------------------------------------------
