@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import os
 import secrets
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -69,12 +71,23 @@ class MasterKey:
 
 
 def write_private_file(path: str, text: str) -> None:
-    """Write ``text`` to a file only its owner can read (0600), created with that mode."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(path, 0o600)
+    """Write ``text`` to a file only its owner can read (0600, from its creation on). The file
+    appears whole or not at all: written beside it under a temporary name, synced, then renamed
+    over ``path`` — a reader polling for it (``orbit dev up`` waits for ready files so) never
+    finds it empty or half written, and a crash leaves the old content."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ import pytest
 
 from control_plane.sealing import Sealer, SealError
 from control_plane.secret_hash import hash_secret, verify_secret
-from control_plane.settings import MasterKey, Settings, SettingsError
+from control_plane.settings import MasterKey, Settings, SettingsError, write_private_file
 
 
 def key() -> MasterKey:
@@ -49,6 +49,28 @@ def test_master_key_file_is_created_0600_and_read_back(tmp_path: Path) -> None:
     assert MasterKey.from_file(path) == made
     assert "hidden" in repr(made)
     assert base64.b64encode(made.value).decode() not in repr(made)
+
+
+def test_a_private_file_is_replaced_whole_and_stays_0600(tmp_path: Path) -> None:
+    """A reader that opened the old file keeps reading the old content (the new one was renamed
+    over it, not written into it); the new file is 0600 and no temporary file is left."""
+    path = tmp_path / "run" / "control-plane.ready"
+    write_private_file(str(path), '{"url": "http://127.0.0.1:1"}\n')
+    with open(path) as old:
+        write_private_file(str(path), '{"url": "http://127.0.0.1:2"}\n')
+        assert old.read() == '{"url": "http://127.0.0.1:1"}\n'
+    assert path.read_text() == '{"url": "http://127.0.0.1:2"}\n'
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert sorted(p.name for p in path.parent.iterdir()) == ["control-plane.ready"]
+
+
+def test_a_private_file_that_cannot_be_written_leaves_the_old_one_and_no_litter(tmp_path: Path) -> None:
+    path = tmp_path / "creds.json"
+    write_private_file(str(path), "old\n")
+    with pytest.raises(TypeError):
+        write_private_file(str(path), b"not text")  # type: ignore[arg-type]
+    assert path.read_text() == "old\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["creds.json"]
 
 
 def test_settings_come_from_env_then_flags() -> None:
