@@ -272,7 +272,8 @@ class ConsumerBase:
                 try:
                     await inst.route(topic, refresh=True)
                 except OrbitError as e:
-                    log.warning("consumer %s: no route for %s yet: %s", self.group, topic, e)
+                    level = logging.DEBUG if topic in self._made_on_heartbeat() else logging.WARNING
+                    log.log(level, "consumer %s: no route for %s yet: %s", self.group, topic, e)
             await self._check_client_config(inst)
             await inst.send_heartbeat_to_all_brokers()
         except BaseException:
@@ -287,6 +288,11 @@ class ConsumerBase:
             *self._extra_tasks(),
         ]
         self.request_rebalance()
+
+    def _made_on_heartbeat(self) -> frozenset[str]:
+        """Subscribed topics the broker makes when the first heartbeat names the group (the
+        group's retry topic): no route for them at start is expected, found at the next refresh."""
+        return frozenset()
 
     async def _check_client_config(self, inst: ClientInstance) -> None:
         """CHECK_CLIENT_CONFIG (46) for each SQL92 subscription at every master of its topic, as

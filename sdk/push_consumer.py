@@ -180,6 +180,9 @@ class PushConsumer(ConsumerBase):
         self.sent_back_count += 1
         return True
 
+    def _made_on_heartbeat(self) -> frozenset[str]:
+        return frozenset({self.retry_topic}) if self.clustering else frozenset()
+
     def _extra_tasks(self) -> list[asyncio.Task[None]]:
         if self.orderly and self.clustering:
             return [asyncio.create_task(self._lock_loop(), name=f"orbit-lock-{self.group}")]

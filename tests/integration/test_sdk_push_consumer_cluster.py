@@ -81,6 +81,23 @@ async def test_clustering_splits_the_queues_and_consumes_each_message_once(names
 
 
 @pytest.mark.asyncio
+async def test_starting_warns_of_a_missing_topic_but_not_of_the_groups_own_retry_topic(
+    namesrv_addr: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The retry topic ``%RETRY%<group>`` does not exist until the first heartbeat makes it; a
+    topic the user subscribed that nobody created is worth the warning."""
+    await create_topic(namesrv_addr, "Quiet", 2)
+    c, _got = collecting("fresh-group", namesrv_addr, "Quiet", "c1")
+    c.subscribe("NeverCreated", "*")
+    with caplog.at_level("DEBUG", logger="sdk.consumer"):
+        await c.start()
+        await c.shutdown()
+    misses = [r for r in caplog.records if "no route for" in r.getMessage()]
+    warned = {r.getMessage().split("no route for ")[1].split(" yet")[0] for r in misses if r.levelname == "WARNING"}
+    assert warned == {"NeverCreated"}, [r.getMessage() for r in misses]
+
+
+@pytest.mark.asyncio
 async def test_broadcasting_gives_every_member_every_message(namesrv_addr: str, tmp_path: Path) -> None:
     await create_topic(namesrv_addr, "Broadcast", 4)
     opts = {"message_model": "BROADCASTING", "offset_store_dir": str(tmp_path / "offsets")}
