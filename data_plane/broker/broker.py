@@ -342,6 +342,8 @@ class Broker:
             self.tenancy.after_pull(topic, n, nbytes)
 
     def _connection_closed(self, conn: Connection) -> None:
+        if self.tenancy is not None:
+            self.tenancy.connection_closed(conn)
         for group in self.clients.connection_closed(conn):
             self.clients.notify_ids_changed(group)
 

@@ -98,6 +98,10 @@ class BrokerConfig:
     # only), which the Spark metering pipeline reads (data_plane/tenancy/usage_topic.py).
     usage_topic_enabled: bool = False
     quota_burst_s: float = 1.0  # a tenant's token buckets hold this many seconds of its rate
+    # Connections one tenant may hold to this broker (0: no limit). A connection counts for the
+    # tenant of its first authenticated request; past the limit that request is answered
+    # SYSTEM_BUSY and the connection closed, so one tenant cannot use up the broker's sockets.
+    max_connections_per_tenant: int = 1000
     # How often tenants' stored bytes are measured (metered, and checked against their storage share).
     storage_check_interval_s: float = 30.0
     # OpenTelemetry (docs/broker.md#observability): "none", "console" or "otlp" (OTLP/HTTP to
@@ -199,6 +203,8 @@ class BrokerConfig:
             problems.append("storage_check_interval_s must be > 0")
         if self.quota_burst_s <= 0:
             problems.append("quota_burst_s must be > 0")
+        if self.max_connections_per_tenant < 0:
+            problems.append("max_connections_per_tenant must be >= 0 (0: no limit)")
         if self.usage_report_interval_s <= 0:
             problems.append("usage_report_interval_s must be > 0")
         roll_ms = round(self.usage_roll_interval_s * 1000)

@@ -164,6 +164,8 @@ class BrokerTenancy:
         self.reporter: UsageReporter | None = None
         self._token_source: ClientCredentials | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self.max_connections = cfg.max_connections_per_tenant
+        self.connections: dict[str, int] = {}  # tenant -> connections counted for it
 
     @property
     def token_source(self) -> ClientCredentials | None:
@@ -219,27 +221,58 @@ class BrokerTenancy:
         if r is UNCHECKED:
             return None
         if isinstance(r, Principal):
-            return self._admit(r, cmd)
+            return self._admit(conn, r, cmd)
         if isinstance(r, Denial):
             return r.response(cmd)
-        return self._admit_later(r, cmd)
+        return self._admit_later(conn, r, cmd)
 
     async def _admit_later(
-        self, pending: Awaitable[Principal | Denial], cmd: RemotingCommand
+        self, conn: Connection, pending: Awaitable[Principal | Denial], cmd: RemotingCommand
     ) -> RemotingCommand | None:
         r = await pending
         if isinstance(r, Denial):
             return r.response(cmd)
-        return self._admit(r, cmd)
+        return self._admit(conn, r, cmd)
 
-    def _admit(self, principal: Principal, cmd: RemotingCommand) -> RemotingCommand | None:
+    def _admit(self, conn: Connection, principal: Principal, cmd: RemotingCommand) -> RemotingCommand | None:
         tenant = principal.tenant
         if tenant != "*":
             if tenant in self.suspended:
                 return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
+            if "tenant" not in conn.attrs and (refused := self._count_connection(conn, tenant, cmd)) is not None:
+                return refused
             body = cmd.body
             self.meter.record_request(tenant, len(body) if body is not None else 0, 0)
         return None
+
+    # --- connections ---------------------------------------------------------------------------------
+    def _count_connection(self, conn: Connection, tenant: str, cmd: RemotingCommand) -> RemotingCommand | None:
+        """Count ``conn`` for ``tenant`` (its first authenticated request), or refuse it: the
+        answer says why, then the connection is closed."""
+        if conn.closed:  # gone while its credential was being checked: nothing to count
+            return None
+        held = self.connections.get(tenant, 0)
+        if self.max_connections and held >= self.max_connections:
+            log.warning("tenant %s: refusing connection %s, it holds %d (max_connections_per_tenant)",
+                        tenant, conn.peer, held)  # fmt: skip
+            asyncio.get_running_loop().call_soon(conn.close)  # after the answer is written
+            return cmd.response(
+                ResponseCode.SYSTEM_BUSY,
+                f"tenant {tenant} holds {held} connections to this broker, the most it may; close some first",
+            )
+        conn.attrs["tenant"] = tenant
+        self.connections[tenant] = held + 1
+        return None
+
+    def connection_closed(self, conn: Connection) -> None:
+        tenant = conn.attrs.pop("tenant", None)
+        if tenant is None:
+            return
+        left = self.connections.get(tenant, 0) - 1
+        if left > 0:
+            self.connections[tenant] = left
+        else:
+            self.connections.pop(tenant, None)
 
     # --- sends and pulls ------------------------------------------------------------------------------
     def before_put(self, conn: Connection, cmd: RemotingCommand, msgs: list[Message]) -> RemotingCommand | None:

@@ -1,12 +1,14 @@
 """What an authenticating broker refuses, seen on the wire: every refusal is NO_PERMISSION (16)
-with a remark that says why. Tokens come from the real control plane (or are forged here against
-its real keys); revocation and suspension go through the control plane's API and reach the broker
-through the reconciler."""
+with a remark that says why (a tenant past its connection limit: SYSTEM_BUSY). Tokens come from
+the real control plane (or are forged here against its real keys); revocation and suspension go
+through the control plane's API and reach the broker through the reconciler."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import jwt
@@ -17,6 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from control_plane.sealing import Sealer
 from control_plane.services.tokens import TokenService
 from data_plane.auth.signature import ACCESS_KEY, ONS_CHANNEL, SIGNATURE, sign
+from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from sdk import protocol
@@ -217,3 +220,60 @@ async def test_suspended_tenant_is_refused(tenancy: TenancyCluster) -> None:
         return resp.code == ResponseCode.SUCCESS
 
     await until(accepted_now, "the resumed tenant accepted again", timeout_s=PROPAGATION_S)
+
+
+# --- connections -------------------------------------------------------------------------------
+CONNECTION_LIMIT = 2
+
+
+@contextlib.asynccontextmanager
+async def own_connection() -> AsyncIterator[RemotingClient]:
+    """A client of its own: its own TCP connection to the broker."""
+    client = RemotingClient()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+async def send(cluster: TenancyCluster, client: RemotingClient, tenant: Tenant) -> RemotingCommand:
+    cmd = send_cmd(f"{tenant.id}%orders")
+    cmd.ext_fields = {**(cmd.ext_fields or {}), "Authorization": f"Bearer {tenant.token}"}
+    return await client.invoke(cluster.broker_addr, cmd, 5000)
+
+
+async def test_a_tenant_past_its_connection_limit_is_refused_and_others_are_not(tenancy: TenancyCluster) -> None:
+    """At most ``max_connections_per_tenant`` connections a tenant: past it the first request is
+    answered SYSTEM_BUSY, saying why, and the connection closed; other tenants are not affected,
+    and a closed connection makes room again."""
+    await tenancy.stop_broker()
+    await tenancy.start_broker("--set", f"max_connections_per_tenant={CONNECTION_LIMIT}")
+    acme = await tenancy.new_tenant("acme")
+    beta = await tenancy.new_tenant("beta")
+    for t in (acme, beta):
+        await tenancy.create_topic(t, "orders")
+
+    async with contextlib.AsyncExitStack() as stack:
+        held = [await stack.enter_async_context(own_connection()) for _ in range(CONNECTION_LIMIT)]
+        for client in held:
+            assert (await send(tenancy, client, acme)).code == ResponseCode.SUCCESS
+        async with own_connection() as extra:
+            resp = await send(tenancy, extra, acme)
+            assert resp.code == ResponseCode.SYSTEM_BUSY, (resp.code, resp.remark)
+            assert f"tenant acme holds {CONNECTION_LIMIT} connections" in (resp.remark or "")
+            conn = await extra.connection(tenancy.broker_addr)
+            await until(lambda: conn.closed, "the broker to close the refused connection")
+        # The connections within the limit still work; another tenant is not counted with acme.
+        for client in held:
+            assert (await send(tenancy, client, acme)).code == ResponseCode.SUCCESS
+        async with own_connection() as other:
+            assert (await send(tenancy, other, beta)).code == ResponseCode.SUCCESS
+
+        # Closing one of acme's connections makes room for a new one.
+        await held.pop().close()
+
+        async def new_one_admitted() -> bool:
+            async with own_connection() as again:
+                return (await send(tenancy, again, acme)).code == ResponseCode.SUCCESS
+
+        await until(new_one_admitted, "a new connection of acme's once one was closed")
