@@ -321,7 +321,7 @@ def _decode_binary_header(raw: memoryview) -> RemotingCommand:
 
 class FrameDecoder:
     """Splits a byte stream into frames. ``feed`` returns the complete frames (each without
-    its length prefix, as a memoryview of an immutable bytes object: no copy per frame) and
+    its length prefix, as a memoryview of bytes nothing writes to again: no copy per frame) and
     keeps the rest; a length over ``max_frame_bytes`` or under 4 raises FrameError before
     anything of that frame is buffered. A frame spread over many reads is joined once, when
     its last byte arrives."""
@@ -349,8 +349,10 @@ class FrameDecoder:
             buf += data
             if len(buf) < self._need:
                 return []
-            src = bytes(buf)
-            buf.clear()
+            # The joined bytes become the frames' own (no copy): the decoder keeps a new buffer
+            # and never writes to this one again.
+            src: Body = buf
+            buf = self._buf = bytearray()
         else:
             src = data if isinstance(data, bytes) else bytes(data)
         mv = memoryview(src)

@@ -19,6 +19,7 @@ from data_plane.remoting.command import (
     MAX_FRAME_BYTES,
     SERIALIZE_JSON,
     SERIALIZE_ROCKETMQ,
+    Body,
     FrameDecoder,
     FrameError,
     FrameTooLarge,
@@ -387,6 +388,24 @@ def test_a_stream_in_random_chunks_yields_the_same_frames(seed: int) -> None:
     assert got == [strip_prefix(f) for f in frames]
     assert decoder.buffered == 0
     assert [decode_frame(f).opaque for f in got] == list(range(200))
+
+
+def test_frames_handed_out_keep_their_bytes_while_the_stream_goes_on(seed: int) -> None:
+    """A frame is a view, not a copy: what it shows must not change as later bytes arrive,
+    whether it was joined from several reads or cut from one."""
+    rng = random.Random(seed)
+    frames = [
+        encode_bytes(RemotingCommand(1, opaque=i, body=rng.randbytes(rng.randrange(0, 3000)))) for i in range(100)
+    ]
+    stream = b"".join(frames)
+    decoder = FrameDecoder()
+    kept: list[Body] = []
+    pos = 0
+    while pos < len(stream):
+        n = rng.choice([3, 100, 1000, 2500, 7000])
+        kept.extend(decoder.feed(bytearray(stream[pos : pos + n])))
+        pos += n
+    assert [bytes(f) for f in kept] == [strip_prefix(f) for f in frames]
 
 
 @given(st.lists(st.binary(max_size=50), max_size=8), st.data())
