@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from data_plane.remoting.bodies import BATCH_ITEM_HEAD, decode_batch
+from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_JSON, RemotingCommand
 from data_plane.remoting.connection import Connection
@@ -67,7 +67,6 @@ _SEND_OK_HEADER = (
     b'"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion","TRACE_ON":"true"}}'
 )
 
-MAX_BATCH_MESSAGES = 100_000  # messages in one SEND_BATCH_MESSAGE body
 _speedups = speedups_module()  # the compiled store module, when built (batch decoding, batch ids)
 
 _STATUS_CODES = {

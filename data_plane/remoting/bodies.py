@@ -178,7 +178,10 @@ def encode_batch_item(body: bytes, flag: int, properties: bytes) -> bytes:
     )
 
 
-def decode_batch(body: bytes | memoryview, max_messages: int = 100_000) -> list[tuple[int, bytes, bytes]]:
+MAX_BATCH_MESSAGES = 100_000  # messages in one SEND_BATCH_MESSAGE body
+
+
+def decode_batch(body: bytes | memoryview, max_messages: int = MAX_BATCH_MESSAGES) -> list[tuple[int, bytes, bytes]]:
     """(flag, body, properties bytes) of each message of a batch body. Raises HeaderError."""
     mv = memoryview(body)
     out: list[tuple[int, bytes, bytes]] = []
