@@ -91,6 +91,8 @@ locals {
     port        = {ssh_port}
     host_key    = "{ssh_host_key}"
     timeout     = "30s"
+    # Terraform empties its remote-exec scripts but leaves them; keep them in the test's dir
+    script_directory = "{tmp}"
   }
   env = { ORBIT_BOOTSTRAP_DRY_RUN = "1", ORBIT_BOOTSTRAP_ROOT = "{tmp}/sysroot" }
 }
@@ -166,6 +168,7 @@ def render_root(root: Path, tmp: Path, ports: dict[str, int], ssh: SshServer) ->
     for key, value in values.items():
         text = text.replace("{" + key + "}", value)
     root.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(parents=True, exist_ok=True)  # remote-exec's script_directory
     (root / "main.tf").write_text(text)
 
 
