@@ -83,6 +83,29 @@ def _check_text(what: str, value: str) -> None:
         raise IllegalMessageError(f"{what} {value!r} contains \\x01 or \\x02 (the property separators)")
 
 
+def _checked_keys(keys: str | Iterable[str]) -> tuple[str, ...]:
+    key_list = [keys] if isinstance(keys, str) else list(keys)
+    for k in key_list:
+        if not isinstance(k, str) or not k:
+            raise IllegalMessageError(f"a key must be a non-empty string, got {k!r}")
+        if KEY_SEPARATOR in k:
+            raise IllegalMessageError(f"key {k!r} contains a space, the separator of keys")
+        _check_text("key", k)
+    return tuple(key_list)
+
+
+def _checked_properties(properties: Mapping[str, str]) -> dict[str, str]:
+    props = dict(properties)
+    for name, value in props.items():
+        if not isinstance(name, str) or not isinstance(value, str) or not name:
+            raise IllegalMessageError(f"property {name!r}: names and values are strings, names non-empty")
+        if name in SYSTEM_PROPERTIES:
+            raise IllegalMessageError(f"property name {name!r} is reserved for the system")
+        _check_text("property name", name)
+        _check_text("property value", value)
+    return props
+
+
 class Message:
     """A message to send. ``topic`` and ``body`` are required; the rest is keyword-only.
 
@@ -126,27 +149,13 @@ class Message:
                 raise IllegalMessageError(f"tags is {len(tags)} characters, more than {MAX_TAGS_LENGTH}")
             _check_text("tags", tags)
             _remember(_CHECKED_TAGS, tags)
-        key_list = [keys] if isinstance(keys, str) else list(keys)
-        for k in key_list:
-            if not isinstance(k, str) or not k:
-                raise IllegalMessageError(f"a key must be a non-empty string, got {k!r}")
-            if KEY_SEPARATOR in k:
-                raise IllegalMessageError(f"key {k!r} contains a space, the separator of keys")
-            _check_text("key", k)
-        props = dict(properties or {})
-        for name, value in props.items():
-            if not isinstance(name, str) or not isinstance(value, str) or not name:
-                raise IllegalMessageError(f"property {name!r}: names and values are strings, names non-empty")
-            if name in SYSTEM_PROPERTIES:
-                raise IllegalMessageError(f"property name {name!r} is reserved for the system")
-            _check_text("property name", name)
-            _check_text("property value", value)
+        self.keys: tuple[str, ...] = () if keys.__class__ is tuple and not keys else _checked_keys(keys)
+        self.properties = {} if properties is None else _checked_properties(properties)
         self.topic = topic
         self.body = bytes(body)
         self.tags = tags
-        self.keys: tuple[str, ...] = tuple(key_list)
-        self.properties = props
-        _check_schedule(delay_level, deliver_at_ms)
+        if delay_level.__class__ is not int or delay_level < 0 or deliver_at_ms is not None:
+            _check_schedule(delay_level, deliver_at_ms)
         # RocketMQ's delay level (DELAY, 1..18: 1s 5s 10s 30s 1m ... 2h; 0 = none) or a delivery
         # time (TIMER_DELIVER_MS, epoch ms, up to 7 days ahead): docs/delayed_messages.md.
         self.delay_level = delay_level

@@ -37,7 +37,7 @@ from data_plane.store.message import (
     encode_properties,
     unpack_host,
 )
-from sdk.errors import BrokerError, for_code
+from sdk.errors import BrokerError, IllegalMessageError, for_code
 from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus
 
 DEFAULT_TOPIC_QUEUE_NUMS = 4
@@ -128,10 +128,29 @@ def send_request(*, group: str, msg: Message, queue_id: int, unique_id: str, bor
     return RemotingCommand(RequestCode.SEND_MESSAGE_V2, ext_fields=ext, body=msg.body)
 
 
+MAX_BATCH_ITEM_PROPERTIES_BYTES = 0xFFFF  # a batch message's properties: a 2-byte length
+
+
 def batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
-    return b"".join(
-        bodies.encode_batch_item(m.body, 0, m.encoded_properties(uid)) for m, uid in zip(msgs, unique_ids, strict=True)
-    )
+    """The SEND_BATCH_MESSAGE body; plain messages (no user properties, keys or schedule) are
+    laid out by the compiled twin when it is built and in use."""
+    if _plain_batch_body is not None:
+        body: bytes | None = _plain_batch_body(list(msgs), list(unique_ids))
+        if body is not None:
+            return body
+    return py_batch_body(msgs, unique_ids)
+
+
+def py_batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
+    items = []
+    for m, uid in zip(msgs, unique_ids, strict=True):
+        props = m.encoded_properties(uid)
+        if len(props) > MAX_BATCH_ITEM_PROPERTIES_BYTES:  # their length field has 2 bytes
+            raise IllegalMessageError(
+                f"a batch message's properties are {len(props)} bytes, over {MAX_BATCH_ITEM_PROPERTIES_BYTES}"
+            )
+        items.append(bodies.encode_batch_item(m.body, 0, props))
+    return b"".join(items)
 
 
 def send_batch_request(
@@ -371,6 +390,14 @@ def py_decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc:
 
 
 _decode_records = _compiled_decoder()
+
+
+def _compiled_batch_body() -> Any:
+    mod = fastpath.speedups_module()
+    return getattr(mod, "plain_batch_body", None) if mod is not None else None
+
+
+_plain_batch_body = _compiled_batch_body()
 
 
 def use_compiled_decoder(enabled: bool) -> bool:

@@ -1375,12 +1375,123 @@ done:
     return result;
 }
 
+
+/* ---- the producer's batch body --------------------------------------------------------------
+ * plain_batch_body(msgs, unique_ids) -> bytes or None
+ * The SEND_BATCH_MESSAGE body (remoting/bodies.py's layout: total size, magic 0, CRC 0, flag 0,
+ * body length, body, properties length, properties) of sdk Messages that are plain: no user
+ * properties, no keys, no delay level or delivery time. Their properties are what
+ * Message.encoded_properties writes for them: "TAGS\x01<tags>\x02" when tagged, then
+ * "WAIT\x01true\x02UNIQ_KEY\x01<id>\x02". None when a message is not plain (or its properties
+ * would not fit their 2-byte length): the caller builds the body in Python. */
+static PyObject *s_keys, *s_tags, *s_delay_level, *s_deliver_at_ms;
+
+typedef struct {
+    const char *body, *tags, *uid;
+    Py_ssize_t body_len, tags_len, uid_len;
+} plain_item;
+
+/* 1 when m is plain (its item filled in, references borrowed from m and uid), 0 when not,
+ * -1 with an exception. */
+static int plain_item_of(PyObject *m, PyObject *uid, plain_item *it) {
+    PyObject *v[5] = {SGET(m, s_body), SGET(m, s_properties), SGET(m, s_keys), SGET(m, s_delay_level),
+                      SGET(m, s_deliver_at_ms)};
+    PyObject *tags = SGET(m, s_tags);
+    int rc = -1;
+    for (int i = 0; i < 5; i++)
+        if (!v[i]) goto done;
+    if (!tags) goto done;
+    rc = 0;
+    if (!PyBytes_CheckExact(v[0]) || !PyDict_CheckExact(v[1]) || PyDict_GET_SIZE(v[1]) != 0 ||
+        !PyTuple_CheckExact(v[2]) || PyTuple_GET_SIZE(v[2]) != 0 || !PyLong_CheckExact(v[3]) ||
+        PyObject_IsTrue(v[3]) || v[4] != Py_None || !PyUnicode_Check(uid) || (tags != Py_None && !PyUnicode_Check(tags)))
+        goto done;
+    it->body = PyBytes_AS_STRING(v[0]);
+    it->body_len = PyBytes_GET_SIZE(v[0]);
+    it->uid = PyUnicode_AsUTF8AndSize(uid, &it->uid_len);
+    it->tags = NULL;
+    it->tags_len = 0;
+    if (tags != Py_None) it->tags = PyUnicode_AsUTF8AndSize(tags, &it->tags_len);
+    if (!it->uid || (tags != Py_None && !it->tags)) {
+        rc = -1;
+        goto done;
+    }
+    rc = 1;
+done:
+    for (int i = 0; i < 5; i++) Py_XDECREF(v[i]); /* the message keeps its own references */
+    Py_XDECREF(tags);
+    return rc;
+}
+
+static Py_ssize_t plain_props_len(const plain_item *it) {
+    return (it->tags ? 5 + it->tags_len + 1 : 0) + 10 + 9 + it->uid_len + 1;
+}
+
+static PyObject *plain_batch_body(PyObject *self, PyObject *args) {
+    PyObject *msgs, *uids;
+    if (!PyArg_ParseTuple(args, "O!O!:plain_batch_body", &PyList_Type, &msgs, &PyList_Type, &uids)) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(msgs);
+    if (PyList_GET_SIZE(uids) != n) {
+        PyErr_SetString(PyExc_ValueError, "plain_batch_body: one unique id a message");
+        return NULL;
+    }
+    plain_item *items = PyMem_Malloc(sizeof(plain_item) * (size_t)(n ? n : 1));
+    if (!items) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    Py_ssize_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int rc = plain_item_of(PyList_GET_ITEM(msgs, i), PyList_GET_ITEM(uids, i), &items[i]);
+        if (rc < 0) goto done;
+        Py_ssize_t props = rc ? plain_props_len(&items[i]) : 0;
+        if (!rc || props > 0xFFFF || items[i].body_len > INT32_MAX - 22 - props) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+        total += 22 + items[i].body_len + props;
+        if (total > PY_SSIZE_T_MAX / 2) {
+            result = Py_None;
+            Py_INCREF(result);
+            goto done;
+        }
+    }
+    result = PyBytes_FromStringAndSize(NULL, total);
+    if (!result) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(result);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const plain_item *it = &items[i];
+        Py_ssize_t props = plain_props_len(it);
+        put32(w, (uint32_t)(22 + it->body_len + props));
+        memset(w + 4, 0, 12); /* magic, CRC and flag: 0, as the Java client leaves them */
+        put32(w + 16, (uint32_t)it->body_len);
+        memcpy(w + 20, it->body, it->body_len);
+        w += 20 + it->body_len;
+        w[0] = (unsigned char)(props >> 8);
+        w[1] = (unsigned char)props;
+        w += 2;
+        if (it->tags) {
+            memcpy(w, "TAGS\x01", 5);
+            memcpy(w + 5, it->tags, it->tags_len);
+            w[5 + it->tags_len] = 2;
+            w += 6 + it->tags_len;
+        }
+        memcpy(w, "WAIT\x01true\x02UNIQ_KEY\x01", 19);
+        memcpy(w + 19, it->uid, it->uid_len);
+        w[19 + it->uid_len] = 2;
+        w += 20 + it->uid_len;
+    }
+done:
+    PyMem_Free(items);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
     {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
     {"batch_messages", batch_messages, METH_VARARGS, "Split a SEND_BATCH_MESSAGE body into store Messages."},
+    {"plain_batch_body", plain_batch_body, METH_VARARGS, "The SEND_BATCH_MESSAGE body of plain sdk Messages."},
     {"batch_ids", batch_ids, METH_VARARGS, "The comma-joined message ids of records lying back to back."},
     {"collect_units", collect_units, METH_VARARGS, "Turn ConsumeQueue units into record slices (a pull read)."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
@@ -1411,6 +1522,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
     INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
     INTERN2(s_fd, "_fd");
+    INTERN2(s_keys, "keys"); INTERN2(s_tags, "tags"); INTERN2(s_delay_level, "delay_level");
+    INTERN2(s_deliver_at_ms, "deliver_at_ms");
     INTERN2(s_msg_topic, "topic"); INTERN2(s_msg_born_ts, "born_timestamp"); INTERN2(s_msg_reconsume, "reconsume_times");
     INTERN2(s_msg_prepared, "prepared_transaction_offset");
     for (int f = 0; f < MX_FIELDS; f++) INTERN2(mx_interned[f], mx_names[f]);

@@ -28,6 +28,13 @@ from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatu
         ({"topic": "T", "body": b"x", "tags": "t" * 256}, "more than 255"),
         ({"topic": "T", "body": b"x", "keys": "two words"}, "contains a space"),
         ({"topic": "T", "body": b"x", "keys": ["ok", ""]}, "non-empty string"),
+        ({"topic": "T", "body": b"x", "keys": ""}, "non-empty string"),
+        ({"topic": "T", "body": b"x", "keys": ("ok", 7)}, "non-empty string"),
+        ({"topic": "T", "body": b"x", "delay_level": True}, "delay_level must be"),
+        ({"topic": "T", "body": b"x", "delay_level": -1}, "delay_level must be"),
+        ({"topic": "T", "body": b"x", "delay_level": 1.0}, "delay_level must be"),
+        ({"topic": "T", "body": b"x", "deliver_at_ms": -5}, "deliver_at_ms must be"),
+        ({"topic": "T", "body": b"x", "delay_level": 2, "deliver_at_ms": 5}, "not both"),
         ({"topic": "T", "body": b"x", "properties": {"TAGS": "x"}}, "reserved"),
         ({"topic": "T", "body": b"x", "properties": {"UNIQ_KEY": "x"}}, "reserved"),
         ({"topic": "T", "body": b"x", "properties": {"a": "b\x01c"}}, "separators"),
@@ -54,6 +61,18 @@ def test_a_topic_or_tag_found_good_once_does_not_let_a_bad_one_through() -> None
         Message(f"T{i}", b"x", tags=f"t{i}")
     with pytest.raises(IllegalMessageError, match="default topic"):
         Message("TBW102", b"x")
+
+
+def test_a_plain_message_has_empty_keys_and_properties_of_its_own() -> None:
+    shared: dict[str, str] = {}
+    m = Message("T", b"x", keys=[], properties=shared)
+    assert (m.keys, m.properties) == ((), {})
+    assert m.properties is not shared
+    plain = Message("T", bytearray(b"xy"))
+    assert (plain.keys, plain.properties, plain.body) == ((), {}, b"xy")
+    assert (plain.delay_level, plain.deliver_at_ms) == (0, None)
+    assert type(plain.body) is bytes
+    assert Message("T", b"x").properties is not plain.properties  # never one dict shared between messages
 
 
 def test_illegal_message_error_is_a_value_error_with_the_wire_code() -> None:

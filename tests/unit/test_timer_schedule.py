@@ -164,6 +164,10 @@ async def test_redirect_moves_delayed_and_timed_messages_and_refuses_bad_ones(ri
     batch = [Message("T", b"a"), Message("T", b"b", properties={"DELAY": "1"})]
     assert "batch" in (s.redirect(batch) or "")
     assert s.redirect([Message("T", b"a"), Message("T", b"b")]) is None
+    marked = Message("T", b"b", properties={PROPERTY_REPUT_FROM: "9", "k": "v"})
+    assert s.redirect([Message("T", b"a"), marked]) is None
+    assert marked.properties == {"k": "v"}  # a client's marker is dropped from a batch's message too
+    assert "system topic" in (s.redirect([Message("T", b"a"), Message(TIMER_TOPIC, b"b")]) or "")
     assert "system topic" in (s.redirect([Message(SCHEDULE_TOPIC, b"a")]) or "")
     assert "system topic" in (s.redirect([Message(TIMER_TOPIC, b"a")]) or "")
     half = Message("T", b"x", sys_flag=TRANSACTION_PREPARED_TYPE, properties={"DELAY": "1"})
