@@ -1102,6 +1102,22 @@ static PyObject *offset_msg_id(const unsigned char *store_host, long long physic
     return PyUnicode_FromStringAndSize(s, 32);
 }
 
+/* A pull's records nearly all share their topic and hosts: the last ones looked up are kept
+ * for the length of one decode_records call (raw bytes compared, the caches' objects reused). */
+typedef struct {
+    const unsigned char *raw;
+    Py_ssize_t len;
+    PyObject *obj; /* borrowed from the caller's cache dict, or NULL */
+} last_seen;
+
+static PyObject *seen_again(last_seen *ls, const unsigned char *raw, Py_ssize_t n) {
+    if (ls->obj && ls->len == n && memcmp(ls->raw, raw, n) == 0) {
+        Py_INCREF(ls->obj);
+        return ls->obj;
+    }
+    return NULL;
+}
+
 static PyObject *decode_records(PyObject *self, PyObject *args) {
     Py_buffer b;
     PyObject *cls, *broker, *topics, *hosts, *host_of;
@@ -1109,6 +1125,9 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*OUpO!O!O:decode_records", &b, &cls, &broker, &check_crc, &PyDict_Type,
                           &topics, &PyDict_Type, &hosts, &host_of))
         return NULL;
+    /* Strong references: a cache dict may be cleared (it is bounded) while this call runs. */
+    PyObject *last_topic = NULL, *last_born = NULL, *last_store = NULL;
+    last_seen seen_topic = {0}, seen_born = {0}, seen_store = {0};
     PyObject *out = PyList_New(0), *result = NULL;
     Py_ssize_t compressed = 0;
     PyTypeObject *tp = out ? as_type(cls, "decode_records") : NULL;
@@ -1150,7 +1169,12 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         long long physical = (long long)get64(r + 28);
         int32_t sys_flag = (int32_t)get32(r + 36);
         PyObject *v[MX_FIELDS] = {0};
-        v[MX_TOPIC] = topic_str(topics, base + topic_at, topic_len);
+        v[MX_TOPIC] = seen_again(&seen_topic, base + topic_at, topic_len);
+        if (!v[MX_TOPIC] && (v[MX_TOPIC] = topic_str(topics, base + topic_at, topic_len))) {
+            Py_INCREF(v[MX_TOPIC]);
+            Py_XSETREF(last_topic, v[MX_TOPIC]);
+            seen_topic = (last_seen){base + topic_at, topic_len, last_topic};
+        }
         if (!v[MX_TOPIC]) {
             PyErr_Clear();
             record_error(pos, "has a topic that is not UTF-8");
@@ -1171,9 +1195,19 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         v[MX_OFFSET_MSG_ID] = offset_msg_id(r + 64, physical);
         v[MX_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(physical);
         v[MX_BORN_TS] = PyLong_FromLongLong((long long)get64(r + 40));
-        v[MX_BORN_HOST] = host_tuple(hosts, host_of, r + 48);
+        v[MX_BORN_HOST] = seen_again(&seen_born, r + 48, 8);
+        if (!v[MX_BORN_HOST] && (v[MX_BORN_HOST] = host_tuple(hosts, host_of, r + 48))) {
+            Py_INCREF(v[MX_BORN_HOST]);
+            Py_XSETREF(last_born, v[MX_BORN_HOST]);
+            seen_born = (last_seen){r + 48, 8, last_born};
+        }
         v[MX_STORE_TS] = PyLong_FromLongLong((long long)get64(r + 56));
-        v[MX_STORE_HOST] = host_tuple(hosts, host_of, r + 64);
+        v[MX_STORE_HOST] = seen_again(&seen_store, r + 64, 8);
+        if (!v[MX_STORE_HOST] && (v[MX_STORE_HOST] = host_tuple(hosts, host_of, r + 64))) {
+            Py_INCREF(v[MX_STORE_HOST]);
+            Py_XSETREF(last_store, v[MX_STORE_HOST]);
+            seen_store = (last_seen){r + 64, 8, last_store};
+        }
         v[MX_RECONSUME] = PyLong_FromLong((int32_t)get32(r + 72));
         v[MX_SYS_FLAG] = PyLong_FromLong(sys_flag);
         v[MX_FLAG] = PyLong_FromLong((int32_t)get32(r + 16));
@@ -1200,6 +1234,9 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     result = Py_BuildValue("(On)", out, compressed);
 done:
     Py_XDECREF(out);
+    Py_XDECREF(last_topic);
+    Py_XDECREF(last_born);
+    Py_XDECREF(last_store);
     PyBuffer_Release(&b);
     return result;
 }

@@ -49,11 +49,13 @@ def record(
     crc: int | None = None,
     magic: int = MESSAGE_MAGIC_CODE,
     props_len: int | None = None,
+    born: bytes = BORN,
+    store: bytes = STORE,
 ) -> bytes:
     total = RECORD_HEADER.size + len(body) + 1 + len(topic) + 2 + len(props)
     head = RECORD_HEADER.pack(
         total, magic, body_crc(body) if crc is None else crc, queue_id, flag, queue_offset, physical, sys_flag,
-        1_700_000_000_000, BORN, 1_700_000_000_123, STORE, reconsume, 0, len(body),
+        1_700_000_000_000, born, 1_700_000_000_123, store, reconsume, 0, len(body),
     )  # fmt: skip
     plen = len(props) if props_len is None else props_len
     return head + body + bytes([len(topic)]) + topic + plen.to_bytes(2, "big", signed=True) + props
@@ -68,6 +70,7 @@ def test_both_decoders_give_the_same_messages(seed: int) -> None:
     print(f"seed={seed}")
     rng = random.Random(seed)
     parts, offset = [], 0
+    hosts = [BORN, STORE, pack_host("10.9.9.9", 4322), pack_host("192.168.0.1", 10911)]
     for i in range(rng.randrange(1, 40)):
         # Names and values the compiled decoder keeps made (TAGS, true, ...), near misses of
         # them, and arbitrary text.
@@ -80,7 +83,10 @@ def test_both_decoders_give_the_same_messages(seed: int) -> None:
         }
         rec = record(
             body=rng.randbytes(rng.randrange(1, 3000)),
-            topic=rng.choice([b"Orders", b"%RETRY%G", b"T" * 127]),
+            # runs of one topic and host, as pulls have them, and changes between them
+            topic=rng.choice([b"Orders", b"%RETRY%G", b"T" * 127, b"Orderz"]) if rng.random() < 0.3 else b"Orders",
+            born=rng.choice(hosts) if rng.random() < 0.3 else BORN,
+            store=rng.choice(hosts) if rng.random() < 0.3 else STORE,
             props=encode_properties(props) if props else b"",
             queue_id=rng.randrange(0, 1 << 31),
             queue_offset=i,
