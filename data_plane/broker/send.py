@@ -239,19 +239,22 @@ class SendProcessor:
         if a is None:
             code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
             return cmd.response(code, result.reason or status.value)
-        # Stored (perhaps not yet durable): wake held pulls of this queue, if any wait.
-        # Every tag of a batch, not only its last message's: a pull held for the tag of an
-        # earlier message must wake too (RocketMQ notifies per dispatched message).
+        # Stored (perhaps not yet durable): wake held pulls of the queue the records went to,
+        # if any wait: a delayed or half message went to a system topic's queue, not to
+        # (topic, queue_id), and wakes that queue's pulls when it gets there. Every tag of a
+        # batch, not only its last message's: a pull held for the tag of an earlier message
+        # must wake too (RocketMQ notifies per dispatched message).
         end = a.queue_offset + a.msg_num
         if not self.hold.held:
             pass
         elif len(msgs) == 1:
-            tags = msgs[0].properties.get(PROPERTY_TAGS)
-            self.hold.notify(topic, queue_id, end, tags_hash_code(tags) if tags else 0)
+            m = msgs[0]
+            tags = m.properties.get(PROPERTY_TAGS)
+            self.hold.notify(m.topic, m.queue_id, end, tags_hash_code(tags) if tags else 0)
         else:
             tag_codes = {tags_hash_code(t) if (t := m.properties.get(PROPERTY_TAGS)) else 0 for m in msgs}
             for tag_code in tag_codes:
-                self.hold.notify(topic, queue_id, end, tag_code)
+                self.hold.notify(msgs[0].topic, msgs[0].queue_id, end, tag_code)
         self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
         if self.broker.trace is not None:  # the "stored" trace event (data_plane/broker/trace.py)
             self.broker.trace.on_stored(cmd, msgs, topic, queue_id, a)

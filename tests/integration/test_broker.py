@@ -546,6 +546,27 @@ async def test_a_held_pull_is_answered_as_soon_as_a_message_arrives(wire: Wire, 
 
 
 @pytest.mark.asyncio
+async def test_a_delayed_or_half_message_does_not_wake_a_pull_held_on_its_real_queue(
+    wire: Wire, wires: Callable[..., Wire]
+) -> None:
+    """Such a message is stored in a system topic's queue (schedule, transaction half); the
+    pulls of its real queue wake when it reaches that queue, not at the send."""
+    assert (await wire.create_topic("LongPollLater", 1)).code == ResponseCode.SUCCESS
+    producer = wires(wire.addr)
+    pull = asyncio.create_task(wire.pull("LongPollLater", 0, 0, suspend_ms=10_000, timeout_ms=20_000))
+    assert await poll(lambda: _eq(held_pulls(producer), 1))
+    await producer.send_ok("LongPollLater", b"in 10 s", queue_id=0, props={"DELAY": "3"})
+    await producer.send_ok("LongPollLater", b"half", queue_id=0, props={"TRAN_MSG": "true", "PGROUP": "pg"})
+    assert await held_pulls(producer) == 1  # notified synchronously with the append: still held
+    assert not pull.done()
+
+    await producer.send_ok("LongPollLater", b"now", queue_id=0)
+    r = await asyncio.wait_for(pull, 5)
+    assert r.code == ResponseCode.SUCCESS, r
+    assert [(m.body, m.queue_offset) for m in records(r)] == [(b"now", 0)]
+
+
+@pytest.mark.asyncio
 async def test_a_held_pull_wakes_only_for_its_tags(wire: Wire, wires: Callable[..., Wire]) -> None:
     assert (await wire.create_topic("LongPollTags", 1)).code == ResponseCode.SUCCESS
     producer = wires(wire.addr)
