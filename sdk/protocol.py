@@ -135,7 +135,7 @@ def batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
     """The SEND_BATCH_MESSAGE body; plain messages (no user properties, keys or schedule) are
     laid out by the compiled twin when it is built and in use."""
     if _plain_batch_body is not None:
-        body: bytes | None = _plain_batch_body(list(msgs), list(unique_ids))
+        body: bytes | None = _plain_batch_body(list(msgs), list(unique_ids), Message)
         if body is not None:
             return body
     return py_batch_body(msgs, unique_ids)

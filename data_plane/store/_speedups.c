@@ -1414,10 +1414,11 @@ done:
 
 
 /* ---- the producer's batch body --------------------------------------------------------------
- * plain_batch_body(msgs, unique_ids) -> bytes or None
+ * plain_batch_body(msgs, unique_ids, cls) -> bytes or None
  * The SEND_BATCH_MESSAGE body (remoting/bodies.py's layout: total size, magic 0, CRC 0, flag 0,
- * body length, body, properties length, properties) of sdk Messages that are plain: no user
- * properties, no keys, no delay level or delivery time. Their properties are what
+ * body length, body, properties length, properties) of sdk Messages (exactly ``cls``, not a
+ * subclass, which may say otherwise) that are plain: no user properties, no keys, no delay
+ * level or delivery time. Their properties are what
  * Message.encoded_properties writes for them: "TAGS\x01<tags>\x02" when tagged, then
  * "WAIT\x01true\x02UNIQ_KEY\x01<id>\x02". None when a message is not plain (or its properties
  * would not fit their 2-byte length): the caller builds the body in Python. */
@@ -1465,8 +1466,9 @@ static Py_ssize_t plain_props_len(const plain_item *it) {
 }
 
 static PyObject *plain_batch_body(PyObject *self, PyObject *args) {
-    PyObject *msgs, *uids;
-    if (!PyArg_ParseTuple(args, "O!O!:plain_batch_body", &PyList_Type, &msgs, &PyList_Type, &uids)) return NULL;
+    PyObject *msgs, *uids, *cls;
+    if (!PyArg_ParseTuple(args, "O!O!O:plain_batch_body", &PyList_Type, &msgs, &PyList_Type, &uids, &cls))
+        return NULL;
     Py_ssize_t n = PyList_GET_SIZE(msgs);
     if (PyList_GET_SIZE(uids) != n) {
         PyErr_SetString(PyExc_ValueError, "plain_batch_body: one unique id a message");
@@ -1477,7 +1479,8 @@ static PyObject *plain_batch_body(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int rc = plain_item_of(PyList_GET_ITEM(msgs, i), PyList_GET_ITEM(uids, i), &items[i]);
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        int rc = (PyObject *)Py_TYPE(m) == cls ? plain_item_of(m, PyList_GET_ITEM(uids, i), &items[i]) : 0;
         if (rc < 0) goto done;
         Py_ssize_t props = rc ? plain_props_len(&items[i]) : 0;
         if (!rc || props > 0xFFFF || items[i].body_len > INT32_MAX - 22 - props) {

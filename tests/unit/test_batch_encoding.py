@@ -44,7 +44,7 @@ def test_compiled_layout_equals_the_python_one(speedups: ModuleType, seed: int) 
         msgs = [_plain(rng) for _ in range(rng.randrange(1, 40))]
         uids = new_unique_ids(len(msgs))
         expected = py_batch_body(msgs, uids)
-        assert speedups.plain_batch_body(msgs, uids) == expected
+        assert speedups.plain_batch_body(msgs, uids, Message) == expected
         assert batch_body(msgs, uids) == expected
         items = decode_batch(expected)
         assert [(flag, body) for flag, body, _ in items] == [(0, m.body) for m in msgs]
@@ -59,7 +59,7 @@ def test_a_message_that_is_not_plain_goes_to_python(speedups: ModuleType, seed: 
         msgs = [_plain(rng) for _ in range(rng.randrange(0, 10))]
         msgs.insert(rng.randrange(len(msgs) + 1), _not_plain(rng))
         uids = new_unique_ids(len(msgs))
-        assert speedups.plain_batch_body(msgs, uids) is None
+        assert speedups.plain_batch_body(msgs, uids, Message) is None
         body = batch_body(msgs, uids)
         assert body == py_batch_body(msgs, uids)
         props = [decode_properties(raw.decode()) for _, _, raw in decode_batch(body)]
@@ -69,7 +69,7 @@ def test_a_message_that_is_not_plain_goes_to_python(speedups: ModuleType, seed: 
 def test_properties_over_their_two_byte_length_go_to_python(speedups: ModuleType) -> None:
     msgs = [Message("Orders", b"x", tags="t")]
     long_id = ["U" * 70_000]
-    assert speedups.plain_batch_body(msgs, long_id) is None
+    assert speedups.plain_batch_body(msgs, long_id, Message) is None
     with pytest.raises(IllegalMessageError, match="properties are 70027 bytes, over 65535"):
         batch_body(msgs, long_id)  # the Python layout says why
 
@@ -77,7 +77,24 @@ def test_properties_over_their_two_byte_length_go_to_python(speedups: ModuleType
 def test_one_unique_id_a_message(speedups: ModuleType) -> None:
     msgs = [Message("Orders", b"x"), Message("Orders", b"y")]
     with pytest.raises(ValueError, match="one unique id a message"):
-        speedups.plain_batch_body(msgs, ["only-one"])
+        speedups.plain_batch_body(msgs, ["only-one"], Message)
     with pytest.raises(TypeError):
-        speedups.plain_batch_body(tuple(msgs), ["a", "b"])
-    assert speedups.plain_batch_body([], []) == b""
+        speedups.plain_batch_body(tuple(msgs), ["a", "b"], Message)
+    assert speedups.plain_batch_body([], [], Message) == b""
+
+
+class _TracedMessage(Message):
+    """A subclass with properties of its own making: the compiled layout must not skip it."""
+
+    __slots__ = ()
+
+    def encoded_properties(self, unique_id: str) -> bytes:
+        return super().encoded_properties(unique_id) + b"mine\x01yes\x02"
+
+
+def test_a_subclass_of_message_goes_to_python(speedups: ModuleType) -> None:
+    msgs = [Message("Orders", b"a"), _TracedMessage("Orders", b"b")]
+    uids = new_unique_ids(2)
+    assert speedups.plain_batch_body(msgs, uids, Message) is None
+    props = [decode_properties(raw.decode()) for _, _, raw in decode_batch(batch_body(msgs, uids))]
+    assert props[1]["mine"] == "yes"
