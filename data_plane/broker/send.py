@@ -11,10 +11,12 @@ and the send-latency histogram. Off, the handlers run as they are."""
 
 from __future__ import annotations
 
+import operator
 import random
 import re
 import time
 from collections.abc import Awaitable, Callable
+from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
 from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
@@ -98,6 +100,8 @@ class _HeaderNames(NamedTuple):
     reconsume_times: str
     batch: str
 
+
+_properties_of = operator.attrgetter("properties")
 
 V1_NAMES = _HeaderNames(
     "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag", "bornTimestamp", "flag", "properties",
@@ -251,9 +255,9 @@ class SendProcessor:
             m = msgs[0]
             tags = m.properties.get(PROPERTY_TAGS)
             self.hold.notify(m.topic, m.queue_id, end, tags_hash_code(tags) if tags else 0)
-        else:
-            tag_codes = {tags_hash_code(t) if (t := m.properties.get(PROPERTY_TAGS)) else 0 for m in msgs}
-            for tag_code in tag_codes:
+        else:  # the batch's distinct tags gathered at C speed (map), then hashed once each
+            distinct = set(map(dict.get, map(_properties_of, msgs), repeat(PROPERTY_TAGS, len(msgs))))
+            for tag_code in {tags_hash_code(t) if t else 0 for t in distinct}:
                 self.hold.notify(msgs[0].topic, msgs[0].queue_id, end, tag_code)
         self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
         if self.broker.trace is not None:  # the "stored" trace event (data_plane/broker/trace.py)

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import logging
+import operator
 import os
 import shutil
 import threading
@@ -65,6 +66,8 @@ RecordFilter = Callable[[memoryview], bool]
 # (log offset the append ends at, deadline on the loop's clock, future)
 FlushWaiter = tuple[int, float, "asyncio.Future[bool]"]
 _MAX_FLUSH_WAITERS = 1_000_000
+_topic_of = operator.attrgetter("topic")
+_queue_id_of = operator.attrgetter("queue_id")
 
 
 def _resolve_flushed(waiters: collections.deque[FlushWaiter], durable: int, ok: bool) -> None:
@@ -353,12 +356,13 @@ class MessageStore:
         first = msgs[0]
         topic = first.topic
         queue_id = first.queue_id
-        if n > 1:
-            for m in msgs:
-                if m.topic != topic or m.queue_id != queue_id:
-                    return PutMessageResult(
-                        PutMessageStatus.MESSAGE_ILLEGAL, None, "the messages of a batch must share topic and queue"
-                    ), -1
+        # (compared at C speed: map, not a loop of Python bytecode)
+        if n > 1 and (
+            any(map(topic.__ne__, map(_topic_of, msgs))) or any(map(queue_id.__ne__, map(_queue_id_of, msgs)))
+        ):
+            return PutMessageResult(
+                PutMessageStatus.MESSAGE_ILLEGAL, None, "the messages of a batch must share topic and queue"
+            ), -1
         cl = self.commit_log
         lock = cl.lock
         if not lock.acquire(False) and not lock.acquire(timeout=self._busy_timeout_s):

@@ -135,6 +135,24 @@ def test_a_batch_with_one_bad_message_writes_none_of_it(
     _assert_good_put_still_works(store, expected_queue_offset=1)
 
 
+@pytest.mark.parametrize("odd_one", ["other topic", "other queue"])
+def test_a_batch_mixing_topics_or_queues_is_refused_and_writes_none_of_it(
+    make_store: Callable[..., MessageStore], odd_one: str
+) -> None:
+    store = make_store()
+    store.put_messages_blocking([Message("T", b"before")])
+    max_phy = store.max_phy_offset()
+    batch = [Message("T", b"fine %d" % i) for i in range(5)]
+    odd = Message("U", b"odd") if odd_one == "other topic" else Message("T", b"odd", queue_id=1)
+    batch.insert(3, odd)
+    result = store.put_messages_blocking(batch)
+    assert result.status is PutMessageStatus.MESSAGE_ILLEGAL
+    assert result.reason == "the messages of a batch must share topic and queue"
+    assert store.max_phy_offset() == max_phy
+    assert store.max_offset_in_queue("T", 0) == 1
+    _assert_good_put_still_works(store, expected_queue_offset=1)
+
+
 def test_limits_are_inclusive_a_message_exactly_at_each_limit_is_stored(
     make_store: Callable[..., MessageStore], write_path: str
 ) -> None:
