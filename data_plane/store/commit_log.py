@@ -88,6 +88,21 @@ def queue_offset_advances(sys_flag: int) -> bool:
 
 
 class CommitLog:
+    __slots__ = (
+        "_clock_ms",
+        "_msg_id_prefix",
+        "_stage",
+        "_stage_mv",
+        "config",
+        "file_size",
+        "last_store_timestamp",
+        "lock",
+        "mfq",
+        "queue_offsets",
+        "store_host",
+        "topic_bytes_cache",
+    )
+
     def __init__(
         self,
         config: StoreConfig,

@@ -69,6 +69,8 @@ class ConsumeQueueTable:
 
 
 class Dispatcher:
+    __slots__ = ("dispatched_offset", "index", "queues")
+
     def __init__(self, queues: ConsumeQueueTable, index: IndexService | None) -> None:
         self.queues = queues
         self.index = index

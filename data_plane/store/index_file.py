@@ -58,6 +58,20 @@ def index_file_size(hash_slots: int, max_entries: int) -> int:
 
 
 class IndexFile:
+    __slots__ = (
+        "_entries_at",
+        "_released_upto",
+        "begin_phy_offset",
+        "begin_timestamp",
+        "end_phy_offset",
+        "end_timestamp",
+        "file_size",
+        "hash_slots",
+        "index_count",
+        "max_entries",
+        "mf",
+    )
+
     def __init__(self, path: str, hash_slots: int, max_entries: int) -> None:
         self.hash_slots = hash_slots
         self.max_entries = max_entries
@@ -189,6 +203,8 @@ class IndexFile:
 
 class IndexService:
     """All IndexFiles of the store, newest last; builds entries from dispatch requests."""
+
+    __slots__ = ("_clock_ms", "_zombies", "directory", "files", "hash_slots", "max_entries")
 
     def __init__(self, directory: str, hash_slots: int, max_entries: int, *, clock_ms: Callable[[], int]) -> None:
         self.directory = directory

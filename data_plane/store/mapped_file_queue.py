@@ -111,6 +111,17 @@ class AllocateMappedFileService:
 
 
 class MappedFileQueue:
+    __slots__ = (
+        "_allocator",
+        "_keep_fd",
+        "_zombies",
+        "directory",
+        "file_size",
+        "files",
+        "flushed_where",
+        "sync_staged",
+    )
+
     def __init__(
         self,
         directory: str,
