@@ -35,7 +35,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import operator
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
@@ -43,6 +42,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Required, TypedDict
 
 from data_plane.remoting.command import RemotingCommand
+from data_plane.store.message import topic_of
 from sdk import protocol
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
 from sdk.errors import (
@@ -57,8 +57,6 @@ from sdk.errors import (
 from sdk.fault import Clock, MQFaultStrategy, TopicPublishQueues
 from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id, new_unique_ids
 from sdk.route import TopicRoute
-
-_topic_of = operator.attrgetter("topic")
 
 if TYPE_CHECKING:
     from data_plane.telemetry import Telemetry
@@ -324,7 +322,7 @@ class Producer:
         if not msgs:
             raise IllegalMessageError("the batch is empty")
         topic = getattr(msgs[0], "topic", None)
-        if set(map(type, msgs)) != {Message} or set(map(_topic_of, msgs)) != {topic}:  # the common case at C speed
+        if set(map(type, msgs)) != {Message} or set(map(topic_of, msgs)) != {topic}:  # the common case at C speed
             for m in msgs:
                 if not isinstance(m, Message):
                     raise IllegalMessageError(f"expected Messages, got {type(m).__name__}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import operator
 import os
 import time
 from collections.abc import Callable
@@ -53,6 +52,8 @@ from data_plane.store.message import (
     TRANSACTION_PREPARED_TYPE,
     TRANSACTION_TYPE_MASK,
     Message,
+    properties_of,
+    topic_of,
 )
 
 if TYPE_CHECKING:
@@ -62,8 +63,6 @@ log = logging.getLogger(__name__)
 
 SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
 _TRIGGERS = frozenset({PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REPUT_FROM, *TIMER_REQUEST_PROPERTIES})
-_properties_of = operator.attrgetter("properties")
-_topic_of = operator.attrgetter("topic")
 _TICK_BUDGET = 2_000  # messages re-put / indexed per service per tick before yielding the loop
 
 
@@ -113,8 +112,8 @@ class Schedule:
         messages must be refused (MESSAGE_ILLEGAL), or None."""
         if len(msgs) != 1:
             # A batch's messages, looked at in C (map) first: nearly all batches are plain.
-            if all(map(_TRIGGERS.isdisjoint, map(_properties_of, msgs))) and not any(
-                map(SYSTEM_TOPICS.__contains__, map(_topic_of, msgs))
+            if all(map(_TRIGGERS.isdisjoint, map(properties_of, msgs))) and not any(
+                map(SYSTEM_TOPICS.__contains__, map(topic_of, msgs))
             ):
                 return None
             for m in msgs:

@@ -11,7 +11,6 @@ and the send-latency histogram. Off, the handlers run as they are."""
 
 from __future__ import annotations
 
-import operator
 import random
 import re
 import time
@@ -37,6 +36,7 @@ from data_plane.store.message import (
     Message,
     decode_properties,
     pack_host,
+    properties_of,
     tags_hash_code,
 )
 from data_plane.store.status import PutMessageResult, PutMessageStatus
@@ -100,8 +100,6 @@ class _HeaderNames(NamedTuple):
     reconsume_times: str
     batch: str
 
-
-_properties_of = operator.attrgetter("properties")
 
 V1_NAMES = _HeaderNames(
     "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag", "bornTimestamp", "flag", "properties",
@@ -256,7 +254,7 @@ class SendProcessor:
             tags = m.properties.get(PROPERTY_TAGS)
             self.hold.notify(m.topic, m.queue_id, end, tags_hash_code(tags) if tags else 0)
         else:  # the batch's distinct tags gathered at C speed (map), then hashed once each
-            distinct = set(map(dict.get, map(_properties_of, msgs), repeat(PROPERTY_TAGS, len(msgs))))
+            distinct = set(map(dict.get, map(properties_of, msgs), repeat(PROPERTY_TAGS, len(msgs))))
             for tag_code in {tags_hash_code(t) if t else 0 for t in distinct}:
                 self.hold.notify(msgs[0].topic, msgs[0].queue_id, end, tag_code)
         self.broker.on_stored(topic, len(msgs), a.wrote_bytes)

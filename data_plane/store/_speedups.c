@@ -1118,6 +1118,17 @@ static PyObject *seen_again(last_seen *ls, const unsigned char *raw, Py_ssize_t 
     return NULL;
 }
 
+/* Keep ``obj`` (just looked up for ``raw``; may be NULL on an error) as the last one seen,
+ * holding a reference of its own in ``*keep``; returns ``obj``. */
+static PyObject *seen_now(last_seen *ls, PyObject **keep, const unsigned char *raw, Py_ssize_t n, PyObject *obj) {
+    if (obj) {
+        Py_INCREF(obj);
+        Py_XSETREF(*keep, obj);
+        *ls = (last_seen){raw, n, obj};
+    }
+    return obj;
+}
+
 static PyObject *decode_records(PyObject *self, PyObject *args) {
     Py_buffer b;
     PyObject *cls, *broker, *topics, *hosts, *host_of;
@@ -1169,12 +1180,11 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         long long physical = (long long)get64(r + 28);
         int32_t sys_flag = (int32_t)get32(r + 36);
         PyObject *v[MX_FIELDS] = {0};
-        v[MX_TOPIC] = seen_again(&seen_topic, base + topic_at, topic_len);
-        if (!v[MX_TOPIC] && (v[MX_TOPIC] = topic_str(topics, base + topic_at, topic_len))) {
-            Py_INCREF(v[MX_TOPIC]);
-            Py_XSETREF(last_topic, v[MX_TOPIC]);
-            seen_topic = (last_seen){base + topic_at, topic_len, last_topic};
-        }
+        const unsigned char *raw_topic = base + topic_at;
+        v[MX_TOPIC] = seen_again(&seen_topic, raw_topic, topic_len);
+        if (!v[MX_TOPIC])
+            v[MX_TOPIC] =
+                seen_now(&seen_topic, &last_topic, raw_topic, topic_len, topic_str(topics, raw_topic, topic_len));
         if (!v[MX_TOPIC]) {
             PyErr_Clear();
             record_error(pos, "has a topic that is not UTF-8");
@@ -1196,18 +1206,12 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         v[MX_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(physical);
         v[MX_BORN_TS] = PyLong_FromLongLong((long long)get64(r + 40));
         v[MX_BORN_HOST] = seen_again(&seen_born, r + 48, 8);
-        if (!v[MX_BORN_HOST] && (v[MX_BORN_HOST] = host_tuple(hosts, host_of, r + 48))) {
-            Py_INCREF(v[MX_BORN_HOST]);
-            Py_XSETREF(last_born, v[MX_BORN_HOST]);
-            seen_born = (last_seen){r + 48, 8, last_born};
-        }
+        if (!v[MX_BORN_HOST])
+            v[MX_BORN_HOST] = seen_now(&seen_born, &last_born, r + 48, 8, host_tuple(hosts, host_of, r + 48));
         v[MX_STORE_TS] = PyLong_FromLongLong((long long)get64(r + 56));
         v[MX_STORE_HOST] = seen_again(&seen_store, r + 64, 8);
-        if (!v[MX_STORE_HOST] && (v[MX_STORE_HOST] = host_tuple(hosts, host_of, r + 64))) {
-            Py_INCREF(v[MX_STORE_HOST]);
-            Py_XSETREF(last_store, v[MX_STORE_HOST]);
-            seen_store = (last_seen){r + 64, 8, last_store};
-        }
+        if (!v[MX_STORE_HOST])
+            v[MX_STORE_HOST] = seen_now(&seen_store, &last_store, r + 64, 8, host_tuple(hosts, host_of, r + 64));
         v[MX_RECONSUME] = PyLong_FromLong((int32_t)get32(r + 72));
         v[MX_SYS_FLAG] = PyLong_FromLong(sys_flag);
         v[MX_FLAG] = PyLong_FromLong((int32_t)get32(r + 16));

@@ -20,7 +20,6 @@ import contextlib
 import errno
 import fcntl
 import logging
-import operator
 import os
 import shutil
 import threading
@@ -48,6 +47,8 @@ from data_plane.store.message import (
     StoredMessage,
     decode_message_id,
     decode_record,
+    queue_id_of,
+    topic_of,
 )
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
@@ -66,8 +67,6 @@ RecordFilter = Callable[[memoryview], bool]
 # (log offset the append ends at, deadline on the loop's clock, future)
 FlushWaiter = tuple[int, float, "asyncio.Future[bool]"]
 _MAX_FLUSH_WAITERS = 1_000_000
-_topic_of = operator.attrgetter("topic")
-_queue_id_of = operator.attrgetter("queue_id")
 
 
 def _resolve_flushed(waiters: collections.deque[FlushWaiter], durable: int, ok: bool) -> None:
@@ -358,7 +357,7 @@ class MessageStore:
         queue_id = first.queue_id
         # (compared at C speed: map, not a loop of Python bytecode)
         if n > 1 and (
-            any(map(topic.__ne__, map(_topic_of, msgs))) or any(map(queue_id.__ne__, map(_queue_id_of, msgs)))
+            any(map(topic.__ne__, map(topic_of, msgs))) or any(map(queue_id.__ne__, map(queue_id_of, msgs)))
         ):
             return PutMessageResult(
                 PutMessageStatus.MESSAGE_ILLEGAL, None, "the messages of a batch must share topic and queue"
