@@ -50,23 +50,27 @@ async def test_election_renewal_and_failover(control_plane: ControlPlaneHarness)
     assert (s["role"], s["epoch"], s["master_addr"], s["master_ha_addr"]) == (
         "SLAVE", 1, "127.0.0.1:10911", "127.0.0.1:10912"
     )
-    # Renewals keep the master; a slave that is further ahead does not steal it.
+    # Renewals keep the master; a slave that is further ahead does not steal it. (The master
+    # renews for longer than the test's short lease here, so a stall of the host cannot end it.)
     for _ in range(3):
-        assert (await beat(control_plane, token, 0, 500, epoch=1, master_role="SYNC_MASTER"))["role"] == "MASTER"
+        renewed = await beat(control_plane, token, 0, 500, epoch=1, master_role="SYNC_MASTER", lease_s=60)
+        assert renewed["role"] == "MASTER"
         assert (await beat(control_plane, token, 1, 100))["role"] == "SLAVE"
         assert (await beat(control_plane, token, 2, 900))["role"] == "SLAVE"
         await asyncio.sleep(LEASE_S / 3)
-    # The master goes quiet; the slaves go on (member 2 now behind member 1). Once the lease has
-    # run out, the live member furthest ahead (1) wins the next epoch, never member 2.
+    # Its last renewal is for LEASE_S; then the master goes quiet and the slaves go on (member 2
+    # now behind member 1). Once the lease has run out, the live member furthest ahead (1) wins
+    # the next epoch, never member 2.
+    assert (await beat(control_plane, token, 0, 500, epoch=1, master_role="SYNC_MASTER"))["role"] == "MASTER"
     winner = None
     for _ in range(20):
-        two = await beat(control_plane, token, 2, 90)
-        assert two["role"] == "SLAVE"
         one = await beat(control_plane, token, 1, 100)
         if one["role"] == "MASTER":
             winner = one
             break
         assert one["master_addr"] in ("127.0.0.1:10911", "")
+        two = await beat(control_plane, token, 2, 90)
+        assert two["role"] == "SLAVE"
         await asyncio.sleep(LEASE_S / 4)
     assert winner is not None
     assert winner["epoch"] == 2

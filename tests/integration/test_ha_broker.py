@@ -24,7 +24,7 @@ from tests.integration.helpers import until
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 TOPIC = "HaOrders"
-MASTER_FLAGS = ["--role", "SYNC_MASTER", "--set", "ha_listen=127.0.0.1:0", "--set", "ha_sync_timeout_ms=1500"]
+MASTER_FLAGS = ["--role", "SYNC_MASTER", "--set", "ha_listen=127.0.0.1:0", "--set", "ha_sync_timeout_ms=10000"]
 SLAVE_FLAGS = ["--role", "SLAVE", "--broker-id", "1", "--set", "ha_listen=127.0.0.1:0"]
 
 

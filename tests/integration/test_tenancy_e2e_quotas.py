@@ -7,6 +7,7 @@ tenant's sends down."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import random
 import signal
@@ -60,15 +61,19 @@ async def test_publish_quota_flow_control_and_no_acknowledged_message_lost(tenan
     rnd = random.Random(seed)
     acme = await limited_tenant(tenancy, "acme", publish_msgs_per_s=PUBLISH_LIMIT, consume_msgs_per_s=CONSUME_LIMIT)
     # On the wire: a burst beyond the bucket (one second's worth) is refused with a hint.
+    began = time.monotonic()
     answers = await asyncio.gather(
-        *(tenancy.invoke(send_cmd("acme%orders"), token=acme.token) for _ in range(PUBLISH_LIMIT + 100))
+        *(tenancy.invoke(send_cmd("acme%orders"), token=acme.token) for _ in range(3 * PUBLISH_LIMIT))
     )
+    burst_s = time.monotonic() - began
     codes = [a.code for a in answers]
     refusals = [a for a in answers if a.code == ResponseCode.FLOW_CONTROL]
-    assert refusals, codes
+    assert refusals, (burst_s, codes)
     assert set(codes) <= {ResponseCode.SUCCESS, ResponseCode.FLOW_CONTROL}, codes
     stored_directly = codes.count(ResponseCode.SUCCESS)
-    assert stored_directly <= PUBLISH_LIMIT + 20, stored_directly  # one burst and a little refill
+    # The full bucket, plus what refilled while the burst was being checked (however slow the host).
+    allowed = PUBLISH_LIMIT + math.ceil(PUBLISH_LIMIT * burst_s) + 1
+    assert stored_directly <= allowed, (stored_directly, burst_s)
     for r in refusals:
         assert "over its publish quota" in (r.remark or ""), r.remark
         hint = parse_retry_after_ms(r.remark)
