@@ -9,7 +9,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "${PYTHON:-python3}" -m venv "$venv"
 fi
 stamp="$venv/.orbit-installed"
-hash="$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/store/*.c | sha256sum | cut -d' ' -f1)"
+hash="$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/*/*.c | sha256sum | cut -d' ' -f1)"
 have_hash="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
 extras="${1:-}"

@@ -15,12 +15,17 @@ remark, extFields}``, 1 = RocketMQ's binary form::
 
 A response is encoded with the serialization of its request. ``extFields`` are strings on the
 wire; real clients send numbers too, so decoding turns every value into a string.
+
+``decode_frame`` takes the compiled twin (``_codec.c``) when it is built and ``ORBIT_PURE_PYTHON``
+is not set: it decodes the common JSON header (integer fields, string extFields) and leaves any
+other frame to ``py_decode_frame``, the reference, which raises FrameError for a bad one.
 """
 
 from __future__ import annotations
 
+import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
@@ -216,7 +221,7 @@ def _as_str(v: Any) -> str:
     return orjson.dumps(v).decode()
 
 
-def decode_frame(frame: Body) -> RemotingCommand:
+def py_decode_frame(frame: Body) -> RemotingCommand:
     """Decode one frame without its 4-byte length prefix. Raises FrameError."""
     mv = memoryview(frame)
     if len(mv) < 4:
@@ -237,6 +242,29 @@ def decode_frame(frame: Body) -> RemotingCommand:
     if len(mv) > 4 + hlen:
         cmd.body = bytes(mv[4 + hlen :])
     return cmd
+
+
+def _load_compiled() -> Callable[[Body, type], RemotingCommand | None] | None:
+    if os.environ.get("ORBIT_PURE_PYTHON"):
+        return None
+    try:
+        from data_plane.remoting import _codec  # type: ignore[attr-defined]
+    except ImportError:  # not built (no compiler): the Python twin serves
+        return None
+    compiled: Callable[[Body, type], RemotingCommand | None] = _codec.decode_frame
+    return compiled
+
+
+compiled_decode_frame = _load_compiled()
+
+
+def decode_frame(frame: Body) -> RemotingCommand:
+    """Decode one frame without its 4-byte length prefix. Raises FrameError."""
+    if compiled_decode_frame is not None:
+        cmd = compiled_decode_frame(frame, RemotingCommand)
+        if cmd is not None:
+            return cmd
+    return py_decode_frame(frame)
 
 
 def _decode_json_header(raw: memoryview) -> RemotingCommand:

@@ -1,0 +1,475 @@
+/* The compiled twin of data_plane/remoting/command.py's py_decode_frame, for the common frame.
+ *
+ * A frame (its 4-byte total length already taken off):
+ *
+ *     header length 4 (serialize type in the high byte) | header | body
+ *
+ * decode_frame(frame, cls) decodes a frame whose header is JSON (type 0) of the shape every
+ * RocketMQ client sends: one object whose "code", "opaque", "flag" and "version" are integer
+ * literals within a 32-bit int, "language" a string, "remark" a string or null, "extFields" an
+ * object of string values (or null), any other member a string, number, true, false or null.
+ * It returns ``cls`` (RemotingCommand) with every slot set, as py_decode_frame would build it, or
+ * None for anything else — another serialize type, a number written as a string, a value that
+ * is an array, bad JSON, invalid UTF-8, a \u escape of a surrogate — and the Python twin then
+ * decides, raising its FrameError where the frame is bad. It never raises for a frame's bytes. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_HEADER_BYTES (1024 * 1024)
+#define SERIALIZE_JSON 0
+
+/* ---- slots of the command class, by offset (the class is passed in; its layout is checked
+ * once per type version) ------------------------------------------------------------------ */
+enum { F_BODY, F_CODE, F_EXT, F_FLAG, F_LANGUAGE, F_OPAQUE, F_RAW_HEADER, F_REMARK, F_STYPE, F_VERSION, N_FIELDS };
+static const char *field_names[N_FIELDS] = {"body",   "code",       "ext_fields", "flag",           "language",
+                                            "opaque", "raw_header", "remark",     "serialize_type", "version"};
+static PyObject *field_interned[N_FIELDS];
+static PyTypeObject *known_type; /* strong reference */
+static unsigned int known_version;
+static Py_ssize_t offsets[N_FIELDS];
+
+static int layout_of(PyTypeObject *tp) {
+    if (tp == known_type && tp->tp_version_tag == known_version && known_version != 0) return 1;
+    if (tp->tp_alloc == NULL || !(tp->tp_flags & Py_TPFLAGS_HEAPTYPE)) return 0;
+    for (int f = 0; f < N_FIELDS; f++) {
+        PyObject *d = _PyType_Lookup(tp, field_interned[f]); /* borrowed; sets the version tag */
+        if (!d || !Py_IS_TYPE(d, &PyMemberDescr_Type)) return 0;
+        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+        if (m->type != T_OBJECT_EX || (m->flags & READONLY)) return 0;
+        offsets[f] = m->offset;
+    }
+    if (tp->tp_version_tag == 0) return 0;
+    Py_INCREF(tp);
+    Py_XSETREF(known_type, tp);
+    known_version = tp->tp_version_tag;
+    return 1;
+}
+
+/* ---- a small strict JSON reader ------------------------------------------------------------ */
+typedef struct {
+    const unsigned char *p, *end;
+    unsigned char *scratch; /* unescaped string bytes */
+    Py_ssize_t scratch_cap;
+} reader;
+
+static void skip_ws(reader *r) {
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r')) r->p++;
+}
+
+static int hex4(const unsigned char *s, unsigned *out) {
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned c = s[i], d;
+        if (c >= '0' && c <= '9') d = c - '0';
+        else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+        else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+        else return 0;
+        v = v * 16 + d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* A string at r->p (its opening quote). Sets *s and *n to its bytes: in place when it has no
+ * escape, else unescaped into the scratch buffer. 0: not a string this reader takes. */
+static int read_string(reader *r, const unsigned char **s, Py_ssize_t *n, int *escaped) {
+    if (r->p >= r->end || *r->p != '"') return 0;
+    const unsigned char *start = ++r->p, *q = start;
+    while (q < r->end && *q != '"' && *q != '\\' && *q >= 0x20) q++;
+    if (q >= r->end || *q < 0x20) return 0; /* unterminated, or a raw control character */
+    if (*q == '"') {
+        *s = start;
+        *n = q - start;
+        *escaped = 0;
+        r->p = q + 1;
+        return 1;
+    }
+    /* escapes: unescape into scratch (never longer than the source) */
+    Py_ssize_t need = r->end - start;
+    if (need > r->scratch_cap) {
+        unsigned char *b = PyMem_Realloc(r->scratch, (size_t)need);
+        if (!b) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        r->scratch = b;
+        r->scratch_cap = need;
+    }
+    unsigned char *w = r->scratch;
+    memcpy(w, start, (size_t)(q - start));
+    w += q - start;
+    while (q < r->end) {
+        unsigned char c = *q;
+        if (c == '"') {
+            *s = r->scratch;
+            *n = w - r->scratch;
+            *escaped = 1;
+            r->p = q + 1;
+            return 1;
+        }
+        if (c < 0x20) return 0;
+        if (c != '\\') {
+            *w++ = c;
+            q++;
+            continue;
+        }
+        if (q + 1 >= r->end) return 0;
+        unsigned char e = q[1];
+        q += 2;
+        switch (e) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '/': *w++ = '/'; break;
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        case 'n': *w++ = '\n'; break;
+        case 'r': *w++ = '\r'; break;
+        case 't': *w++ = '\t'; break;
+        case 'u': {
+            unsigned cp;
+            if (r->end - q < 4 || !hex4(q, &cp)) return 0;
+            if (cp >= 0xD800 && cp <= 0xDFFF) return 0; /* surrogates: the Python twin decides */
+            q += 4;
+            if (cp < 0x80) {
+                *w++ = (unsigned char)cp;
+            } else if (cp < 0x800) {
+                *w++ = (unsigned char)(0xC0 | (cp >> 6));
+                *w++ = (unsigned char)(0x80 | (cp & 0x3F));
+            } else {
+                *w++ = (unsigned char)(0xE0 | (cp >> 12));
+                *w++ = (unsigned char)(0x80 | ((cp >> 6) & 0x3F));
+                *w++ = (unsigned char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: return 0;
+        }
+    }
+    return 0;
+}
+
+/* An integer literal (-?(0|[1-9][0-9]*), no fraction or exponent) within a 32-bit int. */
+static int read_int32(reader *r, long *out) {
+    const unsigned char *q = r->p;
+    int neg = 0;
+    if (q < r->end && *q == '-') {
+        neg = 1;
+        q++;
+    }
+    if (q >= r->end || *q < '0' || *q > '9') return 0;
+    if (*q == '0' && q + 1 < r->end && q[1] >= '0' && q[1] <= '9') return 0;
+    long long v = 0;
+    int digits = 0;
+    while (q < r->end && *q >= '0' && *q <= '9') {
+        v = v * 10 + (*q - '0');
+        if (++digits > 11) return 0;
+        q++;
+    }
+    if (q < r->end && (*q == '.' || *q == 'e' || *q == 'E')) return 0;
+    if (neg) v = -v;
+    if (v < INT32_MIN || v > INT32_MAX) return 0;
+    *out = (long)v;
+    r->p = q;
+    return 1;
+}
+
+/* Skips a member value that is a scalar: string, number, true, false or null. */
+static int skip_scalar(reader *r) {
+    if (r->p >= r->end) return 0;
+    unsigned char c = *r->p;
+    if (c == '"') {
+        const unsigned char *s;
+        Py_ssize_t n;
+        int esc;
+        int rc = read_string(r, &s, &n, &esc);
+        if (rc <= 0) return rc;
+        /* its text must be UTF-8 for the JSON to be valid */
+        PyObject *t = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+        if (!t) {
+            PyErr_Clear();
+            return 0;
+        }
+        Py_DECREF(t);
+        return 1;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) {
+        /* strict number grammar: -?(0|[1-9]\d*)(\.\d+)? */
+        const unsigned char *q = r->p;
+        if (*q == '-') q++;
+        if (q >= r->end || *q < '0' || *q > '9') return 0;
+        if (*q == '0') q++;
+        else while (q < r->end && *q >= '0' && *q <= '9') q++;
+        if (q < r->end && *q == '.') {
+            q++;
+            if (q >= r->end || *q < '0' || *q > '9') return 0;
+            while (q < r->end && *q >= '0' && *q <= '9') q++;
+        }
+        /* an exponent, or more digits than a double holds exactly: the twin decides */
+        if (q < r->end && (*q == 'e' || *q == 'E')) return 0;
+        if (q - r->p > 16) return 0;
+        r->p = q;
+        return 1;
+    }
+    static const char *words[] = {"true", "false", "null"};
+    for (int i = 0; i < 3; i++) {
+        size_t k = strlen(words[i]);
+        if ((size_t)(r->end - r->p) >= k && memcmp(r->p, words[i], k) == 0) {
+            r->p += k;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int is_null(reader *r) {
+    if (r->end - r->p >= 4 && memcmp(r->p, "null", 4) == 0) {
+        r->p += 4;
+        return 1;
+    }
+    return 0;
+}
+
+/* Field names and single-letter keys (SEND_MESSAGE_V2's) are made once and reused. */
+static PyObject *letters[128];
+
+static PyObject *key_text(const unsigned char *s, Py_ssize_t n) {
+    if (n == 1 && s[0] < 128) {
+        PyObject *k = letters[s[0]];
+        if (!k) {
+            k = PyUnicode_FromStringAndSize((const char *)s, 1);
+            if (!k) return NULL;
+            PyUnicode_InternInPlace(&k);
+            letters[s[0]] = k; /* kept for the process's life */
+            Py_INCREF(k);
+        } else {
+            Py_INCREF(k);
+        }
+        return k;
+    }
+    PyObject *k = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+    if (k && n <= 32) PyUnicode_InternInPlace(&k);
+    return k;
+}
+
+/* extFields: an object of string values -> a new dict; NULL with no error set: not taken. */
+static PyObject *read_ext(reader *r) {
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    r->p++; /* '{' */
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+        return d;
+    }
+    for (;;) {
+        const unsigned char *s;
+        Py_ssize_t n;
+        int esc, rc;
+        skip_ws(r);
+        rc = read_string(r, &s, &n, &esc);
+        if (rc <= 0) goto fail;
+        PyObject *k = key_text(s, n);
+        if (!k) goto fail;
+        skip_ws(r);
+        if (r->p >= r->end || *r->p != ':') {
+            Py_DECREF(k);
+            goto fail;
+        }
+        r->p++;
+        skip_ws(r);
+        rc = read_string(r, &s, &n, &esc);
+        if (rc <= 0) {
+            Py_DECREF(k);
+            goto fail;
+        }
+        PyObject *v = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+        int bad = !v || PyDict_SetItem(d, k, v) < 0;
+        Py_DECREF(k);
+        Py_XDECREF(v);
+        if (bad) goto fail;
+        skip_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            continue;
+        }
+        if (r->p < r->end && *r->p == '}') {
+            r->p++;
+            return d;
+        }
+        goto fail;
+    }
+fail:
+    Py_DECREF(d);
+    /* not valid UTF-8: not taken (no error); anything else (no memory) stays raised */
+    if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) PyErr_Clear();
+    return NULL;
+}
+
+#define KEY_IS(lit) (n == (Py_ssize_t)sizeof(lit) - 1 && memcmp(s, lit, sizeof(lit) - 1) == 0)
+
+static PyObject *decode_frame(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    PyObject *cls;
+    if (!PyArg_ParseTuple(args, "y*O:decode_frame", &b, &cls)) return NULL;
+    PyObject *result = NULL, *ext = NULL, *remark = NULL, *language = NULL, *body = NULL;
+    reader r = {0};
+    long code = 0, opaque = 0, flag = 0, version = 0;
+    int have_code = 0;
+    if (!PyType_Check(cls) || !layout_of((PyTypeObject *)cls)) {
+        PyErr_SetString(PyExc_TypeError, "decode_frame: cls must be a class of writable slots");
+        goto done;
+    }
+    const unsigned char *base = b.buf;
+    Py_ssize_t len = b.len;
+    if (len < 4) goto fallback;
+    uint32_t mark = ((uint32_t)base[0] << 24) | ((uint32_t)base[1] << 16) | ((uint32_t)base[2] << 8) | base[3];
+    Py_ssize_t hlen = mark & 0xFFFFFF;
+    if ((mark >> 24) != SERIALIZE_JSON || hlen > len - 4 || hlen > MAX_HEADER_BYTES) goto fallback;
+    r.p = base + 4;
+    r.end = base + 4 + hlen;
+    skip_ws(&r);
+    if (r.p >= r.end || *r.p != '{') goto fallback;
+    r.p++;
+    skip_ws(&r);
+    if (r.p < r.end && *r.p == '}') {
+        r.p++;
+    } else {
+        for (;;) {
+            const unsigned char *s;
+            Py_ssize_t n;
+            int esc;
+            skip_ws(&r);
+            int rc = read_string(&r, &s, &n, &esc);
+            if (rc < 0) goto done;
+            if (rc == 0 || esc) goto fallback; /* an escaped member name: the twin decides */
+            skip_ws(&r);
+            if (r.p >= r.end || *r.p != ':') goto fallback;
+            r.p++;
+            skip_ws(&r);
+            if (KEY_IS("code")) {
+                if (!read_int32(&r, &code)) goto fallback;
+                have_code = 1;
+            } else if (KEY_IS("opaque")) {
+                if (!read_int32(&r, &opaque)) goto fallback;
+            } else if (KEY_IS("flag")) {
+                if (!read_int32(&r, &flag)) goto fallback;
+            } else if (KEY_IS("version")) {
+                if (is_null(&r)) version = 0; /* ``or 0``: null is 0 */
+                else if (!read_int32(&r, &version)) goto fallback;
+            } else if (KEY_IS("extFields")) {
+                Py_CLEAR(ext);
+                if (!is_null(&r)) {
+                    if (r.p >= r.end || *r.p != '{') goto fallback;
+                    ext = read_ext(&r);
+                    if (!ext) {
+                        if (PyErr_Occurred()) goto done;
+                        goto fallback;
+                    }
+                }
+            } else if (KEY_IS("remark") || KEY_IS("language")) {
+                PyObject **slot = s[0] == 'r' ? &remark : &language;
+                Py_CLEAR(*slot);
+                if (is_null(&r)) {
+                    if (slot == &language) goto fallback; /* _as_str(None) is "", not null */
+                } else {
+                    const unsigned char *vs;
+                    Py_ssize_t vn;
+                    int vesc;
+                    rc = read_string(&r, &vs, &vn, &vesc);
+                    if (rc < 0) goto done;
+                    if (rc == 0) goto fallback;
+                    *slot = PyUnicode_DecodeUTF8((const char *)vs, vn, NULL);
+                    if (!*slot) {
+                        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
+                        PyErr_Clear();
+                        goto fallback;
+                    }
+                }
+            } else {
+                for (Py_ssize_t i = 0; i < n; i++)
+                    if (s[i] >= 0x80) goto fallback; /* a non-ASCII member name: the twin checks it */
+                rc = skip_scalar(&r);
+                if (rc < 0) goto done;
+                if (rc == 0) goto fallback;
+            }
+            skip_ws(&r);
+            if (r.p < r.end && *r.p == ',') {
+                r.p++;
+                continue;
+            }
+            if (r.p < r.end && *r.p == '}') {
+                r.p++;
+                break;
+            }
+            goto fallback;
+        }
+    }
+    skip_ws(&r);
+    if (r.p != r.end || !have_code) goto fallback;
+    if (!language) {
+        language = PyUnicode_InternFromString("OTHER");
+        if (!language) goto done;
+    }
+    if (len > 4 + hlen) {
+        body = PyBytes_FromStringAndSize((const char *)base + 4 + hlen, len - 4 - hlen);
+        if (!body) goto done;
+    }
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    PyObject *cmd = tp->tp_alloc(tp, 0);
+    if (!cmd) goto done;
+    PyObject *values[N_FIELDS];
+    values[F_BODY] = body ? body : Py_None;
+    values[F_CODE] = PyLong_FromLong(code);
+    values[F_EXT] = ext ? ext : Py_None;
+    values[F_FLAG] = PyLong_FromLong(flag);
+    values[F_LANGUAGE] = language;
+    values[F_OPAQUE] = PyLong_FromLong(opaque);
+    values[F_RAW_HEADER] = Py_None;
+    values[F_REMARK] = remark ? remark : Py_None;
+    values[F_STYPE] = PyLong_FromLong(SERIALIZE_JSON);
+    values[F_VERSION] = PyLong_FromLong(version);
+    int made = values[F_CODE] && values[F_FLAG] && values[F_OPAQUE] && values[F_STYPE] && values[F_VERSION];
+    for (int f = 0; f < N_FIELDS; f++) {
+        PyObject *v = values[f];
+        if (!v) continue;
+        int owned = f == F_CODE || f == F_FLAG || f == F_OPAQUE || f == F_STYPE || f == F_VERSION;
+        if (!owned) Py_INCREF(v);
+        *(PyObject **)((char *)cmd + offsets[f]) = v; /* a new object's slots are empty */
+    }
+    if (!made) {
+        Py_DECREF(cmd);
+        goto done;
+    }
+    result = cmd;
+    goto done;
+fallback:
+    if (PyErr_Occurred()) goto done;
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    Py_XDECREF(ext);
+    Py_XDECREF(remark);
+    Py_XDECREF(language);
+    Py_XDECREF(body);
+    PyMem_Free(r.scratch);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"decode_frame", decode_frame, METH_VARARGS,
+     "decode_frame(frame, cls): the command of a frame with a common JSON header, else None."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_codec", NULL, -1, methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__codec(void) {
+    for (int f = 0; f < N_FIELDS; f++) {
+        if (!(field_interned[f] = PyUnicode_InternFromString(field_names[f]))) return NULL;
+    }
+    return PyModule_Create(&module);
+}
