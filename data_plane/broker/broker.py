@@ -67,6 +67,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 BeforePut = Callable[[Connection, RemotingCommand, list[Message]], "RemotingCommand | None"]
+# The same for a plain batch body (send.py): (request, topic, messages, body bytes).
+BeforePutPlain = Callable[[RemotingCommand, str, int, int], "RemotingCommand | None"]
 
 
 class Broker:
@@ -115,6 +117,7 @@ class Broker:
         self.writable = config.is_master and not config.failover_enabled
         self.failover: FailoverAgent | None = None
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
+        self.before_put_plain: BeforePutPlain | None = None  # ... of a plain batch body (before_put_plain)
         self.tenancy: BrokerTenancy | None = None
         self.transactions: TransactionalMessageService = None  # type: ignore[assignment]  # set in start()
         self.transaction_check: TransactionCheckService | None = None  # masters only (transaction_check.py)
@@ -141,6 +144,7 @@ class Broker:
         self.tenancy = BrokerTenancy(self)
         await self.tenancy.start()
         self.before_put = self.tenancy.before_put
+        self.before_put_plain = self.tenancy.before_put_plain
         self.replication = Replication(self)
         # With failover on, a master starts its master-only services once the control plane
         # confirms it (on_became_master); a slave when it is promoted.

@@ -62,7 +62,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SYSTEM_TOPICS = frozenset({SCHEDULE_TOPIC, TIMER_TOPIC})
-_TRIGGERS = frozenset({PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REPUT_FROM, *TIMER_REQUEST_PROPERTIES})
+# Properties the schedule acts on: a delay level or delivery time moves the message to a schedule
+# topic; the re-put marker is the broker's own (a client's is dropped).
+TRIGGER_PROPERTIES = frozenset({PROPERTY_DELAY_TIME_LEVEL, PROPERTY_REPUT_FROM, *TIMER_REQUEST_PROPERTIES})
 _TICK_BUDGET = 2_000  # messages re-put / indexed per service per tick before yielding the loop
 
 
@@ -112,23 +114,23 @@ class Schedule:
         messages must be refused (MESSAGE_ILLEGAL), or None."""
         if len(msgs) != 1:
             # A batch's messages, looked at in C (map) first: nearly all batches are plain.
-            if all(map(_TRIGGERS.isdisjoint, map(properties_of, msgs))) and not any(
+            if all(map(TRIGGER_PROPERTIES.isdisjoint, map(properties_of, msgs))) and not any(
                 map(SYSTEM_TOPICS.__contains__, map(topic_of, msgs))
             ):
                 return None
             for m in msgs:
                 if m.topic in SYSTEM_TOPICS:
                     return f"topic {m.topic} is a system topic"
-                if not _TRIGGERS.isdisjoint(m.properties):
+                if not TRIGGER_PROPERTIES.isdisjoint(m.properties):
                     m.properties.pop(PROPERTY_REPUT_FROM, None)  # the broker's own: never a client's
-                    if not _TRIGGERS.isdisjoint(m.properties):
+                    if not TRIGGER_PROPERTIES.isdisjoint(m.properties):
                         return "delayed and timed messages cannot be sent in a batch"
             return None
         m = msgs[0]
         if m.topic in SYSTEM_TOPICS:
             return f"topic {m.topic} is a system topic"
         props = m.properties
-        if _TRIGGERS.isdisjoint(props):
+        if TRIGGER_PROPERTIES.isdisjoint(props):
             return None
         props.pop(PROPERTY_REPUT_FROM, None)  # the broker's own (reput): never a client's
         if m.sys_flag & TRANSACTION_TYPE_MASK == TRANSACTION_PREPARED_TYPE:

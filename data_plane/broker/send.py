@@ -18,12 +18,14 @@ from collections.abc import Awaitable, Callable
 from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
+from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
 from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_JSON, RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
+from data_plane.store import fastpath
 from data_plane.store.fastpath import speedups_module
 from data_plane.store.message import (
     FLAG_BORNHOST_V6,
@@ -70,6 +72,11 @@ _SEND_OK_HEADER = (
 )
 
 _speedups = speedups_module()  # the compiled store module, when built (batch decoding, batch ids)
+
+# A batch whose messages carry none of these is laid out from its body as it is (plain batches,
+# data_plane/store/fastpath.py): the broker acts on them — schedule.py moves delayed and timed
+# messages and drops a client's re-put marker; TRAN_MSG makes a half message.
+PLAIN_BATCH_SKIP = tuple(sorted(name.encode() for name in (*TRIGGER_PROPERTIES, PROPERTY_TRANSACTION_PREPARED)))
 
 _STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -189,6 +196,16 @@ class SendProcessor:
         reconsume = field_int(ext, names.reconsume_times, 0, lo=0, hi=2**31 - 1)
         born_host = _born_host(conn)
         if batch:
+            if (
+                not sys_flag & TRANSACTION_TYPE_MASK
+                and topic not in SYSTEM_TOPICS
+                and broker.trace is None
+                and (broker.before_put is None or broker.before_put_plain is not None)
+                and not (self.sync_flush or broker.replication.sync_master)
+            ):
+                plain = self._send_plain_batch(cmd, body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
+                if plain is not None:
+                    return plain
             msgs = batch_messages(body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
         else:  # a batch's properties are its messages'; a single message's are in the header
             try:
@@ -213,6 +230,38 @@ class SendProcessor:
         broker.replication.notify()
         return self._answer(cmd, result, msgs, topic, queue_id)
 
+    def _send_plain_batch(
+        self,
+        cmd: RemotingCommand,
+        body: bytes,
+        topic: str,
+        queue_id: int,
+        sys_flag: int,
+        born_ts: int,
+        born_host: bytes,
+        reconsume: int,
+    ) -> RemotingCommand | None:
+        """A batch whose body is plain, stored from its bytes with no store Messages (ASYNC_FLUSH,
+        not a SYNC_MASTER, no message trace). None when the body is not plain: the caller splits
+        it into Messages, the reference path, which also gives any error."""
+        broker = self.broker
+        counted = fastpath.plain_batch(body, MAX_BATCH_MESSAGES, PLAIN_BATCH_SKIP)
+        if counted is None:
+            return None
+        if broker.before_put_plain is not None:
+            refused = broker.before_put_plain(cmd, topic, *counted)
+            if refused is not None:
+                return refused
+        put = self.store.append_plain_batch(
+            body, topic, queue_id, sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
+            reconsume_times=reconsume, max_messages=MAX_BATCH_MESSAGES, skip_names=PLAIN_BATCH_SKIP,
+        )  # fmt: skip
+        if put is None:  # cannot be: the same check as above
+            return None
+        result, _end, tag_codes = put
+        broker.replication.notify()
+        return self._answer(cmd, result, None, topic, queue_id, tag_codes)
+
     async def _put_and_wait(
         self, cmd: RemotingCommand, msgs: list[Message], topic: str, queue_id: int
     ) -> RemotingCommand:
@@ -234,8 +283,16 @@ class SendProcessor:
         return self._answer(cmd, result, msgs, topic, queue_id)
 
     def _answer(
-        self, cmd: RemotingCommand, result: PutMessageResult, msgs: list[Message], topic: str, queue_id: int
+        self,
+        cmd: RemotingCommand,
+        result: PutMessageResult,
+        msgs: list[Message] | None,
+        topic: str,
+        queue_id: int,
+        tag_codes: tuple[int, ...] = (),
     ) -> RemotingCommand:
+        """The answer to a put of ``msgs`` — or of a plain batch body (``msgs`` None), whose
+        distinct tag codes the layout gave."""
         status = result.status
         a = result.append
         if a is None:
@@ -249,6 +306,9 @@ class SendProcessor:
         end = a.queue_offset + a.msg_num
         if not self.hold.held:
             pass
+        elif msgs is None:  # a plain batch: stored in (topic, queue_id) itself
+            for tag_code in tag_codes:
+                self.hold.notify(topic, queue_id, end, tag_code)
         elif len(msgs) == 1:
             m = msgs[0]
             tags = m.properties.get(PROPERTY_TAGS)
@@ -257,8 +317,8 @@ class SendProcessor:
             distinct = set(map(dict.get, map(properties_of, msgs), repeat(PROPERTY_TAGS, len(msgs))))
             for tag_code in {tags_hash_code(t) if t else 0 for t in distinct}:
                 self.hold.notify(msgs[0].topic, msgs[0].queue_id, end, tag_code)
-        self.broker.on_stored(topic, len(msgs), a.wrote_bytes)
-        if self.broker.trace is not None:  # the "stored" trace event (data_plane/broker/trace.py)
+        self.broker.on_stored(topic, a.msg_num, a.wrote_bytes)
+        if self.broker.trace is not None and msgs is not None:  # the "stored" trace event (trace.py)
             self.broker.trace.on_stored(cmd, msgs, topic, queue_id, a)
         if status is PutMessageStatus.PUT_OK and a.msg_num == 1 and cmd.serialize_type == SERIALIZE_JSON:
             # The common answer, its header formatted directly (the same JSON encode_header writes).

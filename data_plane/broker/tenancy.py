@@ -279,10 +279,9 @@ class BrokerTenancy:
         tenant = tenant_of(msgs[0].topic)
         if tenant is None:
             return None
-        if tenant in self.suspended:
-            return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
-        if tenant in self.over_storage:
-            return cmd.response(ResponseCode.FLOW_CONTROL, self._storage_remark(tenant))
+        refused = self._refused_writes(cmd, tenant)
+        if refused is not None:
+            return refused
         if len(msgs) == 1 and is_transactional(msgs[0].sys_flag, msgs[0].properties):
             # The check service sends the half (body and all) to a producer of its group: the
             # group must be the topic's tenant's, not another tenant's nor a shared unprefixed one.
@@ -298,7 +297,25 @@ class BrokerTenancy:
         nbytes = 0
         for m in msgs:
             nbytes += len(m.body)
-        wait_ms = self.quotas.acquire_publish(tenant, len(msgs), nbytes)
+        return self._publish_quota(cmd, tenant, len(msgs), nbytes)
+
+    def before_put_plain(self, cmd: RemotingCommand, topic: str, n: int, nbytes: int) -> RemotingCommand | None:
+        """``before_put`` for a plain batch body (send.py): ``n`` messages of ``nbytes`` of bodies,
+        none of them transactional."""
+        tenant = tenant_of(topic)
+        if tenant is None:
+            return None
+        return self._refused_writes(cmd, tenant) or self._publish_quota(cmd, tenant, n, nbytes)
+
+    def _refused_writes(self, cmd: RemotingCommand, tenant: str) -> RemotingCommand | None:
+        if tenant in self.suspended:
+            return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
+        if tenant in self.over_storage:
+            return cmd.response(ResponseCode.FLOW_CONTROL, self._storage_remark(tenant))
+        return None
+
+    def _publish_quota(self, cmd: RemotingCommand, tenant: str, n: int, nbytes: int) -> RemotingCommand | None:
+        wait_ms = self.quotas.acquire_publish(tenant, n, nbytes)
         if wait_ms:
             return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "publish", wait_ms))
         return None

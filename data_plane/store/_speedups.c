@@ -157,7 +157,113 @@ typedef struct {
     const char *born_host;
     PyObject *born_host_obj;
     Py_ssize_t props_len, total;
+    const unsigned char *raw_props; /* a plain batch body's property bytes (props is NULL then) */
 } item_t;
+
+/* ---- plain SEND_BATCH_MESSAGE bodies, laid out without store Message objects --------------
+ * A batch body is a run of items (remoting/bodies.py):
+ *     total 4 | magic 4 | body CRC 4 | flag 4 | body length 4 | body | properties length 2 | properties
+ * It is "plain" when every item is well formed and its properties are in the form the store
+ * would write them back: ASCII "name\x01value\x02" pairs, every pair terminated, no name empty
+ * or repeated, no value holding \x01, and no name among ``skip`` (names the broker acts on:
+ * schedule and transaction markers). Then the records can take the property bytes as they are.
+ * Anything else goes the general way (store Messages), which gives the same records or the
+ * reference error. */
+typedef struct {
+    const unsigned char *body, *props;
+    Py_ssize_t body_len, props_len;
+    int32_t flag;
+} raw_item;
+
+typedef struct {
+    raw_item *items;
+    Py_ssize_t n;
+    long long sys_flag, born_ts, reconsume;
+    const char *born_host;
+} raw_batch;
+
+#define MAX_PLAIN_PROPS 32
+
+/* 1: plain (items filled when given), 0: not plain, -1: error (skip is not a tuple of bytes). */
+static int scan_plain(const unsigned char *b, Py_ssize_t len, Py_ssize_t max_n, PyObject *skip, raw_item *items,
+                      Py_ssize_t *n_out, long long *body_bytes) {
+    Py_ssize_t pos = 0, n = 0;
+    long long bytes = 0;
+    Py_ssize_t nskip = PyTuple_GET_SIZE(skip);
+    for (Py_ssize_t k = 0; k < nskip; k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(skip, k))) {
+            PyErr_SetString(PyExc_TypeError, "skip must be a tuple of bytes");
+            return -1;
+        }
+    }
+    while (pos < len) {
+        if (len - pos < 22 || n >= max_n) return 0;
+        const unsigned char *r = b + pos;
+        int32_t total = (int32_t)get32(r), body_len = (int32_t)get32(r + 16);
+        if (total < 22 || (Py_ssize_t)total > len - pos || body_len < 0 || 20 + (long long)body_len + 2 > total) return 0;
+        Py_ssize_t plen = ((Py_ssize_t)r[20 + body_len] << 8) | r[21 + body_len];
+        if (20 + (Py_ssize_t)body_len + 2 + plen != total) return 0;
+        const unsigned char *p = r + 22 + body_len, *end = p + plen;
+        const unsigned char *names[MAX_PLAIN_PROPS];
+        Py_ssize_t name_lens[MAX_PLAIN_PROPS];
+        int npairs = 0;
+        while (p < end) {
+            const unsigned char *k = p;
+            while (p < end && *p != 1) {
+                if (*p >= 0x80 || *p == 2) return 0;
+                p++;
+            }
+            if (p >= end || p == k) return 0; /* no \x01, or an empty name */
+            Py_ssize_t kl = p - k;
+            p++;
+            while (p < end && *p != 2) {
+                if (*p >= 0x80 || *p == 1) return 0;
+                p++;
+            }
+            if (p >= end) return 0; /* the last pair not terminated */
+            p++;
+            if (npairs == MAX_PLAIN_PROPS) return 0;
+            for (int j = 0; j < npairs; j++)
+                if (name_lens[j] == kl && memcmp(names[j], k, kl) == 0) return 0;
+            for (Py_ssize_t j = 0; j < nskip; j++) {
+                PyObject *sk = PyTuple_GET_ITEM(skip, j);
+                if (PyBytes_GET_SIZE(sk) == kl && memcmp(PyBytes_AS_STRING(sk), k, kl) == 0) return 0;
+            }
+            names[npairs] = k;
+            name_lens[npairs++] = kl;
+        }
+        if (items) {
+            items[n].body = r + 20;
+            items[n].body_len = body_len;
+            items[n].props = r + 22 + body_len;
+            items[n].props_len = plen;
+            items[n].flag = (int32_t)get32(r + 12);
+        }
+        bytes += body_len;
+        n++;
+        pos += total;
+    }
+    if (n == 0) return 0;
+    *n_out = n;
+    *body_bytes = bytes;
+    return 1;
+}
+
+/* plain_batch(body, max_messages, skip) -> (messages, body bytes) | None: whether write_batch
+ * can take ``body`` as it is (see above), and what a quota counts of it. */
+static PyObject *plain_batch(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    Py_ssize_t max_n;
+    PyObject *skip;
+    if (!PyArg_ParseTuple(args, "y*nO!:plain_batch", &b, &max_n, &PyTuple_Type, &skip)) return NULL;
+    Py_ssize_t n = 0;
+    long long bytes = 0;
+    int rc = scan_plain(b.buf, b.len, max_n, skip, NULL, &n, &bytes);
+    PyBuffer_Release(&b);
+    if (rc < 0) return NULL;
+    if (rc == 0) Py_RETURN_NONE;
+    return Py_BuildValue("(nL)", n, bytes);
+}
 
 static PyObject *s_body, *s_properties, *s_flag, *s_sys_flag, *s_born_timestamp, *s_born_host,
     *s_reconsume_times, *s_prepared;
@@ -290,25 +396,127 @@ static int write_fully(int fd, const unsigned char *p, Py_ssize_t n, long long o
     return 0;
 }
 
+/* items[i] from a store Message: 0 with *plen its properties' encoded length, or -1 with
+ * *result the refusal (NULL: an error raised); the items are released then. */
+static int item_of_message(item_t *items, Py_ssize_t n, Py_ssize_t i, PyObject *m, Py_ssize_t *plen_out,
+                           PyObject **result) {
+    item_t *it = &items[i];
+    PyObject *body = SGET(m, s_body);
+    if (!body) { release_items(items, n); *result = NULL; return -1; }
+    int rc = PyObject_GetBuffer(body, &it->body, PyBUF_SIMPLE);
+    Py_DECREF(body);
+    if (rc < 0) { release_items(items, n); *result = NULL; return -1; }
+    it->has_body = 1;
+    if (it->body.len == 0) {
+        *result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("message body is empty"));
+        return -1;
+    }
+    it->props = SGET(m, s_properties);
+    if (!it->props) { release_items(items, n); *result = NULL; return -1; }
+    if (!PyDict_Check(it->props)) {
+        *result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("properties must be a dict"));
+        return -1;
+    }
+    if (GET_LL(m, s_flag, &it->flag) || GET_LL(m, s_sys_flag, &it->sys_flag) ||
+        GET_LL(m, s_born_timestamp, &it->born_ts) || GET_LL(m, s_reconsume_times, &it->reconsume) ||
+        GET_LL(m, s_prepared, &it->prepared)) {
+        release_items(items, n);
+        *result = NULL;
+        return -1;
+    }
+    it->born_host_obj = SGET(m, s_born_host);
+    if (!it->born_host_obj) { release_items(items, n); *result = NULL; return -1; }
+    if (!PyBytes_Check(it->born_host_obj) || PyBytes_GET_SIZE(it->born_host_obj) != 8) {
+        *result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("born_host must be 8 bytes"));
+        return -1;
+    }
+    it->born_host = PyBytes_AS_STRING(it->born_host_obj);
+    if (it->flag < INT32_MIN || it->flag > INT32_MAX || it->sys_flag < INT32_MIN ||
+        it->sys_flag > INT32_MAX || it->reconsume < INT32_MIN || it->reconsume > INT32_MAX) {
+        *result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("a 4-byte field is out of range"));
+        return -1;
+    }
+    Py_ssize_t plen = 0, ppos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(it->props, &ppos, &k, &v)) {
+        Py_ssize_t kl, vl;
+        if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
+            *result = refuse(items, n, i, "MESSAGE_ILLEGAL",
+                            PyUnicode_FromString("property names and values must be strings"));
+            return -1;
+        }
+        const char *ks = PyUnicode_AsUTF8AndSize(k, &kl);
+        const char *vs = ks ? PyUnicode_AsUTF8AndSize(v, &vl) : NULL;
+        if (!vs) {
+            PyErr_Clear();
+            *result = refuse(items, n, i, "MESSAGE_ILLEGAL",
+                            PyUnicode_FromString("properties are not valid text"));
+            return -1;
+        }
+        if (kl == 0 || memchr(ks, 1, kl) || memchr(ks, 2, kl) || memchr(vs, 1, vl) || memchr(vs, 2, vl)) {
+            *result = refuse(items, n, i, "MESSAGE_ILLEGAL",
+                            PyUnicode_FromFormat("property %R is empty or holds a reserved separator "
+                                                 "character (\\x01 or \\x02)", k));
+            return -1;
+        }
+        plen += kl + vl + 2;
+    }
+    *plen_out = plen;
+    return 0;
+}
+
+/* items[i] from a plain batch body's item (raw->items[i]): as item_of_message. */
+static int item_of_raw(item_t *items, Py_ssize_t n, Py_ssize_t i, const raw_batch *raw, Py_ssize_t *plen_out,
+                       PyObject **result) {
+    item_t *it = &items[i];
+    const raw_item *ri = &raw->items[i];
+    it->body.buf = (void *)ri->body;
+    it->body.len = ri->body_len;
+    it->raw_props = ri->props;
+    it->props_len = ri->props_len;
+    it->flag = ri->flag;
+    it->sys_flag = raw->sys_flag;
+    it->born_ts = raw->born_ts;
+    it->reconsume = raw->reconsume;
+    it->prepared = 0;
+    it->born_host = raw->born_host;
+    if (it->body.len == 0) {
+        *result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("message body is empty"));
+        return -1;
+    }
+    if (it->sys_flag < INT32_MIN || it->sys_flag > INT32_MAX || it->reconsume < INT32_MIN ||
+        it->reconsume > INT32_MAX) {
+        *result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("a 4-byte field is out of range"));
+        return -1;
+    }
+    *plen_out = it->props_len;
+    return 0;
+}
+
 /* write_batch(buf, pos, limit, file_from, msgs, topic_b, queue_id, first_qo, store_ts,
  *             store_host, max_props, max_msg, index_enabled)
  *             [, cq_target, cq_pos, cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts,
  *              fd, fd_offset])
  * With fd >= 0, buf is a staging buffer: the records laid out in it are then written to fd at
  * fd_offset (before the CQ and index targets are touched; an OSError leaves those alone).
+ * msgs: a list of store Messages, or a plain batch body with what its messages share (see
+ * scan_plain; write_batch's argument is then (body, sys_flag, born_ts, born_host, reconsume,
+ * max_messages, skip names)).
  * -> (0, end_pos, next_qo, first_qo_of_batch, cq_units | new_cq_pos, index_items | new_ix_count,
- *     last_indexed_offset)
+ *     last_indexed_offset, messages, tag_codes | None)
  *  | (1, bytes_needed)                       batch does not fit before `limit`
- *  | (2, msg_index, status_name, reason)     a message is refused; nothing written */
+ *  | (2, msg_index, status_name, reason)     a message is refused; nothing written
+ *  | (3,)                                    the body is not plain (write_batch only) */
 static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t limit, long long file_from,
                                   PyObject *msgs, const char *topic_buf, Py_ssize_t topic_len, int queue_id,
                                   long long first_qo, long long store_ts, const char *host8, Py_ssize_t max_props,
                                   Py_ssize_t max_msg, int index_enabled, PyObject *cq_target, Py_ssize_t cq_pos,
                                   Py_ssize_t cq_limit, PyObject *ix_target, long long ix_slots, long long ix_count,
-                                  long long ix_max, long long ix_begin_ts, int fd, long long fd_offset) {
+                                  long long ix_max, long long ix_begin_ts, int fd, long long fd_offset,
+                                  const raw_batch *raw) {
     PyObject *result = NULL;
     Py_ssize_t start_pos = pos;
-    Py_ssize_t n = PyList_GET_SIZE(msgs);
+    Py_ssize_t n = raw ? raw->n : PyList_GET_SIZE(msgs);
     item_t *items = PyMem_Calloc(n ? n : 1, sizeof(item_t));
     if (!items) {
         PyErr_NoMemory();
@@ -321,67 +529,11 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     }
     Py_ssize_t need = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i);
         item_t *it = &items[i];
-        PyObject *body = SGET(m, s_body);
-        if (!body) { release_items(items, n); goto done; }
-        int rc = PyObject_GetBuffer(body, &it->body, PyBUF_SIMPLE);
-        Py_DECREF(body);
-        if (rc < 0) { release_items(items, n); goto done; }
-        it->has_body = 1;
-        if (it->body.len == 0) {
-            result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("message body is empty"));
-            goto done;
-        }
-        it->props = SGET(m, s_properties);
-        if (!it->props) { release_items(items, n); goto done; }
-        if (!PyDict_Check(it->props)) {
-            result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("properties must be a dict"));
-            goto done;
-        }
-        if (GET_LL(m, s_flag, &it->flag) || GET_LL(m, s_sys_flag, &it->sys_flag) ||
-            GET_LL(m, s_born_timestamp, &it->born_ts) || GET_LL(m, s_reconsume_times, &it->reconsume) ||
-            GET_LL(m, s_prepared, &it->prepared)) {
-            release_items(items, n);
-            goto done;
-        }
-        it->born_host_obj = SGET(m, s_born_host);
-        if (!it->born_host_obj) { release_items(items, n); goto done; }
-        if (!PyBytes_Check(it->born_host_obj) || PyBytes_GET_SIZE(it->born_host_obj) != 8) {
-            result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("born_host must be 8 bytes"));
-            goto done;
-        }
-        it->born_host = PyBytes_AS_STRING(it->born_host_obj);
-        if (it->flag < INT32_MIN || it->flag > INT32_MAX || it->sys_flag < INT32_MIN ||
-            it->sys_flag > INT32_MAX || it->reconsume < INT32_MIN || it->reconsume > INT32_MAX) {
-            result = refuse(items, n, i, "MESSAGE_ILLEGAL", PyUnicode_FromString("a 4-byte field is out of range"));
-            goto done;
-        }
-        Py_ssize_t plen = 0, ppos = 0;
-        PyObject *k, *v;
-        while (PyDict_Next(it->props, &ppos, &k, &v)) {
-            Py_ssize_t kl, vl;
-            if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) {
-                result = refuse(items, n, i, "MESSAGE_ILLEGAL",
-                                PyUnicode_FromString("property names and values must be strings"));
-                goto done;
-            }
-            const char *ks = PyUnicode_AsUTF8AndSize(k, &kl);
-            const char *vs = ks ? PyUnicode_AsUTF8AndSize(v, &vl) : NULL;
-            if (!vs) {
-                PyErr_Clear();
-                result = refuse(items, n, i, "MESSAGE_ILLEGAL",
-                                PyUnicode_FromString("properties are not valid text"));
-                goto done;
-            }
-            if (kl == 0 || memchr(ks, 1, kl) || memchr(ks, 2, kl) || memchr(vs, 1, vl) || memchr(vs, 2, vl)) {
-                result = refuse(items, n, i, "MESSAGE_ILLEGAL",
-                                PyUnicode_FromFormat("property %R is empty or holds a reserved separator "
-                                                     "character (\\x01 or \\x02)", k));
-                goto done;
-            }
-            plen += kl + vl + 2;
-        }
+        Py_ssize_t plen;
+        int rc = raw ? item_of_raw(items, n, i, raw, &plen, &result)
+                     : item_of_message(items, n, i, PyList_GET_ITEM(msgs, i), &plen, &result);
+        if (rc < 0) goto done;
         if (plen > max_props) {
             result = refuse(items, n, i, "PROPERTIES_SIZE_EXCEEDED",
                             PyUnicode_FromFormat("properties take %zd bytes, more than %zd", plen, max_props));
@@ -416,6 +568,16 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     Py_ssize_t ncq = 0, nix = 0;
     unsigned char *base = (unsigned char *)buf->buf;
     long long qo = first_qo, batch_first_qo = -1;
+    /* a plain body's distinct tag hash codes (held pulls wake per tag) */
+    int64_t *tags_seen = raw ? PyMem_Malloc(sizeof(int64_t) * (size_t)n) : NULL;
+    Py_ssize_t n_tags = 0;
+    if (raw && !tags_seen) {
+        Py_DECREF(cq);
+        Py_DECREF(idx);
+        release_items(items, n);
+        PyErr_NoMemory();
+        goto done;
+    }
     uint32_t topic_crc = crc_update(0xFFFFFFFFu, (const unsigned char *)topic_buf, topic_len);
     topic_crc = crc_update(topic_crc, (const unsigned char *)"#", 1);
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -456,7 +618,37 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         int index_it = index_enabled && tran != TRAN_ROLLBACK;
         const char *uniq_s = NULL, *keys_s = NULL;
         Py_ssize_t uniq_l = 0, keys_l = 0;
-        while (PyDict_Next(it->props, &ppos, &k, &v)) {
+        if (it->raw_props) { /* ASCII pairs as they are (scan_plain checked their form) */
+            const unsigned char *q = it->raw_props, *qend = q + it->props_len;
+            memcpy(p, q, it->props_len);
+            p += it->props_len;
+            while (q < qend) {
+                const unsigned char *ks = q;
+                while (*q != 1) q++;
+                Py_ssize_t kl = q - ks;
+                const unsigned char *vs = ++q;
+                while (*q != 2) q++;
+                Py_ssize_t vl = q - vs;
+                q++;
+                if (kl == 4 && memcmp(ks, "TAGS", 4) == 0) {
+                    uint32_t h = 0;
+                    for (Py_ssize_t c = 0; c < vl; c++) h = 31 * h + vs[c];
+                    tags_code = (int32_t)h;
+                } else if (index_it && kl == 8 && memcmp(ks, "UNIQ_KEY", 8) == 0) {
+                    uniq_s = (const char *)vs;
+                    uniq_l = vl;
+                } else if (index_it && kl == 4 && memcmp(ks, "KEYS", 4) == 0) {
+                    keys_s = (const char *)vs;
+                    keys_l = vl;
+                }
+            }
+            if (tags_seen) {
+                int known = 0;
+                for (Py_ssize_t t = 0; t < n_tags; t++) known |= tags_seen[t] == tags_code;
+                if (!known) tags_seen[n_tags++] = tags_code;
+            }
+        }
+        while (!it->raw_props && PyDict_Next(it->props, &ppos, &k, &v)) {
             Py_ssize_t kl, vl;
             const char *ks = PyUnicode_AsUTF8AndSize(k, &kl);
             const char *vs = PyUnicode_AsUTF8AndSize(v, &vl);
@@ -504,31 +696,55 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         pos += it->total;
     }
     release_items(items, n);
+    PyObject *tags_out = Py_None;
+    Py_INCREF(tags_out);
+    if (tags_seen) {
+        Py_DECREF(tags_out);
+        tags_out = PyTuple_New(n_tags);
+        for (Py_ssize_t t = 0; tags_out && t < n_tags; t++) {
+            PyObject *c = PyLong_FromLongLong(tags_seen[t]);
+            if (!c) Py_CLEAR(tags_out);
+            else PyTuple_SET_ITEM(tags_out, t, c);
+        }
+        PyMem_Free(tags_seen);
+        if (!tags_out) {
+            Py_DECREF(cq);
+            Py_DECREF(idx);
+            goto done;
+        }
+    }
     /* The records go to the file before any index entry names them. */
     if (fd >= 0 && write_fully(fd, base + start_pos, pos - start_pos, fd_offset) < 0) {
         Py_DECREF(cq);
         Py_DECREF(idx);
+        Py_DECREF(tags_out);
         goto done;
     }
-    if (_PyBytes_Resize(&cq, ncq * 20) < 0) { Py_DECREF(idx); goto done; }
-    if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); goto done; }
+    if (_PyBytes_Resize(&cq, ncq * 20) < 0) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
+    if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     long long last_ix_phys = -1;
     /* Straight into the ConsumeQueue file when the units fit what is reserved there. */
     if (cq_target != Py_None && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit) {
         Py_buffer cb;
-        if (PyObject_GetBuffer(cq_target, &cb, PyBUF_WRITABLE) < 0) { Py_DECREF(cq); Py_DECREF(idx); goto done; }
+        if (PyObject_GetBuffer(cq_target, &cb, PyBUF_WRITABLE) < 0) {
+            Py_DECREF(cq); Py_DECREF(idx); Py_DECREF(tags_out);
+            goto done;
+        }
         if (cq_limit <= cb.len) {
             memcpy((unsigned char *)cb.buf + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
             Py_DECREF(cq);
             cq = PyLong_FromSsize_t(cq_pos + ncq * 20);
         }
         PyBuffer_Release(&cb);
-        if (!cq) { Py_DECREF(idx); goto done; }
+        if (!cq) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
     }
     /* Straight into the IndexFile when it has begun (count > 1) and has room for all items. */
     if (ix_target != Py_None && nix > 0 && ix_slots > 0 && ix_count > 1 && ix_count + nix <= ix_max) {
         Py_buffer ib;
-        if (PyObject_GetBuffer(ix_target, &ib, PyBUF_WRITABLE) < 0) { Py_DECREF(cq); Py_DECREF(idx); goto done; }
+        if (PyObject_GetBuffer(ix_target, &ib, PyBUF_WRITABLE) < 0) {
+            Py_DECREF(cq); Py_DECREF(idx); Py_DECREF(tags_out);
+            goto done;
+        }
         if (ib.len >= 40 + ix_slots * 4 + ix_max * 20) {
             index_add(ib.buf, ix_slots, &ix_count, ix_max, ix_begin_ts, store_ts,
                       (const unsigned char *)PyBytes_AS_STRING(idx), nix, 0, &last_ix_phys);
@@ -536,9 +752,10 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
             idx = PyLong_FromLongLong(ix_count);
         }
         PyBuffer_Release(&ib);
-        if (!idx) { Py_DECREF(cq); goto done; }
+        if (!idx) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     }
-    result = Py_BuildValue("(inLLNNL)", 0, pos, qo, batch_first_qo < 0 ? 0 : batch_first_qo, cq, idx, last_ix_phys);
+    result = Py_BuildValue("(inLLNNLnN)", 0, pos, qo, batch_first_qo < 0 ? 0 : batch_first_qo, cq, idx, last_ix_phys,
+                           n, tags_out);
 done:
     return result;
 }
@@ -555,19 +772,57 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
     PyObject *cq_target = Py_None, *ix_target = Py_None;
     long long ix_slots = 0, ix_count = 0, ix_max = 0, ix_begin_ts = 0, fd_offset = 0;
     int fd = -1;
-    if (!PyArg_ParseTuple(args, "w*nnLO!y*iLLy*nnp|OnnOLLLLiL", &buf, &pos, &limit, &file_from, &PyList_Type, &msgs,
+    if (!PyArg_ParseTuple(args, "w*nnLOy*iLLy*nnp|OnnOLLLLiL", &buf, &pos, &limit, &file_from, &msgs,
                           &topic, &queue_id, &first_qo, &store_ts, &host, &max_props, &max_msg,
                           &index_enabled, &cq_target, &cq_pos, &cq_limit, &ix_target, &ix_slots, &ix_count,
                           &ix_max, &ix_begin_ts, &fd, &fd_offset))
         return NULL;
     PyObject *result = NULL;
+    /* msgs: a list of store Messages, or a plain batch body with what its messages share:
+     * (body, sys_flag, born_timestamp, born_host, reconsume_times, max_messages, skip names) */
+    Py_buffer body = {0}, born = {0};
+    raw_batch rb = {0};
+    int have_body = 0, have_born = 0;
     if (host.len != 8) {
         PyErr_SetString(PyExc_ValueError, "store host must be 8 bytes");
-    } else {
-        result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo,
-                                  store_ts, host.buf, max_props, max_msg, index_enabled, cq_target, cq_pos,
-                                  cq_limit, ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset);
+        goto out;
     }
+    if (PyTuple_Check(msgs)) {
+        Py_ssize_t max_n;
+        PyObject *skip;
+        if (!PyArg_ParseTuple(msgs, "y*LLy*LnO!:plain batch", &body, &rb.sys_flag, &rb.born_ts, &born,
+                              &rb.reconsume, &max_n, &PyTuple_Type, &skip))
+            goto out;
+        have_body = have_born = 1;
+        if (born.len != 8) {
+            PyErr_SetString(PyExc_ValueError, "born_host must be 8 bytes");
+            goto out;
+        }
+        rb.born_host = born.buf;
+        long long bytes;
+        int rc = scan_plain(body.buf, body.len, max_n, skip, NULL, &rb.n, &bytes);
+        if (rc < 0) goto out;
+        if (rc == 0) {
+            result = Py_BuildValue("(i)", 3); /* not plain: the caller takes store Messages */
+            goto out;
+        }
+        rb.items = PyMem_Malloc(sizeof(raw_item) * (size_t)rb.n);
+        if (!rb.items) {
+            PyErr_NoMemory();
+            goto out;
+        }
+        scan_plain(body.buf, body.len, max_n, skip, rb.items, &rb.n, &bytes);
+    } else if (!PyList_Check(msgs)) {
+        PyErr_SetString(PyExc_TypeError, "write_batch takes a list of messages or a plain batch tuple");
+        goto out;
+    }
+    result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo, store_ts,
+                              host.buf, max_props, max_msg, index_enabled, cq_target, cq_pos, cq_limit, ix_target,
+                              ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset, rb.items ? &rb : NULL);
+out:
+    PyMem_Free(rb.items);
+    if (have_body) PyBuffer_Release(&body);
+    if (have_born) PyBuffer_Release(&born);
     PyBuffer_Release(&buf);
     PyBuffer_Release(&topic);
     PyBuffer_Release(&host);
@@ -833,7 +1088,7 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
                          a->index_enabled, cq_mv, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
-                         ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote);
+                         ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote, NULL);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
     Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1)); /* end of this record in the file */
@@ -1537,6 +1792,7 @@ static PyMethodDef methods[] = {
     {"batch_messages", batch_messages, METH_VARARGS, "Split a SEND_BATCH_MESSAGE body into store Messages."},
     {"plain_batch_body", plain_batch_body, METH_VARARGS, "The SEND_BATCH_MESSAGE body of plain sdk Messages."},
     {"batch_ids", batch_ids, METH_VARARGS, "The comma-joined message ids of records lying back to back."},
+    {"plain_batch", plain_batch, METH_VARARGS, "Whether write_batch takes a batch body as it is: (n, body bytes)."},
     {"collect_units", collect_units, METH_VARARGS, "Turn ConsumeQueue units into record slices (a pull read)."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {NULL, NULL, 0, NULL},

@@ -22,6 +22,7 @@ from typing import Any, NamedTuple
 
 from data_plane.store import fastpath
 from data_plane.store.config import StoreConfig
+from data_plane.store.fastpath import PlainBatch
 from data_plane.store.mapped_file import MappedFile
 from data_plane.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
 from data_plane.store.message import (
@@ -142,19 +143,26 @@ class CommitLog:
         return topic_b
 
     def append(
-        self, msgs: list[Message], topic_b: bytes, queue_id: int, targets: tuple[Any, ...] = ()
-    ) -> tuple[AppendResult, bytes | int, bytes | int, int]:
+        self,
+        msgs: list[Message] | PlainBatch,
+        topic_b: bytes,
+        queue_id: int,
+        targets: tuple[Any, ...] = (),
+        topic: str | None = None,
+    ) -> tuple[AppendResult, bytes | int, bytes | int, int, tuple[int, ...] | None] | None:
         """Write ``msgs`` (one topic and queue id) contiguously in one file. Returns the result,
         the ConsumeQueue units and index items of the batch — or, when ``targets`` (see
-        ``Dispatcher.targets``) could take them, where they now end — and the CommitLog offset
-        of the last record indexed. Raises PutRefused for a bad message (nothing written) and
-        OSError when no file can be created (full disk). The caller holds ``self.lock``."""
+        ``Dispatcher.targets``) could take them, where they now end — the CommitLog offset of
+        the last record indexed, and a plain body's distinct tag codes. ``msgs`` may be a plain
+        batch body (``fastpath``; ``topic`` then names the topic); None when it is not plain
+        (nothing written). Raises PutRefused for a bad message (nothing written) and OSError
+        when no file can be created (full disk). The caller holds ``self.lock``."""
         cfg = self.config
         mf = self.mfq.last_file_for_write()
         now = self._clock_ms()
         now = max(now, self.last_store_timestamp)  # store timestamps never go backwards
         self.last_store_timestamp = now
-        key = (msgs[0].topic, queue_id)
+        key = (topic if topic is not None else msgs[0].topic, queue_id)  # type: ignore[union-attr]
         first_qo = self.queue_offsets.get(key, 0)
         usable = self.file_size - END_FILE_MIN_BLANK_LENGTH
         if len(targets) < len(_NO_TARGETS):
@@ -172,11 +180,13 @@ class CommitLog:
             )
             if r[0] == 0:
                 break
+            if r[0] == 3:
+                return None
             if r[0] == 2:
                 raise PutRefused(PutMessageStatus[r[2]], f"message {r[1]} of the batch: {r[3]}")
             need = r[1]
             if need > usable:
-                return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1
+                return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1, None
             if pos + need > usable:
                 self._write_blank(mf)
                 mf = self.mfq.last_file_for_write()
@@ -188,18 +198,19 @@ class CommitLog:
                 mf.ensure_reserved(pos + need, LAZY_RESERVE_BYTES)
         else:
             raise RuntimeError(f"a batch of {len(msgs)} messages found no room in {mf}")
-        _, written, next_qo, batch_first_qo, cq_out, index_out, last_indexed = r
+        _, written, next_qo, batch_first_qo, cq_out, index_out, last_indexed, n, tag_codes = r
         end = pos + written
         self.queue_offsets[key] = next_qo
         mf.wrote_position = mf.committed_position = end
         return (
             AppendResult(
-                AppendMessageStatus.PUT_OK, mf.file_from_offset + pos, end - pos, now, batch_first_qo, len(msgs),
+                AppendMessageStatus.PUT_OK, mf.file_from_offset + pos, end - pos, now, batch_first_qo, n,
                 self._msg_id_prefix,
             ),
             cq_out,
             index_out,
             last_indexed,
+            tag_codes,
         )
 
     def msg_id(self, commit_log_offset: int) -> str:

@@ -28,11 +28,25 @@ CommitLog file (see its docstring); ``MessageStore.get_message`` handles what it
 ``_speedups.c`` implements these functions byte for byte; it is used when it was built and
 ``ORBIT_PURE_PYTHON`` is not set. Tests run both and compare their output.
 
+``msgs`` is a list of store Messages, or — the broker's SEND_BATCH_MESSAGE path — a *plain*
+batch body with what its messages share, ``(body, sys_flag, born_timestamp, born_host,
+reconsume_times, max_messages, skip_names)``: every item well formed, its properties ASCII
+``name\x01value\x02`` pairs (each terminated, no name empty, repeated or in ``skip_names``, no
+value holding ``\x01``), i.e. exactly the bytes the store would write for them. Its records are
+then laid out from the body's bytes, with no Message objects; a body that is not plain is
+answered ``(3,)`` and the caller splits it into Messages (the reference path). ``plain_batch``
+says beforehand whether a body is plain, and its message count and body bytes (for quotas).
+
 Return values of ``write_batch``::
 
-    (0, end_pos, next_queue_offset, first_queue_offset, cq, index, last_indexed_offset)   written
+    (0, end_pos, next_queue_offset, first_queue_offset, cq, index, last_indexed_offset,
+     messages, tag_codes)                                                        written
     (1, bytes_needed)                                                            does not fit
     (2, message_index, status_name, reason)                                      refused
+    (3,)                                                                         not a plain body
+
+``tag_codes``: a plain body's distinct tag hash codes in order of first appearance (None for a
+list of Messages).
 """
 
 from __future__ import annotations
@@ -63,12 +77,57 @@ _SLOT = struct.Struct(">i")
 _HEADER = RECORD_HEADER.size
 
 
+PlainBatch = tuple[bytes | memoryview, int, int, bytes, int, int, tuple[bytes, ...]]
+_BATCH_ITEM = struct.Struct(">iiiii")  # total, magic, body CRC, flag, body length
+
+
+def py_plain_items(
+    body: bytes | memoryview, max_messages: int, skip: tuple[bytes, ...]
+) -> list[tuple[int, bytes, dict[str, str]]] | None:
+    """The items of a plain batch body (module docstring) as (flag, body, properties), or None
+    when it is not plain."""
+    mv = memoryview(body)
+    n, pos = len(mv), 0
+    out: list[tuple[int, bytes, dict[str, str]]] = []
+    while pos < n:
+        if n - pos < 22 or len(out) >= max_messages:
+            return None
+        total, _magic, _crc, flag, body_len = _BATCH_ITEM.unpack_from(mv, pos)
+        if total < 22 or total > n - pos or body_len < 0 or 22 + body_len > total:
+            return None
+        plen = int.from_bytes(mv[pos + 20 + body_len : pos + 22 + body_len], "big")
+        if 22 + body_len + plen != total:
+            return None
+        raw = bytes(mv[pos + 22 + body_len : pos + total])
+        if not raw.isascii() or (raw and not raw.endswith(b"\x02")):
+            return None
+        props: dict[str, str] = {}
+        for pair in raw[:-1].split(b"\x02") if raw else ():
+            name, sep, value = pair.partition(b"\x01")
+            if not sep or not name or b"\x01" in value or name in skip or name.decode() in props:
+                return None
+            props[name.decode()] = value.decode()
+        if len(props) > 32:
+            return None
+        out.append((flag, bytes(mv[pos + 20 : pos + 20 + body_len]), props))
+        pos += total
+    return out or None
+
+
+def py_plain_batch(body: bytes | memoryview, max_messages: int, skip: tuple[bytes, ...]) -> tuple[int, int] | None:
+    """(messages, body bytes) of a plain batch body, or None."""
+    items = py_plain_items(body, max_messages, skip)
+    if items is None:
+        return None
+    return len(items), sum(len(b) for _, b, _ in items)
+
+
 def py_write_batch(
     buf: memoryview,
     pos: int,
     limit: int,
     file_from: int,
-    msgs: list[Message],
+    msgs: list[Message] | PlainBatch,
     topic_b: bytes,
     queue_id: int,
     first_qo: int,
@@ -88,6 +147,16 @@ def py_write_batch(
     fd: int = -1,
     fd_offset: int = 0,
 ) -> tuple[Any, ...]:
+    plain = isinstance(msgs, tuple)
+    if isinstance(msgs, tuple):
+        body_in, sys_flag, born_ts, born_host, reconsume, max_messages, skip = msgs
+        if len(born_host) != 8:
+            raise ValueError("born_host must be 8 bytes")
+        items = py_plain_items(body_in, max_messages, skip)
+        if items is None:
+            return (3,)
+        topic = topic_b.decode()
+        msgs = [Message(topic, b, queue_id, f, p, sys_flag, born_ts, born_host, reconsume) for f, b, p in items]
     encoded: list[tuple[Message, bytes, int]] = []
     need = 0
     for i, m in enumerate(msgs):
@@ -176,7 +245,11 @@ def py_write_batch(
         idx_out, _, last_ix = py_index_write(
             ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, store_ts, bytes(idx), 0
         )
-    return (0, pos, qo, max(batch_first_qo, 0), cq_out, idx_out, last_ix)
+    tag_codes = None
+    if plain:
+        distinct = {tags_hash_code(t) if t else 0: None for t in (m.properties.get("TAGS") for m in msgs)}
+        tag_codes = tuple(distinct)
+    return (0, pos, qo, max(batch_first_qo, 0), cq_out, idx_out, last_ix, len(msgs), tag_codes)
 
 
 def py_index_write(
@@ -253,10 +326,12 @@ def py_collect_units(
 WriteBatch = Callable[..., tuple[Any, ...]]
 IndexWrite = Callable[..., tuple[int, int, int]]
 CollectUnits = Callable[..., tuple[int, int, int, int]]
+PlainBatchCheck = Callable[[bytes | memoryview, int, tuple[bytes, ...]], tuple[int, int] | None]
 
 write_batch: WriteBatch = py_write_batch
 index_write: IndexWrite = py_index_write
 collect_units: CollectUnits = py_collect_units
+plain_batch: PlainBatchCheck = py_plain_batch
 COMPILED = False
 
 if not os.environ.get("ORBIT_PURE_PYTHON"):
@@ -268,6 +343,7 @@ if not os.environ.get("ORBIT_PURE_PYTHON"):
         write_batch = _speedups.write_batch
         index_write = _speedups.index_write
         collect_units = _speedups.collect_units
+        plain_batch = _speedups.plain_batch
         COMPILED = True
 
 
@@ -285,7 +361,7 @@ def speedups_module() -> Any:
 def use_compiled(enabled: bool) -> bool:
     """Switch implementations at run time (tests compare them); returns whether the compiled
     one is in use afterwards."""
-    global write_batch, index_write, collect_units, COMPILED
+    global write_batch, index_write, collect_units, plain_batch, COMPILED
     if enabled:
         try:
             from data_plane.store import _speedups  # type: ignore[attr-defined]
@@ -293,8 +369,9 @@ def use_compiled(enabled: bool) -> bool:
             enabled = False
         else:
             write_batch, index_write = _speedups.write_batch, _speedups.index_write
-            collect_units = _speedups.collect_units
+            collect_units, plain_batch = _speedups.collect_units, _speedups.plain_batch
     if not enabled:
         write_batch, index_write, collect_units = py_write_batch, py_index_write, py_collect_units
+        plain_batch = py_plain_batch
     COMPILED = enabled
     return enabled

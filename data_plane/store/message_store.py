@@ -33,6 +33,7 @@ from data_plane.store.commit_log import CommitLog, PutRefused
 from data_plane.store.config import FlushDiskType, StoreConfig
 from data_plane.store.consume_queue import CQ_UNIT
 from data_plane.store.dispatcher import ConsumeQueueTable, Dispatcher
+from data_plane.store.fastpath import PlainBatch
 from data_plane.store.flush import (
     FlushConsumeQueueService,
     FlushRealTimeService,
@@ -362,10 +363,44 @@ class MessageStore:
             return PutMessageResult(
                 PutMessageStatus.MESSAGE_ILLEGAL, None, "the messages of a batch must share topic and queue"
             ), -1
+        written = self._write(msgs if type(msgs) is list else list(msgs), topic, queue_id)
+        assert written is not None  # a list of Messages is always taken
+        return written[0], written[1]
+
+    def append_plain_batch(
+        self,
+        body: bytes | memoryview,
+        topic: str,
+        queue_id: int,
+        *,
+        sys_flag: int,
+        born_timestamp: int,
+        born_host: bytes,
+        reconsume_times: int,
+        max_messages: int,
+        skip_names: tuple[bytes, ...],
+    ) -> tuple[PutMessageResult, int, tuple[int, ...]] | None:
+        """``append`` of a SEND_BATCH_MESSAGE body laid out as it is, with no Message objects,
+        when it is plain (``fastpath``: its properties already in the form the store writes, no
+        name in ``skip_names``). Returns the result, where the batch ends and its distinct tag
+        hash codes; None when the body is not plain (nothing written: split it into Messages)."""
+        if not self.running or self.disk_full or self.dispatch_broken or self.fenced:
+            return self._refuse(), -1, ()
+        plain = (body, sys_flag, born_timestamp, born_host, reconsume_times, max_messages, skip_names)
+        written = self._write(plain, topic, queue_id)
+        if written is None:
+            return None
+        result, end, tag_codes = written
+        return result, end, tag_codes or ()
+
+    def _write(
+        self, batch: list[Message] | PlainBatch, topic: str, queue_id: int
+    ) -> tuple[PutMessageResult, int, tuple[int, ...] | None] | None:
+        """The general append under the CommitLog lock (``append``, ``append_plain_batch``)."""
         cl = self.commit_log
         lock = cl.lock
         if not lock.acquire(False) and not lock.acquire(timeout=self._busy_timeout_s):
-            return PutMessageResult(PutMessageStatus.OS_PAGECACHE_BUSY, None, "commit log lock busy"), -1
+            return PutMessageResult(PutMessageStatus.OS_PAGECACHE_BUSY, None, "commit log lock busy"), -1, None
         try:
             topic_b = cl.topic_bytes(topic)
             if not 0 <= queue_id < 2**31:
@@ -375,12 +410,14 @@ class MessageStore:
             # may be a prepared transaction, which takes no unit).
             first_unit_offset = cl.queue_offsets.get((topic, queue_id), 0)
             targets = dispatcher.targets(topic, queue_id, first_unit_offset)
-            batch = msgs if type(msgs) is list else list(msgs)
-            result, cq_out, index_out, last_indexed = cl.append(batch, topic_b, queue_id, targets)
+            appended = cl.append(batch, topic_b, queue_id, targets, topic)
+            if appended is None:
+                return None
+            result, cq_out, index_out, last_indexed, tag_codes = appended
             if result.status is not AppendMessageStatus.PUT_OK:
                 return PutMessageResult(
                     PutMessageStatus.MESSAGE_ILLEGAL, result, "the batch is larger than a CommitLog file"
-                ), -1
+                ), -1, None
             end = result.wrote_offset + result.wrote_bytes
             try:
                 dispatcher.dispatch_appended(
@@ -392,14 +429,14 @@ class MessageStore:
                 self.dispatch_broken = True
                 log.error("dispatch failed, writes paused until it can be redone: %s", e)
         except PutRefused as e:
-            return PutMessageResult(e.status, None, e.reason), -1
+            return PutMessageResult(e.status, None, e.reason), -1, None
         except OSError as e:
-            return self._io_refusal(e), -1
+            return self._io_refusal(e), -1, None
         finally:
             lock.release()
-        self.put_count += n
+        self.put_count += result.msg_num
         self.put_bytes += result.wrote_bytes
-        return PutMessageResult(PutMessageStatus.PUT_OK, result), end
+        return PutMessageResult(PutMessageStatus.PUT_OK, result), end, tag_codes
 
     def write_staged(self) -> None:
         """Write the single appends gathered in the stage (``write_stage_bytes``) to the

@@ -20,12 +20,13 @@ import orjson
 import pytest
 
 from data_plane.remoting.codes import ResponseCode
+from data_plane.remoting.command import RemotingCommand
 from data_plane.tenancy.quota import parse_retry_after_ms
-from sdk import Message, Producer, PushConsumer, StaticToken
+from sdk import Message, Producer, PushConsumer, StaticToken, protocol
 from sdk.admin import AdminClient
 from sdk.consumer import ConsumeFrom
 from sdk.errors import FlowControlError
-from sdk.message import MessageExt
+from sdk.message import MessageExt, new_unique_ids
 from sdk.push_consumer import ConsumeResult
 from tests.integration.tenancy_cluster import (
     TenancyCluster,
@@ -147,6 +148,25 @@ async def test_publish_quota_flow_control_and_no_acknowledged_message_lost(tenan
     assert len(got) == total
     assert {k: got[k] for k in acked} == acked
     assert took >= (total - CONSUME_LIMIT - 4 * 32) / CONSUME_LIMIT * 0.8, took
+
+
+async def test_a_batch_takes_one_publish_token_per_message(tenancy: TenancyCluster) -> None:
+    acme = await limited_tenant(tenancy, "acme", publish_msgs_per_s=PUBLISH_LIMIT, consume_msgs_per_s=CONSUME_LIMIT)
+
+    def batch(n: int) -> RemotingCommand:
+        msgs = [Message("acme%orders", f"m{i}".encode()) for i in range(n)]
+        return protocol.send_batch_request(
+            group="acme%checkout", msgs=msgs, queue_id=0, unique_ids=new_unique_ids(n),
+            born_timestamp_ms=int(time.time() * 1000),
+        )  # fmt: skip
+
+    first = await tenancy.invoke(batch(PUBLISH_LIMIT * 3 // 4), token=acme.token)
+    assert first.code == ResponseCode.SUCCESS, first.remark
+    # One request, but three quarters of the bucket gone: the next such batch does not fit.
+    second = await tenancy.invoke(batch(PUBLISH_LIMIT * 3 // 4), token=acme.token)
+    assert second.code == ResponseCode.FLOW_CONTROL, (second.code, second.remark)
+    assert "over its publish quota" in (second.remark or "")
+    assert await stored_count(tenancy, "acme%orders") == PUBLISH_LIMIT * 3 // 4  # nothing of the refused one
 
 
 async def test_pulls_over_the_consume_quota_are_answered_flow_control(tenancy: TenancyCluster) -> None:

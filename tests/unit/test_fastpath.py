@@ -295,8 +295,8 @@ def test_write_batch_lays_out_records_units_and_index_items_that_mean_what_they_
         buf = bytearray(pos + need)
         r = fastpath.write_batch(memoryview(buf), pos, pos + need, file_from, msgs, topic_b, queue_id, first_qo,
                                  STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG, True)
-        status, end, next_qo, batch_first_qo, cq, idx, last_ix = r
-        assert (status, end, last_ix) == (0, pos + need, -1)
+        status, end, next_qo, batch_first_qo, cq, idx, last_ix, count, tag_codes = r
+        assert (status, end, last_ix, count, tag_codes) == (0, pos + need, -1, len(msgs), None)
         expect_cq = b""
         expect_idx = b""
         qo = first_qo
