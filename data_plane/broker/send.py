@@ -182,7 +182,10 @@ class SendProcessor:
                 ResponseCode.SYSTEM_ERROR,
                 f"request queueId[{queue_id}] is illegal, topic {topic} has {nq} write queues",
             )
-        body = cmd.body_bytes()
+        # A batch's body is used where it lies (a large one is a view of the frame); a single
+        # message's becomes its store Message's bytes.
+        raw = cmd.body
+        body = raw if batch and isinstance(raw, memoryview) else cmd.body_bytes()
         if not body:
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, "the message body is empty")
         limit = self.max_batch_bytes if batch else self.max_message_bytes
@@ -213,7 +216,8 @@ class SendProcessor:
             except ValueError as e:
                 raise HeaderError(f"header field 'properties' is malformed: {e}") from None
             flag = field_int(ext, names.flag, 0, lo=-(2**31), hi=2**31 - 1)
-            msgs = [Message(topic, body, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
+            one = body if type(body) is bytes else bytes(body)  # (always bytes here: not a batch)
+            msgs = [Message(topic, one, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
         if broker.before_put is not None:
             refused = broker.before_put(conn, cmd, msgs)
             if refused is not None:
@@ -233,7 +237,7 @@ class SendProcessor:
     def _send_plain_batch(
         self,
         cmd: RemotingCommand,
-        body: bytes,
+        body: bytes | memoryview,
         topic: str,
         queue_id: int,
         sys_flag: int,
@@ -358,7 +362,7 @@ class SendProcessor:
 
 
 def py_batch_messages(
-    body: bytes, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
+    body: bytes | memoryview, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
 ) -> list[Message]:
     """The messages of a SEND_BATCH_MESSAGE body (layout in remoting/bodies.py), as the store
     takes them. Raises HeaderError, saying what is wrong."""
@@ -373,7 +377,7 @@ def py_batch_messages(
 
 
 def batch_messages(
-    body: bytes, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
+    body: bytes | memoryview, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
 ) -> list[Message]:
     """``py_batch_messages``, by its compiled twin when that is built (which leaves a body that
     is not well formed to the Python one, for its error)."""

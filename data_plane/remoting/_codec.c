@@ -4,14 +4,15 @@
  *
  *     header length 4 (serialize type in the high byte) | header | body
  *
- * decode_frame(frame, cls) decodes a frame whose header is JSON (type 0) of the shape every
+ * decode_frame(frame, cls, view_from) decodes a frame whose header is JSON (type 0) of the shape every
  * RocketMQ client sends: one object whose "code", "opaque", "flag" and "version" are integer
  * literals within a 32-bit int, "language" a string, "remark" a string or null, "extFields" an
  * object of string values (or null), any other member a string, number, true, false or null.
  * It returns ``cls`` (RemotingCommand) with every slot set, as py_decode_frame would build it, or
  * None for anything else — another serialize type, a number written as a string, a value that
  * is an array, bad JSON, invalid UTF-8, a \u escape of a surrogate — and the Python twin then
- * decides, raising its FrameError where the frame is bad. It never raises for a frame's bytes. */
+ * decides, raising its FrameError where the frame is bad. It never raises for a frame's bytes.
+ * A body of view_from bytes or more is a memoryview of the frame (no copy); a smaller one, bytes. */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
@@ -312,8 +313,10 @@ fail:
 
 static PyObject *decode_frame(PyObject *self, PyObject *args) {
     Py_buffer b;
-    PyObject *cls;
-    if (!PyArg_ParseTuple(args, "y*O:decode_frame", &b, &cls)) return NULL;
+    PyObject *frame, *cls;
+    Py_ssize_t view_from;
+    if (!PyArg_ParseTuple(args, "OOn:decode_frame", &frame, &cls, &view_from)) return NULL;
+    if (PyObject_GetBuffer(frame, &b, PyBUF_SIMPLE) < 0) return NULL;
     PyObject *result = NULL, *ext = NULL, *remark = NULL, *language = NULL, *body = NULL;
     reader r = {0};
     long code = 0, opaque = 0, flag = 0, version = 0;
@@ -413,7 +416,12 @@ static PyObject *decode_frame(PyObject *self, PyObject *args) {
         language = PyUnicode_InternFromString("OTHER");
         if (!language) goto done;
     }
-    if (len > 4 + hlen) {
+    if (len > 4 + hlen && len - 4 - hlen >= view_from) { /* a large body: a view of the frame, as the twin */
+        PyObject *whole = PyMemoryView_FromObject(frame);
+        body = whole ? PySequence_GetSlice(whole, 4 + hlen, len) : NULL;
+        Py_XDECREF(whole);
+        if (!body) goto done;
+    } else if (len > 4 + hlen) {
         body = PyBytes_FromStringAndSize((const char *)base + 4 + hlen, len - 4 - hlen);
         if (!body) goto done;
     }
@@ -461,7 +469,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"decode_frame", decode_frame, METH_VARARGS,
-     "decode_frame(frame, cls): the command of a frame with a common JSON header, else None."},
+     "decode_frame(frame, cls, view_from): the command of a frame with a common JSON header, else None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -45,6 +45,9 @@ _U32 = struct.Struct(">I")
 
 MAX_FRAME_BYTES = 16 * 1024 * 1024  # default limit on one frame (the length field's value)
 MAX_HEADER_BYTES = 1024 * 1024
+# A decoded body this large stays a view of the frame's bytes (a pull's records, a batch), not a
+# copy: FrameDecoder hands out frames of buffers nothing writes to again. Smaller ones are bytes.
+BODY_VIEW_BYTES = 16 * 1024
 _INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
 
 # LanguageCode ordinals, for the binary header.
@@ -240,18 +243,19 @@ def py_decode_frame(frame: Body) -> RemotingCommand:
         raise FrameError(f"unknown header serialization type {stype}")
     cmd.serialize_type = stype
     if len(mv) > 4 + hlen:
-        cmd.body = bytes(mv[4 + hlen :])
+        rest = mv[4 + hlen :]
+        cmd.body = rest if len(rest) >= BODY_VIEW_BYTES else bytes(rest)
     return cmd
 
 
-def _load_compiled() -> Callable[[Body, type], RemotingCommand | None] | None:
+def _load_compiled() -> Callable[[Body, type, int], RemotingCommand | None] | None:
     if os.environ.get("ORBIT_PURE_PYTHON"):
         return None
     try:
         from data_plane.remoting import _codec  # type: ignore[attr-defined]
     except ImportError:  # not built (no compiler): the Python twin serves
         return None
-    compiled: Callable[[Body, type], RemotingCommand | None] = _codec.decode_frame
+    compiled: Callable[[Body, type, int], RemotingCommand | None] = _codec.decode_frame
     return compiled
 
 
@@ -261,7 +265,7 @@ compiled_decode_frame = _load_compiled()
 def decode_frame(frame: Body) -> RemotingCommand:
     """Decode one frame without its 4-byte length prefix. Raises FrameError."""
     if compiled_decode_frame is not None:
-        cmd = compiled_decode_frame(frame, RemotingCommand)
+        cmd = compiled_decode_frame(frame, RemotingCommand, BODY_VIEW_BYTES)
         if cmd is not None:
             return cmd
     return py_decode_frame(frame)

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from data_plane.remoting.command import (
+    BODY_VIEW_BYTES,
     SERIALIZE_ROCKETMQ,
     FrameError,
     RemotingCommand,
@@ -30,7 +31,10 @@ def compiled() -> Compiled:
         from data_plane.remoting import _codec  # type: ignore[attr-defined]
     except ImportError:
         pytest.skip("data_plane.remoting._codec is not built here")
-    fn: Compiled = _codec.decode_frame
+    def fn(frame: Any, cls: type) -> RemotingCommand | None:
+        got: RemotingCommand | None = _codec.decode_frame(frame, cls, BODY_VIEW_BYTES)
+        return got
+
     return fn
 
 
@@ -74,7 +78,7 @@ def random_command(rng: random.Random) -> RemotingCommand:
         flag=rng.choice([0, 1, 2, 3]),
         remark=rng.choice([None, *TEXTS]),
         ext_fields=ext,
-        body=rng.choice([None, b"", b"body", rng.randbytes(rng.randrange(2000))]),
+        body=rng.choice([None, b"", b"body", rng.randbytes(rng.randrange(2000)), rng.randbytes(BODY_VIEW_BYTES)]),
         language=rng.choice(["JAVA", "PYTHON", "CPP", "", "é"]),
         version=rng.choice([0, 399, 2**31 - 1]),
     )
@@ -151,6 +155,22 @@ def test_headers_other_clients_write_are_taken(compiled: Compiled, header: bytes
 def test_other_headers_are_left_to_python(compiled: Compiled, header: bytes) -> None:
     assert compiled(frame(header), RemotingCommand) is None
     same(compiled, frame(header))
+
+
+def test_a_large_body_is_a_view_of_the_frame_and_a_small_one_is_bytes(compiled: Compiled) -> None:
+    header = orjson.dumps({"code": 11, "flag": 1})
+    big = bytearray(frame(header, b"r" * BODY_VIEW_BYTES))
+    for cmd in (compiled(big, RemotingCommand), py_decode_frame(big)):
+        assert cmd is not None
+        assert isinstance(cmd.body, memoryview)
+        assert bytes(cmd.body) == b"r" * BODY_VIEW_BYTES
+        big[-1] = ord("s")  # a view: it sees the frame's bytes (which FrameDecoder never reuses)
+        assert bytes(cmd.body[-1:]) == b"s"
+        big[-1] = ord("r")
+    small = frame(header, b"r" * (BODY_VIEW_BYTES - 1))
+    for cmd in (compiled(small, RemotingCommand), py_decode_frame(small)):
+        assert cmd is not None
+        assert type(cmd.body) is bytes
 
 
 def test_binary_headers_and_short_frames_are_left_to_python(compiled: Compiled) -> None:
