@@ -145,24 +145,24 @@ class CommitLog:
     def append(
         self,
         msgs: list[Message] | PlainBatch,
+        topic: str,
         topic_b: bytes,
         queue_id: int,
         targets: tuple[Any, ...] = (),
-        topic: str | None = None,
     ) -> tuple[AppendResult, bytes | int, bytes | int, int, tuple[int, ...] | None] | None:
         """Write ``msgs`` (one topic and queue id) contiguously in one file. Returns the result,
         the ConsumeQueue units and index items of the batch — or, when ``targets`` (see
         ``Dispatcher.targets``) could take them, where they now end — the CommitLog offset of
         the last record indexed, and a plain body's distinct tag codes. ``msgs`` may be a plain
-        batch body (``fastpath``; ``topic`` then names the topic); None when it is not plain
-        (nothing written). Raises PutRefused for a bad message (nothing written) and OSError
-        when no file can be created (full disk). The caller holds ``self.lock``."""
+        batch body (``fastpath``); None when it is not plain (nothing written). Raises
+        PutRefused for a bad message (nothing written) and OSError when no file can be created
+        (full disk). The caller holds ``self.lock``."""
         cfg = self.config
         mf = self.mfq.last_file_for_write()
         now = self._clock_ms()
         now = max(now, self.last_store_timestamp)  # store timestamps never go backwards
         self.last_store_timestamp = now
-        key = (topic if topic is not None else msgs[0].topic, queue_id)  # type: ignore[union-attr]
+        key = (topic, queue_id)
         first_qo = self.queue_offsets.get(key, 0)
         usable = self.file_size - END_FILE_MIN_BLANK_LENGTH
         if len(targets) < len(_NO_TARGETS):

@@ -147,8 +147,9 @@ def py_write_batch(
     fd: int = -1,
     fd_offset: int = 0,
 ) -> tuple[Any, ...]:
-    plain = isinstance(msgs, tuple)
+    plain = False
     if isinstance(msgs, tuple):
+        plain = True
         body_in, sys_flag, born_ts, born_host, reconsume, max_messages, skip = msgs
         if len(born_host) != 8:
             raise ValueError("born_host must be 8 bytes")

@@ -384,7 +384,7 @@ class MessageStore:
         when it is plain (``fastpath``: its properties already in the form the store writes, no
         name in ``skip_names``). Returns the result, where the batch ends and its distinct tag
         hash codes; None when the body is not plain (nothing written: split it into Messages)."""
-        if not self.running or self.disk_full or self.dispatch_broken or self.fenced:
+        if not self.writable:
             return self._refuse(), -1, ()
         plain = (body, sys_flag, born_timestamp, born_host, reconsume_times, max_messages, skip_names)
         written = self._write(plain, topic, queue_id)
@@ -410,7 +410,7 @@ class MessageStore:
             # may be a prepared transaction, which takes no unit).
             first_unit_offset = cl.queue_offsets.get((topic, queue_id), 0)
             targets = dispatcher.targets(topic, queue_id, first_unit_offset)
-            appended = cl.append(batch, topic_b, queue_id, targets, topic)
+            appended = cl.append(batch, topic, topic_b, queue_id, targets)
             if appended is None:
                 return None
             result, cq_out, index_out, last_indexed, tag_codes = appended
