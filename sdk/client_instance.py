@@ -22,7 +22,6 @@ so the last one closes the instance. Consumers of one group must be in different
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
@@ -36,7 +35,7 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors
 from sdk import protocol
-from sdk.aio import wait_event
+from sdk.aio import cancel_and_wait, wait_event
 from sdk.client_id import new_client_id
 from sdk.credentials import TokenProvider, as_hook
 from sdk.errors import (
@@ -142,11 +141,7 @@ class ClientInstance:
         if self.closed:
             return
         self.closed = True
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._tasks)
         await self.remoting.close()
         if self.on_close is not None:
             self.on_close(self)
@@ -474,4 +469,3 @@ async def acquire_instance(
         inst.on_close = forget
     await inst.acquire()
     return inst
-

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Required, TypedDict, TypeVar
 from data_plane.remoting import bodies
 from data_plane.remoting.codes import RequestCode
 from sdk import protocol
-from sdk.aio import wait_event
+from sdk.aio import cancel_and_wait, wait_event
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
 from sdk.errors import ClientStateError, FlowControlError, IllegalArgumentError, OrbitError, RouteNotFoundError
 from sdk.message import MessageExt, MessageQueue
@@ -183,6 +183,7 @@ class ConsumerBase:
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._pull_tasks: dict[MessageQueue, asyncio.Task[None]] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._rebalance_task: asyncio.Task[None] | None = None
         self._rebalance_wakeup = asyncio.Event()
         self._stop = asyncio.Event()
         self._started = False
@@ -282,8 +283,8 @@ class ConsumerBase:
             self._instance = None
             self._started = False
             raise
+        self._rebalance_task = asyncio.create_task(self._rebalance_loop(), name=f"orbit-rebalance-{self.group}")
         self._tasks = [
-            asyncio.create_task(self._rebalance_loop(), name=f"orbit-rebalance-{self.group}"),
             asyncio.create_task(self._persist_loop(), name=f"orbit-persist-{self.group}"),
             *self._extra_tasks(),
         ]
@@ -323,23 +324,22 @@ class ConsumerBase:
         return []
 
     async def shutdown(self) -> None:
-        """Stop pulling, let consumption in flight finish, persist offsets, leave the group."""
+        """Stop pulling, let consumption in flight finish, persist offsets, leave the group. A
+        queue being handed over by a rebalance at that moment finishes its hand-over (offset
+        persisted, orderly lock released), so its next owner takes it at once."""
         if self._closed or not self._started:
             self._closed = True
             return
         self._closed = True
         self._stop.set()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
-        pulls = list(self._pull_tasks.values())
-        for t in pulls:
-            t.cancel()
-        for t in pulls:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        await cancel_and_wait(*self._tasks)
+        if self._rebalance_task is not None:
+            # A rebalance dropping a queue finishes that step (consumption in flight, offset
+            # persisted, lock released) rather than leave the queue half dropped; then it ends.
+            self._rebalance_wakeup.set()
+            await asyncio.wait([self._rebalance_task], timeout=self._stop_grace_s())
+            await cancel_and_wait(self._rebalance_task)
+        await cancel_and_wait(*self._pull_tasks.values())
         self._pull_tasks.clear()
         await self._finish_consuming()
         inst = self.instance
@@ -360,6 +360,11 @@ class ConsumerBase:
             await inst.release()
             self._instance = None
 
+    def _stop_grace_s(self) -> float:
+        """How long ``shutdown`` lets a rebalance step in progress finish before cancelling it:
+        an offset to persist and a lock to release, a request each."""
+        return 2 * self.request_timeout_ms / 1000 + 1
+
     async def _finish_consuming(self) -> None:
         """Subclasses wait for the consumption in flight."""
 
@@ -375,9 +380,11 @@ class ConsumerBase:
 
     # --- rebalancing -----------------------------------------------------------------------------------
     async def _rebalance_loop(self) -> None:
-        while True:
+        while not self._stop.is_set():
             await wait_event(self._rebalance_wakeup, self.rebalance_interval_ms / 1000)
             self._rebalance_wakeup.clear()
+            if self._stop.is_set():
+                return
             try:
                 complete = await self.rebalance()
             except asyncio.CancelledError:
@@ -446,9 +453,7 @@ class ConsumerBase:
         pq.drop()
         task = self._pull_tasks.pop(mq, None)
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)  # a shutdown cancelling this rebalance meanwhile is not lost
         await self._queue_removed(mq, pq)
         offsets = self.offset_store
         try:

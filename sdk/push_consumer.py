@@ -279,6 +279,9 @@ class PushConsumer(ConsumerBase):
         if offset >= 0:
             self.offset_store.update(mq, offset)
 
+    def _stop_grace_s(self) -> float:
+        return super()._stop_grace_s() + self.await_termination_ms / 1000  # plus a listener call in flight
+
     async def _finish_consuming(self) -> None:
         tasks = list(self._consume_tasks) + list(self._orderly_tasks.values())
         for ev in self._orderly_wakeup.values():

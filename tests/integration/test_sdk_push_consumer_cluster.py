@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -274,6 +275,70 @@ async def test_an_orderly_listener_that_suspends_gets_the_same_message_again_bef
     finally:
         await c.shutdown()
     assert calls == [(b"0", 0), (b"1", 0), (b"1", 1), (b"1", 2), (b"2", 0), (b"3", 0)]
+
+
+@pytest.mark.asyncio
+async def test_a_shutdown_during_a_queue_drop_finishes_the_drop(namesrv_addr: str) -> None:
+    """o1 is handing queue 1 over to a new member (its listener still busy with "hold") when it
+    is shut down: the drop completes — the call in flight commits, the offset is persisted, the
+    lock released — so o2 takes the queue at once (not after the broker's 60 s lock expiry) and
+    goes on after "hold"."""
+    await create_topic(namesrv_addr, "Drop", 2)
+    gate, entered = asyncio.Event(), asyncio.Event()
+    got: dict[str, list[tuple[int, bytes]]] = {"m1": [], "m2": []}
+    first: list[str] = []  # m1's client id
+
+    class FirstKeepsQueueZero:
+        """Both members' strategy: m1 alone takes every queue; with company, queue 0 only."""
+
+        name = "TEST"
+
+        def allocate(self, group: str, cid: str, mqs: Any, cids: Any) -> list[MessageQueue]:
+            if len(cids) == 1:
+                return list(mqs)
+            return [q for q in mqs if (q.queue_id == 0) == (cid == first[0])]
+
+    def orderly(name: str) -> PushConsumer:
+        c = PushConsumer("dg", namesrv_addrs=namesrv_addr, instance_name=name, allocate=FirstKeepsQueueZero(), **QUICK)
+        c.subscribe("Drop")
+
+        async def listener(msgs: list[MessageExt]) -> ConsumeResult:
+            for m in msgs:
+                if m.body == b"hold" and name == "m1":
+                    entered.set()
+                    await gate.wait()
+                got[name].append((m.queue_id, m.body))
+            return ConsumeResult.SUCCESS
+
+        c.on_message_orderly(listener)
+        return c
+
+    def to_queue_1(queues: Sequence[MessageQueue], msg: Message) -> MessageQueue:
+        return next(q for q in queues if q.queue_id == 1)
+
+    c1, c2 = orderly("m1"), orderly("m2")
+    await c1.start()
+    first.append(c1.client_id)
+    try:
+        await until(lambda: len(c1.assignment()) == 2, "m1 to hold both queues")
+        async with Producer("p", namesrv_addrs=namesrv_addr) as producer:
+            for body in (b"a", b"b", b"hold"):
+                await producer.send(Message("Drop", body), queue_selector=to_queue_1)
+            await until(entered.is_set, "m1's listener to be busy with 'hold'")
+            await c2.start()
+            await until(lambda: {mq.queue_id for mq in c1.assignment() if mq.topic == "Drop"} == {0}, "m1 dropping 1")
+            stopping = asyncio.create_task(c1.shutdown())
+            await asyncio.sleep(0)  # the shutdown is under way (its first step is synchronous)
+            assert not stopping.done()
+            gate.set()
+            await asyncio.wait_for(stopping, DEADLINE_S)
+            assert got["m1"] == [(1, b"a"), (1, b"b"), (1, b"hold")]
+            await producer.send(Message("Drop", b"after"), queue_selector=to_queue_1)
+            await until(lambda: (1, b"after") in got["m2"], "m2 to consume queue 1", timeout_s=20)
+        assert got["m2"] == [(1, b"after")], "m2 started queue 1 where m1's drop committed it"
+    finally:
+        await c1.shutdown()
+        await c2.shutdown()
 
 
 def _keys_covering(queues: int, per_queue: int) -> list[str]:
