@@ -420,8 +420,12 @@ def parse_pull_response(
         max_offset=_ext_int(resp, "maxOffset", addr),
         suggest_which_broker_id=int((resp.ext_fields or {}).get("suggestWhichBrokerId") or 0),
     )
-    if status is PullStatus.FOUND and resp.body is not None:
-        result.messages = decode_messages(resp.body_bytes(), broker_name, check_crc=check_crc)
+    body = resp.body
+    if status is PullStatus.FOUND and body is not None:
+        # Straight from the frame (a large body is a view of it): the decoders copy each
+        # message's body out, so nothing keeps the frame alive.
+        raw = body if isinstance(body, bytes | memoryview) else resp.body_bytes()
+        result.messages = decode_messages(raw, broker_name, check_crc=check_crc)
     return result
 
 

@@ -355,19 +355,20 @@ class FrameDecoder:
     """Splits a byte stream into frames. ``feed`` returns the complete frames (each without
     its length prefix, as a memoryview of bytes nothing writes to again: no copy per frame) and
     keeps the rest; a length over ``max_frame_bytes`` or under 4 raises FrameError before
-    anything of that frame is buffered. A frame spread over many reads is joined once, when
-    its last byte arrives."""
+    anything of that frame is buffered. A frame spread over many reads keeps the reads as they
+    are and is joined once, when its last byte arrives (one exact-size copy)."""
 
-    __slots__ = ("_buf", "_need", "max_frame_bytes")
+    __slots__ = ("_have", "_need", "_parts", "max_frame_bytes")
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._buf = bytearray()
-        self._need = 0  # bytes the buffer must hold before its first frame is complete
+        self._parts: list[Body] = []  # the reads holding the start of the next frame
+        self._have = 0  # their bytes
+        self._need = 0  # bytes the parts must hold before the next frame is complete
         self.max_frame_bytes = max_frame_bytes
 
     @property
     def buffered(self) -> int:
-        return len(self._buf)
+        return self._have
 
     def _check(self, length: int) -> None:
         if length > self.max_frame_bytes:
@@ -376,17 +377,15 @@ class FrameDecoder:
             raise FrameError(f"frame length {length} is shorter than its header-length field")
 
     def feed(self, data: Body) -> list[Body]:
-        buf = self._buf
-        if buf:
-            buf += data
-            if len(buf) < self._need:
+        src = data if isinstance(data, bytes) else bytes(data)  # frames are views: of bytes only
+        if self._parts:
+            self._parts.append(src)
+            self._have += len(src)
+            if self._have < self._need:
                 return []
-            # The joined bytes become the frames' own (no copy): the decoder keeps a new buffer
-            # and never writes to this one again.
-            src: Body = buf
-            buf = self._buf = bytearray()
-        else:
-            src = data if isinstance(data, bytes) else bytes(data)
+            src = b"".join(self._parts)
+            self._parts = []
+            self._have = 0
         mv = memoryview(src)
         n = len(mv)
         pos = 0
@@ -400,9 +399,8 @@ class FrameDecoder:
                 break
             frames.append(mv[pos + 4 : end])
             pos = end
-        if pos < n:
-            buf += mv[pos:]
-            self._need = 4 + unpack(buf, 0)[0] if len(buf) >= 4 else 4
-        else:
-            self._need = 0
+        if pos < n:  # the start of the next frame: its length is checked above when it has one
+            self._parts.append(mv[pos:])
+            self._have = n - pos
+            self._need = 4 + unpack(mv, pos)[0] if n - pos >= 4 else 4
         return frames
