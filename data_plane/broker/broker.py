@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -36,6 +37,7 @@ from data_plane.broker.client_processor import ClientProcessor
 from data_plane.broker.config import BrokerConfig, advertised_address
 from data_plane.broker.consumer_filter import ConsumerFilterManager
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
+from data_plane.broker.gc_watch import GcWatch
 from data_plane.broker.long_poll import PullRequestHoldService
 from data_plane.broker.pull import PullHandler, PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
@@ -125,6 +127,7 @@ class Broker:
         self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0, "max_loop_lag_ms": 0}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
+        self.gc_watch = GcWatch()
         self._register_soon = False
         self._stopping = False
 
@@ -160,6 +163,7 @@ class Broker:
         await self.replication.start()
         self._register_processors()
         await self.server.start_serving()
+        self.gc_watch.install()
         loop = asyncio.get_running_loop()
         self._tasks += [
             loop.create_task(self._register_loop()),
@@ -285,6 +289,7 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        self.gc_watch.remove()
         if self.replication is not None:
             # Before the lease timer goes with the failover agent; the unregistration follows.
             self.replication.fence("stopping", reregister=False)
@@ -372,6 +377,7 @@ class Broker:
             "retentionHours": st.retention_hours,
         }
         info.update(self.schedule.runtime_info())
+        info.update(self.gc_watch.runtime_info())
         info["brokerRole"] = self.replication.role.value
         info.update(self.replication.runtime_info())
         if self.failover is not None:
@@ -487,6 +493,9 @@ def write_ready_file(path: str, info: dict[str, Any]) -> None:
 async def serve(config: BrokerConfig, ready_file: str | None = None) -> int:
     broker = Broker(config)
     await broker.start()
+    # Everything made so far (modules, config, the recovered store) lives as long as the
+    # process: out of every later collection (gc_watch.py says why).
+    gc.freeze()
     if ready_file:
         write_ready_file(
             ready_file,

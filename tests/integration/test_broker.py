@@ -519,6 +519,16 @@ async def test_pull_filters_by_tags(wire: Wire, wires: Callable[..., Wire]) -> N
     assert (await pulled(None, group="only-c"))[0] == [2]
 
 
+# --- the process ----------------------------------------------------------------------------------
+@pytest.mark.asyncio
+async def test_the_served_broker_keeps_its_startup_objects_out_of_every_collection(wire: Wire) -> None:
+    """``orbit broker`` freezes what exists once it serves (gc_watch.py): the modules, config
+    and store objects (tens of thousands) are no longer walked by a full collection."""
+    info = await wire.runtime()
+    assert int(info["gcFrozenObjects"]) > 10_000, info
+    assert {"maxGcPauseMs", "gcFullCollections"} <= info.keys()
+
+
 # --- long polling -----------------------------------------------------------------------------
 async def held_pulls(w: Wire) -> int:
     return int((await w.runtime())["heldPullRequests"])
