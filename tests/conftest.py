@@ -76,6 +76,7 @@ def small_config(path: str, **changes: object) -> StoreConfig:
         "index_max_entries": 256,
         "flush_interval_commit_log_ms": 50,
         "flush_interval_consume_queue_ms": 50,
+        "flush_interval_index_ms": 50,
         "preallocate_next_file": False,
     }
     base.update(changes)

@@ -51,6 +51,14 @@ class StoreConfig:
     flush_commit_log_least_pages: int = 4
     flush_commit_log_thorough_interval_ms: int = 10_000
     flush_interval_consume_queue_ms: int = 1_000
+    # IndexFiles are flushed (and the checkpoint's index offset moved) this often, and at a
+    # clean stop. Their slot table is written at random through the mapping: every flush
+    # write-protects its pages, and the next write to each takes a page fault — at 5,000
+    # msgs/s, ~2,300 faults a second in bursts after each 1 s flush, the broker's latency tail.
+    # RocketMQ flushes an IndexFile only when it is full; the kernel writes dirty pages back
+    # within ~30 s (dirty_expire_centisecs) either way. After a crash, recovery rebuilds the
+    # entries past the last index flush from the CommitLog.
+    flush_interval_index_ms: int = 30_000
     flush_consume_queue_least_pages: int = 2
     flush_consume_queue_thorough_interval_ms: int = 60_000
     sync_flush_timeout_ms: int = 5_000

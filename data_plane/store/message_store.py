@@ -118,6 +118,11 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.queues, self.index)
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
+        # Where the IndexFiles were last flushed (a log offset), when (clock_ms, for the
+        # checkpoint) and when by the monotonic clock (their flush cadence).
+        self._index_flushed_offset = 0
+        self._index_flushed_ms = 0
+        self._index_flushed_at = -float("inf")
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.disk_full = False
         # Set by a broker that is not (or no longer) its group's master: every writer of this
@@ -298,18 +303,24 @@ class MessageStore:
         if cfg.release_flushed_pages:
             for cq in dirty:
                 cq.mfq.release_flushed_pages(64 * 1024)
-        if self.index is not None:
-            self.index.flush()
+        now = self.clock_ms()
+        at = time.monotonic()
+        if self.index is None:
+            self._index_flushed_offset, self._index_flushed_ms = dispatched, now
+        elif thorough or (at - self._index_flushed_at) * 1000 >= cfg.flush_interval_index_ms:
+            self.index.flush()  # (its own cadence: see StoreConfig.flush_interval_index_ms)
+            self._index_flushed_offset, self._index_flushed_ms, self._index_flushed_at = dispatched, now, at
             if cfg.release_flushed_pages:
                 for f in self.index.files:
                     f.release_entries(1 << 20)
         cp = self.checkpoint
         cp.physic_offset = self.commit_log.mfq.flushed_where
         # Units and entries for every record below `dispatched` were written before the
-        # flushes above began, so they are durable now.
-        cp.logics_offset = cp.index_offset = dispatched
-        now = self.clock_ms()
-        cp.physic_msg_timestamp = cp.logics_msg_timestamp = cp.index_msg_timestamp = now
+        # flushes above began, so they are durable now; the index up to its last flush.
+        cp.logics_offset = dispatched
+        cp.index_offset = self._index_flushed_offset
+        cp.physic_msg_timestamp = cp.logics_msg_timestamp = now
+        cp.index_msg_timestamp = self._index_flushed_ms
         try:
             cp.flush()
         except OSError:

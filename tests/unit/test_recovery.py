@@ -187,6 +187,42 @@ def test_a_crash_keeps_every_message_put_before_it(
     _assert_puts_continue(recovered, puts)
 
 
+def test_index_files_keep_their_own_flush_cadence_and_a_crash_rebuilds_the_entries_after_it(
+    make_store: Callable[..., MessageStore], tmp_path: Path, seed: int
+) -> None:
+    """IndexFiles are flushed every ``flush_interval_index_ms`` (their random slot writes fault
+    after each flush): the checkpoint's index offset stays at that flush while the log and the
+    ConsumeQueues move on, and recovery from a crash rebuilds the newer entries from the log —
+    every key found once, at its message."""
+    store = make_store(flush_interval_index_ms=3_600_000)
+    indexed_at_start = StoreCheckpoint.load(store.config.checkpoint_path).index_offset
+    puts = _put_many(store, 100, random.Random(seed))
+    target = store.max_phy_offset()
+    before = _snapshot(store)
+    store.commit_log.mfq.flush_all()
+
+    def log_and_queues_checkpointed() -> bool:
+        cp = StoreCheckpoint.load(store.config.checkpoint_path)
+        return cp.valid and cp.physic_offset == target and cp.logics_offset == target
+
+    deadline = time.monotonic() + 5
+    while not log_and_queues_checkpointed():
+        assert time.monotonic() < deadline, "the checkpoint never caught up with the log"
+        time.sleep(0.01)
+    cp = StoreCheckpoint.load(store.config.checkpoint_path)
+    assert cp.index_offset == indexed_at_start < target
+    assert cp.min_offset() == indexed_at_start
+    dest = tmp_path / "crashed"
+    shutil.copytree(store.config.store_path, dest)
+    recovered = make_store(str(dest))
+    assert recovered.recovered_abnormally
+    assert _snapshot(recovered) == before
+    _assert_all_there(recovered, puts)
+    assert StoreCheckpoint.load(recovered.config.checkpoint_path).index_offset == target  # flushed after recovery
+    store.shutdown()  # a clean stop flushes the index whatever its cadence
+    assert StoreCheckpoint.load(store.config.checkpoint_path).index_offset == target
+
+
 # --- torn and corrupt tails -------------------------------------------------------------------
 
 
