@@ -34,8 +34,9 @@ from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors
+from data_plane.tasks import cancel_all
 from sdk import protocol
-from sdk.aio import cancel_and_wait, wait_event
+from sdk.aio import wait_event
 from sdk.client_id import new_client_id
 from sdk.credentials import TokenProvider, as_hook
 from sdk.errors import (
@@ -141,7 +142,7 @@ class ClientInstance:
         if self.closed:
             return
         self.closed = True
-        await cancel_and_wait(*self._tasks)
+        await cancel_all(self._tasks)
         await self.remoting.close()
         if self.on_close is not None:
             self.on_close(self)

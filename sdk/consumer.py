@@ -34,8 +34,9 @@ from typing import TYPE_CHECKING, Required, TypedDict, TypeVar
 
 from data_plane.remoting import bodies
 from data_plane.remoting.codes import RequestCode
+from data_plane.tasks import cancel_all
 from sdk import protocol
-from sdk.aio import cancel_and_wait, wait_event
+from sdk.aio import wait_event
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
 from sdk.errors import ClientStateError, FlowControlError, IllegalArgumentError, OrbitError, RouteNotFoundError
 from sdk.message import MessageExt, MessageQueue
@@ -332,14 +333,14 @@ class ConsumerBase:
             return
         self._closed = True
         self._stop.set()
-        await cancel_and_wait(*self._tasks)
+        await cancel_all(self._tasks)
         if self._rebalance_task is not None:
             # A rebalance dropping a queue finishes that step (consumption in flight, offset
             # persisted, lock released) rather than leave the queue half dropped; then it ends.
             self._rebalance_wakeup.set()
             await asyncio.wait([self._rebalance_task], timeout=self._stop_grace_s())
-            await cancel_and_wait(self._rebalance_task)
-        await cancel_and_wait(*self._pull_tasks.values())
+            await cancel_all([self._rebalance_task])
+        await cancel_all(self._pull_tasks.values())
         self._pull_tasks.clear()
         await self._finish_consuming()
         inst = self.instance
@@ -380,7 +381,7 @@ class ConsumerBase:
 
     # --- rebalancing -----------------------------------------------------------------------------------
     async def _rebalance_loop(self) -> None:
-        while not self._stop.is_set():
+        while True:
             await wait_event(self._rebalance_wakeup, self.rebalance_interval_ms / 1000)
             self._rebalance_wakeup.clear()
             if self._stop.is_set():
@@ -453,7 +454,7 @@ class ConsumerBase:
         pq.drop()
         task = self._pull_tasks.pop(mq, None)
         if task is not None:
-            await cancel_and_wait(task)  # a shutdown cancelling this rebalance meanwhile is not lost
+            await cancel_all([task])  # a shutdown cancelling this rebalance meanwhile is not lost
         await self._queue_removed(mq, pq)
         offsets = self.offset_store
         try:

@@ -46,7 +46,6 @@ from data_plane.broker.schedule import Schedule
 from data_plane.broker.send import SendHandler, SendProcessor
 from data_plane.broker.send_back import SendBackProcessor
 from data_plane.broker.subscription_group import SubscriptionGroupManager
-from data_plane.broker.tasks import cancel_all
 from data_plane.broker.tenancy import BrokerTenancy
 from data_plane.broker.topic_config import TopicConfigManager
 from data_plane.broker.trace import MessageTrace
@@ -61,6 +60,7 @@ from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors, RemotingServer
 from data_plane.store import MessageStore
 from data_plane.store.message import Message
+from data_plane.tasks import cancel_all
 
 if TYPE_CHECKING:
     from data_plane.broker.failover import FailoverAgent

@@ -23,7 +23,7 @@ import aiohttp
 import orjson
 
 from data_plane.broker.config import BrokerRole
-from data_plane.broker.tasks import cancel_all
+from data_plane.tasks import cancel_all
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 from data_plane.broker.delay_level import SCHEDULE_TOPIC, DelayLevelService, parse_delay_levels
 from data_plane.broker.persisted import ConfigFile
 from data_plane.broker.reput import PROPERTY_REPUT_FROM, Notify, Reputter, scan_reputs
-from data_plane.broker.tasks import cancel_all
 from data_plane.broker.timer_wheel import (
     PROPERTY_START_DELIVER_TIME,
     PROPERTY_TIMER_DELAY_MS,
@@ -55,6 +54,7 @@ from data_plane.store.message import (
     properties_of,
     topic_of,
 )
+from data_plane.tasks import cancel_all
 
 if TYPE_CHECKING:
     from data_plane.broker.config import BrokerConfig

@@ -16,7 +16,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from itertools import repeat
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
 from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
@@ -216,7 +216,7 @@ class SendProcessor:
             except ValueError as e:
                 raise HeaderError(f"header field 'properties' is malformed: {e}") from None
             flag = field_int(ext, names.flag, 0, lo=-(2**31), hi=2**31 - 1)
-            one = body if type(body) is bytes else bytes(body)  # (always bytes here: not a batch)
+            one = cast(bytes, body)  # not a batch: body_bytes() above
             msgs = [Message(topic, one, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
         if broker.before_put is not None:
             refused = broker.before_put(conn, cmd, msgs)

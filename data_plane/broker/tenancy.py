@@ -29,12 +29,12 @@ import orjson
 
 from data_plane.auth import UNCHECKED, AuthConfig, AuthError, Authorizer, CredentialEntry, Denial, Principal
 from data_plane.broker.persisted import ConfigFile
-from data_plane.broker.tasks import cancel_all
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.store.message import Message, RecordError, parse_record
+from data_plane.tasks import cancel_all
 from data_plane.tenancy.metering import UsageMeter
 from data_plane.tenancy.namespace import parse_wire_name, tenant_of
 from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark

@@ -118,11 +118,7 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.queues, self.index)
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
-        # Where the IndexFiles were last flushed (a log offset), when (clock_ms, for the
-        # checkpoint) and when by the monotonic clock (their flush cadence).
-        self._index_flushed_offset = 0
-        self._index_flushed_ms = 0
-        self._index_flushed_at = -float("inf")
+        self._index_flushed_at = -float("inf")  # time.monotonic() of the last IndexFile flush
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.disk_full = False
         # Set by a broker that is not (or no longer) its group's master: every writer of this
@@ -303,24 +299,24 @@ class MessageStore:
         if cfg.release_flushed_pages:
             for cq in dirty:
                 cq.mfq.release_flushed_pages(64 * 1024)
+        cp = self.checkpoint
         now = self.clock_ms()
         at = time.monotonic()
-        if self.index is None:
-            self._index_flushed_offset, self._index_flushed_ms = dispatched, now
-        elif thorough or (at - self._index_flushed_at) * 1000 >= cfg.flush_interval_index_ms:
-            self.index.flush()  # (its own cadence: see StoreConfig.flush_interval_index_ms)
-            self._index_flushed_offset, self._index_flushed_ms, self._index_flushed_at = dispatched, now, at
-            if cfg.release_flushed_pages:
-                for f in self.index.files:
-                    f.release_entries(1 << 20)
-        cp = self.checkpoint
+        # The IndexFiles keep their own cadence (StoreConfig.flush_interval_index_ms): between
+        # their flushes the checkpoint keeps the index offset of the last one.
+        if self.index is None or thorough or (at - self._index_flushed_at) * 1000 >= cfg.flush_interval_index_ms:
+            if self.index is not None:
+                self.index.flush()
+                self._index_flushed_at = at
+                if cfg.release_flushed_pages:
+                    for f in self.index.files:
+                        f.release_entries(1 << 20)
+            cp.index_offset, cp.index_msg_timestamp = dispatched, now
         cp.physic_offset = self.commit_log.mfq.flushed_where
         # Units and entries for every record below `dispatched` were written before the
-        # flushes above began, so they are durable now; the index up to its last flush.
+        # flushes above began, so they are durable now.
         cp.logics_offset = dispatched
-        cp.index_offset = self._index_flushed_offset
         cp.physic_msg_timestamp = cp.logics_msg_timestamp = now
-        cp.index_msg_timestamp = self._index_flushed_ms
         try:
             cp.flush()
         except OSError:
