@@ -26,6 +26,7 @@ import gc
 import logging
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -374,6 +375,7 @@ class Broker:
             "topicCount": len(self.topics.topics),
             "diskFull": st.disk_full,
             "maxLoopLagMs": self.stats["max_loop_lag_ms"],
+            "gilSwitchIntervalUs": round(sys.getswitchinterval() * 1e6),
             "retentionHours": st.retention_hours,
         }
         info.update(self.schedule.runtime_info())
@@ -491,6 +493,8 @@ def write_ready_file(path: str, info: dict[str, Any]) -> None:
 
 
 async def serve(config: BrokerConfig, ready_file: str | None = None) -> int:
+    # The store's threads (group commit, flushes) get the GIL within this much of asking.
+    sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
     broker = Broker(config)
     await broker.start()
     # Everything made so far (modules, config, the recovered store) lives as long as the

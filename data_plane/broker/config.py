@@ -63,6 +63,9 @@ class BrokerConfig:
     consumer_offset_persist_interval_s: float = 1.0
     idle_timeout_s: float = 120.0
     loop_lag_warn_ms: float = 20.0  # log event-loop stalls longer than this
+    # How long the event loop may keep the GIL while a store thread (group commit, flushes)
+    # waits for it: CPython's default is 5,000 us. docs/broker.md#gil-switch-interval
+    gil_switch_interval_us: int = 500
     max_frame_bytes: int = 16 * 1024 * 1024
     max_pull_messages: int = 1024
     max_query_messages: int = 64
@@ -173,6 +176,8 @@ class BrokerConfig:
             problems.append(f"broker_name {self.broker_name!r} is not a valid name")
         if self.broker_id < 0:
             problems.append("broker_id must be >= 0")
+        if not 50 <= self.gil_switch_interval_us <= 100_000:
+            problems.append("gil_switch_interval_us must be 50..100000")
         if (self.broker_id == 0) != self.is_master:
             problems.append(f"broker_id {self.broker_id} does not match role {self.broker_role.value}")
         if self.broker_id >= 100:

@@ -529,6 +529,17 @@ async def test_the_served_broker_keeps_its_startup_objects_out_of_every_collecti
     assert {"maxGcPauseMs", "gcFullCollections"} <= info.keys()
 
 
+@pytest.mark.asyncio
+async def test_the_served_broker_hands_the_gil_to_its_store_threads_within_its_switch_interval(
+    broker: ServerProcess, wire: Wire, start_broker: StartBroker, wires: Callable[..., Wire]
+) -> None:
+    """``orbit broker`` sets the process's GIL switch interval (gil_switch_interval_us, 500 us
+    unless configured): CPython's 5 ms would let a busy loop keep a group commit waiting."""
+    assert int((await wire.runtime())["gilSwitchIntervalUs"]) == 500
+    other = start_broker(None, "--set", "gil_switch_interval_us=1200", name="broker-b")
+    assert int((await wires(other.address).runtime())["gilSwitchIntervalUs"]) == 1200
+
+
 # --- long polling -----------------------------------------------------------------------------
 async def held_pulls(w: Wire) -> int:
     return int((await w.runtime())["heldPullRequests"])

@@ -630,6 +630,7 @@ def test_config_string_forms_of_flags() -> None:
         ({"default_topic_queue_nums": 2.5}, "setting 'default_topic_queue_nums'"),
         ({"broker_id": 1}, "does not match role ASYNC_MASTER"),
         ({"broker_id": -1}, "broker_id must be >= 0"),
+        ({"gil_switch_interval_us": 10}, "gil_switch_interval_us must be 50..100000"),
         ({"listen": "nowhere"}, "listen 'nowhere' is not host:port"),
         ({"namesrv_addrs": "host-without-port"}, "name server address 'host-without-port'"),
         ({"default_topic_queue_nums": 0}, "default_topic_queue_nums must be within"),
