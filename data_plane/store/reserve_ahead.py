@@ -11,6 +11,10 @@
   than ``release_keep_bytes`` (16 MiB) behind the writer from them (the page cache keeps them),
   so resident memory does not grow with the amount stored. Without the compiled module the
   release holds the GIL.
+
+The thread polls the writer's position: every 2 ms while there is work, backing off to 64 ms
+while there is none. Each wake-up takes the GIL from the event loop; at a fixed 2 ms that was
+~500 handoffs a second on an idle or lightly written store.
 """
 
 from __future__ import annotations
@@ -24,6 +28,9 @@ from data_plane.store.mapped_file_queue import MappedFileQueue
 from data_plane.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
+
+BUSY_POLL_S = 0.002  # the wait after a round that reserved or released something
+IDLE_POLL_MAX_S = 0.064  # the longest wait, reached by doubling while rounds find nothing to do
 
 
 Release = Callable[[MappedFile, int, int], None]
@@ -66,10 +73,12 @@ class ReserveAheadService(ServiceThread):
 
     def run(self) -> None:
         previous: MappedFile | None = None
+        idle_s = BUSY_POLL_S
         while not self._stop.is_set():
             mf = self._mfq.last
             if mf is None or mf.destroyed:
-                self.wait_for_running(0.002)
+                self.wait_for_running(idle_s)
+                idle_s = min(idle_s * 2, IDLE_POLL_MAX_S)
                 continue
             if previous is not None and previous is not mf and not previous.destroyed:
                 self._release_behind(previous, previous.file_size)  # the writer moved on
@@ -86,5 +95,8 @@ class ReserveAheadService(ServiceThread):
                     self.wait_for_running(1.0)
                     continue
             worked = self._release_behind(mf, wrote - self._keep) or worked
-            if not worked:
-                self.wait_for_running(0.002)
+            if worked:
+                idle_s = BUSY_POLL_S
+            else:
+                self.wait_for_running(idle_s)
+                idle_s = min(idle_s * 2, IDLE_POLL_MAX_S)
