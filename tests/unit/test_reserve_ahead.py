@@ -55,39 +55,39 @@ def mfq(tmp_path: Path) -> Iterator[MappedFileQueue]:
         f.close()
 
 
-def test_blocks_are_reserved_a_window_ahead_of_the_writer_and_pages_released_behind_it(mfq: MappedFileQueue) -> None:
-    mf = mfq.files[0]
-    svc = Recorded(mfq)
-    svc.start()
-    try:
-        assert until(lambda: mf.reserved_upto >= WINDOW), mf.reserved_upto
-        assert mf.reserved_upto < FILE_SIZE  # a window ahead, not the whole file
-        mf.wrote_position = 128 * PAGE_SIZE_BYTES
-        assert until(lambda: mf.reserved_upto >= mf.wrote_position + WINDOW), mf.reserved_upto
-        assert until(lambda: mf.released_behind == mf.wrote_position - KEEP), mf.released_behind
-        assert svc.released
-        assert svc.released[-1][1] == mf.wrote_position - KEEP
-        assert all(end <= mf.wrote_position - KEEP for _start, end in svc.released)  # never the kept pages
-    finally:
-        svc.stop()
+@pytest.fixture
+def svc(mfq: MappedFileQueue) -> Iterator[Recorded]:
+    service = Recorded(mfq)
+    service.start()
+    yield service
+    service.stop()
 
 
-def test_the_poll_backs_off_while_idle_and_tightens_when_the_writer_moves(mfq: MappedFileQueue) -> None:
+def test_blocks_are_reserved_a_window_ahead_of_the_writer_and_pages_released_behind_it(
+    mfq: MappedFileQueue, svc: Recorded
+) -> None:
     mf = mfq.files[0]
-    svc = Recorded(mfq)
-    svc.start()
-    try:
-        assert until(lambda: mf.reserved_upto >= WINDOW)
-        # Nothing moves: the waits double up to the cap instead of waking every 2 ms.
-        assert until(lambda: svc.waits[-1:] == [IDLE_POLL_MAX_S])
-        quiet_from = len(svc.waits)
-        time.sleep(0.5)
-        idle_wakeups = len(svc.waits) - quiet_from
-        assert idle_wakeups <= 0.5 / IDLE_POLL_MAX_S + 2, idle_wakeups  # ~8, not ~250
-        # The writer moves on: the next rounds have work, and the poll is back to 2 ms.
-        before = len(svc.waits)
-        mf.wrote_position = 192 * PAGE_SIZE_BYTES
-        assert until(lambda: mf.reserved_upto >= mf.wrote_position + WINDOW or mf.reserved_upto == FILE_SIZE)
-        assert until(lambda: BUSY_POLL_S in svc.waits[before:]), svc.waits[before:]
-    finally:
-        svc.stop()
+    assert until(lambda: mf.reserved_upto >= WINDOW), mf.reserved_upto
+    assert mf.reserved_upto < FILE_SIZE  # a window ahead, not the whole file
+    mf.wrote_position = 128 * PAGE_SIZE_BYTES
+    assert until(lambda: mf.reserved_upto >= mf.wrote_position + WINDOW), mf.reserved_upto
+    assert until(lambda: mf.released_behind == mf.wrote_position - KEEP), mf.released_behind
+    assert svc.released
+    assert svc.released[-1][1] == mf.wrote_position - KEEP
+    assert all(end <= mf.wrote_position - KEEP for _start, end in svc.released)  # never the kept pages
+
+
+def test_the_poll_backs_off_while_idle_and_tightens_when_the_writer_moves(mfq: MappedFileQueue, svc: Recorded) -> None:
+    mf = mfq.files[0]
+    assert until(lambda: mf.reserved_upto >= WINDOW)
+    # Nothing moves: the waits double up to the cap instead of waking every 2 ms.
+    assert until(lambda: svc.waits[-1:] == [IDLE_POLL_MAX_S])
+    quiet_from = len(svc.waits)
+    time.sleep(0.5)
+    idle_wakeups = len(svc.waits) - quiet_from
+    assert idle_wakeups <= 0.5 / IDLE_POLL_MAX_S + 2, idle_wakeups  # ~8, not ~250
+    # The writer moves on: the next rounds have work, and the poll is back to 2 ms.
+    before = len(svc.waits)
+    mf.wrote_position = 192 * PAGE_SIZE_BYTES
+    assert until(lambda: mf.reserved_upto >= mf.wrote_position + WINDOW or mf.reserved_upto == FILE_SIZE)
+    assert until(lambda: BUSY_POLL_S in svc.waits[before:]), svc.waits[before:]
