@@ -36,6 +36,7 @@ from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
+from data_plane.tasks import cancel_all
 from data_plane.tenancy.namespace import NAME_PATTERN, SEPARATOR, TENANT_PATTERN
 
 log = logging.getLogger(__name__)
@@ -127,9 +128,7 @@ class Reconciler:
 
     async def close(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_all([self._task])
             self._task = None
         await self.client.close()
 

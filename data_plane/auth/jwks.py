@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey, RSAPublicNumbers
 
 from data_plane.auth.files import write_atomic
+from data_plane.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -290,9 +290,7 @@ class JwksCache:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_all([task])
         if self._session is not None:
             await self._session.close()
             self._session = None

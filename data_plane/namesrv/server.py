@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
@@ -28,6 +27,7 @@ from data_plane.namesrv.processor import NamesrvProcessor
 from data_plane.namesrv.route_info import BROKER_EXPIRY_S, RouteInfoManager
 from data_plane.remoting.connection import IDLE_TIMEOUT_S, Connection
 from data_plane.remoting.server import Processors, RemotingServer
+from data_plane.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +71,7 @@ class NameServer:
     async def close(self) -> None:
         task, self._scan_task = self._scan_task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_all([task])
         await self.remoting.close()
 
     def _on_close(self, conn: Connection) -> None:

@@ -38,6 +38,7 @@ from data_plane.store.ha.protocol import (
     encode_handshake,
 )
 from data_plane.store.message_store import MessageStore
+from data_plane.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
@@ -114,9 +115,7 @@ class HAClient:
     async def stop(self) -> None:
         self._stopping = True
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_all([self._task])
             self._task = None
         self.connected = False
 
@@ -209,9 +208,7 @@ class HAClient:
                 writer.write(REPORT.pack(expected))  # acknowledged once written, then indexed
                 store.dispatch_pending()
         finally:
-            reporter.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reporter
+            await cancel_all([reporter])
 
     async def _report_loop(self, writer: asyncio.StreamWriter) -> None:
         interval = self.report_interval_ms / 1000
