@@ -26,6 +26,16 @@ def record_us(h: HdrHistogram, value_us: float) -> None:
     h.record_value(min(HIGHEST_US, max(LOWEST_US, int(value_us))))
 
 
+def hist_of(values_us: Iterable[float]) -> HdrHistogram:
+    """A histogram of latencies gathered as plain numbers while a phase ran: ``record_value``
+    costs ~2.2 µs in pure Python, a list append ~0.2 µs, so the workers record afterwards and
+    the load they generate is not slowed by its own measuring."""
+    h = new_hist()
+    for v in values_us:
+        record_us(h, v)
+    return h
+
+
 def encode_hist(h: HdrHistogram) -> str:
     """An empty histogram encodes as "" (HdrHistogram cannot decode an empty encoding)."""
     return base64.b64encode(h.encode()).decode() if h.get_total_count() else ""

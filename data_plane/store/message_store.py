@@ -70,6 +70,17 @@ FlushWaiter = tuple[int, float, "asyncio.Future[bool]"]
 _MAX_FLUSH_WAITERS = 1_000_000
 
 
+class _FlushWaiters(collections.deque[FlushWaiter]):
+    """One event loop's appends waiting for a group commit, in log order, and whether that
+    loop's timer sweeping the ones past their deadline is scheduled (one per loop)."""
+
+    __slots__ = ("sweeper_scheduled",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sweeper_scheduled = False
+
+
 def _resolve_flushed(waiters: collections.deque[FlushWaiter], durable: int, ok: bool) -> None:
     """On the loop: every waiter whose bytes are now durable gets True (in log order); after a
     failed flush, the rest get False."""
@@ -138,8 +149,7 @@ class MessageStore:
         self.put_bytes = 0
         self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
         self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
-        self._loop_waiters: dict[asyncio.AbstractEventLoop, collections.deque[FlushWaiter]] = {}
-        self._sweeper_scheduled = False
+        self._loop_waiters: dict[asyncio.AbstractEventLoop, _FlushWaiters] = {}
         self._appender: Any = None
         self._host_hex = self.commit_log.store_host.hex().upper()
 
@@ -489,18 +499,20 @@ class MessageStore:
             return result
         fut: asyncio.Future[bool] = loop.create_future()
         waiters.append((end, loop.time() + self._sync_timeout_s, fut))
+        # At once, not at the end of the loop turn: the flush then overlaps the turn's other
+        # appends (asking once a turn instead measured 22-26k against 28-33k msgs/s).
         self._group_commit.request(end)
-        if not self._sweeper_scheduled:
-            self._sweeper_scheduled = True
+        if not waiters.sweeper_scheduled:
+            waiters.sweeper_scheduled = True
             loop.call_later(0.05, self._sweep_flush_waiters, loop)
         if not await fut:
             result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
             result.reason = "not flushed within sync_flush_timeout_ms"
         return result
 
-    def _watch_flushes(self, loop: asyncio.AbstractEventLoop) -> collections.deque[FlushWaiter]:
+    def _watch_flushes(self, loop: asyncio.AbstractEventLoop) -> _FlushWaiters:
         """Waiters of one event loop, answered when the group commit says how far it got."""
-        waiters: collections.deque[FlushWaiter] = collections.deque()
+        waiters = _FlushWaiters()
         self._loop_waiters[loop] = waiters
 
         def on_flushed(durable: int, ok: bool) -> None:  # on the flush thread
@@ -523,8 +535,8 @@ class MessageStore:
                 fut.set_result(False)
         if waiters:
             loop.call_later(0.05, self._sweep_flush_waiters, loop)
-        else:
-            self._sweeper_scheduled = False
+        elif waiters is not None:
+            waiters.sweeper_scheduled = False
 
     def put_messages_blocking(self, msgs: Sequence[Message]) -> PutMessageResult:
         """``put_messages`` for callers without an event loop (tools, benchmarks)."""

@@ -101,6 +101,38 @@ async def test_a_put_whose_flush_never_comes_answers_flush_disk_timeout_after_th
     assert [decode_record(m).body for m in r.messages] == [b"late 0", b"late 1", b"late 2"]
 
 
+def test_puts_from_two_event_loops_each_time_out_on_their_own_loop(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    """Each loop's waiters have their own deadline sweep: a second loop's puts time out too
+    while the first loop's sweep is still scheduled."""
+    store = make_store(flush_disk_type=FlushDiskType.SYNC_FLUSH, sync_flush_timeout_ms=300)
+    assert store._group_commit is not None
+    store._group_commit.stop()
+    first_waiting = threading.Event()
+    out: dict[str, list[PutMessageStatus]] = {}
+
+    async def puts(name: str, n: int) -> None:
+        tasks = [
+            asyncio.ensure_future(store.put_message(Message("T", b"%s %d" % (name.encode(), i)))) for i in range(n)
+        ]
+        await asyncio.sleep(0)
+        first_waiting.set()
+        out[name] = [r.status for r in await asyncio.wait_for(asyncio.gather(*tasks), DEADLINE_S)]
+
+    first = threading.Thread(target=asyncio.run, args=(puts("first", 2),))
+    first.start()
+    assert first_waiting.wait(DEADLINE_S)
+    second = threading.Thread(target=asyncio.run, args=(puts("second", 2),))
+    second.start()
+    first.join(DEADLINE_S * 2)
+    second.join(DEADLINE_S * 2)
+    assert out == {
+        "first": [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 2,
+        "second": [PutMessageStatus.FLUSH_DISK_TIMEOUT] * 2,
+    }
+
+
 def test_a_blocking_put_whose_flush_never_comes_answers_flush_disk_timeout_with_a_reason(
     make_store: Callable[..., MessageStore],
 ) -> None:

@@ -20,18 +20,11 @@ def _values(rng: random.Random, n: int) -> list[int]:
     return [int(rng.lognormvariate(7, 1.5)) + 1 for _ in range(n)]  # µs, a long tail
 
 
-def _hist(values: list[int]) -> Any:
-    hist = h.new_hist()
-    for v in values:
-        h.record_us(hist, v)
-    return hist
-
-
 def test_merged_histograms_equal_one_histogram_of_all_values(seed: int) -> None:
     rng = random.Random(seed)
     parts = [_values(rng, rng.randrange(1, 5000)) for _ in range(4)]
-    merged = h.merge(h.encode_hist(_hist(p)) for p in parts)
-    whole = _hist([v for p in parts for v in p])
+    merged = h.merge(h.encode_hist(h.hist_of(p)) for p in parts)
+    whole = h.hist_of([v for p in parts for v in p])
     assert merged.get_total_count() == whole.get_total_count() == sum(len(p) for p in parts)
     for pct in (50, 90, 99, 99.9, 100):
         assert merged.get_value_at_percentile(pct) == whole.get_value_at_percentile(pct)
@@ -46,7 +39,7 @@ def test_empty_histograms_encode_to_nothing_and_merge_as_nothing() -> None:
 
 
 def test_values_out_of_range_are_clamped_not_lost() -> None:
-    hist = _hist([0, 10**12])
+    hist = h.hist_of([0, 10**12])
     assert hist.get_total_count() == 2
     assert hist.get_max_value() >= h.HIGHEST_US
 
@@ -58,7 +51,7 @@ def _case(
     send, e2e = _values(rng, sum(published)), _values(rng, sum(consumed))
     timeline, si, ei = [], 0, 0
     for t, (p, c) in enumerate(zip(published, consumed, strict=True)):
-        sh, eh = _hist(send[si : si + p]), _hist(e2e[ei : ei + c])
+        sh, eh = h.hist_of(send[si : si + p]), h.hist_of(e2e[ei : ei + c])
         si, ei = si + p, ei + c
         timeline.append({"t_s": t, "published_msgs": p, "consumed_msgs": c, "errors": 0,
                          "send_hist": h.encode_hist(sh), "e2e_hist": h.encode_hist(eh)})  # fmt: skip
@@ -69,10 +62,10 @@ def _case(
         "publish": {"acked": sum(published), "acked_measured": sum(published), "errors": 1,
                     "errors_by_kind": {"FlowControlError": 1}, "dropped_behind_schedule": 0,
                     "target_msgs_per_s": 100.0, "msgs_per_s": 50.0, "mb_per_s": 0.05,
-                    "send_latency_hist": h.encode_hist(_hist(send))},
+                    "send_latency_hist": h.encode_hist(h.hist_of(send))},
         "consume": {"consumed": sum(consumed), "expected": sum(published), "per_group": {"g": sum(consumed)},
                     "msgs_per_s": 40.0, "out_of_order": 0, "redelivered": 2,
-                    "e2e_latency_hist": h.encode_hist(_hist(e2e))},
+                    "e2e_latency_hist": h.encode_hist(h.hist_of(e2e))},
         "timeline": timeline,
     }  # fmt: skip
     return case, send, e2e
@@ -100,8 +93,8 @@ def test_results_of_two_generators_merge_into_one(seed: int) -> None:
     assert con["expected"] == 75
     assert con["per_group"] == {"g": 75}
     assert con["redelivered"] == 4
-    assert pub["send_latency_ms"] == h.summary_ms(_hist(a_send + b_send))
-    assert con["e2e_latency_ms"] == h.summary_ms(_hist(a_e2e + b_e2e))
+    assert pub["send_latency_ms"] == h.summary_ms(h.hist_of(a_send + b_send))
+    assert con["e2e_latency_ms"] == h.summary_ms(h.hist_of(a_e2e + b_e2e))
     # b's seconds 0 and 1 are the run's seconds 2 and 3.
     rows = {r["t_s"]: r for r in c["timeline"]}
     assert {t: r["published_msgs"] for t, r in rows.items()} == {0: 10, 1: 20, 2: 37, 3: 8}
