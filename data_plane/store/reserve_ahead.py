@@ -12,14 +12,17 @@
   so resident memory does not grow with the amount stored. Without the compiled module the
   release holds the GIL.
 
-The thread polls the writer's position: every 2 ms while there is work, backing off to 64 ms
-while there is none. Each wake-up takes the GIL from the event loop; at a fixed 2 ms that was
-~500 handoffs a second on an idle or lightly written store.
+The thread polls the writer's position (``next_poll_s``): right away again after a round with
+work; otherwise after the time the writer needs, at its recent rate, for a quarter of a release
+step (8 MiB of the default 32), between 2 and 64 ms, doubling while the writer stands still.
+Each wake-up takes the GIL from the event loop; at a fixed 2 ms that was ~500 handoffs a
+second however slowly the store was written.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from data_plane.store.config import PAGE_SIZE_BYTES
@@ -29,11 +32,21 @@ from data_plane.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
-BUSY_POLL_S = 0.002  # the wait after a round that reserved or released something
-IDLE_POLL_MAX_S = 0.064  # the longest wait, reached by doubling while rounds find nothing to do
+BUSY_POLL_S = 0.002  # the shortest wait (a round that reserved or released something waits none)
+IDLE_POLL_MAX_S = 0.064  # the longest wait
 
 
 Release = Callable[[MappedFile, int, int], None]
+
+
+def next_poll_s(moved_bytes: int, elapsed_s: float, step_bytes: int, previous_s: float) -> float:
+    """How long to wait after a round with nothing to do. The writer moved ``moved_bytes`` in
+    the ``elapsed_s`` since the last round: wait for it to write a quarter of a release step at
+    that rate, so pages are released at most that far behind schedule; a writer that stands
+    still doubles the wait. Always within [BUSY_POLL_S, IDLE_POLL_MAX_S]."""
+    standing_still = moved_bytes <= 0 or elapsed_s <= 0
+    wait = previous_s * 2 if standing_still else elapsed_s * (step_bytes / 4) / moved_bytes
+    return min(IDLE_POLL_MAX_S, max(BUSY_POLL_S, wait))
 
 
 def release_with_madvise(mf: MappedFile, start: int, end: int) -> None:
@@ -73,15 +86,17 @@ class ReserveAheadService(ServiceThread):
 
     def run(self) -> None:
         previous: MappedFile | None = None
-        idle_s = BUSY_POLL_S
+        wait_s = BUSY_POLL_S
+        seen_at, seen_wrote = time.monotonic(), -1
         while not self._stop.is_set():
             mf = self._mfq.last
             if mf is None or mf.destroyed:
-                self.wait_for_running(idle_s)
-                idle_s = min(idle_s * 2, IDLE_POLL_MAX_S)
+                self.wait_for_running(wait_s)
+                wait_s = min(wait_s * 2, IDLE_POLL_MAX_S)
                 continue
             if previous is not None and previous is not mf and not previous.destroyed:
                 self._release_behind(previous, previous.file_size)  # the writer moved on
+                seen_wrote = -1  # a new file: its position says nothing about the rate yet
             previous = mf
             wrote = mf.wrote_position
             target = min(mf.file_size, wrote + self._window)
@@ -95,8 +110,12 @@ class ReserveAheadService(ServiceThread):
                     self.wait_for_running(1.0)
                     continue
             worked = self._release_behind(mf, wrote - self._keep) or worked
+            now = time.monotonic()
             if worked:
-                idle_s = BUSY_POLL_S
+                wait_s = BUSY_POLL_S
             else:
-                self.wait_for_running(idle_s)
-                idle_s = min(idle_s * 2, IDLE_POLL_MAX_S)
+                moved = wrote - seen_wrote if seen_wrote >= 0 else 0
+                wait_s = next_poll_s(moved, now - seen_at, self._step, wait_s)
+            seen_at, seen_wrote = now, wrote
+            if not worked:
+                self.wait_for_running(wait_s)

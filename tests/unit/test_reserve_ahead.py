@@ -12,7 +12,7 @@ import pytest
 from data_plane.store.config import PAGE_SIZE_BYTES
 from data_plane.store.mapped_file import MappedFile, offset_to_file_name
 from data_plane.store.mapped_file_queue import MappedFileQueue
-from data_plane.store.reserve_ahead import BUSY_POLL_S, IDLE_POLL_MAX_S, ReserveAheadService
+from data_plane.store.reserve_ahead import BUSY_POLL_S, IDLE_POLL_MAX_S, ReserveAheadService, next_poll_s
 
 FILE_SIZE = 256 * PAGE_SIZE_BYTES  # 1 MiB
 WINDOW = 64 * PAGE_SIZE_BYTES
@@ -86,8 +86,27 @@ def test_the_poll_backs_off_while_idle_and_tightens_when_the_writer_moves(mfq: M
     time.sleep(0.5)
     idle_wakeups = len(svc.waits) - quiet_from
     assert idle_wakeups <= 0.5 / IDLE_POLL_MAX_S + 2, idle_wakeups  # ~8, not ~250
-    # The writer moves on: the next rounds have work, and the poll is back to 2 ms.
+    # The writer moves on: the rounds have work again, and the next wait starts short.
     before = len(svc.waits)
     mf.wrote_position = 192 * PAGE_SIZE_BYTES
     assert until(lambda: mf.reserved_upto >= mf.wrote_position + WINDOW or mf.reserved_upto == FILE_SIZE)
-    assert until(lambda: BUSY_POLL_S in svc.waits[before:]), svc.waits[before:]
+    assert until(lambda: len(svc.waits) > before)
+    assert svc.waits[before] <= 2 * BUSY_POLL_S, svc.waits[before:]
+
+
+STEP = 32 * 1024 * 1024
+
+
+def test_a_writer_standing_still_doubles_the_wait_up_to_the_cap() -> None:
+    assert next_poll_s(0, 0.01, STEP, 0.004) == 0.008
+    assert next_poll_s(0, 0.01, STEP, IDLE_POLL_MAX_S) == IDLE_POLL_MAX_S
+    assert next_poll_s(0, 0.0, STEP, 0.0) == BUSY_POLL_S
+
+
+def test_a_moving_writer_is_polled_once_per_quarter_release_step_at_its_rate() -> None:
+    # A quarter step (8 MiB) in 10 ms: the next look in 10 ms, whatever the previous wait.
+    assert next_poll_s(STEP // 4, 0.010, STEP, IDLE_POLL_MAX_S) == pytest.approx(0.010)
+    # 100 MB/s: a quarter step takes ~84 ms, over the cap.
+    assert next_poll_s(1_000_000, 0.010, STEP, BUSY_POLL_S) == IDLE_POLL_MAX_S
+    # 8 GB/s: a quarter step in ~1 ms, under the floor.
+    assert next_poll_s(80_000_000, 0.010, STEP, IDLE_POLL_MAX_S) == BUSY_POLL_S
