@@ -64,7 +64,7 @@ class BrokerConfig:
     idle_timeout_s: float = 120.0
     loop_lag_warn_ms: float = 20.0  # log event-loop stalls longer than this
     # How long the event loop may keep the GIL while a store thread (group commit, flushes)
-    # waits for it: CPython's default is 5,000 us. docs/broker.md#gil-switch-interval
+    # waits for it: CPython's default is 5,000 us. docs/broker.md, "GIL switch interval"
     gil_switch_interval_us: int = 500
     max_frame_bytes: int = 16 * 1024 * 1024
     max_pull_messages: int = 1024
