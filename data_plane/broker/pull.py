@@ -107,7 +107,7 @@ class PullProcessor:
             if isinstance(pred, RemotingCommand):
                 return pred
             return self._serve(
-                cmd, topic, group, queue_id, offset, max_nums, sys_flag, suspend_ms, None, pred.matches_record
+                conn, cmd, topic, group, queue_id, offset, max_nums, sys_flag, suspend_ms, None, pred.matches_record
             )
         if sys_flag & PULL_FLAG_SUBSCRIPTION:
             expression: str | None = (ext or {}).get("subscription", "*")
@@ -118,10 +118,11 @@ class PullProcessor:
             codes = parse_tag_expression(expression)
         except ValueError as e:
             return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, str(e))
-        return self._serve(cmd, topic, group, queue_id, offset, max_nums, sys_flag, suspend_ms, codes, None)
+        return self._serve(conn, cmd, topic, group, queue_id, offset, max_nums, sys_flag, suspend_ms, codes, None)
 
     def _serve(
         self,
+        conn: Connection,
         cmd: RemotingCommand,
         topic: str,
         group: str,
@@ -153,11 +154,12 @@ class PullProcessor:
             if hold_ms > 0:
                 fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes)
                 if fut is not None:
-                    return self._held(cmd, fut, topic, queue_id, offset, max_nums, codes, record_filter)
+                    return self._held(conn, cmd, fut, topic, queue_id, offset, max_nums, codes, record_filter)
         return self._answer(cmd, result, offset, topic)
 
     async def _held(
         self,
+        conn: Connection,
         cmd: RemotingCommand,
         fut: Awaitable[bool],
         topic: str,
@@ -168,6 +170,10 @@ class PullProcessor:
         record_filter: RecordFilter | None,
     ) -> RemotingCommand:
         await fut
+        if conn.closed:
+            # The consumer went away while its pull was held: read nothing for it, so that no
+            # delivery is counted, metered or traced for messages nobody receives.
+            return cmd.response(ResponseCode.PULL_NOT_FOUND, "the connection closed while the pull was held")
         result = self.store.get_message(
             topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter
         )
