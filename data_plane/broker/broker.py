@@ -352,6 +352,7 @@ class Broker:
             self.tenancy.after_pull(topic, n, nbytes)
 
     def _connection_closed(self, conn: Connection) -> None:
+        self.hold.release_owner(conn)  # its held pulls: answered now, for nobody
         if self.tenancy is not None:
             self.tenancy.connection_closed(conn)
         for group in self.clients.connection_closed(conn):

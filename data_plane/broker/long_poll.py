@@ -4,7 +4,8 @@ A held pull waits on its queue until a message it can use arrives (the queue's m
 passes the pull's offset and the message's tag hash is one the pull asked for) or until its
 suspend time runs out; either way the pull is then read again and answered. Arrivals are
 announced by the send path (``notify``) right after the append, so the wake-up costs one dict
-lookup per send and no polling."""
+lookup per send and no polling. A pull held for a connection that closes is let go at once
+(``release_owner``): it would otherwise wait out its suspend time for nobody."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ MAX_HELD = 100_000
 
 
 class _Held:
-    __slots__ = ("fut", "offset", "tags_codes", "timer")
+    __slots__ = ("fut", "key", "offset", "tags_codes", "timer")
 
-    def __init__(self, fut: asyncio.Future[bool], offset: int, tags_codes: Collection[int] | None) -> None:
+    def __init__(
+        self, fut: asyncio.Future[bool], key: tuple[str, int], offset: int, tags_codes: Collection[int] | None
+    ) -> None:
         self.fut = fut
+        self.key = key
         self.offset = offset
         self.tags_codes = tags_codes
         self.timer: asyncio.TimerHandle | None = None
@@ -28,25 +32,55 @@ class PullRequestHoldService:
     def __init__(self) -> None:
         self.held: dict[tuple[str, int], list[_Held]] = {}
         self.count = 0
+        self._by_owner: dict[int, set[_Held]] = {}  # id(owner) → its pulls still held
 
     def hold(
-        self, topic: str, queue_id: int, offset: int, timeout_s: float, tags_codes: Collection[int] | None
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        timeout_s: float,
+        tags_codes: Collection[int] | None,
+        owner: object | None = None,
     ) -> asyncio.Future[bool] | None:
-        """A future resolved with True on a matching arrival, False on timeout (or None when
-        too many pulls are held already: answer the pull at once)."""
+        """A future resolved with True on a matching arrival, False on timeout or when
+        ``owner`` (the pull's connection) is released (or None when too many pulls are held
+        already: answer the pull at once)."""
         if self.count >= MAX_HELD:
             return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
-        h = _Held(fut, offset, tags_codes)
         key = (topic, queue_id)
+        h = _Held(fut, key, offset, tags_codes)
         lst = self.held.get(key)
         if lst is None:
             lst = self.held[key] = []
         lst.append(h)
         self.count += 1
         h.timer = loop.call_later(timeout_s, self._expire, key, h)
+        if owner is not None:
+            mine = self._by_owner.get(id(owner))
+            if mine is None:
+                mine = self._by_owner[id(owner)] = set()
+            mine.add(h)
+            fut.add_done_callback(lambda _f: mine.discard(h))
         return fut
+
+    def release_owner(self, owner: object) -> int:
+        """Answer the pulls held for ``owner`` now, with False (its connection closed); how many."""
+        mine = self._by_owner.pop(id(owner), None)
+        if not mine:
+            return 0
+        released = 0
+        for h in list(mine):
+            if h.fut.done():
+                continue
+            if h.timer is not None:
+                h.timer.cancel()
+            self._remove(h.key, h)
+            h.fut.set_result(False)
+            released += 1
+        return released
 
     def _remove(self, key: tuple[str, int], h: _Held) -> None:
         lst = self.held.get(key)
@@ -95,4 +129,5 @@ class PullRequestHoldService:
                 if not h.fut.done():
                     h.fut.set_result(False)
         self.held.clear()
+        self._by_owner.clear()
         self.count = 0

@@ -152,7 +152,7 @@ class PullProcessor:
             if not self.config.long_polling_enable:
                 hold_ms = min(hold_ms, self.config.short_polling_ms)
             if hold_ms > 0:
-                fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes)
+                fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes, owner=conn)
                 if fut is not None:
                     return self._held(conn, cmd, fut, topic, queue_id, offset, max_nums, codes, record_filter)
         return self._answer(cmd, result, offset, topic)
@@ -171,8 +171,9 @@ class PullProcessor:
     ) -> RemotingCommand:
         await fut
         if conn.closed:
-            # The consumer went away while its pull was held: read nothing for it, so that no
-            # delivery is counted, metered or traced for messages nobody receives.
+            # The consumer went away while its pull was held (the broker lets go of its pulls
+            # when it sees the close): read nothing for it, so that no delivery is counted,
+            # metered or traced for messages nobody receives.
             return cmd.response(ResponseCode.PULL_NOT_FOUND, "the connection closed while the pull was held")
         result = self.store.get_message(
             topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter

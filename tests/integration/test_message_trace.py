@@ -44,6 +44,13 @@ def consumer(namesrv_addr: str, name: str, got: list[str]) -> PushConsumer:
     return c
 
 
+async def no_held_pulls(namesrv_addr: str, broker: ServerProcess) -> bool:
+    """The broker holds no pull: a shut-down consumer's last long poll is gone with its
+    connection, so nothing sent afterwards is delivered to it."""
+    async with AdminClient([namesrv_addr]) as admin:
+        return (await admin.broker_status(broker.address)).get("heldPullRequests") == "0"
+
+
 def kinds(events: list[dict[str, Any]]) -> list[str]:
     return [str(e["event"]) for e in events]
 
@@ -168,6 +175,7 @@ async def test_kill_9_keeps_flushed_events_and_every_stored_message(
         await until(last_consumed, "the last message's consumed event")  # the query flushed the buffer
     finally:
         await c.shutdown()
+    await until(lambda: no_held_pulls(namesrv.address, broker), "the broker letting go of the consumer's held pull")
     later = await send(namesrv.address, 20, "b", "p2")  # their stored events may still be buffered
     broker.kill()
     start_broker(namesrv.address, *TRACE_ON, store_dir=store)

@@ -533,6 +533,29 @@ async def test_wake_all_answers_every_held_pull() -> None:
     assert s.count == 0
 
 
+@pytest.mark.asyncio
+async def test_releasing_an_owner_answers_only_its_held_pulls_and_forgets_them() -> None:
+    s = PullRequestHoldService()
+    gone, staying = object(), object()
+    mine = [s.hold("T", q, 0, 30.0, None, owner=gone) for q in range(3)]
+    theirs = s.hold("T", 0, 0, 30.0, None, owner=staying)
+    woken_before = s.hold("T", 7, 0, 30.0, None, owner=gone)
+    s.notify("T", 7, 1)  # answered before the release: the release leaves it alone
+    assert woken_before is not None
+    assert woken_before.result() is True
+    await asyncio.sleep(0)  # its done-callback forgets it
+    assert s.count == 3 + 1
+    assert s.release_owner(gone) == 3
+    assert [f.result() if f is not None else None for f in mine] == [False] * 3
+    assert theirs is not None
+    assert not theirs.done()
+    assert s.count == 1
+    assert s.release_owner(gone) == 0  # nothing left for it
+    s.notify("T", 0, 1)
+    assert theirs.result() is True
+    assert (s.count, s.held) == (0, {})
+
+
 # --- parse_tag_expression ---------------------------------------------------------------------
 @pytest.mark.parametrize("expr", [None, "", "   ", "*", " * "])
 def test_every_tag_expressions(expr: str | None) -> None:
