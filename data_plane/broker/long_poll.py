@@ -57,7 +57,7 @@ class PullRequestHoldService:
             lst = self.held[key] = []
         lst.append(h)
         self.count += 1
-        h.timer = loop.call_later(timeout_s, self._expire, key, h)
+        h.timer = loop.call_later(timeout_s, self._expire, h)
         if owner is not None:
             mine = self._by_owner.get(id(owner))
             if mine is None:
@@ -77,12 +77,13 @@ class PullRequestHoldService:
                 continue
             if h.timer is not None:
                 h.timer.cancel()
-            self._remove(h.key, h)
+            self._remove(h)
             h.fut.set_result(False)
             released += 1
         return released
 
-    def _remove(self, key: tuple[str, int], h: _Held) -> None:
+    def _remove(self, h: _Held) -> None:
+        key = h.key
         lst = self.held.get(key)
         if lst is not None:
             try:
@@ -93,8 +94,8 @@ class PullRequestHoldService:
             if not lst:
                 del self.held[key]
 
-    def _expire(self, key: tuple[str, int], h: _Held) -> None:
-        self._remove(key, h)
+    def _expire(self, h: _Held) -> None:
+        self._remove(h)
         if not h.fut.done():
             h.fut.set_result(False)
 
