@@ -36,7 +36,7 @@ from data_plane.remoting.codes import (
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.headers import field_int, field_str
-from data_plane.store.message import tags_hash_code
+from data_plane.store.message import record_starts, tags_hash_code
 from data_plane.store.message_store import RecordFilter
 from data_plane.store.status import GetMessageResult, GetMessageStatus
 
@@ -144,7 +144,7 @@ class PullProcessor:
             if commit >= 0:
                 broker.offsets.commit(group, topic, queue_id, commit)
         result = self.store.get_message(
-            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter
+            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
         )
         nothing = result.status in _NOT_FOUND or (result.status in _EMPTY and offset == 0)
         if nothing and sys_flag & PULL_FLAG_SUSPEND:
@@ -176,7 +176,7 @@ class PullProcessor:
             # metered or traced for messages nobody receives.
             return cmd.response(ResponseCode.PULL_NOT_FOUND, "the connection closed while the pull was held")
         result = self.store.get_message(
-            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter
+            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
         )
         return self._answer(cmd, result, offset, topic)
 
@@ -204,6 +204,11 @@ PullHandler = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitab
 _UNTRACED_CODES = frozenset(
     {ResponseCode.PULL_NOT_FOUND, ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED}
 )
+
+
+def records_in(body: list[memoryview]) -> int:
+    """How many records a FOUND answer's body holds (its slices are runs of records)."""
+    return sum(1 for _ in record_starts(body))
 
 
 def traced_pull(handler: PullHandler, tel: Telemetry) -> PullHandler:
@@ -236,7 +241,7 @@ def traced_pull(handler: PullHandler, tel: Telemetry) -> PullHandler:
         if conn.peer:
             attrs["client.address"] = conn.peer.rpartition(":")[0]
         if answer is not None and code == ResponseCode.SUCCESS and isinstance(answer.body, list):
-            attrs[t.ATTR_BATCH_COUNT] = len(answer.body)
+            attrs[t.ATTR_BATCH_COUNT] = records_in(answer.body)
         span = tracer.start_span(
             f"{t.OP_RECEIVE} {name}", Context(), SpanKind.SERVER, attributes=attrs, start_time=start_ns
         )

@@ -67,6 +67,7 @@ from data_plane.store.message import (
     StoredMessage,
     decode_message_id,
     encode_message_id,
+    record_starts,
     unpack_host,
 )
 from data_plane.tenancy.namespace import DLQ_PREFIX, RETRY_PREFIX, tenant_of
@@ -141,7 +142,7 @@ class MessageTrace:
                 msgs[0].born_host, msgs[0].born_timestamp, a.store_timestamp)  # fmt: skip
         self._add(item, a.msg_num)
 
-    def on_delivered(self, conn: Connection, cmd: RemotingCommand, records: list[memoryview]) -> None:
+    def on_delivered(self, conn: Connection, cmd: RemotingCommand, runs: list[memoryview]) -> None:
         ext = cmd.ext_fields or {}
         group = ext.get("consumerGroup", "")
         topic = ext.get("topic", "")
@@ -151,7 +152,7 @@ class MessageTrace:
             return
         client = str(conn.attrs.get("client_id") or "")
         unpack = _QOFF_PHY.unpack_from
-        pairs = [unpack(r, _QOFF_AT) for r in records]
+        pairs = [unpack(run, at + _QOFF_AT) for run, at in record_starts(runs)]
         self._add((DELIVERED, self.clock_ms(), group, topic, queue_id, pairs, client, conn.peer), len(pairs))
         key = (group, topic, queue_id)
         waiting = self._unconsumed.get(key)

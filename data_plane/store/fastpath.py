@@ -297,31 +297,46 @@ def py_collect_units(
     messages: list[memoryview],
     queue_offsets: list[int],
     first_queue_offset: int,
+    coalesce: bool = False,
 ) -> tuple[int, int, int, int]:
     """The pull read's loop: ConsumeQueue units from index ``i`` to record slices of ``cur``
     (the mapping of the CommitLog file [cur_from, cur_end)), each appended with its queue
-    offset. Stops, the unit at ``i`` not taken, when the pull is full (``full`` = 1), when the
-    units run out, or at a unit the caller must look at itself: removed, in another file, cut
-    short. Returns ``(i, total_bytes, last_phy, full)``; ``last_phy`` is 0 when nothing was taken."""
+    offset. With ``coalesce``, records that follow each other in the file go out as one slice
+    (a batch sent to one queue is stored back to back); the message count is
+    ``len(queue_offsets)`` either way. Stops, the unit at ``i`` not taken, when the pull is full
+    (``full`` = 1), when the units run out, or at a unit the caller must look at itself:
+    removed, in another file, cut short. Returns ``(i, total_bytes, last_phy, full)``;
+    ``last_phy`` is 0 when nothing was taken."""
     if cur is None:
         cur_end = cur_from
     unpack = _CQ_UNIT.unpack_from
     last_phy = 0
+    full = 0
+    run_at = run_end = -1  # the slice not yet appended: [run_at, run_end) of cur
     while i < n:
         phy, size, tags = unpack(units, i * 20)
-        if messages and (len(messages) >= max_nums or total_bytes + size > max_bytes):
-            return i, total_bytes, last_phy, 1
+        if queue_offsets and (len(queue_offsets) >= max_nums or total_bytes + size > max_bytes):
+            full = 1
+            break
         if phy < log_min or size <= 0 or not cur_from <= phy < cur_end or phy + size > cur_end:
             break
         if tags_codes is None or tags in tags_codes:
             assert cur is not None
             at = phy - cur_from
-            messages.append(cur[at : at + size])
+            if coalesce and run_at >= 0 and at == run_end:
+                run_end = at + size
+            else:
+                if run_at >= 0:
+                    messages.append(cur[run_at:run_end])
+                run_at, run_end = at, at + size
             queue_offsets.append(first_queue_offset + i)
             total_bytes += size
             last_phy = phy
         i += 1
-    return i, total_bytes, last_phy, 0
+    if run_at >= 0:
+        assert cur is not None
+        messages.append(cur[run_at:run_end])
+    return i, total_bytes, last_phy, full
 
 
 WriteBatch = Callable[..., tuple[Any, ...]]

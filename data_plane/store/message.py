@@ -30,6 +30,7 @@ import operator
 import re
 import socket
 import struct
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -153,6 +154,20 @@ def decode_properties(raw: bytes | memoryview | str) -> dict[str, str]:
             if sep:
                 out[name] = value
     return out
+
+
+def record_starts(runs: Iterable[memoryview]) -> Iterator[tuple[memoryview, int]]:
+    """``(run, position)`` of every record in ``runs``: slices of whole records back to back,
+    as a coalesced read (``MessageStore.get_message(coalesce=True)``) hands them out. Each record
+    starts with its total size; the walk stops at one that is not positive."""
+    for run in runs:
+        at, end = 0, len(run)
+        while at + 4 <= end:
+            (size,) = TOTAL_SIZE.unpack_from(run, at)
+            if size <= 0:
+                break
+            yield run, at
+            at += size
 
 
 def validate_topic(topic: str, max_length: int = 127) -> str | None:

@@ -621,10 +621,13 @@ class MessageStore:
         *,
         tags_codes: Collection[int] | None = None,
         record_filter: RecordFilter | None = None,
+        coalesce: bool = False,
     ) -> GetMessageResult:
         """Up to ``max_msg_nums`` messages of a queue from ``offset``: RocketMQ's pull read.
         ``tags_codes`` filters on the ConsumeQueue's tag hash (None: every tag);
-        ``record_filter`` is then applied to each record's bytes."""
+        ``record_filter`` is then applied to each record's bytes. With ``coalesce`` (the wire
+        form a pull answers with), records that lie back to back in the CommitLog come as one
+        slice of ``messages``; ``queue_offsets`` still has one entry per message."""
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=0)
@@ -669,19 +672,21 @@ class MessageStore:
         cur_from = cur_end = 0
         i = 0
         last_phy = 0
+        run_at = run_end = -1  # coalesce: the last slice below covers [run_at, ...) of cur, up to run_end (log)
         while i < n:
             if collect is not None:  # the common units, in a loop of their own
                 i, total_bytes, took, full = collect(
                     units, i, n, cur, cur_from, cur_end, log_min, max_msg_nums, max_bytes, total_bytes,
-                    tags_codes, messages, queue_offsets, offset,
+                    tags_codes, messages, queue_offsets, offset, coalesce,
                 )  # fmt: skip
+                run_end = -1
                 if took:
                     last_phy = took
                 if full or i >= n:
                     break
             # One unit the loop above stopped at (or every unit, without it).
             phy, size, tags = unpack(units, i * 20)
-            if messages and (len(messages) >= max_msg_nums or total_bytes + size > max_bytes):
+            if queue_offsets and (len(queue_offsets) >= max_msg_nums or total_bytes + size > max_bytes):
                 break
             i += 1
             if phy < log_min or size <= 0:
@@ -699,6 +704,10 @@ class MessageStore:
                 cur = mf.mv
                 cur_from = mf.file_from_offset
                 cur_end = cur_from + mf.wrote_position
+                run_end = -1
+                if collect is not None:  # the loop above takes this unit, and those after it, from the file
+                    i -= 1
+                    continue
             pos = phy - cur_from
             if phy + size > cur_end or cur is None:
                 if not messages:
@@ -707,7 +716,12 @@ class MessageStore:
             record = cur[pos : pos + size]
             if record_filter is not None and not record_filter(record):
                 continue
-            messages.append(record)
+            if coalesce and phy == run_end:
+                messages[-1] = cur[run_at : pos + size]
+            else:
+                messages.append(record)
+                run_at = pos
+            run_end = phy + size
             queue_offsets.append(offset + i - 1)
             total_bytes += size
             last_phy = phy

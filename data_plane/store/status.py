@@ -146,7 +146,9 @@ class PutMessageResult:
 
 @dataclass(slots=True)
 class GetMessageResult:
-    """Messages of one queue, as memoryview slices of the CommitLog mapping (no copies)."""
+    """Messages of one queue, as memoryview slices of the CommitLog mapping (no copies): one
+    slice per message, or — read with ``coalesce`` — one per run of records stored back to back;
+    ``queue_offsets`` has one entry per message."""
 
     status: GetMessageStatus
     next_begin_offset: int = 0
@@ -161,4 +163,4 @@ class GetMessageResult:
 
     @property
     def message_count(self) -> int:
-        return len(self.messages)
+        return len(self.queue_offsets)

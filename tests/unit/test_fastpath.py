@@ -513,11 +513,12 @@ def test_both_twins_collect_the_same_records_from_consume_queue_units(speedups: 
         )
         first_queue_offset = rng.randint(0, 10**9)
         already = rng.choice([0, 0, 1])  # messages an earlier call took
+        coalesce = rng.choice([False, True])
         outs = []
         for fn in (speedups.collect_units, fastpath.py_collect_units):
             messages: list[memoryview] = [memoryview(b"old")] * already
             offsets: list[int] = [5] * len(messages)
-            got = fn(*args, messages, offsets, first_queue_offset)
+            got = fn(*args, messages, offsets, first_queue_offset, coalesce)
             outs.append((got, [bytes(m) for m in messages], offsets))
         assert outs[0] == outs[1], f"seed {seed}"
 
@@ -549,6 +550,33 @@ def test_collect_units_takes_whole_records_in_queue_order_and_stops_where_it_mus
         assert fn(units, 1, 3, mapping, 1000, 2024, 0, 32, 12, 0, None, messages, offsets, 0) == (2, 20, 1010, 1)
         # Without a file yet, nothing is taken: the caller finds the file first.
         assert fn(units, 0, 3, None, 1000, 2024, 0, 32, 1 << 20, 0, None, [], [], 0) == (0, 0, 0, 0)
+
+
+def test_collect_units_coalesces_records_stored_back_to_back_into_one_slice() -> None:
+    mapping = memoryview(bytes(range(256)) * 4)  # the file [1000, 2024)
+    units = b"".join(
+        CQ_UNIT.pack(phy, size, tag)
+        for phy, size, tag in [(1000, 10, 1), (1010, 20, 2), (1030, 5, 1), (1040, 5, 1), (1045, 7, 1), (1000, 4, 1)]
+    )
+    for fn in _collect_twins():
+        messages: list[memoryview] = []
+        offsets: list[int] = []
+        # Three runs: [1000, 1035), [1040, 1052), then a record back at 1000 (its own slice).
+        assert fn(units, 0, 6, mapping, 1000, 2024, 0, 32, 1 << 20, 0, None, messages, offsets, 7, True) == (
+            6, 51, 1000, 0,
+        )  # fmt: skip
+        assert [bytes(m) for m in messages] == [bytes(mapping[0:35]), bytes(mapping[40:52]), bytes(mapping[0:4])]
+        assert offsets == [7, 8, 9, 10, 11, 12]  # one per message, however they are sliced
+        # A unit the tag filter skips breaks the run; the messages limit counts messages, not slices.
+        messages, offsets = [], []
+        got = fn(units, 0, 6, mapping, 1000, 2024, 0, 3, 1 << 20, 0, {1}, messages, offsets, 0, True)
+        assert got == (4, 20, 1040, 1)
+        assert [bytes(m) for m in messages] == [bytes(mapping[0:10]), bytes(mapping[30:35]), bytes(mapping[40:45])]
+        assert offsets == [0, 2, 3]
+        # Without coalesce, one slice a record as before.
+        messages, offsets = [], []
+        assert fn(units, 0, 3, mapping, 1000, 2024, 0, 32, 1 << 20, 0, None, messages, offsets, 0, False)[0] == 3
+        assert len(messages) == 3
 
 
 def _collect_twins() -> list[Callable[..., tuple[int, int, int, int]]]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from data_plane.broker.pull import records_in
 from data_plane.store import GetMessageStatus, Message, MessageStore, PutMessageStatus, StoreConfig
 from data_plane.store.message import (
     BLANK_MAGIC_CODE,
@@ -235,6 +236,37 @@ def test_get_message_returns_at_most_max_msg_nums_messages(
         assert r.message_count == wanted
         assert r.next_begin_offset == wanted
         _release(r)
+
+
+def test_a_coalesced_read_answers_runs_of_adjacent_records_with_one_offset_per_message(
+    make_store: Callable[..., MessageStore], write_path: str
+) -> None:
+    store = make_store()
+    batch = [Message("T", b"batch-%d" % i, queue_id=0) for i in range(5)]
+    assert store.put_messages_blocking(batch).status is PutMessageStatus.PUT_OK  # stored back to back
+    _put(store, Message("T", b"other queue", queue_id=1))
+    for i in range(3):
+        _put(store, Message("T", b"single-%d" % i, queue_id=0))
+    plain = store.get_message("T", 0, 0, 32)
+    r = store.get_message("T", 0, 0, 32, coalesce=True)
+    assert r.status is GetMessageStatus.FOUND
+    assert plain.message_count == r.message_count == 8
+    assert r.queue_offsets == plain.queue_offsets == list(range(8))
+    assert r.next_begin_offset == plain.next_begin_offset == 8
+    assert r.buffer_total_size == plain.buffer_total_size
+    # Two runs: the batch, then the three singles (the other queue's record lies between).
+    assert [len(m) for m in r.messages] == [
+        sum(len(m) for m in plain.messages[:5]),
+        sum(len(m) for m in plain.messages[5:]),
+    ]
+    assert b"".join(r.messages) == b"".join(plain.messages)
+    assert records_in(r.messages) == records_in(plain.messages) == 8  # what a traced pull reports
+    # The message limit counts messages, not slices.
+    three = store.get_message("T", 0, 1, 3, coalesce=True)
+    assert (three.message_count, three.next_begin_offset, len(three.messages)) == (3, 4, 1)
+    assert bytes(three.messages[0]) == b"".join(plain.messages[1:4])
+    for res in (plain, r, three):
+        _release(res)
 
 
 def test_get_message_stops_before_exceeding_max_transfer_bytes_but_always_returns_one_message(
