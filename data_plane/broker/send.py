@@ -249,18 +249,19 @@ class SendProcessor:
         not a SYNC_MASTER, no message trace). None when the body is not plain: the caller splits
         it into Messages, the reference path, which also gives any error."""
         broker = self.broker
-        counted = fastpath.plain_batch(body, MAX_BATCH_MESSAGES, PLAIN_BATCH_SKIP)
-        if counted is None:
-            return None
-        if broker.before_put_plain is not None:
+        if broker.before_put_plain is not None:  # quotas: the batch's count and bytes first
+            counted = fastpath.plain_batch(body, MAX_BATCH_MESSAGES, PLAIN_BATCH_SKIP)
+            if counted is None:
+                return None
             refused = broker.before_put_plain(cmd, topic, *counted)
             if refused is not None:
                 return refused
+        # Writing makes the same check (one scan of the body, not two without quotas).
         put = self.store.append_plain_batch(
             body, topic, queue_id, sys_flag=sys_flag, born_timestamp=born_ts, born_host=born_host,
             reconsume_times=reconsume, max_messages=MAX_BATCH_MESSAGES, skip_names=PLAIN_BATCH_SKIP,
         )  # fmt: skip
-        if put is None:  # cannot be: the same check as above
+        if put is None:  # not plain, nothing written
             return None
         result, _end, tag_codes = put
         broker.replication.notify()

@@ -471,6 +471,22 @@ async def test_a_batch_takes_consecutive_queue_offsets_and_returns_each_id(wire:
 
 
 @pytest.mark.asyncio
+async def test_a_batch_with_a_property_the_broker_acts_on_goes_the_messages_way(wire: Wire) -> None:
+    # DELAY is one of the names a plain batch may not hold: the broker must see the messages.
+    items = [(b"now", 0, {"TAGS": "a"}), (b"later", 0, {"DELAY": "3"})]
+    r = await wire.send_batch("BatchedDelay", items, 0)
+    assert r.code == ResponseCode.MESSAGE_ILLEGAL, r
+    assert r.remark is not None
+    assert "cannot be sent in a batch" in r.remark
+    # Nothing of the batch was written, not even its plain first message.
+    assert records(await wire.pull("BatchedDelay", 0, 0)) == []
+    ok = await wire.send_batch("BatchedDelay", [(b"plain", 0, {"TAGS": "a"})], 0)
+    assert ok.code == ResponseCode.SUCCESS, ok
+    assert ok.ext_fields is not None
+    assert ok.ext_fields["queueOffset"] == "0"
+
+
+@pytest.mark.asyncio
 async def test_pull_filters_by_tags(wire: Wire, wires: Callable[..., Wire]) -> None:
     tags = ["A", "B", "C", "A", None, "B"]
     for i, t in enumerate(tags):
