@@ -330,7 +330,8 @@ class SendProcessor:
             out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
             out.raw_header = _SEND_OK_HEADER % (cmd.version, cmd.opaque, a.msg_id.encode(), queue_id, a.queue_offset)
             return out
-        code = _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
+        ok = status is PutMessageStatus.PUT_OK  # by identity: an Enum's hash is a Python-level call
+        code = ResponseCode.SUCCESS if ok else _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         ext = {
             "msgId": a.msg_id if a.msg_num == 1 else self._batch_ids(a.wrote_offset, a.msg_num),
             "queueId": str(queue_id),
@@ -338,7 +339,7 @@ class SendProcessor:
             "MSG_REGION": "DefaultRegion",
             "TRACE_ON": "true",
         }
-        return cmd.response(code, None if status is PutMessageStatus.PUT_OK else result.reason or status.value, ext)
+        return cmd.response(code, None if ok else result.reason or status.value, ext)
 
     def _batch_ids(self, offset: int, n: int) -> str:
         """The message ids of a batch's records, comma-joined: the records lie back to back in
@@ -349,7 +350,7 @@ class SendProcessor:
             return ""
         mv = mf.mv
         base = mf.file_from_offset
-        prefix = cl.msg_id(0)[:-16]
+        prefix = cl.msg_id_prefix
         if _speedups is not None:
             joined: str | None = _speedups.batch_ids(mv, base, offset, n, prefix)
             if joined is not None:

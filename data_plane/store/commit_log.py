@@ -213,6 +213,11 @@ class CommitLog:
             tag_codes,
         )
 
+    @property
+    def msg_id_prefix(self) -> str:
+        """What every message id of this log starts with: the store host, in hex."""
+        return self._msg_id_prefix
+
     def msg_id(self, commit_log_offset: int) -> str:
         return self._msg_id_prefix + format(commit_log_offset, "016X")
 
