@@ -1287,9 +1287,39 @@ static PyObject *text(const unsigned char *p, Py_ssize_t n) {
     return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
 }
 
+/* The last TAGS value a decode_records call made, reused for the next record with the same bytes
+ * (a consumer sees the same few tags over and over). */
+typedef struct {
+    const unsigned char *raw;
+    Py_ssize_t len;
+    PyObject *obj; /* strong reference, or NULL */
+} last_text;
+
 /* "name\x01value\x02..." -> dict; what decode_properties does (items without a \x01 are
- * dropped, an empty item is skipped), every byte checked to be UTF-8. */
+ * dropped, an empty item is skipped), every byte checked to be UTF-8. ``tags`` (may be NULL)
+ * keeps the last TAGS value made. */
+static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, last_text *tags);
+
 static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
+    return properties_dict_cached(p, n, NULL);
+}
+
+static PyObject *tags_text(const unsigned char *p, Py_ssize_t n, last_text *tags) {
+    if (tags->obj && tags->len == n && memcmp(tags->raw, p, n) == 0) {
+        Py_INCREF(tags->obj);
+        return tags->obj;
+    }
+    PyObject *v = text(p, n);
+    if (v) {
+        Py_INCREF(v);
+        Py_XSETREF(tags->obj, v);
+        tags->raw = p;
+        tags->len = n;
+    }
+    return v;
+}
+
+static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, last_text *tags) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
     Py_ssize_t i = 0;
@@ -1301,7 +1331,10 @@ static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
             Py_ssize_t kl = sep ? sep - (p + i) : j - i;
             /* An item without a value is dropped, but its bytes must still be UTF-8. */
             PyObject *k = sep ? text(p + i, kl) : PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
-            PyObject *v = k && sep ? text(sep + 1, j - i - kl - 1) : NULL;
+            PyObject *v = NULL;
+            if (k && sep)
+                v = tags && k == common_strs[0] ? tags_text(sep + 1, j - i - kl - 1, tags)
+                                                : text(sep + 1, j - i - kl - 1);
             int bad = !k || (sep && (!v || PyDict_SetItem(d, k, v) < 0));
             Py_XDECREF(k);
             Py_XDECREF(v);
@@ -1384,6 +1417,27 @@ static PyObject *seen_now(last_seen *ls, PyObject **keep, const unsigned char *r
     return obj;
 }
 
+/* The last int made for a field, reused while the next records carry the same value (a batch's
+ * records share their timestamps, and often their size). */
+typedef struct {
+    long long value;
+    PyObject *obj; /* strong reference, or NULL */
+} last_int;
+
+static PyObject *int_again(last_int *li, long long value) {
+    if (li->obj && li->value == value) {
+        Py_INCREF(li->obj);
+        return li->obj;
+    }
+    PyObject *o = PyLong_FromLongLong(value);
+    if (o) {
+        Py_INCREF(o);
+        Py_XSETREF(li->obj, o);
+        li->value = value;
+    }
+    return o;
+}
+
 static PyObject *decode_records(PyObject *self, PyObject *args) {
     Py_buffer b;
     PyObject *cls, *broker, *topics, *hosts, *host_of;
@@ -1394,6 +1448,8 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     /* Strong references: a cache dict may be cleared (it is bounded) while this call runs. */
     PyObject *last_topic = NULL, *last_born = NULL, *last_store = NULL;
     last_seen seen_topic = {0}, seen_born = {0}, seen_store = {0};
+    last_int born_ts = {0}, store_ts = {0}, store_size = {0};
+    last_text tags = {0};
     PyObject *out = PyList_New(0), *result = NULL;
     Py_ssize_t compressed = 0;
     PyTypeObject *tp = out ? as_type(cls, "decode_records") : NULL;
@@ -1445,7 +1501,7 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
             record_error(pos, "has a topic that is not UTF-8");
             goto done;
         }
-        v[MX_PROPERTIES] = properties_dict(base + p, props_len);
+        v[MX_PROPERTIES] = properties_dict_cached(base + p, props_len, &tags);
         if (!v[MX_PROPERTIES]) {
             Py_DECREF(v[MX_TOPIC]);
             PyErr_Clear();
@@ -1459,18 +1515,18 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         v[MX_BROKER_NAME] = broker;
         v[MX_OFFSET_MSG_ID] = offset_msg_id(r + 64, physical);
         v[MX_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(physical);
-        v[MX_BORN_TS] = PyLong_FromLongLong((long long)get64(r + 40));
+        v[MX_BORN_TS] = int_again(&born_ts, (long long)get64(r + 40));
         v[MX_BORN_HOST] = seen_again(&seen_born, r + 48, 8);
         if (!v[MX_BORN_HOST])
             v[MX_BORN_HOST] = seen_now(&seen_born, &last_born, r + 48, 8, host_tuple(hosts, host_of, r + 48));
-        v[MX_STORE_TS] = PyLong_FromLongLong((long long)get64(r + 56));
+        v[MX_STORE_TS] = int_again(&store_ts, (long long)get64(r + 56));
         v[MX_STORE_HOST] = seen_again(&seen_store, r + 64, 8);
         if (!v[MX_STORE_HOST])
             v[MX_STORE_HOST] = seen_now(&seen_store, &last_store, r + 64, 8, host_tuple(hosts, host_of, r + 64));
         v[MX_RECONSUME] = PyLong_FromLong((int32_t)get32(r + 72));
         v[MX_SYS_FLAG] = PyLong_FromLong(sys_flag);
         v[MX_FLAG] = PyLong_FromLong((int32_t)get32(r + 16));
-        v[MX_STORE_SIZE] = PyLong_FromLong(total);
+        v[MX_STORE_SIZE] = int_again(&store_size, total);
         v[MX_EXTRA] = PyDict_New();
         PyObject *obj = NULL;
         int ok = 1;
@@ -1496,6 +1552,10 @@ done:
     Py_XDECREF(last_topic);
     Py_XDECREF(last_born);
     Py_XDECREF(last_store);
+    Py_XDECREF(born_ts.obj);
+    Py_XDECREF(store_ts.obj);
+    Py_XDECREF(store_size.obj);
+    Py_XDECREF(tags.obj);
     PyBuffer_Release(&b);
     return result;
 }
