@@ -705,8 +705,8 @@ class MessageStore:
                 cur_from = mf.file_from_offset
                 cur_end = cur_from + mf.wrote_position
                 run_end = -1
-                if collect is not None:  # the loop above takes this unit, and those after it, from the file
-                    i -= 1
+                if collect is not None and cur_from <= phy < cur_end:
+                    i -= 1  # the loop above takes this unit, and those after it, from the file
                     continue
             pos = phy - cur_from
             if phy + size > cur_end or cur is None:

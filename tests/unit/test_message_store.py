@@ -269,6 +269,27 @@ def test_a_coalesced_read_answers_runs_of_adjacent_records_with_one_offset_per_m
         _release(res)
 
 
+def test_a_unit_pointing_past_what_the_log_holds_is_skipped_not_looped_on(
+    make_store: Callable[..., MessageStore], write_path: str
+) -> None:
+    store = make_store()
+    _put(store, Message("T", b"first", queue_id=0))
+    cq = store.queues.get("T", 0)
+    assert cq is not None
+    end = store.max_phy_offset()
+    # A unit (forged here) for a record beyond the log's write position, in the same file.
+    assert cq.put(end + 100, 90, 0, 1)
+    for coalesce in (False, True):
+        r = store.get_message("T", 0, 1, 32, coalesce=coalesce)  # answers, instead of spinning
+        assert r.status is GetMessageStatus.OFFSET_FOUND_NULL
+        assert (r.messages, r.next_begin_offset) == ([], 2)
+        both = store.get_message("T", 0, 0, 32, coalesce=coalesce)
+        assert both.status is GetMessageStatus.FOUND
+        assert both.queue_offsets == [0]
+        assert [decode_record(m).body for m in both.messages] == [b"first"]
+        _release(both)
+
+
 def test_get_message_stops_before_exceeding_max_transfer_bytes_but_always_returns_one_message(
     make_store: Callable[..., MessageStore], write_path: str
 ) -> None:
