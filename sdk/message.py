@@ -134,11 +134,9 @@ class Message:
             if topic == DEFAULT_TOPIC:
                 raise IllegalMessageError(f"{DEFAULT_TOPIC} is the default topic and cannot take messages")
             _remember(_CHECKED_TOPICS, topic)
-        if body.__class__ is not bytes:
-            if not isinstance(body, bytes | bytearray | memoryview):
-                raise IllegalMessageError(f"body must be bytes, not {type(body).__name__}")
-            body = bytes(body)  # the message keeps a copy of its own
-        if not body:
+        if not isinstance(body, bytes | bytearray | memoryview):
+            raise IllegalMessageError(f"body must be bytes, not {type(body).__name__}")
+        if len(body) == 0:
             raise IllegalMessageError("body is empty")
         if tags is not None and (tags.__class__ is not str or tags not in _CHECKED_TAGS):
             if not isinstance(tags, str):
@@ -154,7 +152,7 @@ class Message:
         self.keys: tuple[str, ...] = () if keys.__class__ is tuple and not keys else _checked_keys(keys)
         self.properties = {} if properties is None else _checked_properties(properties)
         self.topic = topic
-        self.body = body
+        self.body = bytes(body)
         self.tags = tags
         if delay_level.__class__ is not int or delay_level < 0 or deliver_at_ms is not None:
             _check_schedule(delay_level, deliver_at_ms)

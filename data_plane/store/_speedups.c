@@ -1287,39 +1287,38 @@ static PyObject *text(const unsigned char *p, Py_ssize_t n) {
     return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
 }
 
-/* The last TAGS value a decode_records call made, reused for the next record with the same bytes
- * (a consumer sees the same few tags over and over). */
+/* A pull's records nearly all share their topic and hosts: the last ones looked up are kept
+ * for the length of one decode_records call (raw bytes compared, the caches' objects reused). */
 typedef struct {
     const unsigned char *raw;
     Py_ssize_t len;
-    PyObject *obj; /* strong reference, or NULL */
-} last_text;
+    PyObject *obj; /* borrowed (kept alive by the caller's ``keep``), or NULL */
+} last_seen;
+
+static PyObject *seen_again(last_seen *ls, const unsigned char *raw, Py_ssize_t n) {
+    if (ls->obj && ls->len == n && memcmp(ls->raw, raw, n) == 0) {
+        Py_INCREF(ls->obj);
+        return ls->obj;
+    }
+    return NULL;
+}
+
+/* Keep ``obj`` (just looked up for ``raw``; may be NULL on an error) as the last one seen,
+ * holding a reference of its own in ``*keep``; returns ``obj``. */
+static PyObject *seen_now(last_seen *ls, PyObject **keep, const unsigned char *raw, Py_ssize_t n, PyObject *obj) {
+    if (obj) {
+        Py_INCREF(obj);
+        Py_XSETREF(*keep, obj);
+        *ls = (last_seen){raw, n, obj};
+    }
+    return obj;
+}
 
 /* "name\x01value\x02..." -> dict; what decode_properties does (items without a \x01 are
- * dropped, an empty item is skipped), every byte checked to be UTF-8. ``tags`` (may be NULL)
- * keeps the last TAGS value made. */
-static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, last_text *tags);
-
-static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
-    return properties_dict_cached(p, n, NULL);
-}
-
-static PyObject *tags_text(const unsigned char *p, Py_ssize_t n, last_text *tags) {
-    if (tags->obj && tags->len == n && memcmp(tags->raw, p, n) == 0) {
-        Py_INCREF(tags->obj);
-        return tags->obj;
-    }
-    PyObject *v = text(p, n);
-    if (v) {
-        Py_INCREF(v);
-        Py_XSETREF(tags->obj, v);
-        tags->raw = p;
-        tags->len = n;
-    }
-    return v;
-}
-
-static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, last_text *tags) {
+ * dropped, an empty item is skipped), every byte checked to be UTF-8. With ``tags`` (may be
+ * NULL), a TAGS value with the bytes of the last one made is that object again (a consumer sees
+ * the same few tags over and over); ``keep`` holds its reference. */
+static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, last_seen *tags, PyObject **keep) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
     Py_ssize_t i = 0;
@@ -1332,9 +1331,16 @@ static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, la
             /* An item without a value is dropped, but its bytes must still be UTF-8. */
             PyObject *k = sep ? text(p + i, kl) : PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
             PyObject *v = NULL;
-            if (k && sep)
-                v = tags && k == common_strs[0] ? tags_text(sep + 1, j - i - kl - 1, tags)
-                                                : text(sep + 1, j - i - kl - 1);
+            if (k && sep) {
+                const unsigned char *vp = sep + 1;
+                Py_ssize_t vl = j - i - kl - 1;
+                if (tags && k == common_strs[0]) {
+                    v = seen_again(tags, vp, vl);
+                    if (!v) v = seen_now(tags, keep, vp, vl, text(vp, vl));
+                } else {
+                    v = text(vp, vl);
+                }
+            }
             int bad = !k || (sep && (!v || PyDict_SetItem(d, k, v) < 0));
             Py_XDECREF(k);
             Py_XDECREF(v);
@@ -1346,6 +1352,10 @@ static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, la
         i = j + 1;
     }
     return d;
+}
+
+static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
+    return properties_dict_cached(p, n, NULL, NULL);
 }
 
 static PyObject *host_tuple(PyObject *hosts, PyObject *host_of, const unsigned char *raw) {
@@ -1390,32 +1400,6 @@ static PyObject *offset_msg_id(const unsigned char *store_host, long long physic
     return PyUnicode_FromStringAndSize(s, 32);
 }
 
-/* A pull's records nearly all share their topic and hosts: the last ones looked up are kept
- * for the length of one decode_records call (raw bytes compared, the caches' objects reused). */
-typedef struct {
-    const unsigned char *raw;
-    Py_ssize_t len;
-    PyObject *obj; /* borrowed from the caller's cache dict, or NULL */
-} last_seen;
-
-static PyObject *seen_again(last_seen *ls, const unsigned char *raw, Py_ssize_t n) {
-    if (ls->obj && ls->len == n && memcmp(ls->raw, raw, n) == 0) {
-        Py_INCREF(ls->obj);
-        return ls->obj;
-    }
-    return NULL;
-}
-
-/* Keep ``obj`` (just looked up for ``raw``; may be NULL on an error) as the last one seen,
- * holding a reference of its own in ``*keep``; returns ``obj``. */
-static PyObject *seen_now(last_seen *ls, PyObject **keep, const unsigned char *raw, Py_ssize_t n, PyObject *obj) {
-    if (obj) {
-        Py_INCREF(obj);
-        Py_XSETREF(*keep, obj);
-        *ls = (last_seen){raw, n, obj};
-    }
-    return obj;
-}
 
 /* The last int made for a field, reused while the next records carry the same value (a batch's
  * records share their timestamps, and often their size). */
@@ -1449,7 +1433,8 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     PyObject *last_topic = NULL, *last_born = NULL, *last_store = NULL;
     last_seen seen_topic = {0}, seen_born = {0}, seen_store = {0};
     last_int born_ts = {0}, store_ts = {0}, store_size = {0};
-    last_text tags = {0};
+    last_seen seen_tags = {0};
+    PyObject *last_tags = NULL;
     PyObject *out = PyList_New(0), *result = NULL;
     Py_ssize_t compressed = 0;
     PyTypeObject *tp = out ? as_type(cls, "decode_records") : NULL;
@@ -1501,7 +1486,7 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
             record_error(pos, "has a topic that is not UTF-8");
             goto done;
         }
-        v[MX_PROPERTIES] = properties_dict_cached(base + p, props_len, &tags);
+        v[MX_PROPERTIES] = properties_dict_cached(base + p, props_len, &seen_tags, &last_tags);
         if (!v[MX_PROPERTIES]) {
             Py_DECREF(v[MX_TOPIC]);
             PyErr_Clear();
@@ -1555,7 +1540,7 @@ done:
     Py_XDECREF(born_ts.obj);
     Py_XDECREF(store_ts.obj);
     Py_XDECREF(store_size.obj);
-    Py_XDECREF(tags.obj);
+    Py_XDECREF(last_tags);
     PyBuffer_Release(&b);
     return result;
 }
