@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from data_plane.local_cluster import LocalCluster
+from loadtest.cpu import CpuWindow, us_per_msg
 from loadtest.histogram import encode_hist, hist_of, merge, summary_ms
 from loadtest.rate import OpenLoop, RateProfile
 
@@ -94,6 +95,13 @@ async def _closed_loop(
     acked = errors = 0
     measure_from = time.perf_counter() + opts["warmup_s"]
     stop_at = measure_from + opts["seconds"]
+    cpu = CpuWindow(opts.get("broker_pid"))
+
+    async def cpu_window() -> None:  # the CPU of this process and the broker's while measuring
+        await asyncio.sleep(measure_from - time.perf_counter())
+        cpu.start()
+        await asyncio.sleep(stop_at - time.perf_counter())
+        cpu.stop()
 
     async def lane() -> None:
         nonlocal acked, errors
@@ -107,9 +115,16 @@ async def _closed_loop(
                 acked += n
                 lat_us.append(int((time.perf_counter() - t0) * 1e6))
 
-    await asyncio.gather(*(lane() for _ in range(lanes)))
+    await asyncio.gather(cpu_window(), *(lane() for _ in range(lanes)))
     await producer.shutdown()
-    return {"acked": acked, "errors": errors, "seconds": opts["seconds"], "hist": encode_hist(hist_of(lat_us))}
+    return {
+        "acked": acked,
+        "errors": errors,
+        "seconds": opts["seconds"],
+        "hist": encode_hist(hist_of(lat_us)),
+        "cpu_s": cpu.own_s,
+        "broker_cpu_s": cpu.other_s,
+    }
 
 
 async def _publish_batched(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -221,14 +236,34 @@ async def _consume(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, 
     gc.freeze()
     deadline = time.perf_counter() + opts["timeout_s"]
     idle_s = opts["idle_s"]
+    # CPU from the first look that sees messages to the last look that sees more: a twentieth
+    # of a second's grain at either end, against a phase of seconds.
+    cpu = CpuWindow(opts.get("broker_pid"))
+    cpu_from = cpu_to = seen = 0
     while time.perf_counter() < deadline:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.05)
+        if count != seen:
+            if not seen:
+                cpu.start()
+                cpu_from = count
+            else:
+                cpu.stop()
+                cpu_to = count
+            seen = count
         if count and time.perf_counter() - last > idle_s:
             break
         if opts.get("expected") and count >= opts["expected"]:
             break
     await consumer.shutdown()
-    return {"consumed": count, "first": first, "last": last, "hist": encode_hist(hist_of(lat_us))}
+    return {
+        "consumed": count,
+        "first": first,
+        "last": last,
+        "hist": encode_hist(hist_of(lat_us)),
+        "cpu_msgs": max(0, cpu_to - cpu_from),
+        "cpu_s": cpu.own_s,
+        "broker_cpu_s": cpu.other_s,
+    }
 
 
 def worker(kind: str, namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -257,6 +292,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     try:
         with LocalCluster(root, namesrv_port=0, broker_port=0) as cluster:
             ns = cluster.namesrv
+            base["broker_pid"] = next(c.proc.pid for c in cluster.children if c.name.startswith("broker"))
             _create_topics(ns, ["bench", "bench-lat", "bench-e2e"], opts.queues)
 
             log("phase 1: batched publish")
@@ -273,6 +309,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                 "batch": opts.batch,
                 "errors": sum(r["errors"] for r in rs),
                 "batch_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
+                "cpu_us_per_msg": _cpu_figures(rs, acked, "producers"),
             }
             log(f"  {result['publish_batched']}")
 
@@ -284,6 +321,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                 "msgs_per_s": round(sync_rate),
                 "errors": sum(r["errors"] for r in rs),
                 "send_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
+                "cpu_us_per_msg": _cpu_figures(rs, sum(r["acked"] for r in rs), "producers"),
             }
             log(f"  {result['publish_sync_16']}")
 
@@ -301,6 +339,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                             "idle_s": 3.0,
                             "expected": 0,
                             "pull_batch_size": opts.pull_batch_size,
+                            "broker_pid": base["broker_pid"],
                         },
                     )
                     for _ in range(opts.consumer_processes)
@@ -312,6 +351,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                 "msgs_per_s": round(consumed / span) if span > 0 else 0,
                 "consumed": consumed,
                 "stored": stored,
+                "cpu_us_per_msg": _cpu_figures(rs, sum(r["cpu_msgs"] for r in rs), "consumers"),
             }
             log(f"  {result['consume']}")
 
@@ -332,6 +372,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                         "expected": int(rate * opts.seconds),
                         "e2e": True,
                         "pull_batch_size": opts.pull_batch_size,
+                        "broker_pid": base["broker_pid"],
                     },
                 ),
             ]
@@ -361,6 +402,17 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
         "half_peak_send_p99_ms": 5.0,
     }
     return result
+
+
+def _cpu_figures(rs: list[dict[str, Any]], msgs: int, clients: str) -> dict[str, float | None]:
+    """CPU µs a message of the broker and of the client processes, over the workers' measuring
+    windows (which all but coincide: the broker's is the mean of what each worker saw)."""
+    own = [r["cpu_s"] for r in rs if r.get("cpu_s") is not None]
+    broker = [r["broker_cpu_s"] for r in rs if r.get("broker_cpu_s") is not None]
+    return {
+        "broker": us_per_msg(sum(broker) / len(broker) if broker else None, msgs),
+        clients: us_per_msg(sum(own) if own else None, msgs),
+    }
 
 
 def _create_topics(namesrv: str, topics: list[str], queues: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -169,6 +170,18 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path) -> None:
             positive(hist[q], f"{path}.{q}")
     assert result["publish_batched"]["errors"] == 0
     assert result["publish_sync_16"]["errors"] == 0
+    # CPU a message of the broker and of the clients, per phase (from /proc: Linux only).
+    # At the phase's rate, no role can have used more cores than the machine has (a unit slip
+    # would show as a thousand times that).
+    if sys.platform == "linux":
+        phases = (("publish_batched", "producers"), ("publish_sync_16", "producers"), ("consume", "consumers"))
+        for phase, clients in phases:
+            cpu = figure(result, f"{phase}.cpu_us_per_msg")
+            assert set(cpu) == {"broker", clients}, cpu
+            rate = result[phase]["msgs_per_s"]
+            for who, us in cpu.items():
+                cores = positive(us, f"{phase}.cpu_us_per_msg.{who}") * rate / 1e6
+                assert cores <= 1.25 * (os.cpu_count() or 1), (phase, who, cpu, rate)
     consume = result["consume"]
     positive(consume["stored"], "consume.stored")
     assert consume["consumed"] >= consume["stored"], consume
