@@ -11,6 +11,7 @@ producer adds ``UNIQ_KEY`` (a client-generated id, 32 hex digits, what ``SendRes
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import os
 import secrets
@@ -18,8 +19,8 @@ import socket
 import struct
 import time
 import zlib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 from data_plane.store.message import (
     FLAG_COMPRESSED,
@@ -31,6 +32,7 @@ from data_plane.store.message import (
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT_STORE_MSG_OK,
     StoredMessage,
+    decode_properties,
     encode_properties,
     validate_topic,
 )
@@ -200,31 +202,171 @@ class MessageQueue:
         return f"{self.topic}@{self.broker_name}:{self.queue_id}"
 
 
-@dataclass(slots=True, eq=False)
+def _py_properties_of(raw: bytes) -> dict[str, str]:
+    return decode_properties(raw)
+
+
+def _compiled_properties_of() -> Callable[[bytes], dict[str, str]]:
+    from data_plane.store import fastpath
+
+    mod = fastpath.speedups_module()
+    parse: Callable[[bytes], dict[str, str]] | None = getattr(mod, "properties_dict", None)
+    return parse if parse is not None else _py_properties_of
+
+
+_properties_of = _compiled_properties_of()  # a record's raw properties → dict
+
+
+@functools.lru_cache(maxsize=1024)
+def _host_hex(host: tuple[str, int]) -> str:
+    """A store host as the first 16 hex digits of a message id (IPv4 4 bytes, port 4 bytes)."""
+    ip, port = host
+    return (socket.inet_aton(ip) + struct.pack(">I", port)).hex().upper()
+
+
 class MessageExt:
     """A received message, every field the broker stored.
 
     ``msg_id`` is the producer's unique id (UNIQ_KEY) when there is one, else the broker's
     ``offset_msg_id`` (store host + CommitLog offset). ``reconsume_times`` counts redeliveries.
+    ``extra`` holds the application's notes while it consumes.
+
+    The compiled pull decoder fills the slots directly and leaves three things for first use,
+    since a consumer reads them seldom and making them for every message was a third of its
+    decoding: ``properties`` (kept as the record's raw bytes until then), ``offset_msg_id`` and
+    ``extra``. Reading one makes it once; assigning it replaces it.
     """
+
+    __slots__ = (
+        "_extra",
+        "_offset_msg_id",
+        "_properties",
+        "_raw_properties",
+        "body",
+        "born_host",
+        "born_timestamp_ms",
+        "broker_name",
+        "commit_log_offset",
+        "flag",
+        "queue_id",
+        "queue_offset",
+        "reconsume_times",
+        "store_host",
+        "store_size",
+        "store_timestamp_ms",
+        "sys_flag",
+        "topic",
+    )  # fmt: skip
+
+    # What a received message holds, in the constructor's order.
+    FIELDS = (
+        "topic", "body", "properties", "queue_id", "queue_offset", "broker_name", "offset_msg_id",
+        "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms", "store_host",
+        "reconsume_times", "sys_flag", "flag", "store_size", "extra",
+    )  # fmt: skip
+
+    # The slots the compiled decoder writes (sdk.protocol checks _speedups.RECORD_FIELDS against them).
+    DECODED_SLOTS = (
+        "topic", "body", "_raw_properties", "_properties", "queue_id", "queue_offset", "broker_name",
+        "_offset_msg_id", "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms",
+        "store_host", "reconsume_times", "sys_flag", "flag", "store_size", "_extra",
+    )  # fmt: skip
 
     topic: str
     body: bytes
-    properties: dict[str, str]
     queue_id: int
     queue_offset: int
     broker_name: str
-    offset_msg_id: str
     commit_log_offset: int
     born_timestamp_ms: int
     born_host: tuple[str, int]
     store_timestamp_ms: int
     store_host: tuple[str, int]
-    reconsume_times: int = 0
-    sys_flag: int = 0
-    flag: int = 0
-    store_size: int = 0
-    extra: dict[str, object] = field(default_factory=dict)  # the application's notes while it consumes
+    reconsume_times: int
+    sys_flag: int
+    flag: int
+    store_size: int
+    _raw_properties: bytes | None
+    _properties: dict[str, str] | None
+    _offset_msg_id: str | None
+    _extra: dict[str, object] | None
+
+    def __init__(
+        self,
+        topic: str,
+        body: bytes,
+        properties: dict[str, str],
+        queue_id: int,
+        queue_offset: int,
+        broker_name: str,
+        offset_msg_id: str | None,
+        commit_log_offset: int,
+        born_timestamp_ms: int,
+        born_host: tuple[str, int],
+        store_timestamp_ms: int,
+        store_host: tuple[str, int],
+        reconsume_times: int = 0,
+        sys_flag: int = 0,
+        flag: int = 0,
+        store_size: int = 0,
+        extra: dict[str, object] | None = None,
+    ) -> None:
+        self.topic = topic
+        self.body = body
+        self._raw_properties = None
+        self._properties = properties
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.broker_name = broker_name
+        self._offset_msg_id = offset_msg_id  # None: made from the store host and offset when read
+        self.commit_log_offset = commit_log_offset
+        self.born_timestamp_ms = born_timestamp_ms
+        self.born_host = born_host
+        self.store_timestamp_ms = store_timestamp_ms
+        self.store_host = store_host
+        self.reconsume_times = reconsume_times
+        self.sys_flag = sys_flag
+        self.flag = flag
+        self.store_size = store_size
+        self._extra = extra
+
+    @property
+    def properties(self) -> dict[str, str]:
+        props = self._properties
+        if props is None:
+            raw = self._raw_properties
+            props = self._properties = _properties_of(raw) if raw else {}
+            self._raw_properties = None
+        return props
+
+    @properties.setter
+    def properties(self, value: dict[str, str]) -> None:
+        self._properties = value
+        self._raw_properties = None
+
+    @property
+    def offset_msg_id(self) -> str:
+        """The broker's id of the message: its store host (IPv4, port) and CommitLog offset as
+        32 hex digits."""
+        mid = self._offset_msg_id
+        if mid is None:
+            mid = self._offset_msg_id = _host_hex(self.store_host) + format(self.commit_log_offset, "016X")
+        return mid
+
+    @offset_msg_id.setter
+    def offset_msg_id(self, value: str) -> None:
+        self._offset_msg_id = value
+
+    @property
+    def extra(self) -> dict[str, object]:
+        notes = self._extra
+        if notes is None:
+            notes = self._extra = {}
+        return notes
+
+    @extra.setter
+    def extra(self, value: dict[str, object]) -> None:
+        self._extra = value
 
     @property
     def tags(self) -> str | None:

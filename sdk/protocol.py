@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from data_plane.remoting import bodies
@@ -265,7 +265,7 @@ def pull_request(
 def _compiled_decoder() -> Any:
     """``_speedups.decode_records`` when built and in use, and made for this MessageExt's fields."""
     mod = fastpath.speedups_module()
-    if mod is None or getattr(mod, "RECORD_FIELDS", None) != tuple(f.name for f in fields(MessageExt)):
+    if mod is None or getattr(mod, "RECORD_FIELDS", None) != MessageExt.DECODED_SLOTS:
         return None
     return mod.decode_records
 

@@ -1237,19 +1237,24 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
  * sdk.protocol.decode_messages: magic, nested lengths inside the record, body CRC, properties
  * ending with their separator and valid UTF-8. ``topics`` (raw bytes -> str) and ``hosts``
  * (8 raw bytes -> (ip, port), filled through ``host_of``) are the caller's caches. The objects
- * are made without running ``cls.__init__``: each field's slot is written directly, ``extra``
- * gets a new dict (its default factory). ``compressed`` counts records whose sys flag says
- * their body is zlib-compressed; the caller inflates those. A record that is not sound raises
- * ValueError naming its byte position. */
+ * are made without running ``cls.__init__``: each slot in RECORD_FIELDS is written directly.
+ * What a consumer seldom reads is left for the object to make on first use: the properties stay
+ * their raw bytes (``_raw_properties``; ``_properties`` None), and ``_offset_msg_id`` and
+ * ``_extra`` are None. ``compressed`` counts records whose sys flag says their body is
+ * zlib-compressed; the caller inflates those. A record that is not sound raises ValueError
+ * naming its byte position.
+ *
+ * properties_dict(raw) -> dict: the raw properties of a record ("name\x01value\x02"...) as
+ * MessageExt.properties makes them on first use. */
 enum {
-    MX_TOPIC, MX_BODY, MX_PROPERTIES, MX_QUEUE_ID, MX_QUEUE_OFFSET, MX_BROKER_NAME, MX_OFFSET_MSG_ID,
-    MX_COMMIT_LOG_OFFSET, MX_BORN_TS, MX_BORN_HOST, MX_STORE_TS, MX_STORE_HOST, MX_RECONSUME,
-    MX_SYS_FLAG, MX_FLAG, MX_STORE_SIZE, MX_EXTRA, MX_FIELDS
+    MX_TOPIC, MX_BODY, MX_RAW_PROPERTIES, MX_PROPERTIES, MX_QUEUE_ID, MX_QUEUE_OFFSET, MX_BROKER_NAME,
+    MX_OFFSET_MSG_ID, MX_COMMIT_LOG_OFFSET, MX_BORN_TS, MX_BORN_HOST, MX_STORE_TS, MX_STORE_HOST,
+    MX_RECONSUME, MX_SYS_FLAG, MX_FLAG, MX_STORE_SIZE, MX_EXTRA, MX_FIELDS
 };
 static const char *mx_names[MX_FIELDS] = {
-    "topic", "body", "properties", "queue_id", "queue_offset", "broker_name", "offset_msg_id",
-    "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms", "store_host",
-    "reconsume_times", "sys_flag", "flag", "store_size", "extra",
+    "topic", "body", "_raw_properties", "_properties", "queue_id", "queue_offset", "broker_name",
+    "_offset_msg_id", "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms",
+    "store_host", "reconsume_times", "sys_flag", "flag", "store_size", "_extra",
 };
 static PyObject *mx_interned[MX_FIELDS];
 static slot_t mx_slots[MX_FIELDS];
@@ -1315,10 +1320,8 @@ static PyObject *seen_now(last_seen *ls, PyObject **keep, const unsigned char *r
 }
 
 /* "name\x01value\x02..." -> dict; what decode_properties does (items without a \x01 are
- * dropped, an empty item is skipped), every byte checked to be UTF-8. With ``tags`` (may be
- * NULL), a TAGS value with the bytes of the last one made is that object again (a consumer sees
- * the same few tags over and over); ``keep`` holds its reference. */
-static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, last_seen *tags, PyObject **keep) {
+ * dropped, an empty item is skipped), every byte checked to be UTF-8. */
+static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
     PyObject *d = PyDict_New();
     if (!d) return NULL;
     Py_ssize_t i = 0;
@@ -1330,17 +1333,7 @@ static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, la
             Py_ssize_t kl = sep ? sep - (p + i) : j - i;
             /* An item without a value is dropped, but its bytes must still be UTF-8. */
             PyObject *k = sep ? text(p + i, kl) : PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
-            PyObject *v = NULL;
-            if (k && sep) {
-                const unsigned char *vp = sep + 1;
-                Py_ssize_t vl = j - i - kl - 1;
-                if (tags && k == common_strs[0]) {
-                    v = seen_again(tags, vp, vl);
-                    if (!v) v = seen_now(tags, keep, vp, vl, text(vp, vl));
-                } else {
-                    v = text(vp, vl);
-                }
-            }
+            PyObject *v = k && sep ? text(sep + 1, j - i - kl - 1) : NULL;
             int bad = !k || (sep && (!v || PyDict_SetItem(d, k, v) < 0));
             Py_XDECREF(k);
             Py_XDECREF(v);
@@ -1354,8 +1347,33 @@ static PyObject *properties_dict_cached(const unsigned char *p, Py_ssize_t n, la
     return d;
 }
 
-static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
-    return properties_dict_cached(p, n, NULL, NULL);
+/* Whether [p, p+n) is UTF-8 (the ASCII that nearly every property is, checked a word at a time). */
+static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        if (w & 0x8080808080808080ull) break;
+    }
+    for (; i < n; i++) {
+        if (p[i] & 0x80) break;
+    }
+    if (i == n) return 1;
+    PyObject *u = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
+    if (!u) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(u);
+    return 1;
+}
+
+static PyObject *py_properties_dict(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    if (!PyArg_ParseTuple(args, "y*:properties_dict", &b)) return NULL;
+    PyObject *d = properties_dict(b.buf, b.len);
+    PyBuffer_Release(&b);
+    return d;
 }
 
 static PyObject *host_tuple(PyObject *hosts, PyObject *host_of, const unsigned char *raw) {
@@ -1389,18 +1407,6 @@ static PyObject *topic_str(PyObject *topics, const unsigned char *raw, Py_ssize_
     return t;
 }
 
-static PyObject *offset_msg_id(const unsigned char *store_host, long long physical) {
-    static const char hexd[] = "0123456789ABCDEF";
-    char s[32];
-    for (int i = 0; i < 8; i++) {
-        s[2 * i] = hexd[store_host[i] >> 4];
-        s[2 * i + 1] = hexd[store_host[i] & 15];
-    }
-    for (int i = 0; i < 16; i++) s[16 + i] = hexd[((unsigned long long)physical >> (60 - 4 * i)) & 15];
-    return PyUnicode_FromStringAndSize(s, 32);
-}
-
-
 /* The last int made for a field, reused while the next records carry the same value (a batch's
  * records share their timestamps, and often their size). */
 typedef struct {
@@ -1433,8 +1439,6 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     PyObject *last_topic = NULL, *last_born = NULL, *last_store = NULL;
     last_seen seen_topic = {0}, seen_born = {0}, seen_store = {0};
     last_int born_ts = {0}, store_ts = {0}, store_size = {0};
-    last_seen seen_tags = {0};
-    PyObject *last_tags = NULL;
     PyObject *out = PyList_New(0), *result = NULL;
     Py_ssize_t compressed = 0;
     PyTypeObject *tp = out ? as_type(cls, "decode_records") : NULL;
@@ -1486,19 +1490,26 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
             record_error(pos, "has a topic that is not UTF-8");
             goto done;
         }
-        v[MX_PROPERTIES] = properties_dict_cached(base + p, props_len, &seen_tags, &last_tags);
-        if (!v[MX_PROPERTIES]) {
+        if (!utf8_ok(base + p, props_len)) {
             Py_DECREF(v[MX_TOPIC]);
-            PyErr_Clear();
             record_error(pos, "has bad properties: not UTF-8");
             goto done;
         }
+        if (props_len) {
+            v[MX_RAW_PROPERTIES] = PyBytes_FromStringAndSize((const char *)base + p, props_len);
+        } else {
+            Py_INCREF(Py_None);
+            v[MX_RAW_PROPERTIES] = Py_None;
+        }
+        Py_INCREF(Py_None);
+        v[MX_PROPERTIES] = Py_None;
         v[MX_BODY] = PyBytes_FromStringAndSize((const char *)base + body_at, body_len);
         v[MX_QUEUE_ID] = PyLong_FromLong((int32_t)get32(r + 12));
         v[MX_QUEUE_OFFSET] = PyLong_FromLongLong((long long)get64(r + 20));
         Py_INCREF(broker);
         v[MX_BROKER_NAME] = broker;
-        v[MX_OFFSET_MSG_ID] = offset_msg_id(r + 64, physical);
+        Py_INCREF(Py_None);
+        v[MX_OFFSET_MSG_ID] = Py_None;
         v[MX_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(physical);
         v[MX_BORN_TS] = int_again(&born_ts, (long long)get64(r + 40));
         v[MX_BORN_HOST] = seen_again(&seen_born, r + 48, 8);
@@ -1512,7 +1523,8 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         v[MX_SYS_FLAG] = PyLong_FromLong(sys_flag);
         v[MX_FLAG] = PyLong_FromLong((int32_t)get32(r + 16));
         v[MX_STORE_SIZE] = int_again(&store_size, total);
-        v[MX_EXTRA] = PyDict_New();
+        Py_INCREF(Py_None);
+        v[MX_EXTRA] = Py_None;
         PyObject *obj = NULL;
         int ok = 1;
         for (int f = 0; f < MX_FIELDS; f++) ok &= v[f] != NULL;
@@ -1540,7 +1552,6 @@ done:
     Py_XDECREF(born_ts.obj);
     Py_XDECREF(store_ts.obj);
     Py_XDECREF(store_size.obj);
-    Py_XDECREF(last_tags);
     PyBuffer_Release(&b);
     return result;
 }
@@ -1851,6 +1862,7 @@ static PyMethodDef methods[] = {
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
     {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
+    {"properties_dict", py_properties_dict, METH_VARARGS, "A record's raw properties as a dict."},
     {"batch_messages", batch_messages, METH_VARARGS, "Split a SEND_BATCH_MESSAGE body into store Messages."},
     {"plain_batch_body", plain_batch_body, METH_VARARGS, "The SEND_BATCH_MESSAGE body of plain sdk Messages."},
     {"batch_ids", batch_ids, METH_VARARGS, "The comma-joined message ids of records lying back to back."},

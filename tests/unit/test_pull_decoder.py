@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 import zlib
 from collections.abc import Iterator
-from dataclasses import fields
 
 import pytest
 
@@ -64,7 +63,7 @@ def record(
 
 
 def as_dict(m: MessageExt) -> dict[str, object]:
-    return {f.name: getattr(m, f.name) for f in fields(m)}
+    return {name: getattr(m, name) for name in MessageExt.FIELDS}
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6, 7, 8])
@@ -143,6 +142,28 @@ def test_properties_are_read_as_rocketmq_writes_them(decoder: str) -> None:
     assert m.properties == {"a": "b", "": "x", "k": ""}
     (m,) = protocol.decode_messages(record(props=b""), "b")
     assert m.properties == {}
+
+
+def test_what_is_made_on_first_use_is_made_once_and_kept(decoder: str) -> None:
+    """properties, offset_msg_id and extra may be made when first read (the compiled decoder
+    leaves them): a change to them sticks, an assignment replaces them, and each message has its
+    own."""
+    one, two = protocol.decode_messages(
+        record(props=b"TAGS\x01A\x02", physical=0) + record(props=b"TAGS\x01A\x02", physical=4096), "b"
+    )
+    assert one.properties is one.properties
+    one.properties["seen"] = "yes"
+    assert one.properties == {"TAGS": "A", "seen": "yes"}
+    assert two.properties == {"TAGS": "A"}
+    two.properties = {"TAGS": "B"}
+    assert (two.tags, one.tags) == ("B", "A")
+    assert one.offset_msg_id == "0A01020300002A9F0000000000000000"
+    assert two.offset_msg_id == "0A01020300002A9F0000000000001000"
+    two.offset_msg_id = "ELSEWHERE"
+    assert (two.offset_msg_id, two.msg_id) == ("ELSEWHERE", "ELSEWHERE")
+    one.extra["n"] = 1
+    assert (one.extra, two.extra) == ({"n": 1}, {})
+    assert one.extra is one.extra
 
 
 def test_a_compressed_body_is_inflated(decoder: str) -> None:
