@@ -270,6 +270,7 @@ def _compiled_decoder() -> Any:
     return mod.decode_records
 
 
+_RAW_TYPES = (bytes, memoryview)  # a tuple: ``bytes | memoryview`` makes a union object each call
 _HOSTS: dict[bytes, tuple[str, int]] = {}  # 8-byte host field → (ip, port): a few distinct values
 _TOPICS: dict[bytes, str] = {}
 
@@ -424,7 +425,7 @@ def parse_pull_response(
     if status is PullStatus.FOUND and body is not None:
         # Straight from the frame (a large body is a view of it): the decoders copy each
         # message's body out, so nothing keeps the frame alive.
-        raw = body if isinstance(body, bytes | memoryview) else resp.body_bytes()
+        raw = body if isinstance(body, _RAW_TYPES) else resp.body_bytes()
         result.messages = decode_messages(raw, broker_name, check_crc=check_crc)
     return result
 

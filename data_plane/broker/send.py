@@ -413,7 +413,7 @@ def _batch_properties(cmd: RemotingCommand) -> list[dict[str, str] | None]:
     """Each batch message's properties when they carry a trace context (None otherwise), read
     without copying bodies; what cannot be read is skipped (the handler refuses the batch)."""
     b = cmd.body
-    mv = memoryview(b if isinstance(b, bytes | bytearray | memoryview) else cmd.body_bytes())
+    mv = memoryview(b if isinstance(b, (bytes, bytearray, memoryview)) else cmd.body_bytes())
     out: list[dict[str, str] | None] = []
     pos, n = 0, len(mv)
     while n - pos >= 22:
