@@ -20,7 +20,7 @@ import struct
 import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from data_plane.store.message import (
     FLAG_COMPRESSED,
@@ -444,6 +444,26 @@ class SendResult:
     @property
     def msg_ids(self) -> list[str]:
         return self.msg_id.split(",") if self.msg_id else []
+
+
+# A frozen dataclass's __init__ sets each field through object.__setattr__ (~1.5 µs for a
+# SendResult), and the producer makes one per send; the slots' own descriptors set the same
+# fields without the detour. Same object, same fields, still frozen to everyone else.
+_SEND_RESULT_SETTERS = tuple(getattr(SendResult, f.name).__set__ for f in fields(SendResult))
+
+
+def new_send_result(
+    status: SendStatus, msg_id: str, offset_msg_id: str, message_queue: MessageQueue, queue_offset: int
+) -> SendResult:
+    """``SendResult(...)`` for the send path, made faster."""
+    r = object.__new__(SendResult)
+    s_status, s_msg_id, s_offset_msg_id, s_mq, s_queue_offset = _SEND_RESULT_SETTERS
+    s_status(r, status)
+    s_msg_id(r, msg_id)
+    s_offset_msg_id(r, offset_msg_id)
+    s_mq(r, message_queue)
+    s_queue_offset(r, queue_offset)
+    return r
 
 
 # --- unique ids (UNIQ_KEY) ------------------------------------------------------------------------

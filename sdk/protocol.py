@@ -38,7 +38,7 @@ from data_plane.store.message import (
     unpack_host,
 )
 from sdk.errors import BrokerError, IllegalMessageError, for_code
-from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus
+from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus, new_send_result
 
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 
@@ -191,12 +191,12 @@ def parse_send_response(resp: RemotingCommand, mq: MessageQueue, msg_id: str, ad
         raise for_code(resp.code, resp.remark, addr)
     ext = resp.ext_fields or {}
     queue_id = int(ext.get("queueId") or mq.queue_id)
-    return SendResult(
-        status=status,
-        msg_id=msg_id,
-        offset_msg_id=ext.get("msgId", ""),
-        message_queue=MessageQueue(mq.topic, mq.broker_name, queue_id),
-        queue_offset=int(ext.get("queueOffset") or -1),
+    return new_send_result(
+        status,
+        msg_id,
+        ext.get("msgId", ""),
+        mq if queue_id == mq.queue_id else MessageQueue(mq.topic, mq.broker_name, queue_id),
+        int(ext.get("queueOffset") or -1),
     )
 
 

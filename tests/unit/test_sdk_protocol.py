@@ -4,6 +4,7 @@ sdk/errors.py), fed bytes directly: no sockets."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import Callable
 
 import orjson
@@ -21,7 +22,7 @@ from data_plane.store import Message as StoreMessage
 from data_plane.store import MessageStore, PutMessageStatus
 from data_plane.store.message import decode_properties, pack_host, tags_hash_code
 from sdk import errors, protocol
-from sdk.message import Message, MessageQueue, SendStatus
+from sdk.message import Message, MessageQueue, SendResult, SendStatus
 from sdk.protocol import PullStatus
 from sdk.route import parse_route
 from sdk.subscription import parse_subscription
@@ -96,6 +97,20 @@ def test_stored_but_not_durable_answers_are_statuses_not_errors(code: int, statu
         17,
     )
     assert result.message_queue == MQ
+
+
+def test_a_send_result_is_the_frozen_dataclass_whichever_way_it_is_made() -> None:
+    resp = _response(ResponseCode.SUCCESS, {"msgId": "OFFSET-ID", "queueId": "2", "queueOffset": "17"})
+    result = protocol.parse_send_response(resp, MQ, "U" * 32)
+    assert result == SendResult(SendStatus.SEND_OK, "U" * 32, "OFFSET-ID", MQ, 17)
+    assert hash(result) == hash(SendResult(SendStatus.SEND_OK, "U" * 32, "OFFSET-ID", MQ, 17))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.queue_offset = 18  # type: ignore[misc]
+    # The broker names another queue than the one asked (a queue id it chose itself): that one.
+    moved = protocol.parse_send_response(
+        _response(ResponseCode.SUCCESS, {"msgId": "X", "queueId": "5", "queueOffset": "0"}), MQ, "U"
+    )
+    assert moved.message_queue == MessageQueue("Orders", "broker-a", 5)
 
 
 @pytest.mark.parametrize(
