@@ -361,7 +361,8 @@ class FrameDecoder:
     its length prefix, as a memoryview of bytes nothing writes to again: no copy per frame) and
     keeps the rest; a length over ``max_frame_bytes`` or under 4 raises FrameError before
     anything of that frame is buffered. A frame spread over many reads keeps the reads as they
-    are and is joined once, when its last byte arrives (one exact-size copy)."""
+    are and is joined once, when its last byte arrives (one exact-size copy of that frame only:
+    the frames after it in the same read stay views of the read)."""
 
     __slots__ = ("_have", "_need", "_parts", "max_frame_bytes")
 
@@ -383,18 +384,25 @@ class FrameDecoder:
 
     def feed(self, data: Body) -> list[Body]:
         src = data if isinstance(data, bytes) else bytes(data)  # frames are views: of bytes only
+        frames: list[Body] = []
+        pos = 0
         if self._parts:
-            self._parts.append(src)
             self._have += len(src)
             if self._have < self._need:
+                self._parts.append(src)
                 return []
-            src = b"".join(self._parts)
+            if self._need > 4:  # a frame whose length is known: join it alone, not the whole read
+                take = len(src) - (self._have - self._need)
+                self._parts.append(memoryview(src)[:take])
+                frames.append(memoryview(b"".join(self._parts))[4:])
+                pos = take
+            else:  # the length prefix itself was cut: join the few bytes with this read
+                self._parts.append(src)
+                src = b"".join(self._parts)
             self._parts = []
             self._have = 0
         mv = memoryview(src)
         n = len(mv)
-        pos = 0
-        frames: list[Body] = []
         unpack = _LENGTH.unpack_from
         while n - pos >= 4:
             (length,) = unpack(mv, pos)

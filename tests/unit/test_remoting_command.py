@@ -390,6 +390,21 @@ def test_a_stream_in_random_chunks_yields_the_same_frames(seed: int) -> None:
     assert [decode_frame(f).opaque for f in got] == list(range(200))
 
 
+def test_only_the_frame_spread_over_two_reads_is_copied() -> None:
+    """The frame the second read completes is joined alone, exactly its size; the frames after
+    it in that read are views of the read itself (a 256 KiB read is not copied whole)."""
+    a, b, c = (encode_bytes(RemotingCommand(1, opaque=i, body=bytes([i]) * 5000)) for i in range(3))
+    first, second = a[:3000], a[3000:] + b + c
+    decoder = FrameDecoder()
+    assert decoder.feed(first) == []
+    got = decoder.feed(second)
+    assert [bytes(f) for f in got] == [strip_prefix(a), strip_prefix(b), strip_prefix(c)]
+    joined, *rest = got
+    assert isinstance(joined, memoryview)
+    assert len(joined.obj) == len(a)  # type: ignore[arg-type]
+    assert all(isinstance(f, memoryview) and f.obj is second for f in rest)
+
+
 def test_frames_handed_out_keep_their_bytes_while_the_stream_goes_on(seed: int) -> None:
     """A frame is a view, not a copy: what it shows must not change as later bytes arrive,
     whether it was joined from several reads or cut from one."""
