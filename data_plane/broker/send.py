@@ -249,7 +249,10 @@ class SendProcessor:
         not a SYNC_MASTER, no message trace). None when the body is not plain: the caller splits
         it into Messages, the reference path, which also gives any error."""
         broker = self.broker
-        if broker.before_put_plain is not None:  # quotas: the batch's count and bytes first
+        tenancy = broker.tenancy
+        if broker.before_put_plain is not None and tenancy is not None and tenancy.meters(topic):
+            # quotas: the batch's count and bytes first (another scan of the body: only for a
+            # tenant's topic)
             counted = fastpath.plain_batch(body, MAX_BATCH_MESSAGES, PLAIN_BATCH_SKIP)
             if counted is None:
                 return None

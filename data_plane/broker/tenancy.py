@@ -299,6 +299,11 @@ class BrokerTenancy:
             nbytes += len(m.body)
         return self._publish_quota(cmd, tenant, len(msgs), nbytes)
 
+    def meters(self, topic: str) -> bool:
+        """Whether a publish to ``topic`` is counted against a tenant (a topic outside every
+        tenant's namespace never is): send.py counts a plain batch's messages only then."""
+        return tenant_of(topic) is not None
+
     def before_put_plain(self, cmd: RemotingCommand, topic: str, n: int, nbytes: int) -> RemotingCommand | None:
         """``before_put`` for a plain batch body (send.py): ``n`` messages of ``nbytes`` of bodies,
         none of them transactional."""
