@@ -11,7 +11,6 @@ producer adds ``UNIQ_KEY`` (a client-generated id, 32 hex digits, what ``SendRes
 from __future__ import annotations
 
 import enum
-import functools
 import itertools
 import os
 import secrets
@@ -22,6 +21,8 @@ import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, fields
 
+from data_plane.remoting.command import BODY_TYPES
+from data_plane.store import fastpath
 from data_plane.store.message import (
     FLAG_COMPRESSED,
     KEY_SEPARATOR,
@@ -33,7 +34,9 @@ from data_plane.store.message import (
     PROPERTY_WAIT_STORE_MSG_OK,
     StoredMessage,
     decode_properties,
+    encode_message_id,
     encode_properties,
+    pack_host,
     validate_topic,
 )
 from sdk.client_id import local_ip
@@ -41,9 +44,6 @@ from sdk.errors import IllegalMessageError
 
 DEFAULT_TOPIC = "TBW102"  # the topic whose route a producer borrows for a topic not yet created
 MAX_TAGS_LENGTH = 255
-# isinstance() given a tuple: ``bytes | bytearray | memoryview`` would make a union type
-# object on every call (~130 ns), and these checks run once a message or a frame.
-_BODY_TYPES = (bytes, bytearray, memoryview)
 
 # Property names the SDK or the broker own (RocketMQ's MessageConst.STRING_HASH_SET); a user
 # property may not take one of them.
@@ -139,7 +139,7 @@ class Message:
             if topic == DEFAULT_TOPIC:
                 raise IllegalMessageError(f"{DEFAULT_TOPIC} is the default topic and cannot take messages")
             _remember(_CHECKED_TOPICS, topic)
-        if not isinstance(body, _BODY_TYPES):
+        if not isinstance(body, BODY_TYPES):
             raise IllegalMessageError(f"body must be bytes, not {type(body).__name__}")
         if len(body) == 0:
             raise IllegalMessageError("body is empty")
@@ -205,26 +205,13 @@ class MessageQueue:
         return f"{self.topic}@{self.broker_name}:{self.queue_id}"
 
 
-def _py_properties_of(raw: bytes) -> dict[str, str]:
-    return decode_properties(raw)
-
-
 def _compiled_properties_of() -> Callable[[bytes], dict[str, str]]:
-    from data_plane.store import fastpath
-
     mod = fastpath.speedups_module()
     parse: Callable[[bytes], dict[str, str]] | None = getattr(mod, "properties_dict", None)
-    return parse if parse is not None else _py_properties_of
+    return parse if parse is not None else decode_properties
 
 
 _properties_of = _compiled_properties_of()  # a record's raw properties → dict
-
-
-@functools.lru_cache(maxsize=1024)
-def _host_hex(host: tuple[str, int]) -> str:
-    """A store host as the first 16 hex digits of a message id (IPv4 4 bytes, port 4 bytes)."""
-    ip, port = host
-    return (socket.inet_aton(ip) + struct.pack(">I", port)).hex().upper()
 
 
 class MessageExt:
@@ -240,26 +227,6 @@ class MessageExt:
     ``extra``. Reading one makes it once; assigning it replaces it.
     """
 
-    __slots__ = (
-        "_extra",
-        "_offset_msg_id",
-        "_properties",
-        "_raw_properties",
-        "body",
-        "born_host",
-        "born_timestamp_ms",
-        "broker_name",
-        "commit_log_offset",
-        "flag",
-        "queue_id",
-        "queue_offset",
-        "reconsume_times",
-        "store_host",
-        "store_size",
-        "store_timestamp_ms",
-        "sys_flag",
-        "topic",
-    )  # fmt: skip
 
     # What a received message holds, in the constructor's order.
     FIELDS = (
@@ -274,6 +241,7 @@ class MessageExt:
         "_offset_msg_id", "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms",
         "store_host", "reconsume_times", "sys_flag", "flag", "store_size", "_extra",
     )  # fmt: skip
+    __slots__ = DECODED_SLOTS
 
     topic: str
     body: bytes
@@ -353,7 +321,7 @@ class MessageExt:
         32 hex digits."""
         mid = self._offset_msg_id
         if mid is None:
-            mid = self._offset_msg_id = _host_hex(self.store_host) + format(self.commit_log_offset, "016X")
+            mid = self._offset_msg_id = encode_message_id(pack_host(*self.store_host), self.commit_log_offset)
         return mid
 
     @offset_msg_id.setter

@@ -34,6 +34,7 @@ from data_plane.store.message import (
     RECORD_HEADER,
     body_crc,
     decode_properties,
+    encode_message_id,
     encode_properties,
     unpack_host,
 )
@@ -374,7 +375,7 @@ def py_decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc:
                 queue_id,
                 queue_offset,
                 broker_name,
-                store_host.hex().upper() + format(physical, "016X"),
+                encode_message_id(store_host, physical),
                 physical,
                 born_ts,
                 _host(born_host),

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
 from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
-from data_plane.remoting.command import SERIALIZE_JSON, RemotingCommand
+from data_plane.remoting.command import BODY_TYPES, SERIALIZE_JSON, RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
@@ -416,7 +416,7 @@ def _batch_properties(cmd: RemotingCommand) -> list[dict[str, str] | None]:
     """Each batch message's properties when they carry a trace context (None otherwise), read
     without copying bodies; what cannot be read is skipped (the handler refuses the batch)."""
     b = cmd.body
-    mv = memoryview(b if isinstance(b, (bytes, bytearray, memoryview)) else cmd.body_bytes())
+    mv = memoryview(b if isinstance(b, BODY_TYPES) else cmd.body_bytes())
     out: list[dict[str, str] | None] = []
     pos, n = 0, len(mv)
     while n - pos >= 22:
