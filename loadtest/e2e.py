@@ -33,13 +33,13 @@ import gc
 import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from data_plane.interpreter import interpreter_facts
 from data_plane.local_cluster import LocalCluster
 from loadtest.cpu import CpuWindow, us_per_msg
 from loadtest.histogram import encode_hist, hist_of, merge, summary_ms
@@ -288,7 +288,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     root = opts.directory or tempfile.mkdtemp(prefix="orbit-e2e-")
     own_dir = opts.directory is None
     base = {"message_bytes": opts.message_bytes, "seconds": opts.seconds, "warmup_s": opts.warmup_s}
-    result: dict[str, Any] = {"options": asdict(opts), "machine": {"cpus": os.cpu_count(), "python": sys.version}}
+    result: dict[str, Any] = {"options": asdict(opts), "machine": {"cpus": os.cpu_count(), **interpreter_facts()}}
     try:
         with LocalCluster(root, namesrv_port=0, broker_port=0) as cluster:
             ns = cluster.namesrv

@@ -14,12 +14,12 @@ import html
 import math
 import os
 import platform
-import sys
 import time
 from typing import Any
 
 import orjson
 
+from data_plane.interpreter import interpreter_facts
 from loadtest.histogram import decode_hist, distribution_ms
 
 RESULT_FILE = "result.json"
@@ -30,7 +30,7 @@ def machine() -> dict[str, Any]:
     return {
         "cpus": os.cpu_count(),
         "platform": platform.platform(),
-        "python": sys.version.split()[0],
+        **interpreter_facts(),
         "loadavg_1m": round(os.getloadavg()[0], 2),
     }
 

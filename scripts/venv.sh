@@ -1,12 +1,84 @@
 #!/usr/bin/env bash
 # Creates or updates the project's virtual environment in .venv at the repository root.
 # Usage: scripts/venv.sh [extras]   e.g. scripts/venv.sh dev,spark
+#        scripts/venv.sh --which    prints the interpreter .venv is (or would be) made from
 # Installs only when pyproject.toml, setup.py or the C sources changed, or an extra is missing.
+#
+# The interpreter: $PYTHON if set; otherwise, of the Python 3.11+ interpreters found (python3 on
+# PATH, then python3.13/3.12/3.11 on PATH and in /usr/bin) that can make a venv and have the C
+# headers, the first whose interpreter is linked into its executable rather than loaded from a
+# shared libpython. Distribution builds (Debian's /usr/bin/python3.11) are such, and are built
+# with profile-guided optimization; a default pyenv build is neither, and runs Orbit's Python
+# paths 1.2-1.5x slower (docs/development.md#the-interpreter). .venv is made again when the
+# interpreter chosen changes.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
+
+# Prints "<static|shared> <real path of the executable>" for a usable interpreter, nothing else.
+probe() {
+  "$1" - 2>/dev/null <<'EOF' || true
+import os, sys, sysconfig
+if sys.version_info < (3, 11):
+    raise SystemExit(1)
+import ensurepip, venv  # noqa: F401  (Debian splits these off: python3.x-venv)
+if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    raise SystemExit(1)  # the C fast paths could not be built
+try:
+    with open("/proc/self/maps") as f:
+        shared = any("libpython" in line for line in f)
+except OSError:  # not Linux: no way to tell, no preference
+    shared = True
+print("shared" if shared else "static", os.path.realpath(sys.executable))
+EOF
+}
+
+pick() {
+  local first="" c kind path seen=" "
+  if [ -n "${PYTHON:-}" ]; then
+    read -r kind path < <(probe "$PYTHON") || true
+    if [ -z "${path:-}" ]; then
+      echo "PYTHON=$PYTHON is not a Python 3.11+ with venv and its C headers" >&2
+      return 1
+    fi
+    echo "$path"
+    return
+  fi
+  for c in python3 python3.13 python3.12 python3.11 /usr/bin/python3 /usr/bin/python3.13 /usr/bin/python3.12 /usr/bin/python3.11; do
+    command -v "$c" >/dev/null 2>&1 || continue
+    read -r kind path < <(probe "$c") || continue
+    [ -n "$path" ] || continue
+    case "$seen" in *" $path "*) continue ;; esac
+    seen="$seen$path "
+    if [ "$kind" = static ]; then
+      echo "$path"
+      return
+    fi
+    [ -n "$first" ] || first="$path"
+  done
+  if [ -z "$first" ]; then
+    echo "no Python 3.11+ with venv and its C headers found (set PYTHON=/path/to/python3)" >&2
+    return 1
+  fi
+  echo "$first"
+}
+
+python="$(pick)"
+if [ "${1:-}" = "--which" ]; then
+  echo "$python"
+  exit 0
+fi
+made_from=""
+if [ -x "$venv/bin/python" ] && [ -f "$venv/pyvenv.cfg" ]; then
+  made_from="$(sed -n 's/^executable = //p' "$venv/pyvenv.cfg")"
+  [ -n "$made_from" ] && made_from="$(realpath "$made_from" 2>/dev/null || echo "$made_from")"
+fi
+if [ -x "$venv/bin/python" ] && [ "$made_from" != "$(realpath "$python")" ]; then
+  echo "re-making .venv from $python (it was made from ${made_from:-an unknown interpreter})" >&2
+  rm -rf "$venv"
+fi
 if [ ! -x "$venv/bin/python" ]; then
-  "${PYTHON:-python3}" -m venv "$venv"
+  "$python" -m venv "$venv"
 fi
 stamp="$venv/.orbit-installed"
 hash="$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/*/*.c | sha256sum | cut -d' ' -f1)"

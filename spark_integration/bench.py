@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from data_plane.interpreter import interpreter_facts
 from data_plane.local_cluster import LocalCluster
 
 # A broker store sized for a benchmark, not for production (no 1 GiB files reserved ahead).
@@ -89,7 +90,7 @@ def _run(opts: SparkBenchOptions, root: str, log: Callable[[str], None]) -> dict
 
     from spark_integration import register
 
-    result: dict[str, Any] = {"options": asdict(opts), "machine": {"cpus": os.cpu_count(), "python": sys.version}}
+    result: dict[str, Any] = {"options": asdict(opts), "machine": {"cpus": os.cpu_count(), **interpreter_facts()}}
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     with LocalCluster(root, namesrv_port=0, broker_port=0, broker_flags=STORE_FLAGS) as cluster:

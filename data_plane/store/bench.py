@@ -36,6 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from data_plane.interpreter import interpreter_facts
 from data_plane.store import fastpath
 from data_plane.store.config import FlushDiskType, StoreConfig
 from data_plane.store.message import Message
@@ -372,7 +373,7 @@ def run(opts: BenchOptions, *, log: Callable[[str], None] = lambda _m: None) -> 
     os.makedirs(directory, exist_ok=True)
     result: dict[str, Any] = {
         "schema": "orbit.bench.store/1",
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": {"cpus": os.cpu_count(), **interpreter_facts(), "platform": platform.platform()},
         "compiled_fastpath": fastpath.COMPILED,
         "message_bytes": opts.body_bytes,
         "directory": directory,
