@@ -12,7 +12,9 @@ Phases, in order:
    consumed messages per second, from the first message received to the last;
 4. ``half_peak``: one open-loop publisher process at half of phase 2's rate — send latency
    measured from each message's *intended* send time (so a stall is not hidden by coordinated
-   omission);
+   omission). Like the closed-loop phases it runs ``warmup_s`` before its measured ``seconds``;
+   the warm-up's sends (the first writes to a fresh topic, whose queue files are made then)
+   are reported apart, as ``warmup_send_latency_ms``;
 5. ``half_peak.with_consumer``: the same with a push consumer reading the topic — send latency
    again, and end-to-end latency (stored in a property at the intended send time, read at
    delivery).
@@ -148,6 +150,10 @@ async def _publish_sync(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[
 
 
 async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
+    """Sends at ``rate`` for ``warmup_s`` + ``seconds``, each at its intended time. Latencies
+    of sends meant for the warm-up go to a histogram of their own (``warmup_hist``), as the
+    closed-loop phases leave their first ``warmup_s`` out; only measured sends carry the
+    ``bench_t_ns`` property that the end-to-end consumer times."""
     from sdk import Message, Producer
 
     producer = Producer("bench-open-loop", namesrv_addrs=[namesrv])
@@ -155,22 +161,26 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     gc.freeze()
     body = _body(opts["message_bytes"])
     lat_us: list[int] = []
+    warm_us: list[int] = []
     rate = opts["rate"]
     sent = acked = errors = dropped = 0
     outstanding = 0
     max_outstanding = 20_000
     done = asyncio.Event()
     start = time.perf_counter() + 0.2
-    n_total = RateProfile.steady(msgs_per_s=rate, duration_s=opts["seconds"]).count()
+    measure_from = start + opts.get("warmup_s", 0.0)
+    profile = RateProfile.steady(msgs_per_s=rate, duration_s=measure_from - start + opts["seconds"])
+    n_total = profile.count()
     wall_minus_perf_ns = time.time_ns() - int(time.perf_counter() * 1e9)
 
     async def send_one(intended: float) -> None:
         nonlocal acked, errors, outstanding
-        props = {"bench_t_ns": str(wall_minus_perf_ns + int(intended * 1e9))}
+        measured = intended >= measure_from
+        props = {"bench_t_ns": str(wall_minus_perf_ns + int(intended * 1e9))} if measured else None
         try:
             await producer.send(Message(topic, body, tags="bench", properties=props))
             acked += 1
-            lat_us.append(int((time.perf_counter() - intended) * 1e6))
+            (lat_us if measured else warm_us).append(int((time.perf_counter() - intended) * 1e6))
         except Exception:
             errors += 1
         outstanding -= 1
@@ -179,7 +189,7 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
 
     loop = asyncio.get_running_loop()
     tasks: set[asyncio.Task[None]] = set()
-    schedule = OpenLoop(RateProfile.steady(msgs_per_s=rate, duration_s=opts["seconds"]), start_s=start)
+    schedule = OpenLoop(profile, start_s=start)
     while (next_at := schedule.next_at()) is not None:
         delay = next_at - time.perf_counter()
         if delay > 0:
@@ -196,8 +206,14 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     if outstanding:
         await asyncio.wait_for(done.wait(), 60)
     await producer.shutdown()
-    hist = encode_hist(hist_of(lat_us))
-    return {"acked": acked, "errors": errors, "dropped": dropped, "rate": rate, "hist": hist}
+    return {
+        "acked": acked,
+        "errors": errors,
+        "dropped": dropped,
+        "rate": rate,
+        "hist": encode_hist(hist_of(lat_us)),
+        "warmup_hist": encode_hist(hist_of(warm_us)),
+    }
 
 
 async def _consume(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +385,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                         "group": "bench-lat",
                         "timeout_s": opts.seconds + 60,
                         "idle_s": 3.0,
-                        "expected": int(rate * opts.seconds),
+                        "expected": int(rate * (opts.warmup_s + opts.seconds)),
                         "e2e": True,
                         "pull_batch_size": opts.pull_batch_size,
                         "broker_pid": base["broker_pid"],
@@ -383,10 +399,13 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                 "dropped_behind_schedule": alone["dropped"],
                 "errors": alone["errors"],
                 "send_latency_ms": summary_ms(merge([alone["hist"]])),
+                "warmup_s": opts.warmup_s,
+                "warmup_send_latency_ms": summary_ms(merge([alone["warmup_hist"]])),
                 "with_consumer": {
                     "acked": rs[0]["acked"],
                     "errors": rs[0]["errors"],
                     "send_latency_ms": summary_ms(merge([rs[0]["hist"]])),
+                    "warmup_send_latency_ms": summary_ms(merge([rs[0]["warmup_hist"]])),
                     "e2e_latency_ms": summary_ms(merge([rs[1]["hist"]]), (50, 99)),
                     "consumed": rs[1]["consumed"],
                 },

@@ -186,6 +186,18 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path) -> None:
     positive(consume["stored"], "consume.stored")
     assert consume["consumed"] >= consume["stored"], consume
     half = result["half_peak"]
+    # The open-loop phases run their warm-up (0.5 s in --quick) before the measured second, at
+    # the same rate; its sends are counted apart, every send once.
+    assert half["warmup_s"] == 0.5
+    for phase in (half, half["with_consumer"]):
+        measured, warm = phase["send_latency_ms"]["count"], phase["warmup_send_latency_ms"]["count"]
+        positive(warm, "warmup_send_latency_ms.count")
+        assert measured + warm == phase["acked"], phase
+        assert measured == pytest.approx(2 * warm, rel=0.05), phase
+    # only the measured sends carry the time the end-to-end consumer reads (at least once each)
+    wc = half["with_consumer"]
+    assert wc["e2e_latency_ms"]["count"] >= wc["send_latency_ms"]["count"], wc
+    assert wc["e2e_latency_ms"]["count"] < wc["consumed"], wc
     assert half["errors"] == 0
     assert half["with_consumer"]["errors"] == 0
     assert half["with_consumer"]["consumed"] >= half["with_consumer"]["acked"] > 0, half
