@@ -15,6 +15,8 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
 
+CANDIDATES=(python3 python3.13 python3.12 python3.11 /usr/bin/python3 /usr/bin/python3.13 /usr/bin/python3.12 /usr/bin/python3.11)
+
 # Prints "<static|shared> <real path of the executable>" for a usable interpreter, nothing else.
 probe() {
   "$1" - 2>/dev/null <<'EOF' || true
@@ -44,7 +46,7 @@ pick() {
     echo "$path"
     return
   fi
-  for c in python3 python3.13 python3.12 python3.11 /usr/bin/python3 /usr/bin/python3.13 /usr/bin/python3.12 /usr/bin/python3.11; do
+  for c in "${CANDIDATES[@]}"; do
     command -v "$c" >/dev/null 2>&1 || continue
     read -r kind path < <(probe "$c") || continue
     [ -n "$path" ] || continue
@@ -63,10 +65,28 @@ pick() {
   echo "$first"
 }
 
-python="$(pick)"
+# What the choice depends on, read without starting any interpreter: the candidates found and
+# their files' times, and $PYTHON. While it stays the same, the choice kept in .venv stands
+# (probing takes ~0.5 s, and every ./orbit command passes here).
+fingerprint() {
+  local c p
+  for c in "${CANDIDATES[@]}"; do
+    p="$(command -v "$c" 2>/dev/null)" || continue
+    echo "$c=$p:$(stat -L -c %Y "$p" 2>/dev/null || true)"
+  done
+  echo "PYTHON=${PYTHON:-}"
+}
+
 if [ "${1:-}" = "--which" ]; then
-  echo "$python"
+  pick
   exit 0
+fi
+choice="$venv/.orbit-python"
+now="$(fingerprint)"
+if [ -x "$venv/bin/python" ] && [ -f "$choice" ] && [ "$(tail -n +2 "$choice")" = "$now" ]; then
+  python="$(head -n 1 "$choice")"
+else
+  python="$(pick)"
 fi
 made_from=""
 if [ -x "$venv/bin/python" ] && [ -f "$venv/pyvenv.cfg" ]; then
@@ -80,6 +100,7 @@ fi
 if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
+{ echo "$python"; echo "$now"; } > "$choice"
 stamp="$venv/.orbit-installed"
 hash="$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/*/*.c | sha256sum | cut -d' ' -f1)"
 have_hash="" have_extras=""

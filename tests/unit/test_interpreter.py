@@ -97,3 +97,53 @@ def test_python_named_by_the_user_wins_and_a_bad_one_is_refused_clearly() -> Non
     assert bad.returncode != 0
     assert "PYTHON=/bin/false is not a Python 3.11+" in bad.stderr
     assert bad.stdout == ""
+
+
+def test_the_choice_is_kept_until_the_interpreters_found_change(tmp_path: Path) -> None:
+    """./orbit passes through scripts/venv.sh on every command: while the candidates found (and
+    their files' times) stay the same, the interpreter chosen before stands and none is started
+    to probe. A copy of the script in a scratch tree, with a .venv whose pip does nothing."""
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    shutil.copy(VENV_SH, root / "scripts" / "venv.sh")
+    for name in ("pyproject.toml", "setup.py"):
+        shutil.copy(ROOT / name, root / name)
+    for c in ROOT.glob("data_plane/*/*.c"):
+        (root / c.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(c, root / c.relative_to(ROOT))
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # what built the suite's .venv: usable
+    venv_bin = root / ".venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").write_text("#!/bin/sh\nexit 0\n")  # `python -m pip install ...`: nothing
+    (venv_bin / "python").chmod(0o755)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    probed = tmp_path / "probed"
+    fake = bin_dir / "python3"  # a candidate that cannot make a venv, and says when it is run
+    fake.write_text(f"#!/bin/sh\necho run >> {probed}\nexit 1\n")
+    fake.chmod(0o755)
+    (bin_dir / "python3.11").symlink_to(base)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHON": ""}
+    chosen = _which(PATH=env["PATH"], PYTHON="").stdout.strip()
+    assert probed.read_text().count("run") == 1  # (--which always probes)
+    # .venv made from the interpreter the script will choose: it is kept, not made again
+    (root / ".venv" / "pyvenv.cfg").write_text(f"home = {os.path.dirname(chosen)}\nexecutable = {chosen}\n")
+
+    def venv_sh() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", str(root / "scripts" / "venv.sh")], check=False, capture_output=True, text=True, env=env
+        )
+
+    first = venv_sh()
+    assert first.returncode == 0, first.stderr
+    assert probed.read_text().count("run") == 2  # probed, found unusable
+    assert (root / ".venv" / ".orbit-python").read_text().splitlines()[0] == chosen
+    assert (venv_bin / "python").read_text() == "#!/bin/sh\nexit 0\n"  # not made again
+    again = venv_sh()
+    assert again.returncode == 0, again.stderr
+    assert probed.read_text().count("run") == 2  # the kept choice: nothing started
+    assert (root / ".venv" / ".orbit-python").read_text().splitlines()[0] == chosen
+    os.utime(fake, (1, 1))  # the candidate changed: probe again
+    changed = venv_sh()
+    assert changed.returncode == 0, changed.stderr
+    assert probed.read_text().count("run") == 3
