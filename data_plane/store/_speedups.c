@@ -1230,6 +1230,53 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 }
 
 
+/* ---- the producer's message ids ------------------------------------------------------------
+ * unique_ids(head, counter, n) -> [head + "%04X" % (next(counter) & 0xFFFF) for n ids]
+ * ``head`` is the ASCII hex before the counter (ip, pid, random, ms since the month began);
+ * ``counter`` the producer's itertools.count, advanced n times in one C call, so no other
+ * thread takes a value between the batch's first and last id. Twin: sdk.message.py_new_unique_ids. */
+static PyObject *unique_ids(PyObject *self, PyObject *args) {
+    PyObject *head, *counter;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "UOn", &head, &counter, &n)) return NULL;
+    if (!PyUnicode_IS_ASCII(head) || n < 0 || !PyIter_Check(counter)) {
+        PyErr_SetString(PyExc_ValueError, "unique_ids: an ASCII head, an iterator and a count >= 0");
+        return NULL;
+    }
+    static const char hex[] = "0123456789ABCDEF";
+    Py_ssize_t hlen = PyUnicode_GET_LENGTH(head);
+    const char *h = (const char *)PyUnicode_DATA(head);
+    PyObject *out = PyList_New(n);
+    if (!out) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *c = PyIter_Next(counter);
+        if (!c) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "unique_ids: the counter ran out");
+            Py_DECREF(out);
+            return NULL;
+        }
+        unsigned long v = PyLong_AsUnsignedLongMask(c);
+        Py_DECREF(c);
+        if (v == (unsigned long)-1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *id = PyUnicode_New(hlen + 4, 127);
+        if (!id) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        char *d = (char *)PyUnicode_DATA(id);
+        memcpy(d, h, (size_t)hlen);
+        d[hlen] = hex[(v >> 12) & 0xF];
+        d[hlen + 1] = hex[(v >> 8) & 0xF];
+        d[hlen + 2] = hex[(v >> 4) & 0xF];
+        d[hlen + 3] = hex[v & 0xF];
+        PyList_SET_ITEM(out, i, id);
+    }
+    return out;
+}
+
 /* ---- pull bodies: the consumer's decoder ---------------------------------------------------
  * decode_records(body, cls, broker_name, check_crc, topics, hosts, host_of) -> (list, compressed)
  * Splits a PULL_MESSAGE body (CommitLog records back to back, the layout at the top of this
@@ -1861,6 +1908,7 @@ static PyMethodDef methods[] = {
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
+    {"unique_ids", unique_ids, METH_VARARGS, "The producer's message ids for a batch (sdk.message.new_unique_ids)."},
     {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
     {"properties_dict", py_properties_dict, METH_VARARGS, "A record's raw properties as a dict."},
     {"batch_messages", batch_messages, METH_VARARGS, "Split a SEND_BATCH_MESSAGE body into store Messages."},

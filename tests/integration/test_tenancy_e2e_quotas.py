@@ -269,6 +269,10 @@ async def test_a_flooding_tenant_does_not_slow_another_tenant_down(tenancy: Tena
             assert proc.stdout is not None
             assert proc.stdin is not None
             line = await asyncio.wait_for(proc.stdout.readline(), 20)
+            if not line:  # the flooder ended before it started: say why
+                assert proc.stderr is not None
+                why = await asyncio.wait_for(proc.stderr.read(), 30)
+                pytest.fail(f"the flooding client exited early: {why.decode(errors='replace')[-3000:]}")
             assert orjson.loads(line) == {"started": True}, line
             for _ in range(rounds):
                 for phase, sink in (("alone", alone), ("flood", flooded)):

@@ -3,6 +3,8 @@ received messages and unique ids."""
 
 from __future__ import annotations
 
+import itertools
+import random
 import re
 import zlib
 
@@ -10,7 +12,16 @@ import pytest
 
 from data_plane.store.message import FLAG_COMPRESSED, StoredMessage, decode_properties
 from sdk.errors import IllegalMessageError
-from sdk.message import Message, MessageExt, MessageQueue, SendResult, SendStatus, new_unique_id, new_unique_ids
+from sdk.message import (
+    Message,
+    MessageExt,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+    new_unique_id,
+    new_unique_ids,
+    py_unique_ids,
+)
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -73,6 +84,28 @@ def test_a_plain_message_has_empty_keys_and_properties_of_its_own() -> None:
     assert (plain.delay_level, plain.deliver_at_ms) == (0, None)
     assert type(plain.body) is bytes
     assert Message("T", b"x").properties is not plain.properties  # never one dict shared between messages
+
+
+def test_a_body_is_kept_as_bytes_and_other_buffers_are_copied_into_bytes() -> None:
+    body = b"payload"
+    assert Message("T", body).body is body  # bytes are immutable: no copy
+    source = bytearray(b"abc")
+    made = [Message("T", given) for given in (source, memoryview(source), memoryview(b"xabcx")[1:4])]
+    source[0] = ord("z")  # the messages' copies do not follow the caller's buffer
+    for m in made:
+        assert (type(m.body), m.body) == (bytes, b"abc")
+
+    class Payload(bytes):
+        pass
+
+    sub = Message("T", Payload(b"sub"))
+    assert (type(sub.body), sub.body) == (bytes, b"sub")
+    for bad in ("text", 5, None):
+        with pytest.raises(IllegalMessageError, match="body must be bytes"):
+            Message("T", bad)  # type: ignore[arg-type]
+    for empty in (b"", bytearray(), memoryview(b"")):
+        with pytest.raises(IllegalMessageError, match="body is empty"):
+            Message("T", empty)
 
 
 def test_illegal_message_error_is_a_value_error_with_the_wire_code() -> None:
@@ -151,6 +184,29 @@ def test_a_batch_of_unique_ids_is_made_as_single_ones_are() -> None:
     counters = [int(i[28:], 16) for i in [one, *batch, after]]
     assert counters == [(counters[0] + k) & 0xFFFF for k in range(42)], "one counter, in order"
     assert new_unique_ids(0) == []
+
+
+def test_the_compiled_batch_ids_equal_their_python_twin(seed: int) -> None:
+    """``_speedups.unique_ids`` and ``py_unique_ids`` over the same heads and counters (the
+    counter wraps at 16 bits; each leaves the counter where the other does)."""
+    from data_plane.store import fastpath
+
+    compiled = getattr(fastpath.speedups_module(), "unique_ids", None)
+    if compiled is None:
+        pytest.skip("the compiled module is not built")
+    rng = random.Random(seed)
+    for _ in range(200):
+        head = "".join(rng.choice("0123456789ABCDEF") for _ in range(rng.choice((0, 1, 28))))
+        start, n = rng.choice((0, 65_530, 2**40 + 65_534, rng.randrange(2**20))), rng.randrange(0, 70)
+        a, b = itertools.count(start), itertools.count(start)
+        assert compiled(head, a, n) == py_unique_ids(head, b, n)
+        assert next(a) == next(b) == start + n
+    with pytest.raises(ValueError, match="ASCII"):
+        compiled("é", itertools.count(), 1)
+    with pytest.raises(ValueError, match="ran out"):
+        compiled("A", iter([1, 2]), 3)
+    with pytest.raises(TypeError):
+        compiled("A", iter(["x"]), 1)
 
 
 # --- received messages ------------------------------------------------------------------------------
