@@ -2,7 +2,11 @@
 benchmarks' ``machine`` block. An interpreter loaded from a shared ``libpython`` (pyenv's default
 build) ran Orbit's Python paths 1.2-1.5x slower here than one linked into its executable and
 built with profile-guided optimization (Debian's); ``scripts/venv.sh`` prefers the latter
-(docs/development.md#the-interpreter)."""
+(docs/development.md#the-interpreter).
+
+Run as a script by any interpreter (standard library only), it is ``scripts/venv.sh``'s probe:
+``<static|shared> <executable>`` when that interpreter can make Orbit's ``.venv`` (3.11+, the
+``venv`` module, the C headers), else nothing and exit status 1."""
 
 from __future__ import annotations
 
@@ -27,3 +31,25 @@ def interpreter_facts() -> dict[str, str]:
         "python_executable": os.path.realpath(sys.executable),
         "libpython": libpython(),
     }
+
+
+def can_make_venv() -> bool:
+    """3.11+, with the ``venv`` module (Debian ships it apart: python3.x-venv) and the C headers
+    (without them the compiled fast paths could not be built)."""
+    if sys.version_info < (3, 11):  # noqa: UP036  (this runs on any interpreter found)
+        return False
+    try:
+        import ensurepip  # noqa: F401
+        import venv  # noqa: F401
+    except ImportError:
+        return False
+    import sysconfig
+
+    return os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h"))
+
+
+if __name__ == "__main__":
+    if not can_make_venv():
+        raise SystemExit(1)
+    # unknown (not Linux) counts as shared: no preference
+    print("static" if libpython() == "static" else "shared", os.path.realpath(sys.executable))

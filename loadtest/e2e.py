@@ -168,8 +168,9 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     max_outstanding = 20_000
     done = asyncio.Event()
     start = time.perf_counter() + 0.2
-    measure_from = start + opts.get("warmup_s", 0.0)
-    profile = RateProfile.steady(msgs_per_s=rate, duration_s=measure_from - start + opts["seconds"])
+    warmup_s = opts.get("warmup_s", 0.0)
+    measure_from = start + warmup_s
+    profile = RateProfile.steady(msgs_per_s=rate, duration_s=warmup_s + opts["seconds"])
     n_total = profile.count()
     wall_minus_perf_ns = time.time_ns() - int(time.perf_counter() * 1e9)
 

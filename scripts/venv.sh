@@ -17,22 +17,10 @@ venv="$root/.venv"
 
 CANDIDATES=(python3 python3.13 python3.12 python3.11 /usr/bin/python3 /usr/bin/python3.13 /usr/bin/python3.12 /usr/bin/python3.11)
 
-# Prints "<static|shared> <real path of the executable>" for a usable interpreter, nothing else.
+# Prints "<static|shared> <real path of the executable>" for a usable interpreter, nothing else
+# (data_plane/interpreter.py run as a script: the standard library only, any Python runs it).
 probe() {
-  "$1" - 2>/dev/null <<'EOF' || true
-import os, sys, sysconfig
-if sys.version_info < (3, 11):
-    raise SystemExit(1)
-import ensurepip, venv  # noqa: F401  (Debian splits these off: python3.x-venv)
-if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
-    raise SystemExit(1)  # the C fast paths could not be built
-try:
-    with open("/proc/self/maps") as f:
-        shared = any("libpython" in line for line in f)
-except OSError:  # not Linux: no way to tell, no preference
-    shared = True
-print("shared" if shared else "static", os.path.realpath(sys.executable))
-EOF
+  "$1" -I "$root/data_plane/interpreter.py" 2>/dev/null || true
 }
 
 pick() {

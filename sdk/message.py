@@ -485,7 +485,7 @@ def new_unique_id(now_ms: int | None = None) -> str:
 
 def new_unique_ids(n: int, now_ms: int | None = None) -> list[str]:
     """``n`` new message ids at once (a batch's): one clock reading, the counter for the rest
-    (the compiled ``_speedups.unique_ids`` when built: 0.28 → 0.04 µs an id)."""
+    (the compiled ``_speedups.unique_ids`` when built: 0.14-0.28 → 0.06 µs an id)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     head = _id_prefix() + _UNIQ_TIME.pack(_since_month_start_ms(now) & 0xFFFFFFFF).hex().upper()
     return _unique_ids(head, _counter, n)

@@ -1234,7 +1234,7 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
  * unique_ids(head, counter, n) -> [head + "%04X" % (next(counter) & 0xFFFF) for n ids]
  * ``head`` is the ASCII hex before the counter (ip, pid, random, ms since the month began);
  * ``counter`` the producer's itertools.count, advanced n times in one C call, so no other
- * thread takes a value between the batch's first and last id. Twin: sdk.message.py_new_unique_ids. */
+ * thread takes a value between the batch's first and last id. Twin: sdk.message.py_unique_ids. */
 static PyObject *unique_ids(PyObject *self, PyObject *args) {
     PyObject *head, *counter;
     Py_ssize_t n;

@@ -60,6 +60,21 @@ def test_this_process_reports_how_it_is_linked() -> None:
     assert facts["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
+def test_run_as_a_script_it_is_the_probe_scripts_venv_sh_reads() -> None:
+    script = str(ROOT / "data_plane" / "interpreter.py")
+    base = os.path.realpath(getattr(sys, "_base_executable", sys.executable))  # what made .venv: usable
+    r = subprocess.run([base, "-I", script], check=False, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    kind, path = r.stdout.split()
+    assert kind in ("static", "shared")
+    assert path == base
+    as_if_old = "import sys; sys.version_info = (3, 10); exec(open(sys.argv[1]).read())"  # an older Python
+    refused = subprocess.run(
+        [base, "-I", "-c", as_if_old, script], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert (refused.returncode, refused.stdout) == (1, ""), refused.stderr
+
+
 def test_the_venv_is_made_from_an_interpreter_linked_into_its_executable_when_there_is_one() -> None:
     r = _which(PYTHON="")
     assert r.returncode == 0, r.stderr
@@ -108,6 +123,8 @@ def test_the_choice_is_kept_until_the_interpreters_found_change(tmp_path: Path) 
     shutil.copy(VENV_SH, root / "scripts" / "venv.sh")
     for name in ("pyproject.toml", "setup.py"):
         shutil.copy(ROOT / name, root / name)
+    (root / "data_plane").mkdir()
+    shutil.copy(ROOT / "data_plane" / "interpreter.py", root / "data_plane" / "interpreter.py")  # the probe
     for c in ROOT.glob("data_plane/*/*.c"):
         (root / c.relative_to(ROOT)).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(c, root / c.relative_to(ROOT))
