@@ -33,7 +33,6 @@ from data_plane.store.message import (
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
     PROPERTY_UNIQ_KEY,
-    TOTAL_SIZE,
     TRANSACTION_TYPE_MASK,
     Message,
     decode_properties,
@@ -71,7 +70,7 @@ _SEND_OK_HEADER = (
     b'"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion","TRACE_ON":"true"}}'
 )
 
-_speedups = speedups_module()  # the compiled store module, when built (batch decoding, batch ids)
+_speedups = speedups_module()  # the compiled store module, when built (batch decoding)
 
 # A batch whose messages carry none of these is laid out from its body as it is (plain batches,
 # data_plane/store/fastpath.py): the broker acts on them — schedule.py moves delayed and timed
@@ -336,34 +335,13 @@ class SendProcessor:
         ok = status is PutMessageStatus.PUT_OK  # by identity: an Enum's hash is a Python-level call
         code = ResponseCode.SUCCESS if ok else _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         ext = {
-            "msgId": a.msg_id if a.msg_num == 1 else self._batch_ids(a.wrote_offset, a.msg_num),
+            "msgId": a.msg_ids,
             "queueId": str(queue_id),
             "queueOffset": str(a.queue_offset),
             "MSG_REGION": "DefaultRegion",
             "TRACE_ON": "true",
         }
         return cmd.response(code, None if ok else result.reason or status.value, ext)
-
-    def _batch_ids(self, offset: int, n: int) -> str:
-        """The message ids of a batch's records, comma-joined: the records lie back to back in
-        one CommitLog file, so walking their total-size fields is enough."""
-        cl = self.store.commit_log
-        mf = cl.mfq.find_by_offset(offset)
-        if mf is None:
-            return ""
-        mv = mf.mv
-        base = mf.file_from_offset
-        prefix = cl.msg_id_prefix
-        if _speedups is not None:
-            joined: str | None = _speedups.batch_ids(mv, base, offset, n, prefix)
-            if joined is not None:
-                return joined
-        unpack = TOTAL_SIZE.unpack_from
-        ids = []
-        for _ in range(n):
-            ids.append(prefix + format(offset, "016X"))
-            offset += unpack(mv, offset - base)[0]
-        return ",".join(ids)
 
 
 def py_batch_messages(

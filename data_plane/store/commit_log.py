@@ -202,11 +202,12 @@ class CommitLog:
         end = pos + written
         self.queue_offsets[key] = next_qo
         mf.wrote_position = mf.committed_position = end
+        at = mf.file_from_offset + pos
+        # A batch's message ids from the records still in the stage (the mapping has not seen
+        # these pages: reading them there took page faults, ~4 % of a broker's batched CPU).
+        ids = (fastpath.batch_ids(stage, at, at, n, self._msg_id_prefix) or "") if n > 1 else ""
         return (
-            AppendResult(
-                AppendMessageStatus.PUT_OK, mf.file_from_offset + pos, end - pos, now, batch_first_qo, n,
-                self._msg_id_prefix,
-            ),
+            AppendResult(AppendMessageStatus.PUT_OK, at, end - pos, now, batch_first_qo, n, self._msg_id_prefix, ids),
             cq_out,
             index_out,
             last_indexed,

@@ -22,6 +22,8 @@ Given a file descriptor (``fd``, ``fd_offset``), ``buf`` is a staging buffer: th
 out in it are written to the file with ``pwrite`` — before the ConsumeQueue and IndexFile
 targets are touched, so an ``OSError`` from the file leaves nothing pointing at them.
 
+``batch_ids`` gives the message ids of a batch's records from the bytes laid out for them.
+
 ``collect_units`` is the pull read's loop: ConsumeQueue units to memoryview slices of one
 CommitLog file (see its docstring); ``MessageStore.get_message`` handles what it stops at.
 
@@ -339,15 +341,38 @@ def py_collect_units(
     return i, total_bytes, last_phy, full
 
 
+_TOTAL_SIZE = struct.Struct(">i")
+
+
+def py_batch_ids(buf: Any, file_from: int, offset: int, n: int, prefix: str) -> str | None:
+    """The message ids (``prefix``, the store host in hex, then the CommitLog offset as 16 hex
+    digits), comma-joined, of the ``n`` records lying back to back from CommitLog ``offset`` in
+    ``buf``, which holds the log from ``file_from`` on. None when a record runs out of ``buf``."""
+    unpack = _TOTAL_SIZE.unpack_from
+    ids = []
+    for _ in range(n):
+        at = offset - file_from
+        if at < 0 or at + 4 > len(buf):
+            return None
+        size = unpack(buf, at)[0]
+        if size <= 0:
+            return None
+        ids.append(prefix + format(offset, "016X"))
+        offset += size
+    return ",".join(ids)
+
+
 WriteBatch = Callable[..., tuple[Any, ...]]
 IndexWrite = Callable[..., tuple[int, int, int]]
 CollectUnits = Callable[..., tuple[int, int, int, int]]
 PlainBatchCheck = Callable[[bytes | memoryview, int, tuple[bytes, ...]], tuple[int, int] | None]
+BatchIds = Callable[[Any, int, int, int, str], "str | None"]
 
 write_batch: WriteBatch = py_write_batch
 index_write: IndexWrite = py_index_write
 collect_units: CollectUnits = py_collect_units
 plain_batch: PlainBatchCheck = py_plain_batch
+batch_ids: BatchIds = py_batch_ids
 COMPILED = False
 
 if not os.environ.get("ORBIT_PURE_PYTHON"):
@@ -360,6 +385,7 @@ if not os.environ.get("ORBIT_PURE_PYTHON"):
         index_write = _speedups.index_write
         collect_units = _speedups.collect_units
         plain_batch = _speedups.plain_batch
+        batch_ids = _speedups.batch_ids
         COMPILED = True
 
 
@@ -377,7 +403,7 @@ def speedups_module() -> Any:
 def use_compiled(enabled: bool) -> bool:
     """Switch implementations at run time (tests compare them); returns whether the compiled
     one is in use afterwards."""
-    global write_batch, index_write, collect_units, plain_batch, COMPILED
+    global write_batch, index_write, collect_units, plain_batch, batch_ids, COMPILED
     if enabled:
         try:
             from data_plane.store import _speedups  # type: ignore[attr-defined]
@@ -386,8 +412,9 @@ def use_compiled(enabled: bool) -> bool:
         else:
             write_batch, index_write = _speedups.write_batch, _speedups.index_write
             collect_units, plain_batch = _speedups.collect_units, _speedups.plain_batch
+            batch_ids = _speedups.batch_ids
     if not enabled:
         write_batch, index_write, collect_units = py_write_batch, py_index_write, py_collect_units
-        plain_batch = py_plain_batch
+        plain_batch, batch_ids = py_plain_batch, py_batch_ids
     COMPILED = enabled
     return enabled

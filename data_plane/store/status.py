@@ -60,6 +60,7 @@ class AppendResult:
 
     __slots__ = (
         "_host_hex",
+        "_ids",
         "msg_num",
         "queue_offset",
         "status",
@@ -77,6 +78,7 @@ class AppendResult:
         queue_offset: int = 0,
         msg_num: int = 1,
         host_hex: str = "",
+        ids: str = "",
     ) -> None:
         self.status = status
         self.wrote_offset = wrote_offset
@@ -85,11 +87,19 @@ class AppendResult:
         self.queue_offset = queue_offset
         self.msg_num = msg_num
         self._host_hex = host_hex
+        self._ids = ids
 
     @property
     def msg_id(self) -> str:
         """The first message's id: store host and CommitLog offset as 32 hex digits."""
         return self._host_hex + format(self.wrote_offset, "016X")
+
+    @property
+    def msg_ids(self) -> str:
+        """Every message's id, comma-joined (the answer to a batch). A batch's are taken by the
+        append from the records it laid out; reading them back from the mapping would fault in
+        pages the append only wrote with ``pwrite``."""
+        return self._ids or self.msg_id
 
     def __repr__(self) -> str:
         return (

@@ -1,6 +1,6 @@
 """SEND_BATCH_MESSAGE bodies into store Messages, and the message ids of a batch's records:
 the compiled twins (_speedups.batch_messages / batch_ids) against the Python ones
-(data_plane/broker/send.py), on random bodies, well formed and not."""
+(data_plane/broker/send.py, data_plane/store/fastpath.py), on random bodies, well formed and not."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from types import ModuleType
 from data_plane.broker.send import py_batch_messages
 from data_plane.remoting.bodies import MAX_BATCH_MESSAGES, encode_batch_item
 from data_plane.remoting.errors import HeaderError
+from data_plane.store.fastpath import py_batch_ids
 from data_plane.store.message import Message, encode_properties, pack_host
 
 BORN = pack_host("10.1.2.3", 4567)
@@ -87,6 +88,12 @@ def test_both_twins_give_the_ids_of_records_lying_back_to_back(speedups: ModuleT
             at += size
         offsets = [file_from + start + sum(sizes[:i]) for i in range(len(sizes))]
         expect = ",".join(prefix + format(o, "016X") for o in offsets)
-        assert speedups.batch_ids(memoryview(mapping), file_from, file_from + start, len(sizes), prefix) == expect
-        # Asked for more records than the file holds: None (the caller's own walk decides).
-        assert speedups.batch_ids(memoryview(mapping), file_from, file_from + start, len(sizes) + 2, prefix) is None
+        for twin in (speedups.batch_ids, py_batch_ids):
+            assert twin(memoryview(mapping), file_from, file_from + start, len(sizes), prefix) == expect, f"seed {seed}"
+            # Asked for more records than the buffer holds: None (the caller's own walk decides).
+            assert twin(memoryview(mapping), file_from, file_from + start, len(sizes) + 2, prefix) is None
+            # An offset before the buffer, or a record whose size field is not positive: None.
+            assert twin(memoryview(mapping), file_from + start + 1, file_from + start, 1, prefix) is None
+            bad = bytearray(mapping)
+            struct.pack_into(">i", bad, offsets[-1] - file_from, rng.choice([0, -5]))
+            assert twin(memoryview(bad), file_from, file_from + start, len(sizes), prefix) is None

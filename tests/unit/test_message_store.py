@@ -396,7 +396,14 @@ def test_a_batch_of_32_lands_contiguously_with_consecutive_queue_offsets(
     for before, after in itertools.pairwise(stored):
         assert before.commit_log_offset + before.total_size == after.commit_log_offset
     assert stored[-1].commit_log_offset + stored[-1].total_size == appended.wrote_offset + appended.wrote_bytes
+    # The batch's answer names every record (taken from the bytes the append laid out).
+    ids = appended.msg_ids.split(",")
+    assert ids == [store.commit_log.msg_id(m.commit_log_offset) for m in stored]
+    assert ids[0] == appended.msg_id
+    assert [store.view_message_by_id(i).body for i in ids] == [m.body for m in batch]  # type: ignore[union-attr]
     _release(r)
+    single = _put(store, Message("T", b"one more", queue_id=1))
+    assert single.msg_ids == single.msg_id
 
 
 @pytest.mark.parametrize(
