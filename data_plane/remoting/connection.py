@@ -88,8 +88,10 @@ class Connection(asyncio.Protocol):
         self.inflight = 0
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
         self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], int]] = {}  # opaque -> (future, code)
-        # Per timeout (ms): (deadline, opaque, future) in the order sent, i.e. by deadline.
-        self._deadlines: dict[int, deque[tuple[float, int, asyncio.Future[RemotingCommand]]]] = {}
+        # Per timeout (ms): (deadline, opaque) in the order sent, i.e. by deadline. Never the
+        # future: an answered request's future holds its answer (a pull's frame, and with it the
+        # whole read it came in), and entries behind a long-polling pull wait their turn here.
+        self._deadlines: dict[int, deque[tuple[float, int]]] = {}
         self._expiry: asyncio.TimerHandle | None = None
         self._expiry_at = 0.0
         self._opaque = itertools.count(1)
@@ -270,9 +272,14 @@ class Connection(asyncio.Protocol):
         waiting = self._deadlines.get(timeout_ms)
         if waiting is None:
             waiting = self._deadlines[timeout_ms] = deque()
-        waiting.append((deadline, opaque, fut))
-        while waiting[0][2].done():  # answered (or given up on) at the front: not waiting any more
-            self._forget(*waiting.popleft())
+        waiting.append((deadline, opaque))
+        while not self._waited_for(waiting[0][1]):  # answered or given up on, at the front
+            waiting.popleft()
+        if len(waiting) > 2 * len(pending) + 64:
+            # Answered requests pile up behind one that is not (a pull the broker holds for
+            # seconds): keep only the live ones. Amortized O(1) a request; the deque stays
+            # within twice the requests awaiting answers.
+            waiting = self._deadlines[timeout_ms] = deque(e for e in waiting if self._waited_for(e[1]))
         if self._expiry is None or deadline < self._expiry_at:
             self._arm_expiry(deadline)
         self.send(cmd)
@@ -283,12 +290,16 @@ class Connection(asyncio.Protocol):
         cmd.opaque = next(self._opaque) & 0x7FFFFFFF
         self.send(cmd)
 
-    def _forget(self, _deadline: float, opaque: int, fut: asyncio.Future[RemotingCommand]) -> None:
-        """A request no longer waited for: answered, or its future cancelled by the caller
-        (then its answer, if it ever comes, is dropped)."""
+    def _waited_for(self, opaque: int) -> bool:
+        """Whether request ``opaque`` still awaits its answer. One whose future the caller
+        cancelled is forgotten here (its answer, if it ever comes, is dropped)."""
         entry = self._pending.get(opaque)
-        if entry is not None and entry[0] is fut:
+        if entry is None:
+            return False  # answered, or failed
+        if entry[0].done():
             del self._pending[opaque]
+            return False
+        return True
 
     def _arm_expiry(self, at: float) -> None:
         if self._expiry is not None:
@@ -304,16 +315,15 @@ class Connection(asyncio.Protocol):
         earliest = None
         for timeout_ms, waiting in list(self._deadlines.items()):
             while waiting:
-                deadline, opaque, fut = waiting[0]
-                if fut.done():
-                    self._forget(*waiting.popleft())
+                deadline, opaque = waiting[0]
+                if not self._waited_for(opaque):
+                    waiting.popleft()
                     continue
                 if deadline > now:
                     break
                 waiting.popleft()
-                entry = pending.pop(opaque, None)
-                if entry is not None:
-                    fut.set_exception(RemotingTimeoutError(self.peer, entry[1], timeout_ms))
+                fut, code = pending.pop(opaque)
+                fut.set_exception(RemotingTimeoutError(self.peer, code, timeout_ms))
             if waiting:
                 if earliest is None or waiting[0][0] < earliest:
                     earliest = waiting[0][0]

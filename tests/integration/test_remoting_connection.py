@@ -11,6 +11,7 @@ import contextlib
 import random
 import struct
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
@@ -322,6 +323,33 @@ async def test_a_request_whose_caller_gave_up_is_forgotten() -> None:
         for i in range(3):
             await echo(client, server.address, f"later {i}", timeout_ms=60_000)
         assert not conn._pending
+
+
+@pytest.mark.asyncio
+async def test_answered_requests_are_let_go_while_an_earlier_one_still_waits() -> None:
+    """A request the server holds (as a broker holds a long-polling pull) sits at the front of
+    its timeout's deadlines; the answered requests sent after it are let go at once — their
+    futures, and the answers (frames, reads) those hold, are freed — and the connection's
+    bookkeeping stays within a bound of what still waits, not of what was ever sent."""
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        held = asyncio.ensure_future(client.invoke(server.address, RemotingCommand(NEVER), timeout_ms=60_000))
+        conn = await client.connection(server.address)
+        await until(lambda: len(conn._pending) == 1, what="the held request sent")
+        answered: list[weakref.ref[asyncio.Future[RemotingCommand]]] = []
+        for i in range(1_000):
+            cmd = RemotingCommand(ECHO, ext_fields={"t": str(i)}, body=b"x" * 1024)
+            fut = conn.invoke(cmd, 60_000)
+            assert (await fut).ext_fields == {"t": str(i)}
+            answered.append(weakref.ref(fut))
+            del fut
+            entries = sum(len(d) for d in conn._deadlines.values())
+            assert entries <= 2 * (len(conn._pending) + 1) + 64, (i, entries)  # as of the last send
+        await asyncio.sleep(0.01)  # the loop's last handle (the last wake-up) lets go of the last future
+        assert [i for i, r in enumerate(answered) if r() is not None] == []
+        assert len(conn._pending) == 1  # the held one still waits (and times out in its turn)
+        assert not held.done()
+        held.cancel()
 
 
 @pytest.mark.asyncio
