@@ -116,7 +116,8 @@ async def test_stock_client_with_access_key_produces_and_consumes(tenancy: Tenan
     globex = await tenancy.new_tenant("globex")
     await tenancy.create_topic(globex, "events")
     await tenancy.create_group(globex, "audit")
-    creds = ["--access-key", globex.access_key, "--secret-key", globex.secret]
+    # "--name=value": a secret may begin with "-" (base64url), which argparse would take for an option.
+    creds = [f"--access-key={globex.access_key}", f"--secret-key={globex.secret}"]
     specs: list[dict[str, Any]] = [{"body": f"stock-{i}", "tags": "t", "keys": f"k{i}", "props": {}} for i in range(10)]
     out = await asyncio.to_thread(
         run_stock_client, tenancy, "produce", "globex%events", "globex%stock-producer", *creds, stdin=json.dumps(specs)
@@ -142,7 +143,7 @@ async def test_stock_client_with_access_key_produces_and_consumes(tenancy: Tenan
     assert sorted(base64.b64decode(m["body_b64"]).decode() for m in msgs) == sorted(s["body"] for s in specs)
     # A wrong secret: the stock producer's sends are refused (NO_PERMISSION is not retried into success).
     wrong = globex.secret[:-1] + ("A" if globex.secret[-1] != "A" else "B")  # one character off
-    bad = ["--access-key", globex.access_key, "--secret-key", wrong]
+    bad = [f"--access-key={globex.access_key}", f"--secret-key={wrong}"]
     out = await asyncio.to_thread(
         run_stock_client,
         tenancy,

@@ -248,10 +248,10 @@ async def test_a_flooding_tenant_does_not_slow_another_tenant_down(tenancy: Tena
             tenancy.namesrv.address,
             "--token-url",
             tenancy.cp.url + "/oauth/token",
-            "--access-key",
-            flooder.access_key,
-            "--secret",
-            flooder.secret,
+            # "--name=value": a secret may begin with "-" (base64url), which argparse would
+            # take for an option when it is a word of its own.
+            f"--access-key={flooder.access_key}",
+            f"--secret={flooder.secret}",
             "--topic",
             "acme%orders",
             "--concurrency",
