@@ -576,11 +576,16 @@ class MessageStore:
     def cut_partial_tail(self) -> int:
         """A slave about to become master: dispatch what was received, then cut the log back to
         the end of its last whole record (a master that died mid-chunk leaves a partial one, and
-        new records must not follow it). Returns the new end."""
+        new records must not follow it). Returns the new end. Its own appends then continue
+        every queue where the received records left it (``adopt_queue_state``)."""
+        from data_plane.store.recovery import adopt_queue_state
+
         self.dispatch_pending()
         end = self.dispatcher.dispatched_offset
         if end < self.commit_log.max_offset():
             self.truncate_log(end)
+        with self.commit_log.lock:
+            adopt_queue_state(self)
         return self.commit_log.max_offset()
 
     def dispatch_pending(self) -> None:

@@ -80,13 +80,22 @@ def recover(store: MessageStore, *, crashed: bool) -> int:
 
     for cq in store.queues:
         cq.correct_min_offset(log_min)
-        cl.queue_offsets[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue()
+    adopt_queue_state(store)
+    store.flush_indexes(True)
+    return valid_end
+
+
+def adopt_queue_state(store: MessageStore) -> None:
+    """Make what the CommitLog assigns next agree with the ConsumeQueues: each queue's next
+    offset, and the last store timestamp (timestamps never go backwards). Recovery does this;
+    so does a slave becoming master, whose records came as raw bytes (``append_raw``) that
+    built ConsumeQueue units but never passed the CommitLog's own offset assignment."""
+    cl = store.commit_log
     last_ts = 0
     for cq in store.queues:
+        cl.queue_offsets[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue()
         if cq.max_physic_offset > 0:
             u = cq.unit(cq.max_offset_in_queue() - 1)
             if u is not None and u[0] >= 0:
                 last_ts = max(last_ts, cl.store_timestamp_at(u[0]))
     cl.last_store_timestamp = max(cl.last_store_timestamp, last_ts)
-    store.flush_indexes(True)
-    return valid_end

@@ -4,13 +4,14 @@ arbitrary pieces (append_raw + dispatch), the divergence rule and truncation, wa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from data_plane.store import MessageStore, PutMessageStatus
+from data_plane.store import Message, MessageStore, PutMessageStatus
 from data_plane.store.ha import HAService
 from data_plane.store.ha.protocol import (
     CANDIDATE,
@@ -25,7 +26,8 @@ from data_plane.store.ha.protocol import (
     encode_handshake,
 )
 from data_plane.store.ha.slave import last_records
-from tests.ha_support import TOPICS, assert_replica, ha_config, log_bytes, make_message, put_many
+from data_plane.store.message import decode_record
+from tests.ha_support import TOPICS, assert_replica, ha_config, log_bytes, make_message, put_many, queue_contents
 
 
 @pytest.fixture
@@ -41,6 +43,20 @@ def stores(tmp_path: Path) -> Iterator[Callable[[str], MessageStore]]:
     yield make
     for s in made:
         s.shutdown()
+
+
+@contextlib.contextmanager
+def master_and_slave(tmp_path: Path) -> Iterator[tuple[MessageStore, MessageStore]]:
+    """Two started stores, "m" and "s" under ``tmp_path``, shut down afterwards."""
+    master = MessageStore(ha_config(str(tmp_path / "m")))
+    master.start()
+    slave = MessageStore(ha_config(str(tmp_path / "s")))
+    slave.start()
+    try:
+        yield master, slave
+    finally:
+        master.shutdown()
+        slave.shutdown()
 
 
 def copy_log(master: MessageStore, slave: MessageStore, rng: random.Random, max_piece: int = 40_000) -> None:
@@ -196,11 +212,7 @@ def test_a_promoted_slave_cuts_a_partial_record_before_writing(tmp_path: Path, s
     """A master that died mid-chunk leaves the slave's log ending inside a record: promotion cuts
     it back to the last whole record, so records written next survive a restart."""
     rng = random.Random(seed)
-    master = MessageStore(ha_config(str(tmp_path / "m")))
-    master.start()
-    slave = MessageStore(ha_config(str(tmp_path / "s")))
-    slave.start()
-    try:
+    with master_and_slave(tmp_path) as (master, slave):
         put_many(master, rng, 20)
         data = log_bytes(master)
         cut = len(data) - rng.randint(1, 40)  # inside the last record
@@ -212,9 +224,6 @@ def test_a_promoted_slave_cuts_a_partial_record_before_writing(tmp_path: Path, s
         assert r.status is PutMessageStatus.PUT_OK
         assert r.append is not None
         assert r.append.wrote_offset == whole
-    finally:
-        master.shutdown()
-        slave.shutdown()
     again = MessageStore(ha_config(str(tmp_path / "s")))
     again.start()
     try:
@@ -223,6 +232,37 @@ def test_a_promoted_slave_cuts_a_partial_record_before_writing(tmp_path: Path, s
         assert again.max_phy_offset() > whole
     finally:
         again.shutdown()
+
+
+@pytest.mark.parametrize("tail", ["whole records", "a partial record"])
+def test_a_promoted_slave_continues_every_queue_where_the_master_left_it(
+    tmp_path: Path, seed: int, tail: str
+) -> None:
+    """The slave's records came as raw bytes, which built its ConsumeQueues but never passed the
+    CommitLog's own queue offset assignment. Promoted, its first append to a queue must take
+    that queue's next offset — not 0, which collided with a replicated unit and left the new
+    message acknowledged (SEND_OK) but out of reach of every consumer (found by the ASYNC_MASTER
+    failover test in CI)."""
+    rng = random.Random(seed)
+    with master_and_slave(tmp_path) as (master, slave):
+        put_many(master, rng, 60)
+        data = log_bytes(master)
+        cut = len(data) if tail == "whole records" else len(data) - rng.randint(1, 40)
+        slave.append_raw(data[:cut], 0, dispatch=False)
+        slave.cut_partial_tail()
+        before = queue_contents(slave)
+        for i, (topic, queue_id) in enumerate(sorted(before)):
+            body = b"after promotion %d" % i
+            r, _end = slave.append([Message(topic, body, queue_id)])
+            assert r.status is PutMessageStatus.PUT_OK, (seed, r)
+            assert r.append is not None
+            assert r.append.queue_offset == len(before[(topic, queue_id)]), (seed, topic, queue_id)
+            got = slave.get_message(topic, queue_id, r.append.queue_offset, 1)
+            assert [decode_record(m).body for m in got.messages] == [body], (seed, topic, queue_id)
+            for m in got.messages:
+                m.release()
+        after = queue_contents(slave)
+        assert all(after[key][: len(units)] == units for key, units in before.items())
 
 
 def test_a_fenced_store_refuses_every_writer_but_replication(tmp_path: Path, seed: int) -> None:
