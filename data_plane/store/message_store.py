@@ -51,6 +51,7 @@ from data_plane.store.message import (
     queue_id_of,
     topic_of,
 )
+from data_plane.store.recovery import adopt_queue_state, recover
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
     AppendMessageStatus,
@@ -195,8 +196,6 @@ class MessageStore:
 
     def _recover(self, crashed: bool) -> None:
         """Find where the log really ends, and make every index agree with it."""
-        from data_plane.store.recovery import recover
-
         self.recovered_abnormally = crashed
         recover(self, crashed=crashed)
 
@@ -578,14 +577,13 @@ class MessageStore:
         the end of its last whole record (a master that died mid-chunk leaves a partial one, and
         new records must not follow it). Returns the new end. Its own appends then continue
         every queue where the received records left it (``adopt_queue_state``)."""
-        from data_plane.store.recovery import adopt_queue_state
-
         self.dispatch_pending()
         end = self.dispatcher.dispatched_offset
         if end < self.commit_log.max_offset():
-            self.truncate_log(end)
-        with self.commit_log.lock:
-            adopt_queue_state(self)
+            self.truncate_log(end)  # adopts the queues' state itself
+        else:
+            with self.commit_log.lock:
+                adopt_queue_state(self)
         return self.commit_log.max_offset()
 
     def dispatch_pending(self) -> None:
@@ -605,7 +603,7 @@ class MessageStore:
             cl.mfq.truncate_dirty_files(offset)
             for cq in self.queues:
                 cq.truncate_dirty(offset)
-                cl.queue_offsets[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue()
+            adopt_queue_state(self)
             redispatch_from = offset
             if self.index is not None:
                 self.index.truncate_after(offset)
