@@ -68,6 +68,11 @@ class StoreConfig:
     # (see reserve_ahead.py).
     reserve_ahead_bytes: int = 128 * 1024 * 1024
     preallocate_next_file: bool = True
+    # Keep this much after the CommitLog write position in the page cache, filled by a
+    # background thread (reserve_ahead.py; 0 = off): an append then copies into pages that are
+    # there, and the cost of new page-cache pages (allocating and zeroing them; on a VM, often
+    # the hypervisor backing them too) is not the writer's.
+    populate_ahead_bytes: int = 64 * 1024 * 1024
     # Pages behind the flush point are dropped from this process's page tables (the page
     # cache keeps them), so resident memory does not grow with the amount stored.
     release_flushed_pages: bool = True
@@ -105,6 +110,8 @@ class StoreConfig:
             problems.append("max_properties_size_bytes must be 1..32767 (a signed short on disk)")
         if not 0 <= self.write_stage_bytes <= 64 * 1024 * 1024:
             problems.append("write_stage_bytes must be 0..64 MiB")
+        if not 0 <= self.populate_ahead_bytes <= 1024 * 1024 * 1024:
+            problems.append("populate_ahead_bytes must be 0..1 GiB")
         if self.consume_queue_units_per_file < 1:
             problems.append("consume_queue_units_per_file must be positive")
         if self.index_hash_slots < 1 or self.index_max_entries < 2:

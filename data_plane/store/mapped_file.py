@@ -28,6 +28,7 @@ import errno
 import mmap
 import os
 import threading
+from collections.abc import Callable
 
 from data_plane.store.config import PAGE_SIZE_BYTES
 
@@ -56,6 +57,29 @@ def write_zeros(fd: int, size: int) -> None:
         pos += written
 
 
+POPULATE_CALL_BYTES = 128 * 1024  # one posix_fadvise(WILLNEED) covers at most the readahead window
+
+
+def py_populate(fd: int, start: int, length: int, call_bytes: int = POPULATE_CALL_BYTES) -> int:
+    """Bring ``[start, start+length)`` of a file into the page cache; 0 or the errno. Each
+    ``posix_fadvise(WILLNEED)`` reads ahead at most the kernel's readahead window (128 KiB by
+    default), so the range goes in calls of ``call_bytes``; a block that holds no data yet (a
+    reserved or sparse one) becomes a zero page with no disk read. Twin of the compiled
+    ``_speedups.populate``, which makes all the calls with the GIL released once."""
+    pos, end = start, start + length
+    while pos < end:
+        n = min(call_bytes, end - pos)
+        try:
+            os.posix_fadvise(fd, pos, n, os.POSIX_FADV_WILLNEED)
+        except OSError as e:
+            return e.errno or errno.EIO
+        pos += n
+    return 0
+
+
+Populate = Callable[[int, int, int, int], int]
+
+
 def pwrite_fully(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     """Write all of ``data`` at ``offset`` (a short write is continued; OSError otherwise)."""
     view = memoryview(data)
@@ -78,6 +102,7 @@ class MappedFile:
         "_fd",
         "_flush_lock",
         "_mm",
+        "_populate_lock",
         "_released_upto",
         "_reserve_lock",
         "_zero_fill",
@@ -89,6 +114,7 @@ class MappedFile:
         "flushed_position",
         "mv",
         "path",
+        "populated_upto",
         "released_behind",
         "reserved_upto",
         "wrote_position",
@@ -140,10 +166,12 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         self.destroyed = False
+        self.populated_upto = 0  # bytes below are in the page cache (ReserveAheadService)
         self.released_behind = 0  # pages below were dropped from the page tables (ReserveAheadService)
         self._released_upto = 0
         self._flush_lock = threading.Lock()
         self._reserve_lock = threading.Lock()
+        self._populate_lock = threading.Lock()  # the descriptor stays open while in use
         self._zero_fill = zero_fill
 
     # --- writing ---------------------------------------------------------------------------
@@ -293,6 +321,15 @@ class MappedFile:
             if not self.destroyed:
                 self._mm.madvise(mmap.MADV_DONTNEED, 0, self.file_size)
 
+    def populate(self, start: int, end: int, fill: Populate = py_populate) -> int:
+        """Bring ``[start, end)`` into the page cache ahead of the writer, so its ``pwrite``s
+        copy into pages that are there instead of allocating them; 0 or the errno. Only files
+        with a descriptor (the CommitLog); ``fill`` is ``py_populate`` or its compiled twin."""
+        with self._populate_lock:
+            if self._fd < 0 or self.destroyed or end <= start:
+                return 0
+            return fill(self._fd, start, min(end, self.file_size) - start, POPULATE_CALL_BYTES)
+
     def warm_up(self) -> None:
         """Touch every page so the first appends do not page-fault (optional, seed 7.x)."""
         mv = self.mv
@@ -309,7 +346,7 @@ class MappedFile:
 
     def close(self) -> bool:
         """Unmap; False while a reader still holds a slice (retry later)."""
-        with self._flush_lock:
+        with self._flush_lock, self._populate_lock:
             self.destroyed = True
             if self._fd >= 0:
                 os.close(self._fd)

@@ -83,6 +83,8 @@ def test_the_small_test_geometry_is_valid(tmp_path: Path) -> None:
         ({"disk_max_used_space_ratio": 0.9, "disk_space_clean_forcibly_ratio": 0.85}, "disk ratios"),
         ({"disk_space_clean_forcibly_ratio": 0.95}, "disk ratios"),
         ({"disk_space_warning_level_ratio": 1.01}, "disk ratios"),
+        ({"populate_ahead_bytes": -1}, "populate_ahead_bytes"),
+        ({"populate_ahead_bytes": GiB + 1}, "populate_ahead_bytes"),
     ],
 )
 def test_invalid_settings_raise_value_error_naming_the_problem(
@@ -106,6 +108,7 @@ def test_the_limits_themselves_are_accepted(tmp_path: Path) -> None:
         disk_max_used_space_ratio=1.0,
         disk_space_clean_forcibly_ratio=1.0,
         disk_space_warning_level_ratio=1.0,
+        populate_ahead_bytes=GiB,
     )
     assert cfg.consume_queue_file_size_bytes == 20
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 from collections.abc import Iterator
@@ -13,9 +14,12 @@ from data_plane.store.config import PAGE_SIZE_BYTES
 from data_plane.store.mapped_file import (
     FILE_NAME_DIGITS,
     MappedFile,
+    Populate,
     is_data_file_name,
     offset_to_file_name,
+    py_populate,
 )
+from tests.page_cache import resident_pages
 
 SIZE = 16 * PAGE_SIZE_BYTES
 
@@ -236,3 +240,61 @@ def test_flush_after_close_does_nothing(opened: list[MappedFile], tmp_path: Path
     mf.append_bytes(b"abc")
     assert mf.close()
     assert mf.flush() == 0
+
+
+# --- populate: a range brought into the page cache ahead of the writer ----------------------------
+def _populate_twins() -> list[Populate]:
+    from data_plane.store.fastpath import speedups_module
+
+    speedups = speedups_module()
+    return [py_populate] + ([speedups.populate] if speedups is not None else [])
+
+
+@pytest.mark.parametrize("fill", _populate_twins(), ids=lambda f: f.__module__)
+def test_populate_brings_exactly_the_range_into_the_page_cache(tmp_path: Path, fill: Populate) -> None:
+    path = str(tmp_path / offset_to_file_name(0))
+    size = 1024 * PAGE_SIZE_BYTES  # 4 MiB, every block reserved and none written: nothing cached
+    mf = MappedFile(path, size, reserve=True, keep_fd=True, zero_fill=False)
+    try:
+        assert not any(resident_pages(path, 0, size))
+        start, end = 256 * PAGE_SIZE_BYTES, 640 * PAGE_SIZE_BYTES
+        # 1.5 MiB in calls of 64 KiB: the range is covered however small the kernel's readahead window
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert fill(fd, start, end - start, 16 * PAGE_SIZE_BYTES) == 0
+        finally:
+            os.close(fd)
+        cached = resident_pages(path, 0, size)
+        assert all(cached[256:640])
+        assert not any(cached[:256])
+        assert not any(cached[640:])
+        assert bytes(mf.mv[start:end]) == bytes(end - start)  # zero pages: reserved blocks read nothing
+    finally:
+        mf.close()
+
+
+@pytest.mark.parametrize("fill", _populate_twins(), ids=lambda f: f.__module__)
+def test_populate_answers_a_bad_descriptor_with_its_errno(fill: Populate) -> None:
+    r, w = os.pipe()
+    os.close(w)
+    try:
+        assert fill(r, 0, PAGE_SIZE_BYTES, PAGE_SIZE_BYTES) == errno.ESPIPE  # a pipe has no page cache
+    finally:
+        os.close(r)
+
+
+def test_a_mapped_file_populates_within_itself_and_not_once_closed(tmp_path: Path) -> None:
+    path = str(tmp_path / offset_to_file_name(0))
+    size = 64 * PAGE_SIZE_BYTES
+    mf = MappedFile(path, size, reserve=True, keep_fd=True, zero_fill=False)
+    assert mf.populate(32 * PAGE_SIZE_BYTES, 10 * size) == 0  # clipped at the end of the file
+    assert resident_pages(path, 0, size) == [False] * 32 + [True] * 32
+    mf.close()
+    calls: list[tuple[int, ...]] = []
+
+    def fill(*args: int) -> int:
+        calls.append(args)
+        return 0
+
+    assert mf.populate(0, size, fill) == 0
+    assert calls == []  # its descriptor is closed: nothing is asked of the kernel

@@ -12,6 +12,7 @@ import pytest
 
 from data_plane.store.mapped_file import offset_to_file_name
 from data_plane.store.mapped_file_queue import AllocateMappedFileService, MappedFileQueue
+from tests.page_cache import mapped_resident_kib
 
 SIZE = 4096
 
@@ -285,19 +286,6 @@ def test_a_queue_with_an_allocator_rolls_over_into_pre_created_files(make_queue:
     assert offset_to_file_name(4 * SIZE) not in os.listdir(q.directory)
 
 
-def _resident_kib(path: str) -> int:
-    """Rss of this process's mapping of ``path`` (from /proc/self/smaps)."""
-    current = None
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            first = line.split(maxsplit=5)
-            if len(first) >= 5 and "-" in first[0] and ":" in first[3]:
-                current = first[5].strip() if len(first) == 6 else ""
-            elif line.startswith("Rss:") and current == path:
-                return int(line.split()[1])
-    raise AssertionError(f"{path} is not mapped")
-
-
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
 def test_files_that_keep_a_descriptor_are_written_with_pwrite_not_through_the_mapping(
     make_queue: MakeQueue,
@@ -308,13 +296,13 @@ def test_files_that_keep_a_descriptor_are_written_with_pwrite_not_through_the_ma
     mf = q.last_file_for_write()
     data = _pattern(48 * 1024, seed=3)
     assert mf.append_bytes(data)
-    assert _resident_kib(mf.path) == 0, "the writer mapped none of the pages it wrote"
+    assert mapped_resident_kib(mf.path) == 0, "the writer mapped none of the pages it wrote"
     assert bytes(mf.mv[: len(data)]) == data, "readers see the bytes through the mapping"
-    assert _resident_kib(mf.path) > 0
+    assert mapped_resident_kib(mf.path) > 0
     with open(mf.path, "rb") as f:
         assert f.read(len(data)) == data
 
     cq = make_queue(directory=Path(q.directory) / "cq", keep_fd=False, file_size=64 * 1024)
     cq_file = cq.last_file_for_write()
     assert cq_file.append_bytes(b"u" * 8192)
-    assert _resident_kib(cq_file.path) > 0, "files without a descriptor are written through the mapping"
+    assert mapped_resident_kib(cq_file.path) > 0, "files without a descriptor are written through the mapping"

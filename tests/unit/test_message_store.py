@@ -27,6 +27,7 @@ from data_plane.store.message import (
 )
 from data_plane.store.status import AppendResult, GetMessageResult
 from tests.conftest import ManualClock, small_config
+from tests.page_cache import mapped_resident_kib
 
 FILE_SIZE = 64 * 1024  # small_config's CommitLog file size
 
@@ -633,3 +634,36 @@ def test_a_batch_led_by_a_prepared_transaction_indexes_the_rest_at_the_queue_s_n
     records = _pull_all(store, "T", 0)
     assert [r.body for r in records] == [b"before", b"m0", b"m1", b"m2"]
     assert [r.queue_offset for r in records] == [0, 1, 2, 3]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_index_entry_pages_behind_the_newest_leave_the_page_tables_between_index_flushes(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    slots, entries = 1024, 400_000  # an IndexFile of 8 MiB of entries after a 4 KiB slot table
+    store = make_store(
+        index_hash_slots=slots,
+        index_max_entries=entries,
+        flush_interval_consume_queue_ms=3_600_000,  # only the rounds this test runs
+        flush_interval_index_ms=3_600_000,  # and the index itself flushed at most once
+        commit_log_file_size_bytes=64 * 1024 * 1024,
+    )
+    assert store.index is not None
+
+    def put_keyed(n: int, start: int) -> None:
+        for i in range(start, start + n, 32):
+            msgs = [Message("T", b"k", properties={"KEYS": f"key-{j}"}) for j in range(i, i + 32)]
+            assert store.put_messages_blocking(msgs).status is PutMessageStatus.PUT_OK
+
+    put_keyed(64_000, 0)
+    store.flush_indexes(False)  # may flush the index (the first round); releases entries either way
+    put_keyed(128_000, 64_000)  # ~2.4 MiB more entries, written through the mapping
+    path = store.index.files[-1].path
+    slot_table_kib = (40 + slots * 4) // 1024 + 1
+    keep_kib = 1024  # release_entries keeps the newest MiB
+    assert mapped_resident_kib(path) > slot_table_kib + keep_kib + 1024
+    store.flush_indexes(False)  # a round with no index flush (an hour not yet passed)
+    assert mapped_resident_kib(path) <= slot_table_kib + keep_kib + 1024 + 8
+    # Nothing is lost: the released entries still answer queries (the page cache keeps them).
+    assert [m.body for m in store.query_message("T", "key-5")] == [b"k"]
+    assert [m.body for m in store.query_message("T", "key-150000")] == [b"k"]
