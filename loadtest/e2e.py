@@ -43,6 +43,7 @@ from typing import Any
 
 from data_plane.interpreter import interpreter_facts
 from data_plane.local_cluster import LocalCluster
+from data_plane.store.bench import page_cache_write, python_loop_ns
 from loadtest.cpu import CpuWindow, us_per_msg
 from loadtest.histogram import encode_hist, hist_of, merge, summary_ms
 from loadtest.rate import OpenLoop, RateProfile
@@ -412,6 +413,10 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                 },
             }
             log(f"  {result['half_peak']}")
+        # What the VM gave this hour (its speed drifts by 1.5-2x): measured after the phases, so
+        # that the probe's page-cache writes do not change what the broker finds.
+        result["machine"]["python_loop_ns"] = python_loop_ns()
+        result["machine"]["page_cache_write"] = page_cache_write(root, 64)
     finally:
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)

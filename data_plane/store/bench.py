@@ -12,6 +12,8 @@ run pays for its predecessor's write-back:
   ASYNC_FLUSH append. On a VM whose balloon hands freed memory back to the host (free page
   reporting), a page the guest has not used lately costs a host fault, and the rate falls from
   GiB/s to a few hundred MiB/s once recently freed memory is used up;
+* ``machine.python_loop_ns``: how long a simple CPython loop iteration takes (best of three),
+  the other speed the VM varies on;
 * ``append_single`` / ``append_batch32``: 1 KiB messages with TAGS and UNIQ_KEY properties (what
   a stock RocketMQ producer sends), ASYNC_FLUSH, in-process, ConsumeQueue and index included;
 * ``read_sequential``: every message back through ``get_message`` (32 a call);
@@ -161,6 +163,19 @@ def page_cache_write(directory: str, megabytes: int) -> dict[str, float]:
         "mb_per_s": round(total / dt, 1),
         "last_quarter_mb_per_s": round(megabytes / dt_last, 1),
     }
+
+
+def python_loop_ns(iterations: int = 2_000_000) -> float:
+    """Nanoseconds a simple CPython loop iteration takes now: the VM's speed drifts by 1.5-2x
+    between hours, and a figure means little without it (the store's figures follow it)."""
+    best = float("inf")
+    for _ in range(3):
+        total = 0
+        t = time.perf_counter()
+        for i in range(iterations):
+            total += i
+        best = min(best, time.perf_counter() - t)
+    return round(best / iterations * 1e9, 1)
 
 
 def _store(directory: str, name: str, **changes: Any) -> MessageStore:
@@ -373,7 +388,12 @@ def run(opts: BenchOptions, *, log: Callable[[str], None] = lambda _m: None) -> 
     os.makedirs(directory, exist_ok=True)
     result: dict[str, Any] = {
         "schema": "orbit.bench.store/1",
-        "machine": {"cpus": os.cpu_count(), **interpreter_facts(), "platform": platform.platform()},
+        "machine": {
+            "cpus": os.cpu_count(),
+            **interpreter_facts(),
+            "platform": platform.platform(),
+            "python_loop_ns": python_loop_ns(),
+        },
         "compiled_fastpath": fastpath.COMPILED,
         "message_bytes": opts.body_bytes,
         "directory": directory,

@@ -128,6 +128,7 @@ def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert printed["schema"] == written["schema"] == "orbit.bench.store/1"
     check_figures(printed)
     check_figures(written)
+    positive(printed["machine"]["python_loop_ns"], "machine.python_loop_ns")  # the VM's speed this hour
 
     # The file has the RSS samples too, taken while writing up to the amount asked for.
     samples = written["rss"]["samples"]
@@ -182,6 +183,9 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path) -> None:
             for who, us in cpu.items():
                 cores = positive(us, f"{phase}.cpu_us_per_msg.{who}") * rate / 1e6
                 assert cores <= 1.25 * (os.cpu_count() or 1), (phase, who, cpu, rate)
+    # The VM's speed this hour, beside the figures it bounds.
+    positive(result["machine"]["python_loop_ns"], "machine.python_loop_ns")
+    positive(result["machine"]["page_cache_write"]["mb_per_s"], "machine.page_cache_write.mb_per_s")
     consume = result["consume"]
     positive(consume["stored"], "consume.stored")
     assert consume["consumed"] >= consume["stored"], consume
