@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -97,3 +98,13 @@ def make_store(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., Mes
     yield make
     for store in made:
         store.shutdown()
+
+
+def until(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    """Poll ``check`` every 2 ms until it holds (True) or ``timeout_s`` passes (its last answer)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.002)
+    return check()

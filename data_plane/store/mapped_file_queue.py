@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from data_plane.store.mapped_file import MappedFile, Populate, is_data_file_name, offset_to_file_name, py_populate
+from data_plane.store.mapped_file import MappedFile, is_data_file_name, offset_to_file_name
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,8 @@ def new_commit_log_file(path: str, file_size: int) -> MappedFile:
 class AllocateMappedFileService:
     """Creates the next CommitLog file on a worker thread before the current one fills up."""
 
-    def __init__(self, *, warm_up: bool, populate_head_bytes: int = 0, populate: Populate = py_populate) -> None:
+    def __init__(self, *, warm_up: bool) -> None:
         self._warm_up = warm_up
-        self._populate_head = populate_head_bytes
-        self._populate = populate
         self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="orbit-allocate")
         self._pending: dict[str, concurrent.futures.Future[MappedFile]] = {}
         self._lock = threading.Lock()
@@ -56,10 +54,6 @@ class AllocateMappedFileService:
         try:
             if self._warm_up and not self._stopping.is_set():
                 mf.warm_up()
-            elif self._populate_head > 0 and not self._stopping.is_set():
-                # the first appends to it copy into pages that are there (reserve_ahead.py)
-                mf.populate(0, self._populate_head, self._populate)
-                mf.populated_upto = min(self._populate_head, file_size)
         except OSError:
             mf.destroy()  # a file we could not fill is not part of the log
             raise

@@ -40,7 +40,7 @@ from data_plane.store.flush import (
     GroupCommitService,
 )
 from data_plane.store.index_file import IndexService
-from data_plane.store.mapped_file import Populate, py_populate
+from data_plane.store.mapped_file import py_populate
 from data_plane.store.mapped_file_queue import AllocateMappedFileService
 from data_plane.store.message import (
     PROPERTY_WAIT_STORE_MSG_OK,
@@ -52,6 +52,7 @@ from data_plane.store.message import (
     queue_id_of,
     topic_of,
 )
+from data_plane.store.populate_ahead import PopulateAheadService
 from data_plane.store.recovery import adopt_queue_state, recover
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
@@ -117,14 +118,8 @@ class MessageStore:
         self.clock_ms = clock_ms
         self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
         os.makedirs(config.store_path, exist_ok=True)
-        speedups = fastpath.speedups_module()
-        self._populate: Populate = speedups.populate if speedups is not None else py_populate
         self._allocator = (
-            AllocateMappedFileService(
-                warm_up=config.warm_mapped_file_enabled,
-                populate_head_bytes=config.populate_ahead_bytes,
-                populate=self._populate,
-            )
+            AllocateMappedFileService(warm_up=config.warm_mapped_file_enabled)
             if config.preallocate_next_file
             else None
         )
@@ -152,6 +147,7 @@ class MessageStore:
         self._flush_log: FlushRealTimeService | None = None
         self._flush_cq: FlushConsumeQueueService | None = None
         self._reserve_ahead: ReserveAheadService | None = None
+        self._populate_ahead: PopulateAheadService | None = None
         self._last_release_all = time.monotonic()
         self.put_count = 0
         self.put_bytes = 0
@@ -244,8 +240,6 @@ class MessageStore:
             mfq,
             window_bytes=cfg.reserve_ahead_bytes,
             keep_behind_bytes=cfg.release_keep_bytes,
-            populate_ahead_bytes=cfg.populate_ahead_bytes,
-            populate=self._populate,
             release=(
                 None
                 if not cfg.release_flushed_pages
@@ -255,13 +249,20 @@ class MessageStore:
             ),
         )
         self._reserve_ahead.start()
+        if cfg.populate_ahead_bytes > 0:
+            self._populate_ahead = PopulateAheadService(
+                mfq,
+                ahead_bytes=cfg.populate_ahead_bytes,
+                populate=speedups.populate if speedups is not None else py_populate,
+            )
+            self._populate_ahead.start()
 
     def shutdown(self) -> None:
         """Stop services, flush everything, write the checkpoint, remove the abort file."""
         if not self.running:
             return
         self.running = False
-        for svc in (self._reserve_ahead, self._group_commit, self._flush_log, self._flush_cq):
+        for svc in (self._populate_ahead, self._reserve_ahead, self._group_commit, self._flush_log, self._flush_cq):
             if svc is not None:
                 svc.stop()
         with self.commit_log.lock:
