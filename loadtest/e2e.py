@@ -413,7 +413,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
                 },
             }
             log(f"  {result['half_peak']}")
-        # What the VM gave this hour (its speed drifts by 1.5-2x): measured after the phases, so
+        # What the VM gave this hour (its speed drifts 2-3x between hours): measured after the phases, so
         # that the probe's page-cache writes do not change what the broker finds.
         result["machine"]["python_loop_ns"] = python_loop_ns()
         result["machine"]["page_cache_write"] = page_cache_write(root, 64)

@@ -166,7 +166,7 @@ def page_cache_write(directory: str, megabytes: int) -> dict[str, float]:
 
 
 def python_loop_ns(iterations: int = 2_000_000) -> float:
-    """Nanoseconds a simple CPython loop iteration takes now: the VM's speed drifts by 1.5-2x
+    """Nanoseconds a simple CPython loop iteration takes now: the VM's speed drifts 2-3x
     between hours, and a figure means little without it (the store's figures follow it)."""
     best = float("inf")
     for _ in range(3):

@@ -69,7 +69,7 @@ class StoreConfig:
     reserve_ahead_bytes: int = 128 * 1024 * 1024
     preallocate_next_file: bool = True
     # Keep this much after the CommitLog write position in the page cache, filled by a
-    # background thread (reserve_ahead.py; 0 = off): an append then copies into pages that are
+    # background thread on spare CPU (populate_ahead.py; 0 = off): an append then copies into pages that are
     # there, and the cost of new page-cache pages (allocating and zeroing them; on a VM, often
     # the hypervisor backing them too) is not the writer's.
     populate_ahead_bytes: int = 64 * 1024 * 1024

@@ -166,7 +166,7 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         self.destroyed = False
-        self.populated_upto = 0  # bytes below are in the page cache (ReserveAheadService)
+        self.populated_upto = 0  # bytes below are in the page cache (PopulateAheadService)
         self.released_behind = 0  # pages below were dropped from the page tables (ReserveAheadService)
         self._released_upto = 0
         self._flush_lock = threading.Lock()
@@ -325,10 +325,11 @@ class MappedFile:
         """Bring ``[start, end)`` into the page cache ahead of the writer, so its ``pwrite``s
         copy into pages that are there instead of allocating them; 0 or the errno. Only files
         with a descriptor (the CommitLog); ``fill`` is ``py_populate`` or its compiled twin."""
+        end = min(end, self.file_size)
         with self._populate_lock:
             if self._fd < 0 or self.destroyed or end <= start:
                 return 0
-            return fill(self._fd, start, min(end, self.file_size) - start, POPULATE_CALL_BYTES)
+            return fill(self._fd, start, end - start, POPULATE_CALL_BYTES)
 
     def warm_up(self) -> None:
         """Touch every page so the first appends do not page-fault (optional, seed 7.x)."""

@@ -16,10 +16,10 @@ the writer is.
 
 The faults are not fewer, they are this thread's, so it runs at ``SCHED_IDLE``: on spare CPU
 only, never ahead of the event loop or the clients on the same cores. When no core is spare it
-falls behind and the writer takes the faults itself, as it would without it. (At the normal
-priority, its 8 MiB steps — ~20 ms of faults each — preempted the event loop at moderate rates:
-open-loop send p99 at 15-18k/s 2.8-8.6 ms, at ``SCHED_IDLE`` 3.3-5.4, without the thread
-4.1-11.3.)
+falls behind and the writer takes the faults itself, as it would without it. (An 8 MiB step
+is ~20 ms of faults here, which at normal priority can take a core from the event loop; the
+open-loop send tail measured each way did not settle it — other stalls dominate it, see
+docs/store.md.)
 
 The poll follows the writer as ``ReserveAheadService``'s does (``WriterPace``).
 """

@@ -298,3 +298,16 @@ def test_a_mapped_file_populates_within_itself_and_not_once_closed(tmp_path: Pat
 
     assert mf.populate(0, size, fill) == 0
     assert calls == []  # its descriptor is closed: nothing is asked of the kernel
+
+
+@pytest.mark.parametrize("fill", _populate_twins(), ids=lambda f: f.__module__)
+def test_a_range_past_the_end_of_the_file_populates_nothing(tmp_path: Path, fill: Populate) -> None:
+    path = str(tmp_path / offset_to_file_name(0))
+    size = 16 * PAGE_SIZE_BYTES
+    mf = MappedFile(path, size, reserve=True, keep_fd=True, zero_fill=False)
+    try:
+        # clipped to nothing, not a negative length (which the compiled twin refuses)
+        assert mf.populate(size + PAGE_SIZE_BYTES, 2 * size, fill) == 0
+        assert not any(resident_pages(path, 0, size))
+    finally:
+        mf.close()
