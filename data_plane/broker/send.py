@@ -15,6 +15,7 @@ import random
 import re
 import time
 from collections.abc import Awaitable, Callable
+from enum import Enum
 from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple, cast
 
@@ -70,12 +71,23 @@ _SEND_OK_HEADER = (
     b'"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion","TRACE_ON":"true"}}'
 )
 
+# The same, its message id given as the store host's hex and the record's CommitLog offset.
+_SEND_OK_HEADER_AT = _SEND_OK_HEADER.replace(b'"msgId":"%s"', b'"msgId":"%s%016X"')
+
 _speedups = speedups_module()  # the compiled store module, when built (batch decoding)
 
 # A batch whose messages carry none of these is laid out from its body as it is (plain batches,
 # data_plane/store/fastpath.py): the broker acts on them — schedule.py moves delayed and timed
 # messages and drops a client's re-put marker; TRAN_MSG makes a half message.
 PLAIN_BATCH_SKIP = tuple(sorted(name.encode() for name in (*TRIGGER_PROPERTIES, PROPERTY_TRANSACTION_PREPARED)))
+
+
+class _NotPlain(Enum):
+    """``_send_plain`` did not store the message; whether it took the publish quota for it."""
+
+    QUOTA_FREE = 0
+    QUOTA_TAKEN = 1
+
 
 _STATUS_CODES = {
     PutMessageStatus.PUT_OK: ResponseCode.SUCCESS,
@@ -133,22 +145,107 @@ class SendProcessor:
         self.topics = broker.topics
         self.hold = broker.hold
         self.sync_flush = broker.store.sync_flush
+        self.store_host_hex = broker.store.commit_log.store_host.hex().upper().encode()
         self.max_message_bytes = broker.store.config.max_message_size_bytes
         # A batch's body (every message with its framing) is held to a message's limit too (4 MiB,
         # RocketMQ's maxMessageSize): docs/filters_and_trace.md#batches.
         self.max_batch_bytes = broker.store.config.max_message_size_bytes
 
     def send_v2(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
+        ext = cmd.ext_fields or {}
+        quota_taken = False
+        if ext.get("m") != "true":
+            plain = self._send_plain(conn, cmd, ext)
+            if not isinstance(plain, _NotPlain):
+                return plain
+            quota_taken = plain is _NotPlain.QUOTA_TAKEN
         try:
-            return self._send(conn, cmd, cmd.ext_fields or {}, V2_NAMES)
+            return self._send(conn, cmd, ext, V2_NAMES, quota_taken)
         except HeaderError as e:  # say which field a letter stands for
             raise HeaderError(_V2_FIELD.sub(lambda m: f"'{m[1]}' ('{V2_NAMES_TO_V1[m[1]]}')", str(e))) from None
 
     def send_v1(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         return self._send(conn, cmd, cmd.ext_fields or {}, V1_NAMES)
 
+    def _send_plain(self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str]) -> RemotingCommand | _NotPlain:
+        """The common single SEND_MESSAGE_V2 — ASYNC_FLUSH, an ASYNC_MASTER, no message trace, a
+        plain message (``MessageStore.append_plain``) to a writable topic's queue that is not a
+        system topic's, every header number well formed — stored from its header's properties
+        text and its body, with no Message object and no properties dict. A ``_NotPlain`` when any
+        of that does not hold: ``_send``, the reference path, stores it or gives the error,
+        without taking the publish quota again when this took it (only ever for a plain
+        message: no transaction's half, whose producer group the quota's hook checks)."""
+        broker = self.broker
+        if not broker.writable or broker.trace is not None or self.sync_flush or broker.replication.sync_master:
+            return _NotPlain.QUOTA_FREE
+        topic = ext.get("b")
+        tc = self.topics.get(topic) if type(topic) is str else None
+        if tc is None or not tc["perm"] & PERM_WRITE or topic in SYSTEM_TOPICS:
+            return _NotPlain.QUOTA_FREE
+        assert topic is not None
+        try:  # the reference path's defaults, and int() as field_int parses
+            queue_id = int(ext["e"])
+            sys_flag = int(ext.get("f") or 0) & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
+            born_ts = int(ext.get("g") or 0)
+            flag = int(ext.get("h") or 0)
+            reconsume = int(ext.get("j") or 0)
+        except (KeyError, ValueError, TypeError):
+            return _NotPlain.QUOTA_FREE
+        props = ext.get("i") or ""
+        body = cmd.body
+        if not isinstance(body, BODY_TYPES):
+            return _NotPlain.QUOTA_FREE
+        if (
+            not 0 <= queue_id < tc["writeQueueNums"]
+            or sys_flag & TRANSACTION_TYPE_MASK
+            or sys_flag < 0
+            or reconsume < 0
+            or not body
+            or len(body) > self.max_message_bytes
+        ):
+            return _NotPlain.QUOTA_FREE
+        not_plain = _NotPlain.QUOTA_FREE
+        if broker.before_put is not None:
+            tenancy = broker.tenancy
+            if broker.before_put_plain is None or tenancy is None:
+                return not_plain
+            if tenancy.meters(topic):
+                # Plain (so not a transaction's half, whose producer group before_put checks)
+                # before the token is taken: the reference path may then store it without.
+                if not fastpath.plain_properties(props, PLAIN_BATCH_SKIP):
+                    return not_plain
+                refused = broker.before_put_plain(cmd, topic, 1, len(body))
+                if refused is not None:
+                    return refused
+                not_plain = _NotPlain.QUOTA_TAKEN
+        put = self.store.append_plain(
+            topic, queue_id, body, props, flag, sys_flag, born_ts, _born_host(conn), reconsume, PLAIN_BATCH_SKIP
+        )
+        if put is None:
+            return not_plain
+        result, _end, tag_code = put
+        broker.replication.notify()
+        raw = result.raw
+        if raw is None or cmd.serialize_type != SERIALIZE_JSON:  # refused (an I/O error), or a binary header
+            return self._answer(cmd, result, None, topic, queue_id, (tag_code,))
+        # _answer's work for one stored message, from the append's raw numbers
+        wrote_offset, wrote_bytes, _store_ts, queue_offset = raw[:4]
+        if self.hold.held:
+            self.hold.notify(topic, queue_id, queue_offset + 1, tag_code)
+        broker.on_stored(topic, 1, wrote_bytes)
+        out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
+        out.raw_header = _SEND_OK_HEADER_AT % (
+            cmd.version, cmd.opaque, self.store_host_hex, wrote_offset, queue_id, queue_offset,
+        )  # fmt: skip
+        return out
+
     def _send(
-        self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str], names: _HeaderNames
+        self,
+        conn: Connection,
+        cmd: RemotingCommand,
+        ext: dict[str, str],
+        names: _HeaderNames,
+        quota_taken: bool = False,
     ) -> RemotingCommand | Awaitable[RemotingCommand]:
         broker = self.broker
         if not broker.writable:
@@ -217,7 +314,7 @@ class SendProcessor:
             flag = field_int(ext, names.flag, 0, lo=-(2**31), hi=2**31 - 1)
             one = cast(bytes, body)  # not a batch: body_bytes() above
             msgs = [Message(topic, one, queue_id, flag, props, sys_flag, born_ts, born_host, reconsume)]
-        if broker.before_put is not None:
+        if broker.before_put is not None and not quota_taken:
             refused = broker.before_put(conn, cmd, msgs)
             if refused is not None:
                 return refused

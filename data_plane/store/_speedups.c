@@ -186,6 +186,51 @@ typedef struct {
 #define MAX_PLAIN_PROPS 32
 #define PLAIN_ITEMS_ON_STACK 64
 
+/* Whether p[0, plen) are plain properties (above): 1 or 0. ``skip`` is a tuple of bytes. */
+static int plain_props(const unsigned char *p, Py_ssize_t plen, PyObject *skip) {
+    const unsigned char *end = p + plen;
+    const unsigned char *names[MAX_PLAIN_PROPS];
+    Py_ssize_t name_lens[MAX_PLAIN_PROPS];
+    Py_ssize_t nskip = PyTuple_GET_SIZE(skip);
+    int npairs = 0;
+    while (p < end) {
+        const unsigned char *k = p;
+        while (p < end && *p != 1) {
+            if (*p >= 0x80 || *p == 2) return 0;
+            p++;
+        }
+        if (p >= end || p == k) return 0; /* no \x01, or an empty name */
+        Py_ssize_t kl = p - k;
+        p++;
+        while (p < end && *p != 2) {
+            if (*p >= 0x80 || *p == 1) return 0;
+            p++;
+        }
+        if (p >= end) return 0; /* the last pair not terminated */
+        p++;
+        if (npairs == MAX_PLAIN_PROPS) return 0;
+        for (int j = 0; j < npairs; j++)
+            if (name_lens[j] == kl && memcmp(names[j], k, kl) == 0) return 0;
+        for (Py_ssize_t j = 0; j < nskip; j++) {
+            PyObject *sk = PyTuple_GET_ITEM(skip, j);
+            if (PyBytes_GET_SIZE(sk) == kl && memcmp(PyBytes_AS_STRING(sk), k, kl) == 0) return 0;
+        }
+        names[npairs] = k;
+        name_lens[npairs++] = kl;
+    }
+    return 1;
+}
+
+static int skip_is_bytes(PyObject *skip) {
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(skip); k++) {
+        if (!PyBytes_Check(PyTuple_GET_ITEM(skip, k))) {
+            PyErr_SetString(PyExc_TypeError, "skip must be a tuple of bytes");
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* 1: plain, 0: not plain, -1: error (skip is not a tuple of bytes). When ``items`` is given,
  * the first ``cap`` items are filled in (the caller scans again with room for all of them when
  * *n_out > cap). */
@@ -193,13 +238,7 @@ static int scan_plain(const unsigned char *b, Py_ssize_t len, Py_ssize_t max_n, 
                       Py_ssize_t cap, Py_ssize_t *n_out, long long *body_bytes) {
     Py_ssize_t pos = 0, n = 0;
     long long bytes = 0;
-    Py_ssize_t nskip = PyTuple_GET_SIZE(skip);
-    for (Py_ssize_t k = 0; k < nskip; k++) {
-        if (!PyBytes_Check(PyTuple_GET_ITEM(skip, k))) {
-            PyErr_SetString(PyExc_TypeError, "skip must be a tuple of bytes");
-            return -1;
-        }
-    }
+    if (!skip_is_bytes(skip)) return -1;
     while (pos < len) {
         if (len - pos < 22 || n >= max_n) return 0;
         const unsigned char *r = b + pos;
@@ -207,35 +246,7 @@ static int scan_plain(const unsigned char *b, Py_ssize_t len, Py_ssize_t max_n, 
         if (total < 22 || (Py_ssize_t)total > len - pos || body_len < 0 || 20 + (long long)body_len + 2 > total) return 0;
         Py_ssize_t plen = ((Py_ssize_t)r[20 + body_len] << 8) | r[21 + body_len];
         if (20 + (Py_ssize_t)body_len + 2 + plen != total) return 0;
-        const unsigned char *p = r + 22 + body_len, *end = p + plen;
-        const unsigned char *names[MAX_PLAIN_PROPS];
-        Py_ssize_t name_lens[MAX_PLAIN_PROPS];
-        int npairs = 0;
-        while (p < end) {
-            const unsigned char *k = p;
-            while (p < end && *p != 1) {
-                if (*p >= 0x80 || *p == 2) return 0;
-                p++;
-            }
-            if (p >= end || p == k) return 0; /* no \x01, or an empty name */
-            Py_ssize_t kl = p - k;
-            p++;
-            while (p < end && *p != 2) {
-                if (*p >= 0x80 || *p == 1) return 0;
-                p++;
-            }
-            if (p >= end) return 0; /* the last pair not terminated */
-            p++;
-            if (npairs == MAX_PLAIN_PROPS) return 0;
-            for (int j = 0; j < npairs; j++)
-                if (name_lens[j] == kl && memcmp(names[j], k, kl) == 0) return 0;
-            for (Py_ssize_t j = 0; j < nskip; j++) {
-                PyObject *sk = PyTuple_GET_ITEM(skip, j);
-                if (PyBytes_GET_SIZE(sk) == kl && memcmp(PyBytes_AS_STRING(sk), k, kl) == 0) return 0;
-            }
-            names[npairs] = k;
-            name_lens[npairs++] = kl;
-        }
+        if (!plain_props(r + 22 + body_len, plen, skip)) return 0;
         if (items && n < cap) {
             items[n].body = r + 20;
             items[n].body_len = body_len;
@@ -251,6 +262,37 @@ static int scan_plain(const unsigned char *b, Py_ssize_t len, Py_ssize_t max_n, 
     *n_out = n;
     *body_bytes = bytes;
     return 1;
+}
+
+/* The bytes of properties given as str or bytes: 1, or 0 when a str is not ASCII (not plain:
+ * the general path encodes it), or -1 with TypeError. */
+static int props_bytes(PyObject *props, const unsigned char **p, Py_ssize_t *n) {
+    if (PyUnicode_Check(props)) {
+        if (!PyUnicode_IS_COMPACT_ASCII(props)) return 0;
+        *p = PyUnicode_DATA(props);
+        *n = PyUnicode_GET_LENGTH(props);
+        return 1;
+    }
+    if (PyBytes_Check(props)) {
+        *p = (const unsigned char *)PyBytes_AS_STRING(props);
+        *n = PyBytes_GET_SIZE(props);
+        return 1;
+    }
+    PyErr_SetString(PyExc_TypeError, "properties must be str or bytes");
+    return -1;
+}
+
+/* plain_properties(properties, skip) -> bool: whether a message's encoded properties (str or
+ * bytes) are plain (above). */
+static PyObject *plain_properties(PyObject *self, PyObject *args) {
+    PyObject *props, *skip;
+    if (!PyArg_ParseTuple(args, "OO!:plain_properties", &props, &PyTuple_Type, &skip)) return NULL;
+    if (!skip_is_bytes(skip)) return NULL;
+    const unsigned char *p;
+    Py_ssize_t n;
+    int rc = props_bytes(props, &p, &n);
+    if (rc < 0) return NULL;
+    return PyBool_FromLong(rc && plain_props(p, n, skip));
 }
 
 /* plain_batch(body, max_messages, skip) -> (messages, body bytes) | None: whether write_batch
@@ -984,17 +1026,16 @@ static PyObject *Appender_commit(Appender *a, PyObject *unused) {
 
 static PyObject *Appender_staged(Appender *a, void *closure) { return PyLong_FromSsize_t(a->staged); }
 
-static PyObject *Appender_append(Appender *a, PyObject *msg) {
-    PyObject *result = NULL, *topic = NULL, *qid_obj = NULL, *key = NULL, *mfq = NULL, *files = NULL;
+/* One record of ``topic`` / ``qid_obj``: the store Message ``msg``, or (msg NULL) the plain
+ * item ``raw``. The result of append (below), with the record's tag hash code after it for a
+ * plain item; None when the common path does not apply (nothing written). */
+static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, PyObject *msg, const raw_batch *raw) {
+    PyObject *result = NULL, *key = NULL, *mfq = NULL, *files = NULL;
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     int dispatch_failed = 0;
-    topic = SGET(msg, s_topic);
-    if (!topic) goto error;
     PyObject *topic_b = PyUnicode_Check(topic) ? PyDict_GetItemWithError(a->topic_bytes, topic) : NULL;
     if (!topic_b) { if (PyErr_Occurred()) goto error; goto slow; }
-    qid_obj = SGET(msg, s_queue_id);
-    if (!qid_obj) goto error;
     if (!PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
     if (qid < 0 || qid > INT32_MAX) { PyErr_Clear(); goto slow; }
@@ -1089,10 +1130,12 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     Py_ssize_t room = limit - wrote - staged;
     if (room > a->stage_cap - staged) room = a->stage_cap - staged;
     if (room < 0) goto slow;
-    list = PyList_New(1);
-    if (!list) goto error;
-    Py_INCREF(msg);
-    PyList_SET_ITEM(list, 0, msg);
+    if (msg) {
+        list = PyList_New(1);
+        if (!list) goto error;
+        Py_INCREF(msg);
+        PyList_SET_ITEM(list, 0, msg);
+    }
     /* Staging (stage_commit_bytes > 0): the record joins the stage, written with the ones
      * around it; otherwise it is written to the file now. Stage position p lies at file
      * position wrote + p either way. */
@@ -1100,7 +1143,7 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
                          a->index_enabled, cq_mv, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
-                         ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote, NULL);
+                         ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote, raw);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
     Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1)); /* end of this record in the file */
@@ -1157,7 +1200,19 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
         Py_XDECREF(x);
     }
     if (SET_LL(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
-    result = Py_BuildValue("(LnLOi)", (long long)file_from + rec_start, end - rec_start, now, batch_qo, dispatch_failed);
+    if (raw) {
+        PyObject *tags = PyTuple_GET_ITEM(r, 8); /* the item's tag code: its only distinct one */
+        PyObject *code = PyTuple_Check(tags) && PyTuple_GET_SIZE(tags) == 1 ? PyTuple_GET_ITEM(tags, 0) : NULL;
+        if (!code) {
+            PyErr_SetString(PyExc_RuntimeError, "a plain item laid out without its tag code");
+            goto error;
+        }
+        result = Py_BuildValue("(LnLOiO)", (long long)file_from + rec_start, end - rec_start, now, batch_qo,
+                               dispatch_failed, code);
+    } else {
+        result = Py_BuildValue("(LnLOi)", (long long)file_from + rec_start, end - rec_start, now, batch_qo,
+                               dispatch_failed);
+    }
     goto done;
 slow:
     result = Py_None;
@@ -1166,9 +1221,66 @@ slow:
 error:
     result = NULL;
 done:
-    Py_XDECREF(topic); Py_XDECREF(qid_obj); Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
+    Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
     Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
     Py_XDECREF(ix_mv); Py_XDECREF(list); Py_XDECREF(r); Py_XDECREF(now_obj); Py_XDECREF(files_ix);
+    return result;
+}
+
+static PyObject *Appender_append(Appender *a, PyObject *msg) {
+    PyObject *topic = SGET(msg, s_topic);
+    if (!topic) return NULL;
+    PyObject *qid_obj = SGET(msg, s_queue_id);
+    if (!qid_obj) {
+        Py_DECREF(topic);
+        return NULL;
+    }
+    PyObject *result = appender_put(a, topic, qid_obj, msg, NULL);
+    Py_DECREF(topic);
+    Py_DECREF(qid_obj);
+    return result;
+}
+
+/* append_plain(topic, queue_id, body, properties, flag, sys_flag, born_ts, born_host, reconsume, skip):
+ * one message from its parts as a SEND_MESSAGE(_V2) request carries them, with no store
+ * Message: ``properties`` (str or bytes) must be plain (scan_plain's rule, ``skip`` the names
+ * that make it not plain) and every number in range. append's result followed by the record's
+ * tag hash code; None when any of that does not hold, or the common path does not apply. */
+static PyObject *Appender_append_plain(Appender *a, PyObject *args) {
+    PyObject *topic, *qid_obj, *props, *skip, *nums[4];
+    Py_buffer body, born;
+    long long flag, sys_flag, born_ts, reconsume;
+    if (!PyArg_ParseTuple(args, "UO!y*OO!O!O!y*O!O!:append_plain", &topic, &PyLong_Type, &qid_obj, &body, &props,
+                          &PyLong_Type, &nums[0], &PyLong_Type, &nums[1], &PyLong_Type, &nums[2], &born,
+                          &PyLong_Type, &nums[3], &PyTuple_Type, &skip))
+        return NULL;
+    PyObject *result = NULL;
+    const unsigned char *pb;
+    Py_ssize_t plen;
+    if (!skip_is_bytes(skip)) goto out;
+    long long *vals[4] = {&flag, &sys_flag, &born_ts, &reconsume};
+    for (int i = 0; i < 4; i++) {
+        int overflow;
+        *vals[i] = PyLong_AsLongLongAndOverflow(nums[i], &overflow);
+        if (overflow) goto not_plain; /* beyond 8 bytes: the general path says which field */
+    }
+    int rc = props_bytes(props, &pb, &plen);
+    if (rc < 0) goto out;
+    if (rc == 0) goto not_plain;
+    if (born.len != 8 || body.len == 0 || flag < INT32_MIN || flag > INT32_MAX || sys_flag < INT32_MIN ||
+        sys_flag > INT32_MAX || reconsume < INT32_MIN || reconsume > INT32_MAX || !plain_props(pb, plen, skip))
+        goto not_plain;
+    raw_item item = {.body = body.buf, .body_len = body.len, .props = pb, .props_len = plen, .flag = (int32_t)flag};
+    raw_batch rb = {.items = &item, .n = 1, .sys_flag = sys_flag, .born_ts = born_ts, .reconsume = reconsume,
+                    .born_host = born.buf};
+    result = appender_put(a, topic, qid_obj, NULL, &rb);
+    goto out;
+not_plain:
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&born);
     return result;
 }
 
@@ -1176,6 +1288,8 @@ static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)Appender_append, METH_O,
      "Append one message on the common path: (wrote_offset, wrote_bytes, store_ts, queue_offset, "
      "dispatch_failed), or None."},
+    {"append_plain", (PyCFunction)Appender_append_plain, METH_VARARGS,
+     "Append one plain message from its parts: append's result and its tag hash code, or None."},
     {"commit", (PyCFunction)Appender_commit, METH_NOARGS, "Write the staged records to the CommitLog file."},
     {NULL, NULL, 0, NULL},
 };
@@ -1938,6 +2052,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
+    {"plain_properties", plain_properties, METH_VARARGS, "Whether encoded properties are plain (see plain_batch)."},
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},

@@ -37,7 +37,9 @@ reconsume_times, max_messages, skip_names)``: every item well formed, its proper
 value holding ``\x01``), i.e. exactly the bytes the store would write for them. Its records are
 then laid out from the body's bytes, with no Message objects; a body that is not plain is
 answered ``(3,)`` and the caller splits it into Messages (the reference path). ``plain_batch``
-says beforehand whether a body is plain, and its message count and body bytes (for quotas).
+says beforehand whether a body is plain, and its message count and body bytes (for quotas);
+``plain_properties`` whether one message's encoded properties are (the broker's single-send
+path asks before it takes a publish quota; ``MessageStore.append_plain`` stores such a message).
 
 Return values of ``write_batch``::
 
@@ -83,6 +85,30 @@ PlainBatch = tuple[bytes | memoryview, int, int, bytes, int, int, tuple[bytes, .
 _BATCH_ITEM = struct.Struct(">iiiii")  # total, magic, body CRC, flag, body length
 
 
+def _plain_properties(raw: bytes, skip: tuple[bytes, ...]) -> dict[str, str] | None:
+    """Encoded properties as a dict when they are plain (module docstring), else None."""
+    if not raw.isascii() or (raw and not raw.endswith(b"\x02")):
+        return None
+    props: dict[str, str] = {}
+    for pair in raw[:-1].split(b"\x02") if raw else ():
+        name, sep, value = pair.partition(b"\x01")
+        if not sep or not name or b"\x01" in value or name in skip or name.decode() in props:
+            return None
+        props[name.decode()] = value.decode()
+    if len(props) > 32:
+        return None
+    return props
+
+
+def py_plain_properties(properties: str | bytes, skip: tuple[bytes, ...]) -> bool:
+    """Whether a message's encoded properties (a header's text, or bytes) are plain."""
+    if isinstance(properties, str):
+        if not properties.isascii():
+            return False
+        properties = properties.encode()
+    return _plain_properties(properties, skip) is not None
+
+
 def py_plain_items(
     body: bytes | memoryview, max_messages: int, skip: tuple[bytes, ...]
 ) -> list[tuple[int, bytes, dict[str, str]]] | None:
@@ -100,16 +126,8 @@ def py_plain_items(
         plen = int.from_bytes(mv[pos + 20 + body_len : pos + 22 + body_len], "big")
         if 22 + body_len + plen != total:
             return None
-        raw = bytes(mv[pos + 22 + body_len : pos + total])
-        if not raw.isascii() or (raw and not raw.endswith(b"\x02")):
-            return None
-        props: dict[str, str] = {}
-        for pair in raw[:-1].split(b"\x02") if raw else ():
-            name, sep, value = pair.partition(b"\x01")
-            if not sep or not name or b"\x01" in value or name in skip or name.decode() in props:
-                return None
-            props[name.decode()] = value.decode()
-        if len(props) > 32:
+        props = _plain_properties(bytes(mv[pos + 22 + body_len : pos + total]), skip)
+        if props is None:
             return None
         out.append((flag, bytes(mv[pos + 20 : pos + 20 + body_len]), props))
         pos += total
@@ -372,6 +390,7 @@ write_batch: WriteBatch = py_write_batch
 index_write: IndexWrite = py_index_write
 collect_units: CollectUnits = py_collect_units
 plain_batch: PlainBatchCheck = py_plain_batch
+plain_properties: Callable[[str | bytes, tuple[bytes, ...]], bool] = py_plain_properties
 batch_ids: BatchIds = py_batch_ids
 COMPILED = False
 
@@ -385,6 +404,7 @@ if not os.environ.get("ORBIT_PURE_PYTHON"):
         index_write = _speedups.index_write
         collect_units = _speedups.collect_units
         plain_batch = _speedups.plain_batch
+        plain_properties = _speedups.plain_properties
         batch_ids = _speedups.batch_ids
         COMPILED = True
 
@@ -403,7 +423,7 @@ def speedups_module() -> Any:
 def use_compiled(enabled: bool) -> bool:
     """Switch implementations at run time (tests compare them); returns whether the compiled
     one is in use afterwards."""
-    global write_batch, index_write, collect_units, plain_batch, batch_ids, COMPILED
+    global write_batch, index_write, collect_units, plain_batch, plain_properties, batch_ids, COMPILED
     if enabled:
         try:
             from data_plane.store import _speedups  # type: ignore[attr-defined]
@@ -412,9 +432,9 @@ def use_compiled(enabled: bool) -> bool:
         else:
             write_batch, index_write = _speedups.write_batch, _speedups.index_write
             collect_units, plain_batch = _speedups.collect_units, _speedups.plain_batch
-            batch_ids = _speedups.batch_ids
+            plain_properties, batch_ids = _speedups.plain_properties, _speedups.batch_ids
     if not enabled:
         write_batch, index_write, collect_units = py_write_batch, py_index_write, py_collect_units
-        plain_batch, batch_ids = py_plain_batch, py_batch_ids
+        plain_batch, plain_properties, batch_ids = py_plain_batch, py_plain_properties, py_batch_ids
     COMPILED = enabled
     return enabled

@@ -396,6 +396,51 @@ class MessageStore:
         assert written is not None  # a list of Messages is always taken
         return written[0], written[1]
 
+    def append_plain(
+        self,
+        topic: str,
+        queue_id: int,
+        body: bytes | bytearray | memoryview,
+        properties: str | bytes,
+        flag: int,
+        sys_flag: int,
+        born_timestamp: int,
+        born_host: bytes,
+        reconsume_times: int,
+        skip_names: tuple[bytes, ...],
+    ) -> tuple[PutMessageResult, int, int] | None:
+        """``append`` of one message given by its parts, as a SEND_MESSAGE request carries them
+        (the properties as their encoded text), with no Message object: the broker's single-send
+        path. Taken only by the compiled Appender, and only when the message is *plain*
+        (``fastpath``: properties ASCII ``name\\x01value\\x02`` pairs as the store writes them, no
+        name in ``skip_names``), its topic has been written before and nothing refuses it.
+        Returns the result, where the record ends and its tag hash code; None when not taken
+        (nothing written: the caller makes a Message and calls ``append``, the reference path,
+        which also gives any error)."""
+        appender = self._appender
+        if appender is None or not fastpath.COMPILED or not self.writable:
+            return None
+        lock = self.commit_log.lock
+        if not lock.acquire(False):
+            return None
+        try:
+            r = appender.append_plain(
+                topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host, reconsume_times,
+                skip_names,
+            )  # fmt: skip
+        except OSError as e:  # the CommitLog file refused the bytes: nothing recorded
+            return self._io_refusal(e), -1, 0
+        finally:
+            lock.release()
+        if r is None:
+            return None
+        if r[4]:
+            self.dispatch_broken = True
+            log.error("dispatch failed (full disk), writes paused until it can be redone")
+        self.put_count += 1
+        self.put_bytes += r[1]
+        return PutMessageResult.stored(r, self._host_hex), r[0] + r[1], r[5]
+
     def append_plain_batch(
         self,
         body: bytes | memoryview,

@@ -146,6 +146,13 @@ class PutMessageResult:
         self._append = value
         self._raw = None
 
+    @property
+    def raw(self) -> tuple[int, ...] | None:
+        """The compiled single-message path's ``(wrote_offset, wrote_bytes, store_timestamp,
+        queue_offset, ...)`` when this result came from it (``append`` is built from it), else
+        None: the broker answers a send from it without building ``append``."""
+        return self._raw
+
     def __repr__(self) -> str:
         return f"PutMessageResult({self.status.value}, {self.append!r}, reason={self.reason!r})"
 

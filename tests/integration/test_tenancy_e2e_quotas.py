@@ -169,6 +169,26 @@ async def test_a_batch_takes_one_publish_token_per_message(tenancy: TenancyClust
     assert await stored_count(tenancy, "acme%orders") == PUBLISH_LIMIT * 3 // 4  # nothing of the refused one
 
 
+async def test_a_single_send_takes_one_publish_token_whichever_way_it_is_stored(tenancy: TenancyCluster) -> None:
+    """The broker's plain single-send path takes the token before it knows it can store the
+    message; a queue's first message is then stored the reference way, which must not take a
+    second one."""
+    limit = 4  # a token back every 250 ms: none comes back while the requests below run
+    acme = await limited_tenant(tenancy, "acme", publish_msgs_per_s=limit, consume_msgs_per_s=CONSUME_LIMIT)
+    batch = protocol.send_batch_request(
+        group="acme%checkout", msgs=[Message("acme%orders", b"b"), Message("acme%orders", b"c")], queue_id=0,
+        unique_ids=new_unique_ids(2), born_timestamp_ms=int(time.time() * 1000),
+    )  # fmt: skip
+    # The queue's first message (the reference way), a second one (the plain way), then two in
+    # a batch: the bucket's four tokens, one each.
+    for cmd in (send_cmd("acme%orders"), send_cmd("acme%orders"), batch):
+        reply = await tenancy.invoke(cmd, token=acme.token)
+        assert reply.code == ResponseCode.SUCCESS, (reply.code, reply.remark)
+    over = await tenancy.invoke(send_cmd("acme%orders"), token=acme.token)
+    assert over.code == ResponseCode.FLOW_CONTROL, (over.code, over.remark)
+    assert await stored_count(tenancy, "acme%orders") == limit
+
+
 async def test_pulls_over_the_consume_quota_are_answered_flow_control(tenancy: TenancyCluster) -> None:
     acme = await limited_tenant(tenancy, "acme", consume_msgs_per_s=CONSUME_LIMIT)
     async with Producer("acme%p", namesrv_addrs=tenancy.namesrv.address, credentials=StaticToken(acme.token)) as p:

@@ -80,6 +80,25 @@ def _log_bytes(store: MessageStore, offset: int, size: int) -> bytes:
     return bytes(mf.mv[at : at + size])
 
 
+def assert_stored_alike(
+    store: MessageStore,
+    result: PutMessageResult,
+    end: int,
+    reference: MessageStore,
+    want: PutMessageResult,
+    want_end: int,
+) -> None:
+    """Both stored: at the same offsets, with the same numbers and the same record bytes."""
+    assert result.status is want.status is PutMessageStatus.PUT_OK
+    a, w = result.append, want.append
+    assert a is not None
+    assert w is not None
+    assert (a.wrote_offset, a.wrote_bytes, a.queue_offset, a.msg_num, a.store_timestamp, a.msg_ids, end) == (
+        w.wrote_offset, w.wrote_bytes, w.queue_offset, w.msg_num, w.store_timestamp, w.msg_ids, want_end,
+    )  # fmt: skip
+    assert _log_bytes(store, a.wrote_offset, a.wrote_bytes) == _log_bytes(reference, w.wrote_offset, w.wrote_bytes)
+
+
 def test_a_plain_body_is_stored_as_its_messages_would_be(
     make_store: Callable[..., MessageStore], write_path: str, tmp_path: Path, seed: int
 ) -> None:
@@ -104,15 +123,7 @@ def test_a_plain_body_is_stored_as_its_messages_would_be(
         msgs = py_batch_messages(
             body, topic, queue_id, common["sys_flag"], common["born_timestamp"], BORN_HOST, common["reconsume_times"]
         )
-        want, want_end = split.append(msgs)
-        assert result.status is want.status is PutMessageStatus.PUT_OK
-        a, w = result.append, want.append
-        assert a is not None
-        assert w is not None
-        assert (a.wrote_offset, a.wrote_bytes, a.queue_offset, a.msg_num, a.store_timestamp, end) == (
-            w.wrote_offset, w.wrote_bytes, w.queue_offset, w.msg_num, w.store_timestamp, want_end,
-        )  # fmt: skip
-        assert _log_bytes(plain, a.wrote_offset, a.wrote_bytes) == _log_bytes(split, w.wrote_offset, w.wrote_bytes)
+        assert_stored_alike(plain, result, end, split, *split.append(msgs))
         tags = [p.get("TAGS") for _, _, p in items]
         assert tag_codes == tuple(dict.fromkeys(tags_hash_code(t) if t else 0 for t in tags))
         keys.update(p["UNIQ_KEY"] for _, _, p in items if "UNIQ_KEY" in p)
