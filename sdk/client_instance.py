@@ -191,6 +191,15 @@ class ClientInstance:
         except RemotingError as e:
             raise from_remoting(e) from e
 
+    def invoke_raw(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> Awaitable[RemotingCommand]:
+        """``invoke`` without its coroutine, for the send path: on an open client that needs no
+        fresh credentials, the connection's own future, whose transport failures are
+        RemotingErrors (the caller translates them with ``from_remoting``); otherwise
+        ``invoke`` itself."""
+        if self.closed or self._ensure_fresh is not None:
+            return self.invoke(addr, cmd, timeout_ms)
+        return self.remoting.invoke(addr, self._sign(cmd), timeout_ms)
+
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         if self.closed:
             raise ClientStateError("client instance is closed")

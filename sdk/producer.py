@@ -42,6 +42,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Required, TypedDict
 
 from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.errors import RemotingError
 from data_plane.store.message import topic_of
 from sdk import protocol
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
@@ -53,6 +54,7 @@ from sdk.errors import (
     MessageTooLargeError,
     OrbitError,
     RequestTimeoutError,
+    from_remoting,
 )
 from sdk.fault import Clock, MQFaultStrategy, TopicPublishQueues
 from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id, new_unique_ids
@@ -215,13 +217,7 @@ class Producer:
         uid = new_unique_id()
         if self.telemetry is not None:
             return await self._send_traced(self.telemetry, msg, uid, sharding_key, queue_selector)
-
-        def build(mq: MessageQueue) -> RemotingCommand:
-            return protocol.send_request(
-                group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=_now_ms()
-            )
-
-        return await self._send(msg.topic, msg, build, uid, sharding_key, queue_selector)
+        return await self._send(msg.topic, msg, None, uid, sharding_key, queue_selector)
 
     async def _send_traced(
         self,
@@ -402,11 +398,13 @@ class Producer:
         self,
         topic: str,
         msg: Message,
-        build: Callable[[MessageQueue], RemotingCommand],
+        build: Callable[[MessageQueue], RemotingCommand] | None,
         msg_id: str,
         sharding_key: str | None,
         queue_selector: QueueSelector | None,
     ) -> SendResult:
+        """Send what ``build(queue)`` makes — ``msg`` itself when ``build`` is None — with the
+        retries and fault strategy of every send."""
         inst = self.instance
         self._topics.add(topic)
         loop = asyncio.get_running_loop()
@@ -427,7 +425,16 @@ class Producer:
             begin = loop.time()
             try:
                 addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
-                resp = await inst.invoke(addr, build(mq), remaining_ms)
+                if build is None:
+                    cmd = protocol.send_request(
+                        group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=msg_id, born_timestamp_ms=_now_ms()
+                    )
+                else:
+                    cmd = build(mq)
+                try:
+                    resp = await inst.invoke_raw(addr, cmd, remaining_ms)
+                except RemotingError as e:
+                    raise from_remoting(e) from e
                 result = protocol.parse_send_response(resp, mq, msg_id, addr)
             except FlowControlError as e:
                 # Over quota: not the broker's fault and not an attempt used up; wait as told.

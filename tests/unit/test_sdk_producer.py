@@ -7,12 +7,13 @@ import asyncio
 import subprocess
 import sys
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import pytest
 
 from data_plane.remoting.codes import FLAG_RESPONSE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.errors import RemotingConnectError
 from data_plane.store.message import decode_properties
 from sdk import errors
 from sdk.fault import TopicPublishQueues
@@ -65,6 +66,9 @@ class FakeInstance:
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int | None = None) -> RemotingCommand:
         self.sent.append((addr, cmd))
         return self.answer(addr, cmd)
+
+    def invoke_raw(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> Awaitable[RemotingCommand]:
+        return self.invoke(addr, cmd, timeout_ms)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         self.oneway.append((addr, cmd))
@@ -163,6 +167,33 @@ async def test_a_failed_send_is_retried_on_another_broker_and_that_broker_is_avo
     for _ in range(6):
         await p.send(Message("T", b"x"))
     assert ADDRS["broker-a"] in {a for a, _ in fake.sent}, "and comes back once its isolation ends"
+
+
+@pytest.mark.asyncio
+async def test_a_transport_failure_on_the_send_path_is_a_connection_failure_and_retried() -> None:
+    """The send path awaits the connection's own future (``invoke_raw``), whose failures are the
+    remoting layer's: the producer translates them as ``invoke`` does."""
+
+    class Refusing(FakeInstance):
+        def invoke_raw(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> Awaitable[RemotingCommand]:
+            if addr != ADDRS["broker-a"]:
+                return self.invoke(addr, cmd, timeout_ms)
+            self.sent.append((addr, cmd))
+            failed: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+            failed.set_exception(RemotingConnectError(addr, "refused"))
+            return failed
+
+    fake = Refusing()
+    p = _producer(fake)
+    p._publish["T"] = (fake.route, TopicPublishQueues(fake.route.publish_queues, start=0))  # starts at broker-a
+    result = await p.send(Message("T", b"x"))
+    assert result.status is SendStatus.SEND_OK
+    assert [a for a, _ in fake.sent] == [ADDRS["broker-a"], ADDRS["broker-b"]]
+    queues = (MessageQueue("T", "broker-a", 0),)
+    only_a = Refusing(route=TopicRoute("T", queues, queues, {"broker-a": {0: ADDRS["broker-a"]}}))
+    with pytest.raises(errors.ConnectionFailedError, match="refused"):
+        await _producer(only_a, retry_times=1).send(Message("T", b"x"))
+    assert len(only_a.sent) == 2
 
 
 @pytest.mark.asyncio
