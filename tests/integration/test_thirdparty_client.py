@@ -27,6 +27,7 @@ import random
 import string
 import subprocess
 import sys
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from data_plane.store.message import FLAG_COMPRESSED, StoredMessage
-from sdk.admin import AdminClient, QueueProgress
+from sdk.admin import AdminClient, AdminError, QueueProgress
 from tests.integration.helpers import NO_DISK_POLICY
 
 if TYPE_CHECKING:
@@ -192,6 +193,17 @@ def assert_dense_offsets(msgs: list[dict[str, Any]]) -> None:
 def admin_query(namesrv: str, topic: str, keys: list[str]) -> dict[str, list[StoredMessage]]:
     async def go() -> dict[str, list[StoredMessage]]:
         async with AdminClient([namesrv]) as admin:
+            # A topic the sends created reaches the name server with the broker's next
+            # registration, which the sends do not wait for.
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    await admin.route(topic)
+                    break
+                except AdminError:
+                    if time.monotonic() > deadline:
+                        raise
+                    await asyncio.sleep(0.05)
             return {k: await admin.query_by_key(topic, k) for k in keys}
 
     return asyncio.run(go())
