@@ -467,15 +467,182 @@ done:
     return result;
 }
 
+/* ---- encoding: the frame's head (its two lengths and the JSON header) --------------------
+ * frame_head(cmd, body_len) -> bytes | None: the 8 bytes of lengths and the header that
+ * command.py's FRAME_PREFIX.pack(...) + encode_header(cmd) give — the same bytes, orjson's
+ * escaping included — for a command of the known class with a JSON serialize type, no
+ * raw_header, int (an IntEnum too, not a bool) code, version, opaque and flag within 8 bytes, a str language, a
+ * str or None remark, and extFields None or a dict of str to str. None for anything else (the
+ * Python twin encodes it, or raises). */
+static const char HEX[] = "0123456789abcdef";
+
+/* Bytes JSON text escapes (control characters, the quote, the backslash); the rest of UTF-8
+ * text goes as it is, as orjson writes it. */
+static unsigned char NEEDS_ESCAPE[256];
+
+/* "text", escaped as orjson escapes it. At most 2 + 6 * n bytes at w. */
+static unsigned char *put_escaped(unsigned char *w, const unsigned char *s, Py_ssize_t n) {
+    *w++ = '"';
+    Py_ssize_t i = 0;
+    while (i < n) {
+        Py_ssize_t j = i;
+        while (j < n && !NEEDS_ESCAPE[s[j]]) j++;
+        memcpy(w, s + i, (size_t)(j - i));
+        w += j - i;
+        if (j == n) break;
+        unsigned char c = s[j];
+        *w++ = '\\';
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '\n': *w++ = 'n'; break;
+        case '\r': *w++ = 'r'; break;
+        case '\t': *w++ = 't'; break;
+        case '\b': *w++ = 'b'; break;
+        case '\f': *w++ = 'f'; break;
+        default:
+            memcpy(w, "u00", 3);
+            w[3] = (unsigned char)HEX[c >> 4];
+            w[4] = (unsigned char)HEX[c & 15];
+            w += 5;
+        }
+        i = j + 1;
+    }
+    *w++ = '"';
+    return w;
+}
+
+#define MAX_EXT_ON_STACK 32
+
+/* v in decimal into out (room for 20 digits and a sign); its length. */
+static int decimal(char *out, long long v) {
+    char tmp[24];
+    int n = 0;
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[n++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    int len = 0;
+    if (v < 0) out[len++] = '-';
+    while (n) out[len++] = tmp[--n];
+    return len;
+}
+
+static PyObject *frame_head(PyObject *self, PyObject *args) {
+    PyObject *cmd;
+    Py_ssize_t body_len;
+    if (!PyArg_ParseTuple(args, "On:frame_head", &cmd, &body_len)) return NULL;
+    if (body_len < 0 || !layout_of(Py_TYPE(cmd))) Py_RETURN_NONE;
+#define SLOT(f) (*(PyObject **)((char *)cmd + offsets[f]))
+    PyObject *stype = SLOT(F_STYPE), *raw = SLOT(F_RAW_HEADER), *lang = SLOT(F_LANGUAGE), *remark = SLOT(F_REMARK),
+             *ext = SLOT(F_EXT);
+    PyObject *ints[4] = {SLOT(F_CODE), SLOT(F_VERSION), SLOT(F_OPAQUE), SLOT(F_FLAG)};
+#undef SLOT
+    if (!stype || !PyLong_CheckExact(stype) || PyLong_AsLong(stype) != SERIALIZE_JSON || raw != Py_None) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    long long nums[4];
+    char digits[4][24];
+    int dlen[4];
+    for (int i = 0; i < 4; i++) {
+        int overflow = 0;
+        if (!ints[i] || !PyLong_Check(ints[i]) || PyBool_Check(ints[i])) Py_RETURN_NONE; /* (an IntEnum is its value) */
+        nums[i] = PyLong_AsLongLongAndOverflow(ints[i], &overflow);
+        if (overflow) Py_RETURN_NONE;
+        dlen[i] = decimal(digits[i], nums[i]);
+    }
+    if (!lang || !PyUnicode_CheckExact(lang) || !remark || (remark != Py_None && !PyUnicode_CheckExact(remark)) ||
+        !ext || (ext != Py_None && !PyDict_CheckExact(ext)))
+        Py_RETURN_NONE;
+    /* every text as UTF-8 (a lone surrogate is not: the twin raises for it) */
+    const char *lang_s, *remark_s = NULL;
+    Py_ssize_t lang_n, remark_n = 0;
+    if (!(lang_s = PyUnicode_AsUTF8AndSize(lang, &lang_n))) goto not_taken;
+    if (remark != Py_None && !(remark_s = PyUnicode_AsUTF8AndSize(remark, &remark_n))) goto not_taken;
+    Py_ssize_t n_ext = ext == Py_None ? 0 : PyDict_GET_SIZE(ext);
+    const char *kv_local[2 * MAX_EXT_ON_STACK], **kv = kv_local;
+    Py_ssize_t kvn_local[2 * MAX_EXT_ON_STACK], *kvn = kvn_local;
+    if (n_ext > MAX_EXT_ON_STACK) Py_RETURN_NONE; /* a header this big is not a hot path's */
+    static const char K_CODE[] = "{\"code\":", K_LANG[] = ",\"language\":", K_VERSION[] = ",\"version\":",
+                      K_OPAQUE[] = ",\"opaque\":", K_FLAG[] = ",\"flag\":",
+                      K_STYPE[] = ",\"serializeTypeCurrentRPC\":\"JSON\"", K_REMARK[] = ",\"remark\":",
+                      K_EXT[] = ",\"extFields\":{";
+    /* the most the header can take: every text fully escaped */
+    Py_ssize_t most = 256 + 6 * lang_n + 6 * remark_n;
+    if (ext != Py_None) {
+        Py_ssize_t pos = 0, i = 0;
+        PyObject *k, *v;
+        while (PyDict_Next(ext, &pos, &k, &v)) {
+            if (!PyUnicode_CheckExact(k) || !PyUnicode_CheckExact(v)) Py_RETURN_NONE;
+            if (!(kv[2 * i] = PyUnicode_AsUTF8AndSize(k, &kvn[2 * i]))) goto not_taken;
+            if (!(kv[2 * i + 1] = PyUnicode_AsUTF8AndSize(v, &kvn[2 * i + 1]))) goto not_taken;
+            most += 8 + 6 * (kvn[2 * i] + kvn[2 * i + 1]);
+            i++;
+        }
+    }
+    unsigned char local[4096], *buf = local;
+    if (most > (Py_ssize_t)sizeof local) {
+        if (most > 6 * 0xFFFFFF) Py_RETURN_NONE; /* the twin says why */
+        buf = PyMem_Malloc((size_t)most);
+        if (!buf) return PyErr_NoMemory();
+    }
+    unsigned char *w = buf + 8;
+#define PUT(lit) (memcpy(w, lit, sizeof lit - 1), w += sizeof lit - 1)
+    PUT(K_CODE); memcpy(w, digits[0], dlen[0]); w += dlen[0];
+    PUT(K_LANG); w = put_escaped(w, (const unsigned char *)lang_s, lang_n);
+    PUT(K_VERSION); memcpy(w, digits[1], dlen[1]); w += dlen[1];
+    PUT(K_OPAQUE); memcpy(w, digits[2], dlen[2]); w += dlen[2];
+    PUT(K_FLAG); memcpy(w, digits[3], dlen[3]); w += dlen[3];
+    PUT(K_STYPE);
+    if (remark_s) {
+        PUT(K_REMARK);
+        w = put_escaped(w, (const unsigned char *)remark_s, remark_n);
+    }
+    if (ext != Py_None) {
+        PUT(K_EXT);
+        for (Py_ssize_t i = 0; i < n_ext; i++) {
+            if (i) *w++ = ',';
+            w = put_escaped(w, (const unsigned char *)kv[2 * i], kvn[2 * i]);
+            *w++ = ':';
+            w = put_escaped(w, (const unsigned char *)kv[2 * i + 1], kvn[2 * i + 1]);
+        }
+        *w++ = '}';
+    }
+    *w++ = '}';
+#undef PUT
+    Py_ssize_t hlen = w - buf - 8;
+    PyObject *out = NULL;
+    if (hlen <= 0xFFFFFF && 4 + hlen + body_len <= 0x7FFFFFFF) { /* else the twin says why */
+        uint32_t total = (uint32_t)(4 + hlen + body_len), mark = (uint32_t)hlen; /* type 0 in the high byte */
+        buf[0] = total >> 24; buf[1] = total >> 16; buf[2] = total >> 8; buf[3] = total;
+        buf[4] = mark >> 24; buf[5] = mark >> 16; buf[6] = mark >> 8; buf[7] = mark;
+        out = PyBytes_FromStringAndSize((const char *)buf, 8 + hlen);
+    } else {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    if (buf != local) PyMem_Free(buf);
+    return out;
+not_taken:
+    PyErr_Clear();
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
     {"decode_frame", decode_frame, METH_VARARGS,
      "decode_frame(frame, cls, view_from): the command of a frame with a common JSON header, else None."},
+    {"frame_head", frame_head, METH_VARARGS,
+     "frame_head(cmd, body_len): a frame's lengths and JSON header as command.py encodes them, else None."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_codec", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__codec(void) {
+    for (int c = 0; c < 0x20; c++) NEEDS_ESCAPE[c] = 1;
+    NEEDS_ESCAPE['"'] = NEEDS_ESCAPE['\\'] = 1;
     for (int f = 0; f < N_FIELDS; f++) {
         if (!(field_interned[f] = PyUnicode_InternFromString(field_names[f]))) return NULL;
     }

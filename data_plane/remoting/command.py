@@ -19,6 +19,8 @@ wire; real clients send numbers too, so decoding turns every value into a string
 ``decode_frame`` takes the compiled twin (``_codec.c``) when it is built and ``ORBIT_PURE_PYTHON``
 is not set: it decodes the common JSON header (integer fields, string extFields) and leaves any
 other frame to ``py_decode_frame``, the reference, which raises FrameError for a bad one.
+``encode`` likewise writes a frame's lengths and common JSON header with ``_codec.frame_head``
+(the same bytes as ``py_frame_head``: orjson's), and leaves anything else to the twin.
 """
 
 from __future__ import annotations
@@ -197,7 +199,6 @@ def _encode_binary_header(cmd: RemotingCommand) -> bytes:
 
 def encode(cmd: RemotingCommand) -> list[Body]:
     """The frame of ``cmd`` as buffers to write back to back (the body is not copied)."""
-    header = encode_header(cmd)
     body = cmd.body
     if body is None:
         pieces: Sequence[Body] = ()
@@ -208,8 +209,18 @@ def encode(cmd: RemotingCommand) -> list[Body]:
     else:
         pieces = body
         body_len = sum(len(p) for p in body)
-    prefix = FRAME_PREFIX.pack(4 + len(header) + body_len, (cmd.serialize_type << 24) | len(header))
-    return [prefix + header, *pieces]
+    if compiled_frame_head is not None:
+        head = compiled_frame_head(cmd, body_len)
+        if head is not None:
+            return [head, *pieces]
+    return [py_frame_head(cmd, body_len), *pieces]
+
+
+def py_frame_head(cmd: RemotingCommand, body_len: int) -> bytes:
+    """The frame's two lengths and its header (``_codec.frame_head`` is the compiled twin, for
+    the common JSON header)."""
+    header = encode_header(cmd)
+    return FRAME_PREFIX.pack(4 + len(header) + body_len, (cmd.serialize_type << 24) | len(header)) + header
 
 
 def encode_bytes(cmd: RemotingCommand) -> bytes:
@@ -253,6 +264,12 @@ def py_decode_frame(frame: Body) -> RemotingCommand:
     return cmd
 
 
+def _codec_function(name: str) -> Any:
+    from data_plane.remoting import _codec  # type: ignore[attr-defined]
+
+    return getattr(_codec, name)
+
+
 def _load_compiled() -> Callable[[Body, type, int], RemotingCommand | None] | None:
     if os.environ.get("ORBIT_PURE_PYTHON"):
         return None
@@ -265,6 +282,9 @@ def _load_compiled() -> Callable[[Body, type, int], RemotingCommand | None] | No
 
 
 compiled_decode_frame = _load_compiled()
+compiled_frame_head: Callable[[RemotingCommand, int], bytes | None] | None = (
+    None if compiled_decode_frame is None else _codec_function("frame_head")
+)
 
 
 def decode_frame(frame: Body) -> RemotingCommand:
