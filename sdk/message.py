@@ -186,10 +186,16 @@ class Message:
     def encoded_properties(self, unique_id: str) -> bytes:
         if self.properties or self.keys or self.delay_level or self.deliver_at_ms is not None:
             return encode_properties(self.wire_properties(unique_id))
+        return self.properties_text(unique_id).encode()
+
+    def properties_text(self, unique_id: str) -> str:
+        """``encoded_properties`` as text (a send header's ``properties``)."""
+        if self.properties or self.keys or self.delay_level or self.deliver_at_ms is not None:
+            return encode_properties(self.wire_properties(unique_id)).decode()
         # The common message, formatted directly (what wire_properties + encode_properties give).
         if self.tags is None:
-            return f"WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02".encode()
-        return f"TAGS\x01{self.tags}\x02WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02".encode()
+            return f"WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
+        return f"TAGS\x01{self.tags}\x02WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
 
     def __repr__(self) -> str:
         return f"Message(topic={self.topic!r}, body={len(self.body)}B, tags={self.tags!r}, keys={self.keys!r})"

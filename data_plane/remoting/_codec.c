@@ -74,12 +74,15 @@ static int hex4(const unsigned char *s, unsigned *out) {
     return 1;
 }
 
+/* Bytes that end a plain run of a JSON string: the quote, the backslash, control characters. */
+static unsigned char STRING_STOP[256];
+
 /* A string at r->p (its opening quote). Sets *s and *n to its bytes: in place when it has no
  * escape, else unescaped into the scratch buffer. 0: not a string this reader takes. */
 static int read_string(reader *r, const unsigned char **s, Py_ssize_t *n, int *escaped) {
     if (r->p >= r->end || *r->p != '"') return 0;
     const unsigned char *start = ++r->p, *q = start;
-    while (q < r->end && *q != '"' && *q != '\\' && *q >= 0x20) q++;
+    while (q < r->end && !STRING_STOP[*q]) q++;
     if (q >= r->end || *q < 0x20) return 0; /* unterminated, or a raw control character */
     if (*q == '"') {
         *s = start;
@@ -187,7 +190,10 @@ static int skip_scalar(reader *r) {
         int esc;
         int rc = read_string(r, &s, &n, &esc);
         if (rc <= 0) return rc;
-        /* its text must be UTF-8 for the JSON to be valid */
+        /* its text must be UTF-8 for the JSON to be valid (ASCII is) */
+        Py_ssize_t i = 0;
+        while (i < n && s[i] < 0x80) i++;
+        if (i == n) return 1;
         PyObject *t = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
         if (!t) {
             PyErr_Clear();
@@ -236,6 +242,35 @@ static int is_null(reader *r) {
 /* Field names and single-letter keys (SEND_MESSAGE_V2's) are made once and reused. */
 static PyObject *letters[128];
 
+/* Short ASCII texts seen lately (names, "0", "false", "DefaultRegion", a topic, a group...),
+ * reused instead of made again: a direct-mapped table of strs, a slot per hash of the bytes. A
+ * text that changes every frame (a timestamp, an offset) just takes its slot over. */
+#define TEXT_CACHE_SLOTS 256
+#define TEXT_CACHE_MAX 32
+static PyObject *text_cache[TEXT_CACHE_SLOTS];
+
+static PyObject *text_of(const unsigned char *s, Py_ssize_t n) {
+    if (n > TEXT_CACHE_MAX) return PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+    unsigned char any_high = 0;
+    for (Py_ssize_t i = 0; i < n; i++) any_high |= s[i];
+    if (any_high & 0x80) return PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+    /* the slot: length, first, middle and last bytes (a collision only costs the slot) */
+    uint32_t h = n ? ((uint32_t)n * 31u + s[0]) * 31u + s[n / 2] : 0;
+    h = (h * 31u + (n ? s[n - 1] : 0)) * 2654435761u;
+    PyObject **slot = &text_cache[(h >> 16) & (TEXT_CACHE_SLOTS - 1)];
+    PyObject *t = *slot;
+    if (t && PyUnicode_GET_LENGTH(t) == n && memcmp(PyUnicode_DATA(t), s, (size_t)n) == 0) {
+        Py_INCREF(t);
+        return t;
+    }
+    t = PyUnicode_New(n, 127);
+    if (!t) return NULL;
+    memcpy(PyUnicode_DATA(t), s, (size_t)n);
+    Py_XSETREF(*slot, t);
+    Py_INCREF(t);
+    return t;
+}
+
 static PyObject *key_text(const unsigned char *s, Py_ssize_t n) {
     if (n == 1 && s[0] < 128) {
         PyObject *k = letters[s[0]];
@@ -250,9 +285,7 @@ static PyObject *key_text(const unsigned char *s, Py_ssize_t n) {
         }
         return k;
     }
-    PyObject *k = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
-    if (k && n <= 32) PyUnicode_InternInPlace(&k);
-    return k;
+    return text_of(s, n);
 }
 
 /* extFields: an object of string values -> a new dict; NULL with no error set: not taken. */
@@ -286,7 +319,7 @@ static PyObject *read_ext(reader *r) {
             Py_DECREF(k);
             goto fail;
         }
-        PyObject *v = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+        PyObject *v = text_of(s, n);
         int bad = !v || PyDict_SetItem(d, k, v) < 0;
         Py_DECREF(k);
         Py_XDECREF(v);
@@ -384,7 +417,7 @@ static PyObject *decode_frame(PyObject *self, PyObject *args) {
                     rc = read_string(&r, &vs, &vn, &vesc);
                     if (rc < 0) goto done;
                     if (rc == 0) goto fallback;
-                    *slot = PyUnicode_DecodeUTF8((const char *)vs, vn, NULL);
+                    *slot = text_of(vs, vn);
                     if (!*slot) {
                         if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
                         PyErr_Clear();
@@ -641,7 +674,8 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_codec", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__codec(void) {
-    for (int c = 0; c < 0x20; c++) NEEDS_ESCAPE[c] = 1;
+    for (int c = 0; c < 0x20; c++) NEEDS_ESCAPE[c] = STRING_STOP[c] = 1;
+    STRING_STOP['"'] = STRING_STOP['\\'] = 1;
     NEEDS_ESCAPE['"'] = NEEDS_ESCAPE['\\'] = 1;
     for (int f = 0; f < N_FIELDS; f++) {
         if (!(field_interned[f] = PyUnicode_InternFromString(field_names[f]))) return NULL;

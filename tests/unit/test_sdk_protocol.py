@@ -62,6 +62,28 @@ def test_send_request_has_rocketmqs_short_header_fields_as_strings() -> None:
     assert all(isinstance(v, str) for v in ext.values())
 
 
+@pytest.mark.parametrize("queue_id", [0, 7, 1023, 1024, 70_000])
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Message("Orders", b"x"),
+        Message("Orders", b"x", tags="paid"),
+        Message("Orders", b"x", tags="paid", keys=["k1", "k2"], properties={"p": "v"}),
+        Message("Orders", b"x", delay_level=3),
+    ],
+)
+def test_send_request_header_is_the_one_send_header_makes(msg: Message, queue_id: int) -> None:
+    """send_request builds its header inline (the send path); _send_header is the reference."""
+    cmd = protocol.send_request(group="G", msg=msg, queue_id=queue_id, unique_id="U" * 32, born_timestamp_ms=99)
+    want = protocol._send_header(
+        group="G", topic=msg.topic, queue_id=queue_id, properties=msg.encoded_properties("U" * 32),
+        born_timestamp_ms=99, batch=False,
+    )  # fmt: skip
+    assert cmd.ext_fields == want
+    assert list(cmd.ext_fields or {}) == list(want)  # the same order on the wire
+    assert msg.properties_text("U" * 32).encode() == msg.encoded_properties("U" * 32)
+
+
 def test_batch_request_body_decodes_into_each_message_with_its_own_properties() -> None:
     msgs = [Message("Orders", b"one", tags="a"), Message("Orders", b"two", keys="k")]
     cmd = protocol.send_batch_request(
