@@ -68,11 +68,9 @@ _V2_FIELD = re.compile(r"'([a-m])'")
 
 _SEND_OK_HEADER = (
     b'{"code":0,"language":"JAVA","version":%d,"opaque":%d,"flag":1,"serializeTypeCurrentRPC":"JSON",'
-    b'"extFields":{"msgId":"%s","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion","TRACE_ON":"true"}}'
-)
-
-# The same, its message id given as the store host's hex and the record's CommitLog offset.
-_SEND_OK_HEADER_AT = _SEND_OK_HEADER.replace(b'"msgId":"%s"', b'"msgId":"%s%016X"')
+    b'"extFields":{"msgId":"%s%016X","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion",'
+    b'"TRACE_ON":"true"}}'
+)  # the message id: the store host's hex, then the record's CommitLog offset (AppendResult.msg_id)
 
 _speedups = speedups_module()  # the compiled store module, when built (batch decoding)
 
@@ -233,11 +231,7 @@ class SendProcessor:
         if self.hold.held:
             self.hold.notify(topic, queue_id, queue_offset + 1, tag_code)
         broker.on_stored(topic, 1, wrote_bytes)
-        out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
-        out.raw_header = _SEND_OK_HEADER_AT % (
-            cmd.version, cmd.opaque, self.store_host_hex, wrote_offset, queue_id, queue_offset,
-        )  # fmt: skip
-        return out
+        return self._stored_answer(cmd, wrote_offset, queue_id, queue_offset)
 
     def _send(
         self,
@@ -386,6 +380,17 @@ class SendProcessor:
             replication.notify()
         return self._answer(cmd, result, msgs, topic, queue_id)
 
+    def _stored_answer(
+        self, cmd: RemotingCommand, wrote_offset: int, queue_id: int, queue_offset: int
+    ) -> RemotingCommand:
+        """SUCCESS for one message stored at ``wrote_offset`` (a JSON request's common answer),
+        its header formatted directly: the same JSON encode_header writes."""
+        out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
+        out.raw_header = _SEND_OK_HEADER % (
+            cmd.version, cmd.opaque, self.store_host_hex, wrote_offset, queue_id, queue_offset,
+        )  # fmt: skip
+        return out
+
     def _answer(
         self,
         cmd: RemotingCommand,
@@ -425,10 +430,7 @@ class SendProcessor:
         if self.broker.trace is not None and msgs is not None:  # the "stored" trace event (trace.py)
             self.broker.trace.on_stored(cmd, msgs, topic, queue_id, a)
         if status is PutMessageStatus.PUT_OK and a.msg_num == 1 and cmd.serialize_type == SERIALIZE_JSON:
-            # The common answer, its header formatted directly (the same JSON encode_header writes).
-            out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
-            out.raw_header = _SEND_OK_HEADER % (cmd.version, cmd.opaque, a.msg_id.encode(), queue_id, a.queue_offset)
-            return out
+            return self._stored_answer(cmd, a.wrote_offset, queue_id, a.queue_offset)
         ok = status is PutMessageStatus.PUT_OK  # by identity: an Enum's hash is a Python-level call
         code = ResponseCode.SUCCESS if ok else _STATUS_CODES.get(status, ResponseCode.SYSTEM_ERROR)
         ext = {

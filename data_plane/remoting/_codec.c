@@ -595,9 +595,9 @@ static PyObject *frame_head(PyObject *self, PyObject *args) {
     if (!(lang_s = PyUnicode_AsUTF8AndSize(lang, &lang_n))) goto not_taken;
     if (remark != Py_None && !(remark_s = PyUnicode_AsUTF8AndSize(remark, &remark_n))) goto not_taken;
     Py_ssize_t n_ext = ext == Py_None ? 0 : PyDict_GET_SIZE(ext);
-    const char *kv_local[2 * MAX_EXT_ON_STACK], **kv = kv_local;
-    Py_ssize_t kvn_local[2 * MAX_EXT_ON_STACK], *kvn = kvn_local;
     if (n_ext > MAX_EXT_ON_STACK) Py_RETURN_NONE; /* a header this big is not a hot path's */
+    const char *kv[2 * MAX_EXT_ON_STACK];  /* each name and value's UTF-8 ... */
+    Py_ssize_t kvn[2 * MAX_EXT_ON_STACK]; /* ... and its length */
     static const char K_CODE[] = "{\"code\":", K_LANG[] = ",\"language\":", K_VERSION[] = ",\"version\":",
                       K_OPAQUE[] = ",\"opaque\":", K_FLAG[] = ",\"flag\":",
                       K_STYPE[] = ",\"serializeTypeCurrentRPC\":\"JSON\"", K_REMARK[] = ",\"remark\":",

@@ -374,12 +374,7 @@ class MessageStore:
                 finally:
                     lock.release()
                 if r is not None:
-                    if r[4]:
-                        self.dispatch_broken = True
-                        log.error("dispatch failed (full disk), writes paused until it can be redone")
-                    self.put_count += 1
-                    self.put_bytes += r[1]
-                    return PutMessageResult.stored(r, self._host_hex), r[0] + r[1]
+                    return self._stored_one(r), r[0] + r[1]
         if n == 0:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, None, "no message to put"), -1
         first = msgs[0]
@@ -434,12 +429,17 @@ class MessageStore:
             lock.release()
         if r is None:
             return None
+        return self._stored_one(r), r[0] + r[1], r[5]
+
+    def _stored_one(self, r: tuple[int, ...]) -> PutMessageResult:
+        """The result of one record the compiled Appender wrote (``append``, ``append_plain``):
+        ``r`` is its (offset, size, store timestamp, queue offset, dispatch failed, ...)."""
         if r[4]:
             self.dispatch_broken = True
             log.error("dispatch failed (full disk), writes paused until it can be redone")
         self.put_count += 1
         self.put_bytes += r[1]
-        return PutMessageResult.stored(r, self._host_hex), r[0] + r[1], r[5]
+        return PutMessageResult.stored(r, self._host_hex)
 
     def append_plain_batch(
         self,

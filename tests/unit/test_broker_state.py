@@ -704,7 +704,8 @@ def test_the_preformatted_send_ok_header_is_the_header_the_codec_would_write() -
     }
     generic = RemotingCommand(0, opaque=2**31 - 1, flag=FLAG_RESPONSE, ext_fields=ext, language="JAVA", version=399)
     fast = RemotingCommand(0, opaque=2**31 - 1, flag=FLAG_RESPONSE, language="JAVA", version=399)
-    fast.raw_header = _SEND_OK_HEADER % (399, 2**31 - 1, msg_id.encode(), 3, 1234567)
+    # the message id as the template takes it: the store host's hex, then the CommitLog offset
+    fast.raw_header = _SEND_OK_HEADER % (399, 2**31 - 1, b"7F00000100002A9F", 0x4D2, 3, 1234567)
     assert orjson.loads(encode_header(fast)) == orjson.loads(encode_header(generic))
     back = decode_frame(memoryview(encode_bytes(fast))[4:])
     assert (back.code, back.opaque, back.flag, back.version) == (0, 2**31 - 1, FLAG_RESPONSE, 399)
