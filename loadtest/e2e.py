@@ -6,12 +6,12 @@ Phases, in order:
 
 1. ``publish_batched``: producer processes, each with several batches of 32 in flight —
    published-and-acknowledged messages per second;
-2. ``publish_sync_16``: 16 producers (tasks over ``sync_processes`` processes, three by
-   default), each sending one message and awaiting its acknowledgement before the next —
-   messages per second and send latency. A process's tasks share its client and connection, as
-   a Java client's threads share theirs; a Python process runs one core at most, so the
-   producers are spread over more processes than the batched phase's (docs/broker.md has two
-   against three);
+2. ``publish_sync_16``: 16 producers (tasks in ``sync_processes`` processes, one by default),
+   each sending one message and awaiting its acknowledgement before the next — messages per
+   second and send latency. A process's tasks share its client and connection, as the threads
+   of RocketMQ's own benchmark producer share one producer; the broker answers their pipelined
+   requests in slices (``answer_slice``), so the process works on the first answers while the
+   broker handles the rest (docs/broker.md compares one to four processes);
 3. ``consume``: consumer processes (one push-consumer group) drain what phases 1-2 stored:
    consumed messages per second, from the first message received to the last;
 4. ``half_peak``: one open-loop publisher process at half of phase 2's rate — send latency
@@ -61,7 +61,7 @@ class E2EOptions:
     producer_processes: int = 2
     batches_in_flight: int = 8  # per producer process
     sync_producers: int = 16
-    sync_processes: int = 3  # the synchronous producers' processes
+    sync_processes: int = 1  # the synchronous producers' processes
     consumer_processes: int = 2
     # Messages a push consumer asks for in one pull (its pull_batch_size; RocketMQ's default,
     # and the SDK's, is 32). The broker returns at most 256 KiB of records a pull.

@@ -88,6 +88,7 @@ class Broker:
             port=config.listen_port,
             max_frame_bytes=config.max_frame_bytes,
             idle_timeout_s=config.idle_timeout_s,
+            answer_slice=config.answer_slice,
             on_close=self._connection_closed,
         )
         conf_dir = os.path.join(config.store_dir, "config")
@@ -377,6 +378,7 @@ class Broker:
             "diskFull": st.disk_full,
             "maxLoopLagMs": self.stats["max_loop_lag_ms"],
             "gilSwitchIntervalUs": round(sys.getswitchinterval() * 1e6),
+            "answerSlice": self.server.answer_slice,
             "retentionHours": st.retention_hours,
         }
         info.update(self.schedule.runtime_info())

@@ -67,6 +67,9 @@ class BrokerConfig:
     # waits for it: CPython's default is 5,000 us. docs/broker.md, "GIL switch interval"
     gil_switch_interval_us: int = 500
     max_frame_bytes: int = 16 * 1024 * 1024
+    # The answers to one read's requests leave in writes of at most this many frames (0: one
+    # write a read), so a client pipelining on one connection starts on them early. docs/broker.md
+    answer_slice: int = 4
     max_pull_messages: int = 1024
     max_query_messages: int = 64
     # --- Transactional messages (docs/transactions.md) ---------------------------------------------
@@ -176,6 +179,8 @@ class BrokerConfig:
             problems.append(f"broker_name {self.broker_name!r} is not a valid name")
         if self.broker_id < 0:
             problems.append("broker_id must be >= 0")
+        if not 0 <= self.answer_slice <= 4096:
+            problems.append("answer_slice must be 0..4096 (0: one write for all of a read's answers)")
         if not 50 <= self.gil_switch_interval_us <= 100_000:
             problems.append("gil_switch_interval_us must be 50..100000")
         if (self.broker_id == 0) != self.is_master:

@@ -7,9 +7,12 @@ answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never to
   awaitable of it, or None (no answer: oneway requests, or a handler that answers later
   through ``send``). At most ``max_inflight`` awaitable requests per connection; past that the
   answer is SYSTEM_BUSY, so one client cannot pile up unbounded work.
-* Responses written while handling one read are gathered and written together; ``before_write``
-  (when set) runs before each such write — the broker writes the records its store gathered
-  from those requests there, so no answer leaves before what it acknowledges is in the file.
+* Responses written while handling one read are gathered and written together, in slices of at
+  most ``answer_slice`` frames (0: one write for the whole read): a client that pipelines many
+  requests on one connection gets the first answers while the rest are still being handled, so
+  both ends work at once instead of taking turns. ``before_write`` (when set) runs before each
+  write — the broker writes the records its store gathered from those requests there, so no
+  answer leaves before what it acknowledges is in the file.
 * A frame over ``max_frame_bytes`` or bytes that are not a frame close the connection; a handler
   error answers SYSTEM_ERROR (or the header error's remark) and keeps the connection.
 * A connection with no traffic for ``idle_timeout_s`` is closed.
@@ -57,6 +60,9 @@ MAX_INFLIGHT = 4096  # awaitable requests being handled per connection
 MAX_PENDING = 65536  # our own requests waiting for answers per connection
 WRITE_HIGH_WATER = 8 * 1024 * 1024
 _JOIN_BELOW_BYTES = 16 * 1024
+# Frames one read's answers gather before they are written (docs/broker.md, "Answers in slices"):
+# fewer means more writes, more means the client waits longer for the first answers.
+ANSWER_SLICE = 4
 
 
 class Connection(asyncio.Protocol):
@@ -70,8 +76,10 @@ class Connection(asyncio.Protocol):
         on_close: Callable[[Connection], None] | None = None,
         server_side: bool = False,
         before_write: Callable[[], object] | None = None,
+        answer_slice: int = ANSWER_SLICE,
     ) -> None:
         self.dispatch = dispatch
+        self.answer_slice = answer_slice if answer_slice > 0 else 1 << 62
         self.before_write = before_write
         # Only a server stops reading while its peer does not read: a client that stopped
         # reading answers because its own requests queue up would deadlock with the server.
@@ -96,6 +104,7 @@ class Connection(asyncio.Protocol):
         self._expiry_at = 0.0
         self._opaque = itertools.count(1)
         self._out: list[Body] = []
+        self._out_frames = 0  # frames in _out
         self._flush_scheduled = False
         self._in_read = False
         self._write_paused = False
@@ -124,6 +133,7 @@ class Connection(asyncio.Protocol):
             self.abort()
             return
         self._in_read = True
+        slice_at = self.answer_slice
         try:
             for frame in frames:
                 try:
@@ -136,6 +146,8 @@ class Connection(asyncio.Protocol):
                     self._on_response(cmd)
                 else:
                     self._on_request(cmd)
+                    if self._out_frames >= slice_at:
+                        self._flush()
         finally:
             self._in_read = False
         if self._out:
@@ -155,6 +167,7 @@ class Connection(asyncio.Protocol):
             if not fut.done():
                 fut.set_exception(RemotingConnectError(self.peer, f"connection closed ({exc or 'by peer'})"))
         self._out.clear()
+        self._out_frames = 0
         if self.on_close is not None:
             self.on_close(self)
 
@@ -224,12 +237,14 @@ class Connection(asyncio.Protocol):
         if self.closed:
             return
         self._out.extend(encode(cmd))
+        self._out_frames += 1
         if not self._in_read and not self._flush_scheduled:
             self._flush_scheduled = True
             self.loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
+        self._out_frames = 0
         out = self._out
         if not out or self.closed or self.transport is None:
             out.clear()

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
-from data_plane.remoting.connection import IDLE_TIMEOUT_S, Connection
+from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, Connection
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,7 @@ class RemotingServer:
         port: int = 0,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
+        answer_slice: int = ANSWER_SLICE,
         on_close: Callable[[Connection], None] | None = None,
     ) -> None:
         self.processors = processors
@@ -75,6 +76,7 @@ class RemotingServer:
         self.port = port
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
+        self.answer_slice = answer_slice
         self.connections: set[Connection] = set()
         self._on_close_hook = on_close
         self._server: asyncio.base_events.Server | None = None
@@ -92,6 +94,7 @@ class RemotingServer:
             on_close=self._closed,
             server_side=True,
             before_write=self.before_write,
+            answer_slice=self.answer_slice,
         )
         self.connections.add(conn)
         return conn

@@ -171,7 +171,7 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path) -> None:
             positive(hist[q], f"{path}.{q}")
     assert result["publish_batched"]["errors"] == 0
     assert result["publish_sync_16"]["errors"] == 0
-    assert result["publish_sync_16"]["processes"] == result["options"]["sync_processes"] == 3
+    assert result["publish_sync_16"]["processes"] == result["options"]["sync_processes"] == 1
     # CPU a message of the broker and of the clients, per phase (from /proc: Linux only).
     # At the phase's rate, no role can have used more cores than the machine has (a unit slip
     # would show as a thousand times that).

@@ -552,8 +552,11 @@ async def test_the_served_broker_hands_the_gil_to_its_store_threads_within_its_s
     """``orbit broker`` sets the process's GIL switch interval (gil_switch_interval_us, 500 us
     unless configured): CPython's 5 ms would let a busy loop keep a group commit waiting."""
     assert int((await wire.runtime())["gilSwitchIntervalUs"]) == 500
-    other = start_broker(None, "--set", "gil_switch_interval_us=1200", name="broker-b")
+    other = start_broker(None, "--set", "gil_switch_interval_us=1200", "--set", "answer_slice=0", name="broker-b")
     assert int((await wires(other.address).runtime())["gilSwitchIntervalUs"]) == 1200
+    # And the slice its connections answer in (tests/integration/test_remoting_connection.py).
+    assert int((await wire.runtime())["answerSlice"]) == 4
+    assert int((await wires(other.address).runtime())["answerSlice"]) == 0
 
 
 # --- long polling -----------------------------------------------------------------------------

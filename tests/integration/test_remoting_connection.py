@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import socket
 import struct
 import time
 import weakref
@@ -26,7 +27,7 @@ from data_plane.remoting.command import (
     decode_frame,
     encode_bytes,
 )
-from data_plane.remoting.connection import IDLE_TIMEOUT_S, WRITE_HIGH_WATER, Connection, Dispatch
+from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, WRITE_HIGH_WATER, Connection, Dispatch
 from data_plane.remoting.errors import (
     HeaderError,
     RemotingConnectError,
@@ -48,6 +49,7 @@ ABORT = 9008
 BIG = 9009
 RECORD = 9010
 CALL_BACK = 9011
+BUSY = 9012
 NOT_REGISTERED = 9999
 BIG_BODY = b"B" * (256 * 1024)
 
@@ -68,6 +70,7 @@ class App:
         self.recorded: list[RemotingCommand] = []
         self.finish_order: list[str] = []
         self.late_done = asyncio.Event()
+        self.finished_at: list[float] = []  # when each BUSY request's handling ended
 
     def processors(self) -> Processors:
         p = Processors()
@@ -82,6 +85,7 @@ class App:
         p.register(BIG, lambda conn, cmd: cmd.response(ResponseCode.SUCCESS, body=BIG_BODY))
         p.register(RECORD, self.record)
         p.register(CALL_BACK, self.call_back)
+        p.register(BUSY, self.busy)
         return p
 
     def echo(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -116,6 +120,13 @@ class App:
         self.recorded.append(cmd)
         return cmd.response(ResponseCode.SUCCESS, remark="must not be sent to a oneway request")
 
+    def busy(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        """A request that keeps the event loop busy (CPU-bound work) for ``ms``."""
+        time.sleep(int((cmd.ext_fields or {})["ms"]) / 1000)
+        self.finish_order.append(str(cmd.opaque))
+        self.finished_at.append(time.monotonic())
+        return cmd.response(ResponseCode.SUCCESS, remark=str(cmd.opaque))
+
     async def call_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         answer = await conn.invoke(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, remark="ping"), 3000)
         return cmd.response(ResponseCode.SUCCESS, remark=f"client said {answer.remark}")
@@ -123,9 +134,21 @@ class App:
 
 @contextlib.asynccontextmanager
 async def serving(
-    app: App, *, max_frame_bytes: int = MAX_FRAME_BYTES, idle_timeout_s: float = IDLE_TIMEOUT_S
+    app: App,
+    *,
+    max_frame_bytes: int = MAX_FRAME_BYTES,
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    answer_slice: int = ANSWER_SLICE,
+    before_write: Callable[[], object] | None = None,
 ) -> AsyncIterator[RemotingServer]:
-    server = RemotingServer(app.processors(), port=0, max_frame_bytes=max_frame_bytes, idle_timeout_s=idle_timeout_s)
+    server = RemotingServer(
+        app.processors(),
+        port=0,
+        max_frame_bytes=max_frame_bytes,
+        idle_timeout_s=idle_timeout_s,
+        answer_slice=answer_slice,
+    )
+    server.before_write = before_write
     await server.start()
     try:
         yield server
@@ -441,6 +464,58 @@ async def test_the_server_can_ask_the_client_and_the_client_answers() -> None:
     async with serving(app) as server, client_of(dispatch=client_dispatch) as client:
         r = await client.invoke(server.address, RemotingCommand(CALL_BACK))
         assert (r.code, r.remark) == (ResponseCode.SUCCESS, "client said pong to ping")
+
+
+# --- answers in slices -------------------------------------------------------------------------------
+def _pipelined(addr: str, requests: int, busy_ms: int) -> list[tuple[float, RemotingCommand]]:
+    """From a thread (the server's loop is busy in its handlers): ``requests`` BUSY requests in
+    one write, then each answer with the time it had fully arrived."""
+    host, _, port = addr.rpartition(":")
+    frames = b"".join(
+        encode_bytes(RemotingCommand(BUSY, opaque=i, ext_fields={"ms": str(busy_ms)})) for i in range(1, requests + 1)
+    )
+    got: list[tuple[float, RemotingCommand]] = []
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(frames)
+        buf = b""
+        while len(got) < requests:
+            chunk = sock.recv(65536)
+            assert chunk, f"connection closed after {len(got)} answers"
+            buf += chunk
+            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack_from(">I", buf)[0]:
+                n = 4 + struct.unpack_from(">I", buf)[0]
+                got.append((time.monotonic(), decode_frame(buf[4:n])))
+                buf = buf[n:]
+    return got
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("answer_slice", "writes"), [(4, [4, 8, 10]), (3, [3, 6, 9, 10]), (0, [10]), (1, list(range(1, 11)))]
+)
+async def test_a_reads_answers_leave_in_slices_the_first_before_the_rest_are_handled(
+    answer_slice: int, writes: list[int]
+) -> None:
+    """Ten requests arrive in one read, each keeping the loop busy for 40 ms: with a slice of
+    4 the first four answers reach the client before the fifth request is done, and the
+    ``before_write`` hook (the broker's store writes there) runs before each slice's write."""
+    app = App()
+    handled_before_write: list[int] = []
+    async with serving(
+        app, answer_slice=answer_slice, before_write=lambda: handled_before_write.append(len(app.finish_order))
+    ) as server:
+        got = await asyncio.to_thread(_pipelined, server.address, 10, 40)
+    assert [c.remark for _, c in got] == [str(i) for i in range(1, 11)]
+    assert all(c.code == ResponseCode.SUCCESS for _, c in got)
+    assert handled_before_write == writes
+    # Each answer arrived after its own handling and before the handling of the next slice's
+    # last request ended (40 ms of margin at least); with no slices, all after the last.
+    for (arrived, _), i in zip(got, range(10), strict=True):
+        assert arrived >= app.finished_at[i]
+        last_of_slice = next(w for w in writes if w > i)
+        assert arrived >= app.finished_at[last_of_slice - 1]
+        if last_of_slice < 10:
+            assert arrived < app.finished_at[last_of_slice], (i, writes)
 
 
 # --- frames that close the connection -----------------------------------------------------------

@@ -654,6 +654,7 @@ def test_config_string_forms_of_flags() -> None:
         ({"broker_id": 1}, "does not match role ASYNC_MASTER"),
         ({"broker_id": -1}, "broker_id must be >= 0"),
         ({"gil_switch_interval_us": 10}, "gil_switch_interval_us must be 50..100000"),
+        ({"answer_slice": -1}, "answer_slice must be 0..4096"),
         ({"listen": "nowhere"}, "listen 'nowhere' is not host:port"),
         ({"namesrv_addrs": "host-without-port"}, "name server address 'host-without-port'"),
         ({"default_topic_queue_nums": 0}, "default_topic_queue_nums must be within"),
