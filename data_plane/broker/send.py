@@ -45,6 +45,7 @@ from data_plane.store.status import PutMessageResult, PutMessageStatus
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
+    from data_plane.broker.tenancy import BrokerTenancy
     from data_plane.telemetry import BrokerMetrics, Telemetry
 
 V2_NAMES_TO_V1 = {
@@ -148,6 +149,14 @@ class SendProcessor:
         # A batch's body (every message with its framing) is held to a message's limit too (4 MiB,
         # RocketMQ's maxMessageSize): docs/filters_and_trace.md#batches.
         self.max_batch_bytes = broker.store.config.max_message_size_bytes
+        self._metered: dict[str, bool] = {}  # topic -> whether a tenant's quota counts its sends
+
+    def _meters(self, tenancy: BrokerTenancy, topic: str) -> bool:
+        """``tenancy.meters(topic)``, remembered: it depends on the name alone."""
+        if len(self._metered) >= 65536:
+            self._metered.clear()
+        metered = self._metered[topic] = tenancy.meters(topic)
+        return metered
 
     def send_v2(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields or {}
@@ -177,7 +186,7 @@ class SendProcessor:
         if not broker.writable or broker.trace is not None or self.sync_flush or broker.replication.sync_master:
             return _NotPlain.QUOTA_FREE
         topic = ext.get("b")
-        tc = self.topics.get(topic) if type(topic) is str else None
+        tc = self.topics.topics.get(topic) if type(topic) is str else None
         if tc is None or not tc["perm"] & PERM_WRITE or topic in SYSTEM_TOPICS:
             return _NotPlain.QUOTA_FREE
         assert topic is not None
@@ -207,7 +216,10 @@ class SendProcessor:
             tenancy = broker.tenancy
             if broker.before_put_plain is None or tenancy is None:
                 return not_plain
-            if tenancy.meters(topic):
+            metered = self._metered.get(topic)
+            if metered is None:
+                metered = self._meters(tenancy, topic)
+            if metered:
                 # Plain (so not a transaction's half, whose producer group before_put checks)
                 # before the token is taken: the reference path may then store it without.
                 if not fastpath.plain_properties(props, PLAIN_BATCH_SKIP):
@@ -216,16 +228,20 @@ class SendProcessor:
                 if refused is not None:
                     return refused
                 not_plain = _NotPlain.QUOTA_TAKEN
+        born_host = conn.attrs.get("born_host") or _born_host(conn)
         put = self.store.append_plain(
-            topic, queue_id, body, props, flag, sys_flag, born_ts, _born_host(conn), reconsume, PLAIN_BATCH_SKIP
+            topic, queue_id, body, props, flag, sys_flag, born_ts, born_host, reconsume, PLAIN_BATCH_SKIP
         )
         if put is None:
             return not_plain
-        result, _end, tag_code = put
-        broker.replication.notify()
-        raw = result.raw
-        if raw is None or cmd.serialize_type != SERIALIZE_JSON:  # refused (an I/O error), or a binary header
-            return self._answer(cmd, result, None, topic, queue_id, (tag_code,))
+        if broker.replication.service is not None:  # (notify(), without its call when no slave can be)
+            broker.replication.notify()
+        if put.__class__ is not tuple:  # refused (an I/O error)
+            return self._answer(cmd, cast(PutMessageResult, put), None, topic, queue_id)
+        raw = put
+        tag_code = raw[5]
+        if cmd.serialize_type != SERIALIZE_JSON:  # a binary header: the general answer
+            return self._answer(cmd, self.store.stored_result(raw), None, topic, queue_id, (tag_code,))
         # _answer's work for one stored message, from the append's raw numbers
         wrote_offset, wrote_bytes, _store_ts, queue_offset = raw[:4]
         if self.hold.held:

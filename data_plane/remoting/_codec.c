@@ -503,10 +503,10 @@ done:
 /* ---- encoding: the frame's head (its two lengths and the JSON header) --------------------
  * frame_head(cmd, body_len) -> bytes | None: the 8 bytes of lengths and the header that
  * command.py's FRAME_PREFIX.pack(...) + encode_header(cmd) give — the same bytes, orjson's
- * escaping included — for a command of the known class with a JSON serialize type, no
- * raw_header, int (an IntEnum too, not a bool) code, version, opaque and flag within 8 bytes, a str language, a
- * str or None remark, and extFields None or a dict of str to str. None for anything else (the
- * Python twin encodes it, or raises). */
+ * escaping included — for a command of the known class with a JSON serialize type and either a
+ * raw_header (bytes: taken as it is) or an int (an IntEnum too, not a bool) code, version, opaque and flag within
+ * 8 bytes, a str language, a str or None remark, and extFields None or a dict of str to str. None for anything
+ * else (the Python twin encodes it, or raises). */
 static const char HEX[] = "0123456789abcdef";
 
 /* Bytes JSON text escapes (control characters, the quote, the backslash); the rest of UTF-8
@@ -572,9 +572,24 @@ static PyObject *frame_head(PyObject *self, PyObject *args) {
              *ext = SLOT(F_EXT);
     PyObject *ints[4] = {SLOT(F_CODE), SLOT(F_VERSION), SLOT(F_OPAQUE), SLOT(F_FLAG)};
 #undef SLOT
-    if (!stype || !PyLong_CheckExact(stype) || PyLong_AsLong(stype) != SERIALIZE_JSON || raw != Py_None) {
+    if (!stype || !PyLong_CheckExact(stype) || PyLong_AsLong(stype) != SERIALIZE_JSON || !raw) {
         PyErr_Clear();
         Py_RETURN_NONE;
+    }
+    if (raw != Py_None) { /* a header formatted beforehand (the broker's SEND OK): the lengths, then it */
+        if (!PyBytes_CheckExact(raw)) Py_RETURN_NONE;
+        Py_ssize_t hn = PyBytes_GET_SIZE(raw);
+        if (hn > 0xFFFFFF || body_len > 0x7FFFFFFF - 4 - hn) Py_RETURN_NONE;
+        PyObject *out = PyBytes_FromStringAndSize(NULL, 8 + hn);
+        if (!out) return NULL;
+        unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+        uint32_t total = (uint32_t)(4 + hn + body_len), mark = (uint32_t)hn; /* type 0: JSON */
+        w[0] = (unsigned char)(total >> 24); w[1] = (unsigned char)(total >> 16);
+        w[2] = (unsigned char)(total >> 8); w[3] = (unsigned char)total;
+        w[4] = (unsigned char)(mark >> 24); w[5] = (unsigned char)(mark >> 16);
+        w[6] = (unsigned char)(mark >> 8); w[7] = (unsigned char)mark;
+        memcpy(w + 8, PyBytes_AS_STRING(raw), (size_t)hn);
+        return out;
     }
     long long nums[4];
     char digits[4][24];

@@ -34,13 +34,16 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from data_plane.remoting.codes import FLAG_ONEWAY, ResponseCode
+from data_plane.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from data_plane.remoting.command import (
+    BODY_VIEW_BYTES,
     MAX_FRAME_BYTES,
     Body,
     FrameDecoder,
     FrameError,
     RemotingCommand,
+    compiled_decode_frame,
+    compiled_frame_head,
     decode_frame,
     encode,
 )
@@ -60,6 +63,8 @@ MAX_INFLIGHT = 4096  # awaitable requests being handled per connection
 MAX_PENDING = 65536  # our own requests waiting for answers per connection
 WRITE_HIGH_WATER = 8 * 1024 * 1024
 _JOIN_BELOW_BYTES = 16 * 1024
+_compiled_decode = compiled_decode_frame
+_frame_head = compiled_frame_head
 # Frames one read's answers gather before they are written (docs/broker.md, "Answers in slices"):
 # fewer means more writes, more means the client waits longer for the first answers.
 ANSWER_SLICE = 4
@@ -137,12 +142,15 @@ class Connection(asyncio.Protocol):
         try:
             for frame in frames:
                 try:
-                    cmd = decode_frame(frame)
+                    # decode_frame, without its call for the common header the compiled codec takes
+                    cmd = _compiled_decode(frame, RemotingCommand, BODY_VIEW_BYTES) if _compiled_decode else None
+                    if cmd is None:
+                        cmd = decode_frame(frame)
                 except FrameError as e:
                     log.warning("closing %s: malformed frame: %s", self.peer, e)
                     self.abort()
                     return
-                if cmd.is_response:
+                if cmd.flag & FLAG_RESPONSE:  # (is_response)
                     self._on_response(cmd)
                 else:
                     self._on_request(cmd)
@@ -202,6 +210,19 @@ class Connection(asyncio.Protocol):
             self._answer(cmd, cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(e).__name__}: {e}"))
             return
         if r is None:
+            return
+        if r.__class__ is RemotingCommand:
+            # _answer → send → encode, inline for the common answer (no body; called only while
+            # handling a read, so the read's end writes it)
+            if cmd.flag & FLAG_ONEWAY or self.closed:
+                return
+            r.opaque = cmd.opaque
+            head = _frame_head(r, 0) if r.body is None and _frame_head is not None else None
+            if head is None:
+                self.send(r)
+                return
+            self._out.append(head)
+            self._out_frames += 1
             return
         if isinstance(r, RemotingCommand):
             self._answer(cmd, r)

@@ -403,43 +403,65 @@ class MessageStore:
         born_host: bytes,
         reconsume_times: int,
         skip_names: tuple[bytes, ...],
-    ) -> tuple[PutMessageResult, int, int] | None:
+    ) -> tuple[int, ...] | PutMessageResult | None:
         """``append`` of one message given by its parts, as a SEND_MESSAGE request carries them
         (the properties as their encoded text), with no Message object: the broker's single-send
         path. Taken only by the compiled Appender, and only when the message is *plain*
         (``fastpath``: properties ASCII ``name\\x01value\\x02`` pairs as the store writes them, no
         name in ``skip_names``), its topic has been written before and nothing refuses it.
-        Returns the result, where the record ends and its tag hash code; None when not taken
-        (nothing written: the caller makes a Message and calls ``append``, the reference path,
-        which also gives any error)."""
+        Returns the record's raw numbers — (CommitLog offset, size, store timestamp, queue
+        offset, dispatch failed, tag hash code); ``stored_result`` makes them a PUT_OK result —
+        or the refusal of an I/O error; None when not taken (nothing written: the caller makes
+        a Message and calls ``append``, the reference path, which also gives any error)."""
         appender = self._appender
-        if appender is None or not fastpath.COMPILED or not self.writable:
+        if (
+            appender is None
+            or not fastpath.COMPILED
+            or not self.running
+            or self.disk_full
+            or self.dispatch_broken
+            or self.fenced
+        ):  # (`writable`, inlined)
             return None
         lock = self.commit_log.lock
         if not lock.acquire(False):
             return None
         try:
-            r = appender.append_plain(
+            r: tuple[int, ...] | None = appender.append_plain(
                 topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host, reconsume_times,
                 skip_names,
             )  # fmt: skip
         except OSError as e:  # the CommitLog file refused the bytes: nothing recorded
-            return self._io_refusal(e), -1, 0
+            return self._io_refusal(e)
         finally:
             lock.release()
-        if r is None:
-            return None
-        return self._stored_one(r), r[0] + r[1], r[5]
+        if r is not None:  # (_count_one, inline)
+            if r[4]:
+                self._dispatch_failed()
+            self.put_count += 1
+            self.put_bytes += r[1]
+        return r
+
+    def stored_result(self, r: tuple[int, ...]) -> PutMessageResult:
+        """PUT_OK for the record ``append_plain`` answered ``r`` for."""
+        return PutMessageResult.stored(r, self._host_hex)
 
     def _stored_one(self, r: tuple[int, ...]) -> PutMessageResult:
-        """The result of one record the compiled Appender wrote (``append``, ``append_plain``):
-        ``r`` is its (offset, size, store timestamp, queue offset, dispatch failed, ...)."""
+        """The result of one record the compiled Appender wrote (``append``)."""
+        self._count_one(r)
+        return PutMessageResult.stored(r, self._host_hex)
+
+    def _count_one(self, r: tuple[int, ...]) -> None:
+        """The bookkeeping of one record the compiled Appender wrote: ``r`` is its (offset,
+        size, store timestamp, queue offset, dispatch failed, ...)."""
         if r[4]:
-            self.dispatch_broken = True
-            log.error("dispatch failed (full disk), writes paused until it can be redone")
+            self._dispatch_failed()
         self.put_count += 1
         self.put_bytes += r[1]
-        return PutMessageResult.stored(r, self._host_hex)
+
+    def _dispatch_failed(self) -> None:
+        self.dispatch_broken = True
+        log.error("dispatch failed (full disk), writes paused until it can be redone")
 
     def append_plain_batch(
         self,

@@ -30,10 +30,15 @@ TOPICS = ("Orders", "acme%pay")
 
 
 def _plain(store: MessageStore, m: Message, props: str | bytes) -> tuple[PutMessageResult, int, int | None] | None:
-    return store.append_plain(
+    """``append_plain``: the result, where the record ends and its tag hash code (None: not taken)."""
+    r = store.append_plain(
         m.topic, m.queue_id, m.body, props, m.flag, m.sys_flag, m.born_timestamp, m.born_host, m.reconsume_times,
         PLAIN_BATCH_SKIP,
     )  # fmt: skip
+    if r is None:
+        return None
+    assert isinstance(r, tuple), r  # stored, not refused
+    return store.stored_result(r), r[0] + r[1], r[5]
 
 
 def _message(rng: random.Random, props: dict[str, str]) -> Message:
@@ -162,8 +167,8 @@ def test_the_plain_path_reads_back_as_the_message_sent(
         "Orders", 0, memoryview(b"the body"), encode_properties(props).decode(), 7, 0, 123, BORN_HOST, 1,
         PLAIN_BATCH_SKIP,
     )  # fmt: skip
-    assert got is not None
-    result, _end, tag_code = got
+    assert isinstance(got, tuple)
+    result, tag_code = plain.stored_result(got), got[5]
     a = result.append
     assert a is not None
     assert tag_code == tags_hash_code("TagA")
