@@ -445,7 +445,6 @@ def new_send_result(
 # --- unique ids (UNIQ_KEY) ------------------------------------------------------------------------
 # 16 bytes as 32 upper-case hex digits, RocketMQ's MessageClientIDSetter layout:
 #   ip 4 │ pid 2 │ random 4 (per process) │ ms since the start of the month 4 │ counter 2
-_UNIQ_TAIL = struct.Struct(">IH")
 _UNIQ_TIME = struct.Struct(">I")
 _counter = itertools.count()
 _HEX_BYTE = [f"{b:02X}" for b in range(256)]
@@ -482,11 +481,19 @@ def _id_prefix() -> str:
     return _prefix
 
 
+_id_head = (-1, "")  # (ms, the ids' text up to the counter in that ms): a send's id is made once a ms
+
+
 def new_unique_id(now_ms: int | None = None) -> str:
     """A new message id: unique per process by (ms, counter), across processes by ip/pid/random."""
+    global _id_head
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    since = _since_month_start_ms(now) & 0xFFFFFFFF
-    return (_prefix or _id_prefix()) + _UNIQ_TAIL.pack(since, next(_counter) & 0xFFFF).hex().upper()
+    ms, head = _id_head
+    if ms != now:
+        head = _id_prefix() + _UNIQ_TIME.pack(_since_month_start_ms(now) & 0xFFFFFFFF).hex().upper()
+        _id_head = (now, head)
+    c = next(_counter)
+    return head + _HEX_BYTE[(c >> 8) & 0xFF] + _HEX_BYTE[c & 0xFF]
 
 
 def new_unique_ids(n: int, now_ms: int | None = None) -> list[str]:

@@ -37,9 +37,9 @@ import contextlib
 import logging
 import time
 import zlib
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Required, TypedDict
+from typing import TYPE_CHECKING, Any, Required, TypedDict
 
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
@@ -209,15 +209,17 @@ class Producer:
             raise MessageTooLargeError(len(msg.body), self.max_message_bytes)
 
     # --- sending ------------------------------------------------------------------------------------------
-    async def send(
+    def send(
         self, msg: Message, *, sharding_key: str | None = None, queue_selector: QueueSelector | None = None
-    ) -> SendResult:
-        """Send and wait for the broker's answer. Raises OrbitError subclasses."""
+    ) -> Coroutine[Any, Any, SendResult]:
+        """Send and wait for the broker's answer (``await producer.send(msg)``). Raises OrbitError
+        subclasses; an invalid message raises at once. (A function returning the sending
+        coroutine, not a coroutine function: one coroutine less to step through a send.)"""
         self._check_message(msg)
         uid = new_unique_id()
         if self.telemetry is not None:
-            return await self._send_traced(self.telemetry, msg, uid, sharding_key, queue_selector)
-        return await self._send(msg.topic, msg, None, uid, sharding_key, queue_selector)
+            return self._send_traced(self.telemetry, msg, uid, sharding_key, queue_selector)
+        return self._send(msg.topic, msg, None, uid, sharding_key, queue_selector)
 
     async def _send_traced(
         self,

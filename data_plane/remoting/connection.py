@@ -309,7 +309,12 @@ class Connection(asyncio.Protocol):
         if waiting is None:
             waiting = self._deadlines[timeout_ms] = deque()
         waiting.append((deadline, opaque))
-        while not self._waited_for(waiting[0][1]):  # answered or given up on, at the front
+        while True:  # answered or given up on, at the front: gone (_waited_for, inline)
+            entry = pending.get(waiting[0][1])
+            if entry is not None:
+                if not entry[0].done():
+                    break
+                del pending[waiting[0][1]]
             waiting.popleft()
         if len(waiting) > 2 * len(pending) + 64:
             # Answered requests pile up behind one that is not (a pull the broker holds for

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import random
 import re
+import time
 import zlib
 
 import pytest
@@ -165,6 +166,18 @@ def test_message_copies_a_mutable_body_and_properties() -> None:
     props["a"] = "2"
     assert msg.body == b"abc"
     assert msg.properties == {"a": "1"}
+
+
+def test_a_unique_id_is_the_prefix_the_ms_since_the_month_began_and_a_counter() -> None:
+    """RocketMQ's layout: 20 hex digits of process prefix, 8 of the milliseconds since the start
+    of the month (local time, as RocketMQ's Calendar), 4 of a counter that counts on."""
+    month_start = int(time.mktime((2026, 11, 1, 0, 0, 0, 0, 0, -1)) * 1000)
+    now = month_start + 26 * 86_400_000 + 36_000_123  # the 27th, ten hours in
+    since = now - month_start
+    ids = [new_unique_id(now), new_unique_id(now), new_unique_id(now + 1)]
+    assert [i[20:28] for i in ids] == [f"{since:08X}", f"{since:08X}", f"{since + 1:08X}"]
+    counters = [int(i[28:], 16) for i in ids]
+    assert counters[1:] == [(counters[0] + 1) & 0xFFFF, (counters[0] + 2) & 0xFFFF]
 
 
 def test_unique_ids_are_32_upper_hex_digits_unique_and_share_a_process_prefix() -> None:
