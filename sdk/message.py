@@ -484,6 +484,17 @@ def _id_prefix() -> str:
 _id_head = (-1, "")  # (ms, the ids' text up to the counter in that ms): a send's id is made once a ms
 
 
+def _forget_prefix() -> None:
+    """In a forked child: its own pid and random part, not the parent's (the parent's ids
+    would otherwise come again, counter and all)."""
+    global _prefix, _id_head
+    _prefix = None
+    _id_head = (-1, "")
+
+
+os.register_at_fork(after_in_child=_forget_prefix)
+
+
 def new_unique_id(now_ms: int | None = None) -> str:
     """A new message id: unique per process by (ms, counter), across processes by ip/pid/random."""
     global _id_head

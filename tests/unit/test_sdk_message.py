@@ -4,6 +4,7 @@ received messages and unique ids."""
 from __future__ import annotations
 
 import itertools
+import os
 import random
 import re
 import time
@@ -178,6 +179,25 @@ def test_a_unique_id_is_the_prefix_the_ms_since_the_month_began_and_a_counter() 
     assert [i[20:28] for i in ids] == [f"{since:08X}", f"{since:08X}", f"{since + 1:08X}"]
     counters = [int(i[28:], 16) for i in ids]
     assert counters[1:] == [(counters[0] + 1) & 0xFFFF, (counters[0] + 2) & 0xFFFF]
+
+
+def test_a_forked_child_makes_ids_of_its_own() -> None:
+    """The prefix holds the pid and a random part: a child forked after the parent made ids
+    must not make the parent's next ids (same counter, same millisecond) again."""
+    now = 1_795_773_600_000
+    parent = new_unique_id(now)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its next id, then out at once
+        os.write(write, new_unique_id(now).encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 64).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert len(child) == 32
+    assert child[:20] != parent[:20]
+    assert child != new_unique_id(now)
 
 
 def test_unique_ids_are_32_upper_hex_digits_unique_and_share_a_process_prefix() -> None:
