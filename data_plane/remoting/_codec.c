@@ -562,6 +562,20 @@ static int decimal(char *out, long long v) {
     return len;
 }
 
+/* Whether a header of hlen bytes and a body of body_len fit the frame's two length fields. */
+static int lengths_fit(Py_ssize_t hlen, Py_ssize_t body_len) {
+    return hlen <= 0xFFFFFF && 4 + hlen + body_len <= 0x7FFFFFFF;
+}
+
+/* The frame's total length and its header length (type 0, JSON, in the high byte), big-endian. */
+static void put_lengths(unsigned char *w, Py_ssize_t hlen, Py_ssize_t body_len) {
+    uint32_t total = (uint32_t)(4 + hlen + body_len), mark = (uint32_t)hlen;
+    for (int i = 0; i < 4; i++) {
+        w[i] = (unsigned char)(total >> (24 - 8 * i));
+        w[4 + i] = (unsigned char)(mark >> (24 - 8 * i));
+    }
+}
+
 static PyObject *frame_head(PyObject *self, PyObject *args) {
     PyObject *cmd;
     Py_ssize_t body_len;
@@ -579,15 +593,11 @@ static PyObject *frame_head(PyObject *self, PyObject *args) {
     if (raw != Py_None) { /* a header formatted beforehand (the broker's SEND OK): the lengths, then it */
         if (!PyBytes_CheckExact(raw)) Py_RETURN_NONE;
         Py_ssize_t hn = PyBytes_GET_SIZE(raw);
-        if (hn > 0xFFFFFF || body_len > 0x7FFFFFFF - 4 - hn) Py_RETURN_NONE;
+        if (!lengths_fit(hn, body_len)) Py_RETURN_NONE;
         PyObject *out = PyBytes_FromStringAndSize(NULL, 8 + hn);
         if (!out) return NULL;
         unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
-        uint32_t total = (uint32_t)(4 + hn + body_len), mark = (uint32_t)hn; /* type 0: JSON */
-        w[0] = (unsigned char)(total >> 24); w[1] = (unsigned char)(total >> 16);
-        w[2] = (unsigned char)(total >> 8); w[3] = (unsigned char)total;
-        w[4] = (unsigned char)(mark >> 24); w[5] = (unsigned char)(mark >> 16);
-        w[6] = (unsigned char)(mark >> 8); w[7] = (unsigned char)mark;
+        put_lengths(w, hn, body_len);
         memcpy(w + 8, PyBytes_AS_STRING(raw), (size_t)hn);
         return out;
     }
@@ -662,10 +672,8 @@ static PyObject *frame_head(PyObject *self, PyObject *args) {
 #undef PUT
     Py_ssize_t hlen = w - buf - 8;
     PyObject *out = NULL;
-    if (hlen <= 0xFFFFFF && 4 + hlen + body_len <= 0x7FFFFFFF) { /* else the twin says why */
-        uint32_t total = (uint32_t)(4 + hlen + body_len), mark = (uint32_t)hlen; /* type 0 in the high byte */
-        buf[0] = total >> 24; buf[1] = total >> 16; buf[2] = total >> 8; buf[3] = total;
-        buf[4] = mark >> 24; buf[5] = mark >> 16; buf[6] = mark >> 8; buf[7] = mark;
+    if (lengths_fit(hlen, body_len)) { /* else the twin says why */
+        put_lengths(buf, hlen, body_len);
         out = PyBytes_FromStringAndSize((const char *)buf, 8 + hlen);
     } else {
         out = Py_None;

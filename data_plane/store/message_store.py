@@ -435,7 +435,7 @@ class MessageStore:
             return self._io_refusal(e)
         finally:
             lock.release()
-        if r is not None:  # (_count_one, inline)
+        if r is not None:  # (_stored_one's bookkeeping, inline: no result object made here)
             if r[4]:
                 self._dispatch_failed()
             self.put_count += 1
@@ -447,17 +447,14 @@ class MessageStore:
         return PutMessageResult.stored(r, self._host_hex)
 
     def _stored_one(self, r: tuple[int, ...]) -> PutMessageResult:
-        """The result of one record the compiled Appender wrote (``append``)."""
-        self._count_one(r)
-        return PutMessageResult.stored(r, self._host_hex)
-
-    def _count_one(self, r: tuple[int, ...]) -> None:
-        """The bookkeeping of one record the compiled Appender wrote: ``r`` is its (offset,
-        size, store timestamp, queue offset, dispatch failed, ...)."""
+        """The result of one record the compiled Appender wrote (``append``; ``append_plain``
+        does the same bookkeeping inline): ``r`` is its (offset, size, store timestamp, queue
+        offset, dispatch failed, ...)."""
         if r[4]:
             self._dispatch_failed()
         self.put_count += 1
         self.put_bytes += r[1]
+        return PutMessageResult.stored(r, self._host_hex)
 
     def _dispatch_failed(self) -> None:
         self.dispatch_broken = True
