@@ -198,7 +198,7 @@ class ClientInstance:
         ``invoke`` itself."""
         if self.closed or self._ensure_fresh is not None:
             return self.invoke(addr, cmd, timeout_ms)
-        return self.remoting.invoke(addr, self._sign(cmd), timeout_ms)
+        return self.remoting.invoke(addr, cmd if self.credentials is None else self._sign(cmd), timeout_ms)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         if self.closed:

@@ -89,9 +89,16 @@ class LatencyFaultTolerance:
 class TopicPublishQueues:
     """A topic's write queues with its round-robin position (RocketMQ's TopicPublishInfo)."""
 
-    def __init__(self, queues: Sequence[MessageQueue], start: int = 0) -> None:
+    __slots__ = ("_next", "masters", "queues")
+
+    def __init__(
+        self, queues: Sequence[MessageQueue], start: int = 0, *, masters: dict[str, str] | None = None
+    ) -> None:
         self.queues = list(queues)
         self._next = itertools.count(start)
+        # Broker name → its master's address, from the same route as the queues (the send
+        # path's look-up; empty when not given).
+        self.masters: dict[str, str] = masters or {}
 
     def next_index(self) -> int:
         return next(self._next)
@@ -118,7 +125,12 @@ class MQFaultStrategy:
         self.tolerance = LatencyFaultTolerance(clock_ms)
 
     def select(self, info: TopicPublishQueues, last_broker_name: str | None = None) -> MessageQueue:
-        if not info.queues:
+        queues = info.queues
+        if not self.tolerance.items and last_broker_name is None and queues:
+            # Nothing marked and no broker to avoid (every send but a retry): plain round robin,
+            # what the walk below would pick.
+            return queues[next(info._next) % len(queues)]
+        if not queues:
             raise ValueError("the topic has no write queues")
         if not self.enabled:
             return info.select(last_broker_name)

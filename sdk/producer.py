@@ -56,9 +56,9 @@ from sdk.errors import (
     RequestTimeoutError,
     from_remoting,
 )
-from sdk.fault import Clock, MQFaultStrategy, TopicPublishQueues
+from sdk.fault import LATENCY_MAX_MS, Clock, MQFaultStrategy, TopicPublishQueues
 from sdk.message import DEFAULT_TOPIC, Message, MessageQueue, SendResult, new_unique_id, new_unique_ids
-from sdk.route import TopicRoute
+from sdk.route import MASTER_ID, TopicRoute
 
 if TYPE_CHECKING:
     from data_plane.telemetry import Telemetry
@@ -75,6 +75,11 @@ def select_by_sharding_key(queues: Sequence[MessageQueue], key: str) -> MessageQ
     if not queues:
         raise IllegalArgumentError("the topic has no write queues")
     return queues[zlib.crc32(key.encode()) % len(queues)]
+
+
+# An answer within this long from a broker the fault strategy has not marked changes nothing
+# (``MQFaultStrategy.update``'s own early return): the send path skips the call.
+_FAST_ANSWER_S = LATENCY_MAX_MS[2] / 1000
 
 
 def _now_ms() -> int:
@@ -196,8 +201,12 @@ class Producer:
         if cached is not None and cached[0] is route:
             return cached[1]  # the same route object: the same queues
         info = cached[1] if cached is not None else None
+        masters = {name: addr for name, by_id in route.broker_addrs.items() if (addr := by_id.get(MASTER_ID))}
         if info is None or tuple(info.queues) != route.publish_queues:
-            info = TopicPublishQueues(route.publish_queues, start=zlib.crc32(self.instance.client_id.encode()) % 997)
+            start = zlib.crc32(self.instance.client_id.encode()) % 997
+            info = TopicPublishQueues(route.publish_queues, start=start, masters=masters)
+        else:
+            info.masters = masters  # the same queues (the round robin goes on), perhaps new addresses
         self._publish[route.topic] = (route, info)
         return info
 
@@ -215,7 +224,8 @@ class Producer:
         """Send and wait for the broker's answer (``await producer.send(msg)``). Raises OrbitError
         subclasses; an invalid message raises at once. (A function returning the sending
         coroutine, not a coroutine function: one coroutine less to step through a send.)"""
-        self._check_message(msg)
+        if msg.__class__ is not Message or len(msg.body) > self.max_message_bytes:
+            self._check_message(msg)  # (raises; a subclass passes)
         uid = new_unique_id()
         if self.telemetry is not None:
             return self._send_traced(self.telemetry, msg, uid, sharding_key, queue_selector)
@@ -410,7 +420,10 @@ class Producer:
         inst = self.instance
         self._topics.add(topic)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.send_timeout_ms / 1000
+        begin = loop.time()
+        deadline = begin + self.send_timeout_ms / 1000
+        fault = self.fault
+        fresh = True  # nothing awaited since ``begin`` was read: it is still the time
         last_broker: str | None = None
         last_error: OrbitError | None = None
         refresh = False
@@ -419,14 +432,25 @@ class Producer:
             route = None if refresh else inst.routes.get(topic)
             if route is None or not route.publish_queues:
                 route = await inst.publish_route(topic, refresh=refresh)
-            mq = self._choose(route, msg, sharding_key, queue_selector, last_broker)
+                fresh = False
+            if sharding_key is None and queue_selector is None:
+                cached = self._publish.get(topic)  # (_publish_info's cache, looked at inline)
+                info = cached[1] if cached is not None and cached[0] is route else self._publish_info(route)
+                mq = fault.select(info, last_broker)
+                addr = info.masters.get(mq.broker_name)
+            else:
+                mq = self._choose(route, msg, sharding_key, queue_selector, last_broker)
+                addr = None
             last_broker = mq.broker_name
-            remaining_ms = int((deadline - loop.time()) * 1000)
+            if not fresh:
+                begin = loop.time()
+            fresh = False
+            remaining_ms = int((deadline - begin) * 1000)
             if remaining_ms <= 0:
                 break
-            begin = loop.time()
             try:
-                addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
+                if addr is None:
+                    addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
                 if build is None:
                     cmd = protocol.send_request(
                         group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=msg_id, born_timestamp_ms=_now_ms()
@@ -455,7 +479,8 @@ class Producer:
                 last_error = e
                 refresh = e.invalid_metadata
                 continue
-            self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=False)
+            if fault.tolerance.items or loop.time() - begin >= _FAST_ANSWER_S:
+                fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=False)
             return result
         if last_error is not None and (loop.time() < deadline or isinstance(last_error, FlowControlError)):
             raise last_error

@@ -150,8 +150,10 @@ class Connection(asyncio.Protocol):
                     log.warning("closing %s: malformed frame: %s", self.peer, e)
                     self.abort()
                     return
-                if cmd.flag & FLAG_RESPONSE:  # (is_response)
-                    self._on_response(cmd)
+                if cmd.flag & FLAG_RESPONSE:  # (is_response): the answer to one of our requests
+                    entry = self._pending.pop(cmd.opaque, None)
+                    if entry is not None and not entry[0].done():  # (else answered after its timeout)
+                        entry[0].set_result(cmd)
                 else:
                     self._on_request(cmd)
                     if self._out_frames >= slice_at:
@@ -323,7 +325,20 @@ class Connection(asyncio.Protocol):
             waiting = self._deadlines[timeout_ms] = deque(e for e in waiting if self._waited_for(e[1]))
         if self._expiry is None or deadline < self._expiry_at:
             self._arm_expiry(deadline)
-        self.send(cmd)
+        body = cmd.body
+        head = _frame_head(cmd, len(body)) if body.__class__ is bytes and _frame_head is not None else None
+        if head is None:
+            self.send(cmd)
+            return fut
+        # send → encode, inline for a request with one bytes body (a send's): the header and
+        # the body, uncopied, gathered with the turn's other writes
+        out = self._out
+        out.append(head)
+        out.append(body)  # type: ignore[arg-type]  # bytes, checked above
+        self._out_frames += 1
+        if not self._in_read and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
         return fut
 
     def invoke_oneway(self, cmd: RemotingCommand) -> None:
@@ -372,14 +387,6 @@ class Connection(asyncio.Protocol):
                 del self._deadlines[timeout_ms]
         if earliest is not None and not self.closed:
             self._arm_expiry(earliest)
-
-    def _on_response(self, cmd: RemotingCommand) -> None:
-        entry = self._pending.pop(cmd.opaque, None)
-        if entry is None:
-            return  # answered after its timeout
-        fut = entry[0]
-        if not fut.done():
-            fut.set_result(cmd)
 
     # --- closing ----------------------------------------------------------------------------
     def _check_idle(self) -> None:

@@ -197,6 +197,27 @@ async def test_a_transport_failure_on_the_send_path_is_a_connection_failure_and_
 
 
 @pytest.mark.asyncio
+async def test_a_new_route_with_the_same_queues_sends_to_its_new_master_and_keeps_the_round_robin() -> None:
+    """The send path takes each broker's master from the route its queues came from: a route
+    that moves broker-a's master keeps the queues' turn but sends to the new address."""
+    fake = FakeInstance()
+    p = _producer(fake)
+    await p.send(Message("T", b"x"))
+    moved = {"broker-a": "10.0.0.9:10911", "broker-b": ADDRS["broker-b"]}
+    old = fake.route
+    fake.route = TopicRoute("T", old.publish_queues, old.subscribe_queues, {b: {0: a} for b, a in moved.items()})
+    for _ in range(4):
+        await p.send(Message("T", b"x"))
+    queues = list(old.publish_queues)
+    picked = [(c.ext_fields or {})["e"] for _, c in fake.sent]
+    start = next(i for i, q in enumerate(queues) if q.queue_id == int(picked[0]) and ADDRS[q.broker_name] == fake.sent[0][0])
+    expected = [queues[(start + i) % len(queues)] for i in range(5)]
+    assert picked == [str(q.queue_id) for q in expected], "the round robin goes on across the new route"
+    assert [a for a, _ in fake.sent[1:]] == [moved[q.broker_name] for q in expected[1:]]
+    assert "10.0.0.9:10911" in {a for a, _ in fake.sent[1:]}
+
+
+@pytest.mark.asyncio
 async def test_a_non_retriable_answer_is_raised_at_once() -> None:
     def answer(addr: str, cmd: RemotingCommand) -> RemotingCommand:
         return RemotingCommand(ResponseCode.MESSAGE_ILLEGAL, flag=FLAG_RESPONSE, remark="bad property")
