@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import zlib
@@ -75,6 +76,18 @@ def select_by_sharding_key(queues: Sequence[MessageQueue], key: str) -> MessageQ
     if not queues:
         raise IllegalArgumentError("the topic has no write queues")
     return queues[zlib.crc32(key.encode()) % len(queues)]
+
+
+def _settle(out: asyncio.Future[SendResult], done: asyncio.Future[SendResult]) -> None:
+    """``out`` gets ``done``'s outcome (unless its caller cancelled it)."""
+    if out.done():
+        return
+    if done.cancelled():
+        out.cancel()
+    elif (e := done.exception()) is not None:
+        out.set_exception(e)
+    else:
+        out.set_result(done.result())
 
 
 # An answer within this long from a broker the fault strategy has not marked changes nothing
@@ -136,7 +149,7 @@ class Producer:
         self._instance: ClientInstance | None = None
         self._publish: dict[str, tuple[TopicRoute, TopicPublishQueues]] = {}
         self._topics: set[str] = set()
-        self._pending: set[asyncio.Task[SendResult]] = set()
+        self._pending: set[asyncio.Future[SendResult]] = set()
         self._closed = False
         # None unless on: the send paths check ``is None`` and nothing else.
         self.telemetry = telemetry if telemetry is not None and telemetry.enabled else None
@@ -268,15 +281,89 @@ class Producer:
         callback: Callable[[asyncio.Future[SendResult]], None] | None = None,
     ) -> asyncio.Future[SendResult]:
         """Start a send and return its future at once; ``callback(future)`` runs when it ends.
-        Validation errors raise here, not in the future."""
-        self._check_message(msg)
-        _ = self.instance
-        task = asyncio.ensure_future(self.send(msg, sharding_key=sharding_key, queue_selector=queue_selector))
-        self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        Validation errors raise here, not in the future.
+
+        The common send (no sharding key, selector or tracing; the topic's route known and its
+        broker's connection open) makes no task: its request is written here and the answer
+        resolves the future from a callback, as RocketMQ's SendCallback does. A failed first
+        attempt hands over to the coroutine path, which retries it as ``send`` would."""
+        if msg.__class__ is not Message or len(msg.body) > self.max_message_bytes:
+            self._check_message(msg)
+        inst = self.instance
+        fut: asyncio.Future[SendResult] | None = None
+        if sharding_key is None and queue_selector is None and self.telemetry is None:
+            fut = self._first_attempt(inst, msg)
+        if fut is None:
+            fut = asyncio.ensure_future(self.send(msg, sharding_key=sharding_key, queue_selector=queue_selector))
+        self._pending.add(fut)
+        fut.add_done_callback(self._pending.discard)
         if callback is not None:
-            task.add_done_callback(callback)
-        return task
+            fut.add_done_callback(callback)
+        return fut
+
+    def _first_attempt(self, inst: ClientInstance, msg: Message) -> asyncio.Future[SendResult] | None:
+        """``send_async``'s request written at once, or None when it needs an await first (no
+        route or publish queues cached, no open connection)."""
+        topic = msg.topic
+        route = inst.routes.get(topic)
+        cached = self._publish.get(topic)
+        if route is None or cached is None or cached[0] is not route:
+            return None
+        info = cached[1]
+        mq = self.fault.select(info, None)
+        addr = info.masters.get(mq.broker_name)
+        if addr is None:
+            return None
+        uid = new_unique_id()
+        cmd = protocol.send_request(
+            group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=_now_ms()
+        )
+        loop = asyncio.get_running_loop()
+        begin = loop.time()
+        answer = inst.invoke_raw(addr, cmd, self.send_timeout_ms)
+        if not isinstance(answer, asyncio.Future):
+            answer = asyncio.ensure_future(answer)  # (a connection being made, or credentials to fetch)
+        self._topics.add(topic)
+        out: asyncio.Future[SendResult] = loop.create_future()
+        answer.add_done_callback(functools.partial(self._first_answer, out, msg, uid, mq, addr, begin))
+        return out
+
+    def _first_answer(
+        self,
+        out: asyncio.Future[SendResult],
+        msg: Message,
+        uid: str,
+        mq: MessageQueue,
+        addr: str,
+        begin: float,
+        answer: asyncio.Future[RemotingCommand],
+    ) -> None:
+        if out.done():
+            return  # cancelled by its caller
+        if answer.cancelled():
+            out.cancel()
+            return
+        error: OrbitError | None = None
+        try:
+            result = protocol.parse_send_response(answer.result(), mq, uid, addr)
+        except RemotingError as e:
+            error = from_remoting(e)
+        except OrbitError as e:
+            error = e
+        except Exception as e:
+            out.set_exception(e)
+            return
+        if error is None:
+            elapsed = answer.get_loop().time() - begin
+            if self.fault.tolerance.items or elapsed >= _FAST_ANSWER_S:
+                self.fault.update(mq.broker_name, int(elapsed * 1000), isolation=False)
+            out.set_result(result)
+            return
+        # The coroutine path takes over: the same retries, fault marks and deadline as ``send``.
+        retry = asyncio.ensure_future(
+            self._send(msg.topic, msg, None, uid, None, None, failed=(mq, error, begin))
+        )
+        retry.add_done_callback(functools.partial(_settle, out))
 
     async def send_oneway(
         self, msg: Message, *, sharding_key: str | None = None, queue_selector: QueueSelector | None = None
@@ -414,41 +501,50 @@ class Producer:
         msg_id: str,
         sharding_key: str | None,
         queue_selector: QueueSelector | None,
+        *,
+        failed: tuple[MessageQueue, OrbitError, float] | None = None,
     ) -> SendResult:
         """Send what ``build(queue)`` makes — ``msg`` itself when ``build`` is None — with the
-        retries and fault strategy of every send."""
+        retries and fault strategy of every send. ``failed``: a first attempt already made
+        (``send_async``'s: its queue, its error and when it began), handled as if made here."""
         inst = self.instance
         self._topics.add(topic)
         loop = asyncio.get_running_loop()
-        begin = loop.time()
+        begin = loop.time() if failed is None else failed[2]
         deadline = begin + self.send_timeout_ms / 1000
         fault = self.fault
-        fresh = True  # nothing awaited since ``begin`` was read: it is still the time
+        fresh = failed is None  # nothing awaited since ``begin`` was read: it is still the time
         last_broker: str | None = None
         last_error: OrbitError | None = None
         refresh = False
         attempt = 0
         while attempt <= self.retry_times:
-            route = None if refresh else inst.routes.get(topic)
-            if route is None or not route.publish_queues:
-                route = await inst.publish_route(topic, refresh=refresh)
-                fresh = False
-            if sharding_key is None and queue_selector is None:
-                cached = self._publish.get(topic)  # (_publish_info's cache, looked at inline)
-                info = cached[1] if cached is not None and cached[0] is route else self._publish_info(route)
-                mq = fault.select(info, last_broker)
-                addr = info.masters.get(mq.broker_name)
+            if failed is not None:
+                mq = failed[0]
             else:
-                mq = self._choose(route, msg, sharding_key, queue_selector, last_broker)
-                addr = None
+                route = None if refresh else inst.routes.get(topic)
+                if route is None or not route.publish_queues:
+                    route = await inst.publish_route(topic, refresh=refresh)
+                    fresh = False
+                if sharding_key is None and queue_selector is None:
+                    cached = self._publish.get(topic)  # (_publish_info's cache, looked at inline)
+                    info = cached[1] if cached is not None and cached[0] is route else self._publish_info(route)
+                    mq = fault.select(info, last_broker)
+                    addr = info.masters.get(mq.broker_name)
+                else:
+                    mq = self._choose(route, msg, sharding_key, queue_selector, last_broker)
+                    addr = None
+                if not fresh:
+                    begin = loop.time()
+                fresh = False
+                remaining_ms = int((deadline - begin) * 1000)
+                if remaining_ms <= 0:
+                    break
             last_broker = mq.broker_name
-            if not fresh:
-                begin = loop.time()
-            fresh = False
-            remaining_ms = int((deadline - begin) * 1000)
-            if remaining_ms <= 0:
-                break
             try:
+                if failed is not None:
+                    error, failed = failed[1], None
+                    raise error  # the attempt send_async made: its failure is handled below
                 if addr is None:
                     addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
                 if build is None:

@@ -40,6 +40,13 @@ def _ok(addr: str, cmd: RemotingCommand) -> RemotingCommand:
     )
 
 
+def _a_refuses(addr: str, cmd: RemotingCommand) -> RemotingCommand:
+    """broker-a's connection is refused; broker-b answers."""
+    if addr == ADDRS["broker-a"]:
+        raise errors.ConnectionFailedError("refused", addr=addr)
+    return _ok(addr, cmd)
+
+
 class FakeInstance:
     """Answers sends through ``answer(addr, cmd)``; records every request."""
 
@@ -146,12 +153,7 @@ async def test_a_queue_selector_chooses_the_queue_and_must_return_one_of_the_top
 async def test_a_failed_send_is_retried_on_another_broker_and_that_broker_is_avoided_afterwards(
     clock: ManualClock,
 ) -> None:
-    def answer(addr: str, cmd: RemotingCommand) -> RemotingCommand:
-        if addr == ADDRS["broker-a"]:
-            raise errors.ConnectionFailedError("refused", addr=addr)
-        return _ok(addr, cmd)
-
-    fake = FakeInstance(answer)
+    fake = FakeInstance(_a_refuses)
     p = _producer(fake, clock)
     p._publish["T"] = (fake.route, TopicPublishQueues(fake.route.publish_queues, start=0))  # starts at broker-a
     result = await p.send(Message("T", b"x"))
@@ -210,7 +212,8 @@ async def test_a_new_route_with_the_same_queues_sends_to_its_new_master_and_keep
         await p.send(Message("T", b"x"))
     queues = list(old.publish_queues)
     picked = [(c.ext_fields or {})["e"] for _, c in fake.sent]
-    start = next(i for i, q in enumerate(queues) if q.queue_id == int(picked[0]) and ADDRS[q.broker_name] == fake.sent[0][0])
+    first = (fake.sent[0][0], int(picked[0]))
+    start = next(i for i, q in enumerate(queues) if (ADDRS[q.broker_name], q.queue_id) == first)
     expected = [queues[(start + i) % len(queues)] for i in range(5)]
     assert picked == [str(q.queue_id) for q in expected], "the round robin goes on across the new route"
     assert [a for a, _ in fake.sent[1:]] == [moved[q.broker_name] for q in expected[1:]]
@@ -324,6 +327,94 @@ async def test_send_async_returns_a_future_and_runs_the_callback() -> None:
     await asyncio.sleep(0)
     assert result.status is SendStatus.SEND_OK
     assert seen == [SendStatus.SEND_OK]
+
+
+class Wired(FakeInstance):
+    """A cached route and answers as the connection gives them: a future resolved from the
+    loop (``invoke_raw`` on an open connection)."""
+
+    def __init__(self, answer: Answer = _ok) -> None:
+        super().__init__(answer)
+        self.routes = {"T": self.route}
+
+    def invoke_raw(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> Awaitable[RemotingCommand]:
+        self.sent.append((addr, cmd))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[RemotingCommand] = loop.create_future()
+        try:
+            fut.set_result(self.answer(addr, cmd))
+        except errors.OrbitError as e:
+            fut.set_exception(RemotingConnectError(addr, str(e)))
+        return fut
+
+
+async def _warm(p: Producer) -> None:
+    await p.send(Message("T", b"warm"))  # caches the topic's publish queues
+    p.instance.sent.clear()  # type: ignore[attr-defined]
+
+
+@pytest.mark.asyncio
+async def test_send_async_on_a_known_route_makes_no_task_and_writes_at_once() -> None:
+    fake = Wired()
+    p = _producer(fake)
+    await _warm(p)
+    seen: list[SendStatus] = []
+    tasks_before = len(asyncio.all_tasks())
+    futs = [p.send_async(Message("T", b"x"), callback=lambda f: seen.append(f.result().status)) for _ in range(4)]
+    assert len(fake.sent) == 4, "each request is written by send_async itself, before any await"
+    assert not any(isinstance(f, asyncio.Task) for f in futs)
+    assert len(asyncio.all_tasks()) == tasks_before
+    results = await asyncio.gather(*futs)
+    await asyncio.sleep(0)
+    assert [r.status for r in results] == [SendStatus.SEND_OK] * 4
+    assert seen == [SendStatus.SEND_OK] * 4
+    sent_ids = [decode_properties((c.ext_fields or {})["i"])["UNIQ_KEY"] for _, c in fake.sent]
+    assert [r.msg_id for r in results] == sent_ids
+    assert [r.message_queue.queue_id for r in results] == [int((c.ext_fields or {})["e"]) for _, c in fake.sent]
+    assert len({(r.message_queue.broker_name, r.message_queue.queue_id) for r in results}) == 4, "round robin"
+
+
+@pytest.mark.asyncio
+async def test_send_async_retries_a_failed_first_attempt_on_another_broker_with_the_same_id(
+    clock: ManualClock,
+) -> None:
+    fake = Wired(_a_refuses)
+    p = _producer(fake, clock)
+    p._publish["T"] = (fake.route, TopicPublishQueues(fake.route.publish_queues, start=0, masters=ADDRS))
+    result = await p.send_async(Message("T", b"x"))
+    assert result.status is SendStatus.SEND_OK
+    assert [a for a, _ in fake.sent] == [ADDRS["broker-a"], ADDRS["broker-b"]]
+    ids = {decode_properties((c.ext_fields or {})["i"])["UNIQ_KEY"] for _, c in fake.sent}
+    assert ids == {result.msg_id}
+    fake.sent.clear()
+    await asyncio.gather(*(p.send_async(Message("T", b"x")) for _ in range(6)))
+    assert {a for a, _ in fake.sent} == {ADDRS["broker-b"]}, "the failed first attempt isolated broker-a"
+
+
+@pytest.mark.asyncio
+async def test_send_async_raises_a_non_retriable_answer_in_its_future_and_shutdown_waits_for_sends() -> None:
+    def refused(addr: str, cmd: RemotingCommand) -> RemotingCommand:
+        return RemotingCommand(ResponseCode.NO_PERMISSION, flag=FLAG_RESPONSE, remark="no")
+
+    fake = Wired()
+    p = _producer(fake)
+    await _warm(p)
+    fake.answer = refused
+    fut = p.send_async(Message("T", b"x"))
+    with pytest.raises(errors.OrbitError, match="no"):
+        await fut
+    assert len(fake.sent) == 1, "not retried"
+    fake.answer = _ok
+    pending = [p.send_async(Message("T", b"x")) for _ in range(3)]
+    fake.remove_producer = lambda group: None  # type: ignore[attr-defined]
+    fake.closed = True  # type: ignore[attr-defined]
+
+    async def release() -> None:
+        return None
+
+    fake.release = release  # type: ignore[attr-defined]
+    await p.shutdown()
+    assert all(f.done() and f.result().status is SendStatus.SEND_OK for f in pending)
 
 
 @pytest.mark.asyncio
