@@ -16,15 +16,19 @@ Phases, in order:
    consumed messages per second, from the first message received to the last;
 4. ``half_peak``: one open-loop publisher process at half of phase 2's rate — send latency
    measured from each message's *intended* send time (so a stall is not hidden by coordinated
-   omission). It wakes every ``TICK_US`` (100 µs) on a timerfd (``loadtest.ticker``) and sends
+   omission). It wakes every ``TICK_US`` (500 µs) on a timerfd (``loadtest.ticker``) and sends
    what has come due with ``send_async`` (no task a message), sleeping in between rather than
-   spinning the core the broker shares; where timerfd is missing it spins the loop as before.
-   Like the closed-loop phases it runs ``warmup_s`` before its measured ``seconds``;
-   the warm-up's sends (the first writes to a fresh topic, whose queue files are made then)
-   are reported apart, as ``warmup_send_latency_ms``;
-5. ``half_peak.with_consumer``: the same with a push consumer reading the topic — send latency
-   again, and end-to-end latency (stored in a property at the intended send time, read at
-   delivery).
+   spinning the core the broker shares; where timerfd is missing it spins the loop. Like the
+   closed-loop phases it runs ``warmup_s`` before its measured ``seconds``; the warm-up's sends
+   (the first writes to a fresh topic, whose queue files are made then) are reported apart, as
+   ``warmup_send_latency_ms``. Then ``half_peak.with_consumer``: the same with a push consumer
+   reading the topic — send latency again, and end-to-end latency (stored in a property at the
+   intended send time, read at delivery).
+
+``--latency-first`` runs the synchronous and half-peak phases first, on a fresh broker, then
+the batched and consume ones: after the batched phase's 4-5 GB the VM backs each new page-cache
+page with a host fault, and the same open-loop phase's p99 is several times higher there
+(docs/broker.md, "The order of the phases").
 
 Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes; a
 worker keeps them as plain numbers while its phase runs and fills the histogram afterwards
@@ -57,9 +61,10 @@ from loadtest.histogram import encode_hist, hist_of, merge, summary_ms
 from loadtest.rate import OpenLoop, RateProfile
 from loadtest.ticker import Ticker
 
-# The open-loop publisher's beat: every TICK_US it sends what has come due (a few messages at
-# the half-peak rates), sleeping in between instead of spinning a core the broker needs.
-TICK_US = 100
+# The open-loop publisher's beat: every TICK_US it sends what has come due (~15 messages at
+# 30,000/s), sleeping in between instead of spinning a core the broker needs. 500 µs against
+# 100 µs: the same p99 at 30,000/s, a third less of the publisher's CPU (docs/broker.md).
+TICK_US = 500
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +83,9 @@ class E2EOptions:
     queues: int = 8
     warmup_s: float = 1.0
     directory: str | None = None
+    # The phases' order: batched, synchronous, consume, half-peak; ``latency_first``: synchronous
+    # and half-peak on a fresh broker, then batched and consume (docs/broker.md).
+    latency_first: bool = False
 
     @classmethod
     def quick(cls, directory: str | None = None) -> E2EOptions:
@@ -339,6 +347,92 @@ def _pool_run(jobs: list[tuple[str, str, str, dict[str, Any]]]) -> list[dict[str
         return pool.starmap(worker, jobs)
 
 
+def _phase_batched(ns: str, base: dict[str, Any], opts: E2EOptions) -> dict[str, Any]:
+    rs = _pool_run(
+        [
+            ("batched", ns, "bench", {**base, "batch": opts.batch, "batches_in_flight": opts.batches_in_flight})
+            for _ in range(opts.producer_processes)
+        ]
+    )
+    acked = sum(r["acked"] for r in rs)
+    return {
+        "msgs_per_s": round(acked / opts.seconds),
+        "mb_per_s": round(acked * opts.message_bytes / opts.seconds / 1e6, 1),
+        "batch": opts.batch,
+        "errors": sum(r["errors"] for r in rs),
+        "batch_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
+        "cpu_us_per_msg": _cpu_figures(rs, acked, "producers"),
+    }
+
+
+def _phase_sync(ns: str, base: dict[str, Any], opts: E2EOptions) -> dict[str, Any]:
+    n_procs = max(1, min(opts.sync_processes, opts.sync_producers))
+    per = [opts.sync_producers // n_procs + (i < opts.sync_producers % n_procs) for i in range(n_procs)]
+    rs = _pool_run([("sync", ns, "bench", {**base, "tasks": n}) for n in per if n])
+    return {
+        "msgs_per_s": round(sum(r["acked"] for r in rs) / opts.seconds),
+        "processes": len(per),
+        "errors": sum(r["errors"] for r in rs),
+        "send_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
+        "cpu_us_per_msg": _cpu_figures(rs, sum(r["acked"] for r in rs), "producers"),
+    }
+
+
+def _phase_consume(ns: str, base: dict[str, Any], opts: E2EOptions, stored: int) -> dict[str, Any]:
+    consume = {
+        "group": "bench-consume",
+        "timeout_s": 300,
+        "idle_s": 3.0,
+        "expected": 0,
+        "pull_batch_size": opts.pull_batch_size,
+        "broker_pid": base["broker_pid"],
+    }
+    rs = _pool_run([("consume", ns, "bench", consume) for _ in range(opts.consumer_processes)])
+    consumed = sum(r["consumed"] for r in rs)
+    span = max(r["last"] for r in rs) - min(r["first"] for r in rs if r["consumed"]) if consumed else 0
+    return {
+        "msgs_per_s": round(consumed / span) if span > 0 else 0,
+        "consumed": consumed,
+        "stored": stored,
+        "cpu_us_per_msg": _cpu_figures(rs, sum(r["cpu_msgs"] for r in rs), "consumers"),
+    }
+
+
+def _phase_half_peak(
+    ns: str, base: dict[str, Any], opts: E2EOptions, rate: float, log: Callable[[str], None]
+) -> dict[str, Any]:
+    (alone,) = _pool_run([("open_loop", ns, "bench-lat", {**base, "rate": rate})])
+    log("  the same, with a push consumer reading the topic")
+    e2e_consumer = {
+        "group": "bench-lat",
+        "timeout_s": opts.seconds + 60,
+        "idle_s": 3.0,
+        "expected": int(rate * (opts.warmup_s + opts.seconds)),
+        "e2e": True,
+        "pull_batch_size": opts.pull_batch_size,
+        "broker_pid": base["broker_pid"],
+    }
+    rs = _pool_run([("open_loop", ns, "bench-e2e", {**base, "rate": rate}), ("consume", ns, "bench-e2e", e2e_consumer)])
+    return {
+        "target_msgs_per_s": round(rate),
+        "acked": alone["acked"],
+        "dropped_behind_schedule": alone["dropped"],
+        "errors": alone["errors"],
+        "send_latency_ms": summary_ms(merge([alone["hist"]])),
+        "warmup_s": opts.warmup_s,
+        "warmup_send_latency_ms": summary_ms(merge([alone["warmup_hist"]])),
+        "with_consumer": {
+            "acked": rs[0]["acked"],
+            "errors": rs[0]["errors"],
+            "dropped_behind_schedule": rs[0]["dropped"],
+            "send_latency_ms": summary_ms(merge([rs[0]["hist"]])),
+            "warmup_send_latency_ms": summary_ms(merge([rs[0]["warmup_hist"]])),
+            "e2e_latency_ms": summary_ms(merge([rs[1]["hist"]]), (50, 99)),
+            "consumed": rs[1]["consumed"],
+        },
+    }
+
+
 def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     root = opts.directory or tempfile.mkdtemp(prefix="orbit-e2e-")
     own_dir = opts.directory is None
@@ -350,108 +444,32 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             base["broker_pid"] = next(c.proc.pid for c in cluster.children if c.name.startswith("broker"))
             _create_topics(ns, ["bench", "bench-lat", "bench-e2e"], opts.queues)
 
-            log("phase 1: batched publish")
-            rs = _pool_run(
-                [
-                    ("batched", ns, "bench", {**base, "batch": opts.batch, "batches_in_flight": opts.batches_in_flight})
-                    for _ in range(opts.producer_processes)
-                ]
-            )
-            acked = sum(r["acked"] for r in rs)
-            result["publish_batched"] = {
-                "msgs_per_s": round(acked / opts.seconds),
-                "mb_per_s": round(acked * opts.message_bytes / opts.seconds / 1e6, 1),
-                "batch": opts.batch,
-                "errors": sum(r["errors"] for r in rs),
-                "batch_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
-                "cpu_us_per_msg": _cpu_figures(rs, acked, "producers"),
-            }
-            log(f"  {result['publish_batched']}")
+            def batched() -> None:
+                log("batched publish")
+                result["publish_batched"] = _phase_batched(ns, base, opts)
+                log(f"  {result['publish_batched']}")
 
-            log("phase 2: 16 synchronous producers")
-            n_procs = max(1, min(opts.sync_processes, opts.sync_producers))
-            per = [opts.sync_producers // n_procs + (i < opts.sync_producers % n_procs) for i in range(n_procs)]
-            rs = _pool_run([("sync", ns, "bench", {**base, "tasks": n}) for n in per if n])
-            sync_rate = sum(r["acked"] for r in rs) / opts.seconds
-            result["publish_sync_16"] = {
-                "msgs_per_s": round(sync_rate),
-                "processes": len(per),
-                "errors": sum(r["errors"] for r in rs),
-                "send_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
-                "cpu_us_per_msg": _cpu_figures(rs, sum(r["acked"] for r in rs), "producers"),
-            }
-            log(f"  {result['publish_sync_16']}")
+            def sync() -> None:
+                log("16 synchronous producers")
+                result["publish_sync_16"] = _phase_sync(ns, base, opts)
+                log(f"  {result['publish_sync_16']}")
 
-            stored = _stored_messages(ns, "bench")
-            log(f"phase 3: consume the {stored} stored messages")
-            rs = _pool_run(
-                [
-                    (
-                        "consume",
-                        ns,
-                        "bench",
-                        {
-                            "group": "bench-consume",
-                            "timeout_s": 300,
-                            "idle_s": 3.0,
-                            "expected": 0,
-                            "pull_batch_size": opts.pull_batch_size,
-                            "broker_pid": base["broker_pid"],
-                        },
-                    )
-                    for _ in range(opts.consumer_processes)
-                ]
-            )
-            consumed = sum(r["consumed"] for r in rs)
-            span = max(r["last"] for r in rs) - min(r["first"] for r in rs if r["consumed"]) if consumed else 0
-            result["consume"] = {
-                "msgs_per_s": round(consumed / span) if span > 0 else 0,
-                "consumed": consumed,
-                "stored": stored,
-                "cpu_us_per_msg": _cpu_figures(rs, sum(r["cpu_msgs"] for r in rs), "consumers"),
-            }
-            log(f"  {result['consume']}")
+            def half_peak() -> None:
+                rate = max(100.0, result["publish_sync_16"]["msgs_per_s"] / 2)
+                log(f"open-loop publish at {rate:.0f} msgs/s (half the synchronous peak), alone")
+                result["half_peak"] = _phase_half_peak(ns, base, opts, rate, log)
+                log(f"  {result['half_peak']}")
 
-            rate = max(100.0, sync_rate / 2)
-            log(f"phase 4: open-loop publish at {rate:.0f} msgs/s (half the synchronous peak), alone")
-            (alone,) = _pool_run([("open_loop", ns, "bench-lat", {**base, "rate": rate})])
-            log("phase 5: the same, with a push consumer reading the topic")
-            jobs = [
-                ("open_loop", ns, "bench-e2e", {**base, "rate": rate}),
-                (
-                    "consume",
-                    ns,
-                    "bench-e2e",
-                    {
-                        "group": "bench-lat",
-                        "timeout_s": opts.seconds + 60,
-                        "idle_s": 3.0,
-                        "expected": int(rate * (opts.warmup_s + opts.seconds)),
-                        "e2e": True,
-                        "pull_batch_size": opts.pull_batch_size,
-                        "broker_pid": base["broker_pid"],
-                    },
-                ),
-            ]
-            rs = _pool_run(jobs)
-            result["half_peak"] = {
-                "target_msgs_per_s": round(rate),
-                "acked": alone["acked"],
-                "dropped_behind_schedule": alone["dropped"],
-                "errors": alone["errors"],
-                "send_latency_ms": summary_ms(merge([alone["hist"]])),
-                "warmup_s": opts.warmup_s,
-                "warmup_send_latency_ms": summary_ms(merge([alone["warmup_hist"]])),
-                "with_consumer": {
-                    "acked": rs[0]["acked"],
-                    "errors": rs[0]["errors"],
-                    "send_latency_ms": summary_ms(merge([rs[0]["hist"]])),
-                    "warmup_send_latency_ms": summary_ms(merge([rs[0]["warmup_hist"]])),
-                    "e2e_latency_ms": summary_ms(merge([rs[1]["hist"]]), (50, 99)),
-                    "consumed": rs[1]["consumed"],
-                },
-            }
-            log(f"  {result['half_peak']}")
+            def consume() -> None:
+                stored = _stored_messages(ns, "bench")
+                log(f"consume the {stored} stored messages")
+                result["consume"] = _phase_consume(ns, base, opts, stored)
+                log(f"  {result['consume']}")
+
+            phases = (sync, half_peak, batched, consume) if opts.latency_first else (batched, sync, consume, half_peak)
+            for n, phase in enumerate(phases, 1):
+                log(f"phase {n}:")
+                phase()
         # What the VM gave this hour (its speed drifts 2-3x between hours): measured after the phases, so
         # that the probe's page-cache writes do not change what the broker finds.
         result["machine"]["python_loop_ns"] = python_loop_ns()

@@ -3,7 +3,7 @@
     orbit namesrv [--listen HOST:PORT]                     a name server
     orbit broker [--config FILE] [flags]                   a broker
     orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
-    orbit bench e2e [--quick] [--seconds S] [--out FILE]   end-to-end benchmark, JSON on stdout
+    orbit bench e2e [--quick] [--latency-first] [--out FILE]  end-to-end benchmark, JSON
     orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
     orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
     orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
@@ -67,6 +67,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         opts = dataclasses.replace(opts, seconds=args.seconds)
     if args.pull_batch_size:
         opts = dataclasses.replace(opts, pull_batch_size=args.pull_batch_size)
+    if args.latency_first:
+        opts = dataclasses.replace(opts, latency_first=True)
     print(_save(e2e.run(opts, log=_log), args.out))
     return 0
 
@@ -107,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument("--dir", help="cluster directory (default: a new temporary directory)")
     e2e.add_argument("--seconds", type=float, help="length of each publishing phase")
     e2e.add_argument("--pull-batch-size", type=int, help="messages a consumer asks for in one pull (default 128)")
+    e2e.add_argument(
+        "--latency-first",
+        action="store_true",
+        help="the synchronous and half-peak phases first, on a fresh broker, then batched and consume",
+    )
     e2e.add_argument("--out", help="also write the JSON here")
     e2e.set_defaults(func=_bench_e2e)
     ha = bench_sub.add_parser("ha", help="SYNC_MASTER vs ASYNC_MASTER publishing and slave catch-up, on a real group")

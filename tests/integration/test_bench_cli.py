@@ -145,17 +145,22 @@ def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert printed == without_samples
 
 
-def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path) -> None:
-    """``orbit bench e2e`` with one-second phases: every figure the issue asks for is there and
-    positive, nothing failed, and the consumers read every message the producers stored (at
-    least once)."""
+@pytest.mark.parametrize("order", [(), ("--latency-first",)], ids=["bulk-first", "latency-first"])
+def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path, order: tuple[str, ...]) -> None:
+    """``orbit bench e2e`` with one-second phases, in either order: every figure the issue asks
+    for is there and positive, nothing failed, and the consumers read every message the
+    producers stored (at least once)."""
     out = tmp_path / "e2e.json"
     stdout = orbit_bench(
-        "e2e", "--quick", "--seconds", "1", "--pull-batch-size", "64",
+        "e2e", "--quick", "--seconds", "1", "--pull-batch-size", "64", *order,
         "--dir", str(tmp_path / "cluster"), "--out", str(out),
     )  # fmt: skip
     result = json.loads(stdout)
     assert json.loads(out.read_text()) == result
+    assert result["options"]["latency_first"] is bool(order)
+    ran = [k for k in result if k in ("publish_batched", "publish_sync_16", "consume", "half_peak")]
+    expected = ["publish_sync_16", "half_peak", "publish_batched", "consume"]
+    assert ran == (expected if order else ["publish_batched", "publish_sync_16", "consume", "half_peak"])
     assert result["options"]["seconds"] == 1
     assert result["options"]["pull_batch_size"] == 64
     for path in ("publish_batched.msgs_per_s", "publish_sync_16.msgs_per_s", "consume.msgs_per_s"):
