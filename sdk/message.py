@@ -99,15 +99,27 @@ def _checked_keys(keys: str | Iterable[str]) -> tuple[str, ...]:
     return tuple(key_list)
 
 
+_CHECKED_PROPERTY_NAMES: set[str] = set()  # user property names found good (as _CHECKED_TAGS)
+
+
 def _checked_properties(properties: Mapping[str, str]) -> dict[str, str]:
     props = dict(properties)
     for name, value in props.items():
+        if (
+            value.__class__ is str
+            and NAME_VALUE_SEPARATOR not in value
+            and PROPERTY_SEPARATOR not in value
+            and name in _CHECKED_PROPERTY_NAMES
+        ):
+            continue  # a known name and a plain value: the checks below, inline
         if not isinstance(name, str) or not isinstance(value, str) or not name:
             raise IllegalMessageError(f"property {name!r}: names and values are strings, names non-empty")
         if name in SYSTEM_PROPERTIES:
             raise IllegalMessageError(f"property name {name!r} is reserved for the system")
         _check_text("property name", name)
         _check_text("property value", value)
+        if name.__class__ is str:
+            _remember(_CHECKED_PROPERTY_NAMES, name)
     return props
 
 
@@ -190,12 +202,14 @@ class Message:
 
     def properties_text(self, unique_id: str) -> str:
         """``encoded_properties`` as text (a send header's ``properties``)."""
-        if self.properties or self.keys or self.delay_level or self.deliver_at_ms is not None:
+        if self.keys or self.delay_level or self.deliver_at_ms is not None:
             return encode_properties(self.wire_properties(unique_id)).decode()
-        # The common message, formatted directly (what wire_properties + encode_properties give).
+        # The common message, formatted directly (what wire_properties + encode_properties give:
+        # the user's properties first, then TAGS, WAIT, UNIQ_KEY).
+        user = "".join([f"{k}\x01{v}\x02" for k, v in self.properties.items()]) if self.properties else ""
         if self.tags is None:
-            return f"WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
-        return f"TAGS\x01{self.tags}\x02WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
+            return f"{user}WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
+        return f"{user}TAGS\x01{self.tags}\x02WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
 
     def __repr__(self) -> str:
         return f"Message(topic={self.topic!r}, body={len(self.body)}B, tags={self.tags!r}, keys={self.keys!r})"

@@ -300,3 +300,15 @@ def test_message_queues_sort_by_topic_broker_and_queue_id_and_are_hashable() -> 
 def test_send_result_splits_the_ids_of_a_batch() -> None:
     r = SendResult(SendStatus.SEND_OK, "A,B,C", "X,Y,Z", MessageQueue("T", "b", 0), 7)
     assert r.msg_ids == ["A", "B", "C"]
+
+
+def test_a_property_name_seen_before_does_not_let_a_bad_value_through() -> None:
+    """Good property names are remembered (checked once); their values are still checked on
+    every message."""
+    Message("T", b"x", properties={"seen": "fine"})
+    Message("T", b"x", properties={"seen": "fine again"})
+    for bad in ("a\x01b", "a\x02b", 5, None):
+        with pytest.raises(IllegalMessageError):
+            Message("T", b"x", properties={"seen": bad})  # type: ignore[dict-item]
+    with pytest.raises(IllegalMessageError, match="reserved"):
+        Message("T", b"x", properties={"UNIQ_KEY": "x"})
