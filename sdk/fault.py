@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sdk.message import MessageQueue
@@ -33,9 +33,12 @@ def _monotonic_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+_LIMITS_DESCENDING = tuple(zip(reversed(LATENCY_MAX_MS), reversed(NOT_AVAILABLE_DURATION_MS), strict=True))
+
+
 def not_available_duration_ms(latency_ms: int) -> int:
     """How long a broker with this latency is avoided."""
-    for limit, duration in zip(reversed(LATENCY_MAX_MS), reversed(NOT_AVAILABLE_DURATION_MS), strict=True):
+    for limit, duration in _LIMITS_DESCENDING:
         if latency_ms >= limit:
             return duration
     return 0
@@ -49,6 +52,10 @@ class FaultItem:
 
     def available(self, now_ms: int) -> bool:
         return now_ms >= self.available_from_ms
+
+
+def _available(item: FaultItem | None, now_ms: int) -> bool:
+    return item is None or now_ms >= item.available_from_ms
 
 
 class LatencyFaultTolerance:
@@ -75,12 +82,15 @@ class LatencyFaultTolerance:
     def remove(self, broker_name: str) -> None:
         self.items.pop(broker_name, None)
 
-    def pick_one_at_least(self) -> str | None:
+    def pick_one_at_least(self, now_ms: int | None = None) -> str | None:
         """A broker to try when every broker is marked unavailable: among the better half
         (available first, then lower latency, then sooner available), in turn."""
-        if not self.items:
+        items = self.items
+        if not items:
             return None
-        now = self.clock_ms()
+        if len(items) == 1:
+            return next(iter(items.values())).broker_name  # the better half of one
+        now = self.clock_ms() if now_ms is None else now_ms
         ranked = sorted(self.items.values(), key=lambda i: (not i.available(now), i.latency_ms, i.available_from_ms))
         half = max(1, len(ranked) // 2)
         return ranked[next(self._worst) % half].broker_name
@@ -89,7 +99,7 @@ class LatencyFaultTolerance:
 class TopicPublishQueues:
     """A topic's write queues with its round-robin position (RocketMQ's TopicPublishInfo)."""
 
-    __slots__ = ("_next", "masters", "queues")
+    __slots__ = ("_by_broker", "_next", "masters", "queues")
 
     def __init__(
         self, queues: Sequence[MessageQueue], start: int = 0, *, masters: dict[str, str] | None = None
@@ -99,6 +109,23 @@ class TopicPublishQueues:
         # Broker name → its master's address, from the same route as the queues (the send
         # path's look-up; empty when not given).
         self.masters: dict[str, str] = masters or {}
+        self._by_broker: dict[str, list[MessageQueue]] | None = None
+
+    def _grouped(self) -> dict[str, list[MessageQueue]]:
+        by = self._by_broker
+        if by is None:
+            by = self._by_broker = {}
+            for q in self.queues:
+                by.setdefault(q.broker_name, []).append(q)
+        return by
+
+    def on_broker(self, broker_name: str) -> list[MessageQueue]:
+        """The queues on ``broker_name``, in order (grouped once, when first asked)."""
+        return self._grouped().get(broker_name, [])
+
+    def brokers(self) -> Iterable[str]:
+        """The brokers the queues are on."""
+        return self._grouped().keys()
 
     def next_index(self) -> int:
         return next(self._next)
@@ -114,7 +141,7 @@ class TopicPublishQueues:
         return self.queues[self.next_index() % n]
 
     def write_queue_count(self, broker_name: str) -> int:
-        return sum(1 for q in self.queues if q.broker_name == broker_name)
+        return len(self.on_broker(broker_name))
 
 
 class MQFaultStrategy:
@@ -134,19 +161,29 @@ class MQFaultStrategy:
             raise ValueError("the topic has no write queues")
         if not self.enabled:
             return info.select(last_broker_name)
-        n = len(info.queues)
-        for _ in range(n):
-            mq = info.queues[info.next_index() % n]
-            if self.tolerance.is_available(mq.broker_name) and mq.broker_name != last_broker_name:
-                return mq
+        # One clock reading for the walk (the send path runs it on every send while a broker
+        # is marked: it must stay cheap exactly when a broker is slow).
+        tolerance = self.tolerance
+        items = tolerance.items
+        now = tolerance.clock_ms()
+        # Walk the queues only if some broker can take the send (brokers are a handful, queues
+        # many: with the topic's only broker marked, every send would walk them all for nothing).
+        for broker in info.brokers():
+            if broker != last_broker_name and _available(items.get(broker), now):
+                n = len(queues)
+                for _ in range(n):
+                    mq = queues[next(info._next) % n]
+                    on = mq.broker_name
+                    if on != last_broker_name and ((item := items.get(on)) is None or now >= item.available_from_ms):
+                        return mq
+                break
         # Every other broker is marked unavailable: fall back on the least bad one.
-        best = self.tolerance.pick_one_at_least()
+        best = tolerance.pick_one_at_least(now)
         if best is not None:
-            count = info.write_queue_count(best)
-            if count > 0:
-                on_best = [q for q in info.queues if q.broker_name == best]
-                return on_best[info.next_index() % count]
-            self.tolerance.remove(best)
+            on_best = info.on_broker(best)
+            if on_best:
+                return on_best[next(info._next) % len(on_best)]
+            tolerance.remove(best)
         return info.select(last_broker_name)
 
     def update(self, broker_name: str, latency_ms: int, *, isolation: bool) -> None:

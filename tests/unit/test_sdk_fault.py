@@ -97,3 +97,25 @@ def test_a_disabled_strategy_is_plain_round_robin_that_avoids_the_last_broker(cl
 def test_selecting_from_a_topic_without_write_queues_is_an_error(clock: ManualClock) -> None:
     with pytest.raises(ValueError, match="no write queues"):
         MQFaultStrategy(clock_ms=clock).select(TopicPublishQueues([]))
+
+
+def test_with_the_topics_only_broker_marked_sends_go_round_robin_over_its_queues(clock: ManualClock) -> None:
+    """The least bad broker takes the sends, each of its queues in turn, not one queue; and
+    its queues come back to the plain round robin once the mark ends."""
+    strategy = MQFaultStrategy(clock_ms=clock)
+    info = _queues(("a",), per=4)
+    strategy.update("a", 600, isolation=False)  # slow: avoided for 30 s, but there is no other
+    picked = [strategy.select(info) for _ in range(8)]
+    assert sorted(picked[:4], key=lambda q: q.queue_id) == info.queues
+    assert picked[4:] == picked[:4]
+    assert strategy.select(info, last_broker_name="a").broker_name == "a"
+    clock.advance(30_000)
+    assert {strategy.select(info).queue_id for _ in range(4)} == {0, 1, 2, 3}
+
+
+def test_queues_by_broker_are_grouped_in_their_order() -> None:
+    info = TopicPublishQueues([MessageQueue("T", b, q) for q in range(3) for b in ("b", "a")])
+    assert [q.queue_id for q in info.on_broker("a")] == [0, 1, 2]
+    assert info.write_queue_count("b") == 3
+    assert info.on_broker("z") == []
+    assert set(info.brokers()) == {"a", "b"}
