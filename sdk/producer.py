@@ -78,8 +78,11 @@ def select_by_sharding_key(queues: Sequence[MessageQueue], key: str) -> MessageQ
     return queues[zlib.crc32(key.encode()) % len(queues)]
 
 
-def _settle(out: asyncio.Future[SendResult], done: asyncio.Future[SendResult]) -> None:
-    """``out`` gets ``done``'s outcome (unless its caller cancelled it)."""
+def _settle(
+    out: asyncio.Future[SendResult], pending: set[asyncio.Future[SendResult]], done: asyncio.Future[SendResult]
+) -> None:
+    """``out`` gets ``done``'s outcome (unless its caller cancelled it) and leaves ``pending``."""
+    pending.discard(out)
     if out.done():
         return
     if done.cancelled():
@@ -292,11 +295,11 @@ class Producer:
         inst = self.instance
         fut: asyncio.Future[SendResult] | None = None
         if sharding_key is None and queue_selector is None and self.telemetry is None:
-            fut = self._first_attempt(inst, msg)
+            fut = self._first_attempt(inst, msg)  # leaves _pending itself (no callback a send)
         if fut is None:
             fut = asyncio.ensure_future(self.send(msg, sharding_key=sharding_key, queue_selector=queue_selector))
+            fut.add_done_callback(self._pending.discard)
         self._pending.add(fut)
-        fut.add_done_callback(self._pending.discard)
         if callback is not None:
             fut.add_done_callback(callback)
         return fut
@@ -338,10 +341,9 @@ class Producer:
         begin: float,
         answer: asyncio.Future[RemotingCommand],
     ) -> None:
-        if out.done():
-            return  # cancelled by its caller
-        if answer.cancelled():
-            out.cancel()
+        if out.done() or answer.cancelled():
+            self._pending.discard(out)
+            out.cancel()  # (a no-op when its caller cancelled it)
             return
         error: OrbitError | None = None
         try:
@@ -351,19 +353,21 @@ class Producer:
         except OrbitError as e:
             error = e
         except Exception as e:
+            self._pending.discard(out)
             out.set_exception(e)
             return
         if error is None:
             elapsed = answer.get_loop().time() - begin
             if self.fault.tolerance.items or elapsed >= _FAST_ANSWER_S:
                 self.fault.update(mq.broker_name, int(elapsed * 1000), isolation=False)
+            self._pending.discard(out)
             out.set_result(result)
             return
         # The coroutine path takes over: the same retries, fault marks and deadline as ``send``.
         retry = asyncio.ensure_future(
             self._send(msg.topic, msg, None, uid, None, None, failed=(mq, error, begin))
         )
-        retry.add_done_callback(functools.partial(_settle, out))
+        retry.add_done_callback(functools.partial(_settle, out, self._pending))
 
     async def send_oneway(
         self, msg: Message, *, sharding_key: str | None = None, queue_selector: QueueSelector | None = None

@@ -372,6 +372,25 @@ async def test_send_async_on_a_known_route_makes_no_task_and_writes_at_once() ->
     assert [r.msg_id for r in results] == sent_ids
     assert [r.message_queue.queue_id for r in results] == [int((c.ext_fields or {})["e"]) for _, c in fake.sent]
     assert len({(r.message_queue.broker_name, r.message_queue.queue_id) for r in results}) == 4, "round robin"
+    assert not p._pending, "answered sends no longer count as in flight"
+
+
+@pytest.mark.asyncio
+async def test_a_send_async_cancelled_before_its_answer_stops_counting_as_in_flight() -> None:
+    fake = Wired()
+    p = _producer(fake)
+    await _warm(p)
+    seen: list[bool] = []
+    fut = p.send_async(Message("T", b"x"), callback=lambda f: seen.append(f.cancelled()))
+    assert fut in p._pending
+    fut.cancel()
+    for _ in range(100):  # until the answer's callback and the user's have run
+        if seen and not p._pending:
+            break
+        await asyncio.sleep(0)
+    assert fut.cancelled()
+    assert seen == [True]
+    assert not p._pending
 
 
 @pytest.mark.asyncio
