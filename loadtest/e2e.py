@@ -213,19 +213,23 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     def send_due() -> None:
         # send_async: the request is written now and the answer comes to a callback, no task
         # a message (the generator's own cost per message is what limits its rate)
-        nonlocal outstanding, sent, dropped
+        nonlocal outstanding, sent, dropped, errors
         for intended in schedule.due(time.perf_counter()):
             if outstanding >= max_outstanding:
                 dropped += 1  # counted: the broker fell this far behind the schedule
                 continue
-            outstanding += 1
             sent += 1
             measured = intended >= measure_from
             props = {"bench_t_ns": str(wall_minus_perf_ns + int(intended * 1e9))} if measured else None
-            producer.send_async(
-                Message(topic, body, tags="bench", properties=props),
-                callback=functools.partial(answered, intended, measured),
-            )
+            try:
+                producer.send_async(
+                    Message(topic, body, tags="bench", properties=props),
+                    callback=functools.partial(answered, intended, measured),
+                )
+            except Exception:  # refused before any request (the producer closed under us)
+                errors += 1
+                continue
+            outstanding += 1
 
     loop = asyncio.get_running_loop()
     tick_s = opts.get("tick_us", TICK_US) / 1e6
