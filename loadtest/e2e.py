@@ -26,9 +26,9 @@ Phases, in order:
    intended send time, read at delivery).
 
 ``--latency-first`` runs the synchronous and half-peak phases first, on a fresh broker, then
-the batched and consume ones: after the batched phase's 4-5 GB the VM backs each new page-cache
-page with a host fault, and the same open-loop phase's p99 is several times higher there
-(docs/broker.md, "The order of the phases").
+the batched and consume ones: after the batched phase's 4-5 GB the same open-loop phase's p99
+was several times higher on the project's VM, for a cause not established (docs/broker.md,
+"The order of the phases").
 
 Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes; a
 worker keeps them as plain numbers while its phase runs and fills the histogram afterwards
