@@ -168,15 +168,13 @@ class MQFaultStrategy:
         now = tolerance.clock_ms()
         # Walk the queues only if some broker can take the send (brokers are a handful, queues
         # many: with the topic's only broker marked, every send would walk them all for nothing).
-        for broker in info.brokers():
-            if broker != last_broker_name and _available(items.get(broker), now):
-                n = len(queues)
-                for _ in range(n):
-                    mq = queues[next(info._next) % n]
-                    on = mq.broker_name
-                    if on != last_broker_name and ((item := items.get(on)) is None or now >= item.available_from_ms):
-                        return mq
-                break
+        takers = {b for b in info.brokers() if b != last_broker_name and _available(items.get(b), now)}
+        if takers:
+            n = len(queues)
+            while True:  # the next queue round-robin on a broker that can take it (one exists)
+                mq = queues[next(info._next) % n]
+                if mq.broker_name in takers:
+                    return mq
         # Every other broker is marked unavailable: fall back on the least bad one.
         best = tolerance.pick_one_at_least(now)
         if best is not None:

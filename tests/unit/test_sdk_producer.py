@@ -348,16 +348,18 @@ class Wired(FakeInstance):
         return fut
 
 
-async def _warm(p: Producer) -> None:
-    await p.send(Message("T", b"warm"))  # caches the topic's publish queues
-    p.instance.sent.clear()  # type: ignore[attr-defined]
+async def _warmed() -> tuple[Wired, Producer]:
+    """A producer on a ``Wired`` instance that has sent once (the topic's publish queues cached)."""
+    fake = Wired()
+    p = _producer(fake)
+    await p.send(Message("T", b"warm"))
+    fake.sent.clear()
+    return fake, p
 
 
 @pytest.mark.asyncio
 async def test_send_async_on_a_known_route_makes_no_task_and_writes_at_once() -> None:
-    fake = Wired()
-    p = _producer(fake)
-    await _warm(p)
+    fake, p = await _warmed()
     seen: list[SendStatus] = []
     tasks_before = len(asyncio.all_tasks())
     futs = [p.send_async(Message("T", b"x"), callback=lambda f: seen.append(f.result().status)) for _ in range(4)]
@@ -377,9 +379,7 @@ async def test_send_async_on_a_known_route_makes_no_task_and_writes_at_once() ->
 
 @pytest.mark.asyncio
 async def test_a_send_async_cancelled_before_its_answer_stops_counting_as_in_flight() -> None:
-    fake = Wired()
-    p = _producer(fake)
-    await _warm(p)
+    _, p = await _warmed()
     seen: list[bool] = []
     fut = p.send_async(Message("T", b"x"), callback=lambda f: seen.append(f.cancelled()))
     assert fut in p._pending
@@ -415,9 +415,7 @@ async def test_send_async_raises_a_non_retriable_answer_in_its_future_and_shutdo
     def refused(addr: str, cmd: RemotingCommand) -> RemotingCommand:
         return RemotingCommand(ResponseCode.NO_PERMISSION, flag=FLAG_RESPONSE, remark="no")
 
-    fake = Wired()
-    p = _producer(fake)
-    await _warm(p)
+    fake, p = await _warmed()
     fake.answer = refused
     fut = p.send_async(Message("T", b"x"))
     with pytest.raises(errors.OrbitError, match="no"):
