@@ -67,6 +67,11 @@ class StoreConfig:
     # Keep this much after the CommitLog write position reserved by a background thread
     # (see reserve_ahead.py).
     reserve_ahead_bytes: int = 128 * 1024 * 1024
+    # The ConsumeQueues and the IndexFile being written keep this many seconds of their recent
+    # write rate reserved ahead of the writer, topped up by the ConsumeQueue flush thread each
+    # round, so the writer's thread (the broker's event loop) seldom zero-fills blocks itself
+    # (0 = reserve only on the write path, a chunk at a time). docs/store.md, "Reserving ahead".
+    reserve_indexes_ahead_s: float = 3.0
     preallocate_next_file: bool = True
     # Keep this much after the CommitLog write position in the page cache, filled by a
     # background thread on spare CPU (populate_ahead.py; 0 = off): an append then copies into pages that are
@@ -112,6 +117,8 @@ class StoreConfig:
             problems.append("write_stage_bytes must be 0..64 MiB")
         if not 0 <= self.populate_ahead_bytes <= 1024 * 1024 * 1024:
             problems.append("populate_ahead_bytes must be 0..1 GiB")
+        if not 0 <= self.reserve_indexes_ahead_s <= 60:
+            problems.append("reserve_indexes_ahead_s must be 0..60")
         if self.consume_queue_units_per_file < 1:
             problems.append("consume_queue_units_per_file must be positive")
         if self.index_hash_slots < 1 or self.index_max_entries < 2:

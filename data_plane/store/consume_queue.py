@@ -38,6 +38,7 @@ def _reserve_chunk(pos: int) -> int:
 
 class ConsumeQueue:
     __slots__ = (
+        "_reserve_seen",
         "file_size",
         "last_file",
         "max_physic_offset",
@@ -55,6 +56,7 @@ class ConsumeQueue:
         self.max_physic_offset = -1  # end (offset + size) of the last record indexed
         self.min_logic_offset = 0
         self.last_file: MappedFile | None = None
+        self._reserve_seen: tuple[MappedFile | None, int] = (None, 0)  # (file, position) at the last reserve_ahead
 
     # --- positions -------------------------------------------------------------------------
     def min_offset_in_queue(self) -> int:
@@ -64,6 +66,23 @@ class ConsumeQueue:
         return self.mfq.max_offset() // CQ_UNIT_SIZE
 
     # --- writing ---------------------------------------------------------------------------
+    def reserve_ahead(self, rounds: float) -> bool:
+        """Called once a flush round, off the writer's thread: when what stays reserved after
+        the write position is less than ``rounds`` times what the queue took since the last
+        call, reserve that much. True when blocks were reserved."""
+        mf = self.last_file
+        if mf is None:
+            return False
+        seen_mf, seen_pos = self._reserve_seen
+        pos = mf.wrote_position
+        moved = pos - seen_pos if seen_mf is mf else pos
+        self._reserve_seen = (mf, pos)
+        want = min(mf.file_size, pos + int(moved * rounds))
+        if moved <= 0 or want <= mf.reserved_upto:
+            return False
+        mf.ensure_reserved(want, _reserve_chunk(pos))
+        return True
+
     def put(self, commit_log_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Write the unit for ``queue_offset``. Returns False when the unit was already there
         (a re-dispatch after recovery) and True when written. Raises OSError on a full disk."""

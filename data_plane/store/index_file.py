@@ -61,6 +61,7 @@ class IndexFile:
     __slots__ = (
         "_entries_at",
         "_released_upto",
+        "_reserve_seen",
         "begin_phy_offset",
         "begin_timestamp",
         "end_phy_offset",
@@ -95,6 +96,7 @@ class IndexFile:
         if slots not in (0, hash_slots):
             raise OSError(f"{path}: {slots} hash slots on disk, {hash_slots} configured")
         self.index_count: int = max(count, 1)
+        self._reserve_seen = self.index_count  # the count at the last reserve_ahead
         self._released_upto = self._entries_at
         if not is_new:
             # Header and slots were reserved when the file was made; entries up to the count.
@@ -184,6 +186,22 @@ class IndexFile:
         self.mf.committed_position = self.mf.wrote_position = self.file_size
         self.mf.flush(0)
         self.mf.flushed_position = 0  # slots are random access: flush the whole map next time
+
+    def reserve_ahead(self, rounds: float) -> bool:
+        """Called once a flush round, off the writer's thread: keep ``rounds`` times the entries
+        added since the last call reserved after the newest (at least ENTRY_RESERVE_BYTES' worth
+        once entries come). True when blocks were reserved."""
+        count = self.index_count
+        moved = count - self._reserve_seen
+        self._reserve_seen = count
+        if moved <= 0:
+            return False
+        at = self._entries_at + count * INDEX_ENTRY_SIZE
+        want = min(self.file_size, at + max(int(moved * rounds) * INDEX_ENTRY_SIZE, ENTRY_RESERVE_BYTES))
+        if want <= self.mf.reserved_upto:
+            return False
+        self.mf.ensure_reserved(want, ENTRY_RESERVE_BYTES)
+        return True
 
     def release_entries(self, keep_bytes: int) -> None:
         """Drop written entry pages more than ``keep_bytes`` behind the newest entry (entries

@@ -31,7 +31,7 @@ from data_plane.store import fastpath, retention
 from data_plane.store.checkpoint import StoreCheckpoint, create_abort_file, delete_abort_file
 from data_plane.store.commit_log import CommitLog, PutRefused
 from data_plane.store.config import FlushDiskType, StoreConfig
-from data_plane.store.consume_queue import CQ_UNIT
+from data_plane.store.consume_queue import CQ_UNIT, ConsumeQueue
 from data_plane.store.dispatcher import ConsumeQueueTable, Dispatcher
 from data_plane.store.fastpath import PlainBatch
 from data_plane.store.flush import (
@@ -299,12 +299,30 @@ class MessageStore:
                 for mf in mfq.files[:-1]:
                     mf.release_all_pages()
 
+    def reserve_indexes_ahead(self, queues: list[ConsumeQueue]) -> None:
+        """Reserve the blocks the ConsumeQueues and the newest IndexFile will be written into
+        next, ``reserve_indexes_ahead_s`` of their recent rate ahead: the zero-filling ``pwrite``
+        then happens here, on the flush thread, instead of stalling the writer's event loop for
+        milliseconds when a busy queue or the IndexFile runs out of reserved blocks (with eight
+        equally busy queues they all ran out at once). A full disk is logged and left to the
+        write path, which answers it."""
+        rounds = self.config.reserve_indexes_ahead_s * 1000 / self.config.flush_interval_consume_queue_ms
+        try:
+            for cq in queues:
+                cq.reserve_ahead(rounds)
+            if self.index is not None and self.index.files:
+                self.index.files[-1].reserve_ahead(rounds)
+        except OSError as e:
+            log.warning("cannot reserve index blocks ahead of the writer: %s", e)
+
     def flush_indexes(self, thorough: bool) -> None:
         """Flush ConsumeQueues and IndexFiles, then record the checkpoint."""
         cfg = self.config
         dispatched = self.dispatcher.dispatched_offset
         least = 0 if thorough else cfg.flush_consume_queue_least_pages
         queues = list(self.queues)
+        if cfg.reserve_indexes_ahead_s > 0 and self.running:
+            self.reserve_indexes_ahead(queues)
         dirty = [cq for cq in queues if cq.dirty_pages() >= max(least, 1)]
         if len(dirty) > 64:
             # Thousands of queues: one sync(2) instead of an open/fdatasync/close per file.
