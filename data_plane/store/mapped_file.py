@@ -42,6 +42,9 @@ def offset_to_file_name(offset: int) -> str:
 
 
 _ZEROS = bytes(ZERO_FILL_CHUNK_BYTES)
+# Slices of this view share _ZEROS (a bytes slice would copy: n fresh bytes of process memory
+# per call, which the allocator then keeps).
+_ZEROS_VIEW = memoryview(_ZEROS)
 
 
 def write_zeros(fd: int, size: int) -> None:
@@ -53,7 +56,7 @@ def write_zeros(fd: int, size: int) -> None:
     pos = 0
     while pos < size:
         n = min(ZERO_FILL_CHUNK_BYTES, size - pos)
-        written = os.pwrite(fd, _ZEROS[:n] if n < ZERO_FILL_CHUNK_BYTES else _ZEROS, pos)
+        written = os.pwrite(fd, _ZEROS_VIEW[:n], pos)
         pos += written
 
 
@@ -203,7 +206,7 @@ class MappedFile:
                     os.posix_fallocate(fd, pos, end - pos)
                 while self._zero_fill and pos < end:
                     n = min(ZERO_FILL_CHUNK_BYTES, end - pos)
-                    pos += os.pwrite(fd, _ZEROS[:n], pos)
+                    pos += os.pwrite(fd, _ZEROS_VIEW[:n], pos)
             finally:
                 os.close(fd)
             self.reserved_upto = end

@@ -300,8 +300,8 @@ class MessageStore:
                     mf.release_all_pages()
 
     def reserve_indexes_ahead(self, queues: list[ConsumeQueue]) -> None:
-        """Reserve the blocks the ConsumeQueues and the newest IndexFile will be written into
-        next, ``reserve_indexes_ahead_s`` of their recent rate ahead: the zero-filling ``pwrite``
+        """Reserve the blocks ``queues`` and the newest IndexFile will be written into next,
+        ``reserve_indexes_ahead_s`` of their rate since the last call ahead: the zero-filling ``pwrite``
         then happens here, on the flush thread, instead of stalling the writer's event loop for
         milliseconds when a busy queue or the IndexFile runs out of reserved blocks (with eight
         equally busy queues they all ran out at once). A full disk is logged and left to the
@@ -321,9 +321,12 @@ class MessageStore:
         dispatched = self.dispatcher.dispatched_offset
         least = 0 if thorough else cfg.flush_consume_queue_least_pages
         queues = list(self.queues)
-        if cfg.reserve_indexes_ahead_s > 0 and self.running:
-            self.reserve_indexes_ahead(queues)
         dirty = [cq for cq in queues if cq.dirty_pages() >= max(least, 1)]
+        if cfg.reserve_indexes_ahead_s > 0 and self.running:
+            # Only the queues written this round: a walk over every queue each second made
+            # 10,000-queue appends slower (184k against 197k msgs/s, three alternating pairs).
+            # A queue taking under a round's pages reserves its small chunks itself.
+            self.reserve_indexes_ahead(dirty)
         if len(dirty) > 64:
             # Thousands of queues: one sync(2) instead of an open/fdatasync/close per file.
             marks = [(cq, cq.mfq.max_offset()) for cq in dirty]

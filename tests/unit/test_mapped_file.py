@@ -150,6 +150,32 @@ def test_ensure_reserved_grows_reserved_upto_by_at_least_a_chunk(opened: list[Ma
     assert os.path.getsize(mf.path) == SIZE
 
 
+def _rss_anon_kib() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("RssAnon:"))
+
+
+def test_reserving_by_zeros_keeps_no_process_memory(opened: list[MappedFile], tmp_path: Path) -> None:
+    """Zeros go to the file from one shared buffer: a copy a call (a bytes slice) left a
+    15 MiB block in the calling thread's allocator arena, kept after the call."""
+    import threading
+
+    grown: list[int] = []
+
+    def reserve() -> None:  # on a thread of its own, as the flush thread reserves
+        mf = _open(opened, tmp_path, size=200 * 1024 * 1024, reserve=False)
+        before = _rss_anon_kib()
+        for k in range(1, 12):
+            mf.ensure_reserved(k * 15 * 1024 * 1024 + 12345, chunk=1024 * 1024)  # 15 MiB and odd sizes
+        grown.append(_rss_anon_kib() - before)
+
+    t = threading.Thread(target=reserve)
+    t.start()
+    t.join()
+    assert len(grown) == 1
+    assert grown[0] < 4 * 1024, f"RssAnon grew {grown[0]} KiB"
+
+
 def test_ensure_reserved_allocates_disk_blocks(opened: list[MappedFile], tmp_path: Path) -> None:
     mf = _open(opened, tmp_path, reserve=False)
     before = os.stat(mf.path).st_blocks
