@@ -40,6 +40,7 @@ from data_plane.broker.consumer_filter import ConsumerFilterManager
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.gc_watch import GcWatch
 from data_plane.broker.long_poll import PullRequestHoldService
+from data_plane.broker.open_files import raise_open_files_limit
 from data_plane.broker.pull import PullHandler, PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
 from data_plane.broker.replication import Replication
@@ -498,6 +499,8 @@ def write_ready_file(path: str, info: dict[str, Any]) -> None:
 async def serve(config: BrokerConfig, ready_file: str | None = None) -> int:
     # The store's threads (group commit, flushes) get the GIL within this much of asking.
     sys.setswitchinterval(config.gil_switch_interval_us / 1e6)
+    # Every mapped ConsumeQueue and IndexFile file holds a descriptor (open_files.py).
+    raise_open_files_limit()
     broker = Broker(config)
     await broker.start()
     # Everything made so far (modules, config, the recovered store) lives as long as the
