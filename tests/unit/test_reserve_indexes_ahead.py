@@ -84,11 +84,20 @@ def test_the_flush_thread_keeps_a_busy_queue_reserved_ahead(make_store: Callable
     store = make_store(
         flush_interval_consume_queue_ms=20, reserve_indexes_ahead_s=1.0, consume_queue_units_per_file=50_000
     )
-    _append(store, 400)
+    _append(store, 100)
     mf = _cq(store).last_file
     assert mf is not None
-    # Rounds every 20 ms, a second's worth each: 50 rounds times what moved since the last one.
-    assert until(lambda: mf.reserved_upto >= 2 * 400 * CQ_UNIT_SIZE)
+    sent = [100]
+
+    def reserved_far_ahead() -> bool:
+        _append(store, 40, start=sent[0])  # busy all along: every round finds it dirty
+        sent[0] += 40
+        # The write path's own chunks (as much as the queue holds) keep at most about twice its
+        # position reserved; a round reserves 50 rounds' worth (1 s of 20 ms rounds).
+        return mf.reserved_upto > 3 * mf.wrote_position + 4096
+
+    assert until(reserved_far_ahead)
+    assert _cq(store).last_file is mf
 
 
 def test_the_index_file_gets_a_rounds_worth_of_its_entries_reserved(tmp_path: Path) -> None:
