@@ -71,6 +71,7 @@ RecordFilter = Callable[[memoryview], bool]
 # (log offset the append ends at, deadline on the loop's clock, future)
 FlushWaiter = tuple[int, float, "asyncio.Future[bool]"]
 _MAX_FLUSH_WAITERS = 1_000_000
+RESERVE_WARNING_INTERVAL_S = 60.0  # a failing reserve-ahead (a full disk) is logged at most this often
 
 
 class _FlushWaiters(collections.deque[FlushWaiter]):
@@ -149,6 +150,7 @@ class MessageStore:
         self._reserve_ahead: ReserveAheadService | None = None
         self._populate_ahead: PopulateAheadService | None = None
         self._last_release_all = time.monotonic()
+        self._reserve_warned_at = -float("inf")  # time.monotonic() of the last reserve-ahead warning
         self.put_count = 0
         self.put_bytes = 0
         self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
@@ -313,7 +315,10 @@ class MessageStore:
             if self.index is not None and self.index.files:
                 self.index.files[-1].reserve_ahead(rounds)
         except OSError as e:
-            log.warning("cannot reserve index blocks ahead of the writer: %s", e)
+            now = time.monotonic()
+            if now - self._reserve_warned_at >= RESERVE_WARNING_INTERVAL_S:  # not every round of a full disk
+                self._reserve_warned_at = now
+                log.warning("cannot reserve index blocks ahead of the writer: %s", e)
 
     def flush_indexes(self, thorough: bool) -> None:
         """Flush ConsumeQueues and IndexFiles, then record the checkpoint."""

@@ -617,3 +617,32 @@ if __name__ == "__main__":
     if sys.argv[1:2] == ["filled-later"]:
         sys.exit(filled_later_in_child(sys.argv[2], int(sys.argv[3]), sys.argv[4] == "True"))
     sys.exit(f"usage: {sys.argv[0]} reopen <spec.json> | filled-later <mount> <seed> <preallocate>")
+
+
+def test_reserving_index_blocks_ahead_on_a_full_disk_warns_once_and_keeps_the_store_readable(
+    tmpfs: Path, open_store: Callable[[StoreConfig], MessageStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The flush thread's reserve-ahead (StoreConfig.reserve_indexes_ahead_s) meets ENOSPC: a
+    warning, not an exception out of the flush round, and not one warning per round; the
+    messages stored stay readable. (Rounds are called here; the thread's first is a minute off.)"""
+    store = open_store(
+        full_config(tmpfs / "store", flush_interval_consume_queue_ms=60_000, reserve_indexes_ahead_s=60.0)
+    )
+    written: Written = []
+    for i in range(400):
+        msg = Message(topic=TOPICS[0], body=b"r" * 100, queue_id=i % 2, properties={"KEYS": f"k{i}"})
+        r = put(store, msg)
+        assert r.status is PutMessageStatus.PUT_OK, r
+        assert r.append is not None
+        written.append((r.append.msg_id, msg))
+    wait_for_preallocation(store)
+    fill(tmpfs / "filler", 0)
+    queues = [store.queues.get(TOPICS[0], q) for q in (0, 1)]
+    with caplog.at_level("WARNING", logger="data_plane.store.message_store"):
+        for cq in queues:  # each has a round's worth to reserve, and no room for it
+            assert cq is not None
+            store.reserve_indexes_ahead([cq])
+    warnings = [r for r in caplog.records if "cannot reserve index blocks ahead" in r.getMessage()]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert "No space left" in warnings[0].getMessage()
+    check_readable(store, written)
