@@ -27,8 +27,8 @@ Phases, in order:
 
 ``--latency-first`` runs the synchronous and half-peak phases first, on a fresh broker, then
 the batched and consume ones: after the batched phase's 4-5 GB the same open-loop phase's p99
-was several times higher on the project's VM, for a cause not established (docs/broker.md,
-"The order of the phases").
+was several times higher on the project's VM, for a cause not established — not a write-back
+backlog, which is gone by then (docs/broker.md, "Stalls of the broker's event loop").
 
 Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes; a
 worker keeps them as plain numbers while its phase runs and fills the histogram afterwards
@@ -373,12 +373,13 @@ def _phase_sync(ns: str, base: dict[str, Any], opts: E2EOptions) -> dict[str, An
     n_procs = max(1, min(opts.sync_processes, opts.sync_producers))
     per = [opts.sync_producers // n_procs + (i < opts.sync_producers % n_procs) for i in range(n_procs)]
     rs = _pool_run([("sync", ns, "bench", {**base, "tasks": n}) for n in per if n])
+    acked = sum(r["acked"] for r in rs)
     return {
-        "msgs_per_s": round(sum(r["acked"] for r in rs) / opts.seconds),
+        "msgs_per_s": round(acked / opts.seconds),
         "processes": len(per),
         "errors": sum(r["errors"] for r in rs),
         "send_latency_ms": summary_ms(merge([r["hist"] for r in rs])),
-        "cpu_us_per_msg": _cpu_figures(rs, sum(r["acked"] for r in rs), "producers"),
+        "cpu_us_per_msg": _cpu_figures(rs, acked, "producers"),
     }
 
 

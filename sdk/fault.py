@@ -55,7 +55,7 @@ class FaultItem:
 
 
 def _available(item: FaultItem | None, now_ms: int) -> bool:
-    return item is None or now_ms >= item.available_from_ms
+    return item is None or item.available(now_ms)
 
 
 class LatencyFaultTolerance:
@@ -91,7 +91,7 @@ class LatencyFaultTolerance:
         if len(items) == 1:
             return next(iter(items.values())).broker_name  # the better half of one
         now = self.clock_ms() if now_ms is None else now_ms
-        ranked = sorted(self.items.values(), key=lambda i: (not i.available(now), i.latency_ms, i.available_from_ms))
+        ranked = sorted(items.values(), key=lambda i: (not i.available(now), i.latency_ms, i.available_from_ms))
         half = max(1, len(ranked) // 2)
         return ranked[next(self._worst) % half].broker_name
 
@@ -156,7 +156,7 @@ class MQFaultStrategy:
         if not self.tolerance.items and last_broker_name is None and queues:
             # Nothing marked and no broker to avoid (every send but a retry): plain round robin,
             # what the walk below would pick.
-            return queues[next(info._next) % len(queues)]
+            return queues[info.next_index() % len(queues)]
         if not queues:
             raise ValueError("the topic has no write queues")
         if not self.enabled:
@@ -172,7 +172,7 @@ class MQFaultStrategy:
         if takers:
             n = len(queues)
             while True:  # the next queue round-robin on a broker that can take it (one exists)
-                mq = queues[next(info._next) % n]
+                mq = queues[info.next_index() % n]
                 if mq.broker_name in takers:
                     return mq
         # Every other broker is marked unavailable: fall back on the least bad one.
@@ -180,7 +180,7 @@ class MQFaultStrategy:
         if best is not None:
             on_best = info.on_broker(best)
             if on_best:
-                return on_best[next(info._next) % len(on_best)]
+                return on_best[info.next_index() % len(on_best)]
             tolerance.remove(best)
         return info.select(last_broker_name)
 
