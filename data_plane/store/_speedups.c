@@ -571,7 +571,8 @@ static int item_of_raw(item_t *items, Py_ssize_t n, Py_ssize_t i, const raw_batc
 static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t limit, long long file_from,
                                   PyObject *msgs, const char *topic_buf, Py_ssize_t topic_len, int queue_id,
                                   long long first_qo, long long store_ts, const char *host8, Py_ssize_t max_props,
-                                  Py_ssize_t max_msg, int index_enabled, PyObject *cq_target, Py_ssize_t cq_pos,
+                                  Py_ssize_t max_msg, int index_enabled, PyObject *cq_target,
+                                  const Py_buffer *cq_held, Py_ssize_t cq_pos,
                                   Py_ssize_t cq_limit, PyObject *ix_target, long long ix_slots, long long ix_count,
                                   long long ix_max, long long ix_begin_ts, int fd, long long fd_offset,
                                   const raw_batch *raw) {
@@ -785,7 +786,12 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     long long last_ix_phys = -1;
     /* Straight into the ConsumeQueue file when the units fit what is reserved there. */
-    if (cq_target != Py_None && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit) {
+    if (cq_held && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit && cq_limit <= cq_held->len) {
+        memcpy((unsigned char *)cq_held->buf + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
+        Py_DECREF(cq);
+        cq = PyLong_FromSsize_t(cq_pos + ncq * 20);
+        if (!cq) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
+    } else if (cq_target != Py_None && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit) {
         Py_buffer cb;
         if (PyObject_GetBuffer(cq_target, &cb, PyBUF_WRITABLE) < 0) {
             Py_DECREF(cq); Py_DECREF(idx); Py_DECREF(tags_out);
@@ -888,7 +894,7 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         goto out;
     }
     result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo, store_ts,
-                              host.buf, max_props, max_msg, index_enabled, cq_target, cq_pos, cq_limit, ix_target,
+                              host.buf, max_props, max_msg, index_enabled, cq_target, NULL, cq_pos, cq_limit, ix_target,
                               ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset, rb.items ? &rb : NULL);
 out:
     PyMem_Free(heap_items);
@@ -932,6 +938,94 @@ done:
  * handles the common case only; whenever anything is unusual (a new topic or queue, a file to
  * roll over or to reserve, a refused message) it writes nothing and returns None, and the
  * caller takes the Python path, which is the reference behaviour. */
+/* ---- positions kept as C integers -------------------------------------------------------
+ * The base classes of MappedFile (FilePositions) and ConsumeQueue (QueuePositions): the
+ * positions the append path reads and moves on every message, held in the object itself as C
+ * long longs instead of int objects the slots point at. With 10,000 queues every append lands
+ * on another queue's objects; each int object read or replaced there was a cache miss of its
+ * own. Python sees plain int attributes (member descriptors). The pure-Python twins are in
+ * positions.py. */
+typedef struct {
+    PyObject_HEAD
+    long long wrote_position, committed_position, flushed_position, file_size, file_from_offset, reserved_upto;
+    Py_buffer map; /* the file's mapping while held (map.obj set): hold_map / drop_map */
+} FilePositions;
+
+static void FilePositions_dealloc(FilePositions *f) {
+    if (f->map.obj) PyBuffer_Release(&f->map);
+    Py_TYPE(f)->tp_free((PyObject *)f);
+}
+
+/* hold_map(buffer): keep a writable view of the file's mapping, so that the append path writes
+ * ConsumeQueue units through its address without asking the memoryview each time. The holder
+ * must call drop_map() before releasing the mapping (an exported buffer keeps it alive). */
+static PyObject *FilePositions_hold_map(FilePositions *f, PyObject *obj) {
+    if (f->map.obj) PyBuffer_Release(&f->map);
+    if (PyObject_GetBuffer(obj, &f->map, PyBUF_WRITABLE) < 0) {
+        f->map.obj = NULL;
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *FilePositions_drop_map(FilePositions *f, PyObject *unused) {
+    if (f->map.obj) PyBuffer_Release(&f->map);
+    f->map.obj = NULL;
+    f->map.buf = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef FilePositions_methods[] = {
+    {"hold_map", (PyCFunction)FilePositions_hold_map, METH_O, "Keep a writable view of the file's mapping."},
+    {"drop_map", (PyCFunction)FilePositions_drop_map, METH_NOARGS, "Let go of the view hold_map kept."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef FilePositions_members[] = {
+    {"wrote_position", T_LONGLONG, offsetof(FilePositions, wrote_position), 0, "Bytes written (laid out) so far."},
+    {"committed_position", T_LONGLONG, offsetof(FilePositions, committed_position), 0,
+     "Bytes handed to the file so far."},
+    {"flushed_position", T_LONGLONG, offsetof(FilePositions, flushed_position), 0, "Bytes flushed to disk so far."},
+    {"file_size", T_LONGLONG, offsetof(FilePositions, file_size), 0, "The file's size in bytes."},
+    {"file_from_offset", T_LONGLONG, offsetof(FilePositions, file_from_offset), 0,
+     "The offset of the file's first byte (its name)."},
+    {"reserved_upto", T_LONGLONG, offsetof(FilePositions, reserved_upto), 0, "Bytes with disk blocks reserved."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject FilePositionsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "data_plane.store._speedups.FilePositions",
+    .tp_basicsize = sizeof(FilePositions),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_members = FilePositions_members,
+    .tp_methods = FilePositions_methods,
+    .tp_dealloc = (destructor)FilePositions_dealloc,
+    .tp_doc = "A mapped file's positions in bytes, as C integers (the base of MappedFile).",
+};
+
+typedef struct {
+    PyObject_HEAD
+    long long max_physic_offset;
+} QueuePositions;
+
+static PyMemberDef QueuePositions_members[] = {
+    {"max_physic_offset", T_LONGLONG, offsetof(QueuePositions, max_physic_offset), 0,
+     "End (offset + size) of the last record indexed; -1 before the first."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject QueuePositionsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "data_plane.store._speedups.QueuePositions",
+    .tp_basicsize = sizeof(QueuePositions),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_members = QueuePositions_members,
+    .tp_doc = "A ConsumeQueue's log position as a C integer (the base of ConsumeQueue).",
+};
+
+#define AS_FP(o) (PyObject_TypeCheck((o), &FilePositionsType) ? (FilePositions *)(o) : NULL)
+
 typedef struct {
     PyObject_HEAD
     PyObject *commit_log, *queue_offsets, *topic_bytes, *cq_table, *index, *dispatcher, *clock;
@@ -1030,7 +1124,9 @@ static int stage_commit(Appender *a) {
     }
     if (write_fully((int)fd, a->stage, a->staged, a->st_pos) < 0) return -1;
     Py_ssize_t end = a->st_pos + a->staged;
-    if (SET_LL(a->st_mf, s_wrote_position, end) || SET_LL(a->st_mf, s_committed_position, end)) return -1;
+    FilePositions *fp = AS_FP(a->st_mf);
+    if (fp) fp->wrote_position = fp->committed_position = end;
+    else if (SET_LL(a->st_mf, s_wrote_position, end) || SET_LL(a->st_mf, s_committed_position, end)) return -1;
     a->staged = 0;
     Py_CLEAR(a->st_mf);
     return 0;
@@ -1073,10 +1169,17 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         if (stage_commit(a) < 0) goto error; /* an OSError: nothing of this message recorded */
     }
     Py_ssize_t wrote, file_size, reserved, file_from, fd;
-    if (GET_SSIZE(mf, s_wrote_position, &wrote) || GET_SSIZE(mf, s_file_size, &file_size) ||
-        GET_SSIZE(mf, s_reserved_upto, &reserved) || GET_SSIZE(mf, s_file_from_offset, &file_from) ||
-        GET_SSIZE(mf, s_fd, &fd))
+    FilePositions *mfp = AS_FP(mf);
+    if (mfp) {
+        wrote = mfp->wrote_position;
+        file_size = mfp->file_size;
+        reserved = mfp->reserved_upto;
+        file_from = mfp->file_from_offset;
+    } else if (GET_SSIZE(mf, s_wrote_position, &wrote) || GET_SSIZE(mf, s_file_size, &file_size) ||
+               GET_SSIZE(mf, s_reserved_upto, &reserved) || GET_SSIZE(mf, s_file_from_offset, &file_from)) {
         goto error;
+    }
+    if (GET_SSIZE(mf, s_fd, &fd)) goto error;
     if (fd < 0 || fd > INT32_MAX) goto slow;
     if (a->staged && a->st_pos != wrote) {
         /* the file moved under the stage (it cannot while the CommitLog lock is held): refuse */
@@ -1093,13 +1196,23 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     if (!cq_mf) goto error;
     if (cq_mf == Py_None) goto slow;
     Py_ssize_t cq_pos, cq_from, cq_size, cq_res;
-    if (GET_SSIZE(cq_mf, s_wrote_position, &cq_pos) || GET_SSIZE(cq_mf, s_file_from_offset, &cq_from) ||
-        GET_SSIZE(cq_mf, s_file_size, &cq_size) || GET_SSIZE(cq_mf, s_reserved_upto, &cq_res))
+    FilePositions *cqp = AS_FP(cq_mf);
+    if (cqp) {
+        cq_pos = cqp->wrote_position;
+        cq_from = cqp->file_from_offset;
+        cq_size = cqp->file_size;
+        cq_res = cqp->reserved_upto;
+    } else if (GET_SSIZE(cq_mf, s_wrote_position, &cq_pos) || GET_SSIZE(cq_mf, s_file_from_offset, &cq_from) ||
+               GET_SSIZE(cq_mf, s_file_size, &cq_size) || GET_SSIZE(cq_mf, s_reserved_upto, &cq_res)) {
         goto error;
+    }
     Py_ssize_t cq_limit = cq_res < cq_size ? cq_res : cq_size;
     if (cq_from + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
-    cq_mv = SGET(cq_mf, s_mv);
-    if (!cq_mv) goto error;
+    const Py_buffer *cq_held = cqp && cqp->map.obj ? &cqp->map : NULL;
+    if (!cq_held) {
+        cq_mv = SGET(cq_mf, s_mv);
+        if (!cq_mv) goto error;
+    }
     /* the IndexFile: begun, with room for this message's keys */
     long long ix_count = 0, ix_max = 0, ix_begin = 0;
     if (a->index_enabled && a->index != Py_None) {
@@ -1114,7 +1227,9 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         ix_mf = SGET(ixf, s_mf);
         if (!ix_mf) goto error;
         Py_ssize_t ix_res;
-        if (GET_SSIZE(ix_mf, s_reserved_upto, &ix_res)) goto error;
+        FilePositions *ixp = AS_FP(ix_mf);
+        if (ixp) ix_res = ixp->reserved_upto;
+        else if (GET_SSIZE(ix_mf, s_reserved_upto, &ix_res)) goto error;
         /* IndexFile.reserved_entries(): entries that fit the blocks reserved so far */
         ix_max = (ix_res - (40 + a->ix_slots * 4)) / 20;
         if (ix_max > a->ix_max_entries) ix_max = a->ix_max_entries;
@@ -1159,7 +1274,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     int stage_it = a->stage_commit_bytes > 0;
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
-                         a->index_enabled, cq_mv, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
+                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_held, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
                          ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote, raw);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
@@ -1180,14 +1295,22 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
             a->st_pos = wrote;
         }
         a->staged = end - wrote;
+    } else if (mfp) {
+        mfp->wrote_position = mfp->committed_position = end;
     } else if (SET_LL(mf, s_wrote_position, end) || SET_LL(mf, s_committed_position, end)) {
         goto error;
     }
     if (SET_LL(a->commit_log, s_last_store_timestamp, now)) goto error;
     if (PyLong_Check(cq_out)) {
-        if (SSET(cq_mf, s_wrote_position, cq_out) || SSET(cq_mf, s_committed_position, cq_out))
+        if (cqp) {
+            long long to = PyLong_AsLongLong(cq_out);
+            if (to == -1 && PyErr_Occurred()) goto error;
+            cqp->wrote_position = cqp->committed_position = to;
+        } else if (SSET(cq_mf, s_wrote_position, cq_out) || SSET(cq_mf, s_committed_position, cq_out)) {
             goto error;
-        if (SET_LL(cq, s_max_physic_offset, end_abs)) goto error;
+        }
+        if (PyObject_TypeCheck(cq, &QueuePositionsType)) ((QueuePositions *)cq)->max_physic_offset = end_abs;
+        else if (SET_LL(cq, s_max_physic_offset, end_abs)) goto error;
     } else if (PyBytes_GET_SIZE(cq_out) > 0) {
         PyObject *e = PyLong_FromLongLong(end_abs);
         if (!e) goto error;
@@ -2138,7 +2261,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         INTERN2(common_strs[c], common_texts[c]);
         common_lens[c] = (Py_ssize_t)strlen(common_texts[c]);
     }
-    if (PyType_Ready(&AppenderType) < 0) return NULL;
+    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
+        PyType_Ready(&QueuePositionsType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m) {
         PyObject *names = PyTuple_New(MX_FIELDS);
@@ -2150,9 +2275,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         if (PyModule_AddObject(m, "RECORD_FIELDS", names) < 0) return NULL;
     }
     if (!m) return NULL;
-    Py_INCREF(&AppenderType);
-    if (PyModule_AddObject(m, "Appender", (PyObject *)&AppenderType) < 0) {
-        Py_DECREF(&AppenderType);
+    if (PyModule_AddObjectRef(m, "Appender", (PyObject *)&AppenderType) < 0 ||
+        PyModule_AddObjectRef(m, "FilePositions", (PyObject *)&FilePositionsType) < 0 ||
+        PyModule_AddObjectRef(m, "QueuePositions", (PyObject *)&QueuePositionsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

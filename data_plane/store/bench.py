@@ -28,6 +28,7 @@ run pays for its predecessor's write-back:
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import platform
 import shutil
@@ -91,14 +92,17 @@ def _rate(count: int, seconds: float) -> dict[str, float]:
 Run = Callable[[], tuple[int, int]]  # does the work; returns (messages, bytes)
 
 
-def _measure_interleaved(runs: dict[str, Run], repeats: int) -> dict[str, dict[str, Any]]:
+def _measure_interleaved(
+    runs: dict[str, Run], repeats: int, settle: Callable[[], None] = os.sync
+) -> dict[str, dict[str, Any]]:
     """Time each of ``runs`` ``repeats`` times, alternating between them so that the machine's
     drift (large on this project's VM) hits all of them alike. Each figure is the median run;
-    every run's rate is kept."""
+    every run's rate is kept. ``settle`` runs before each run, untimed: by default everything
+    written so far goes to disk, so that no run pays for the write-back of the one before."""
     samples: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
-            os.sync()
+            settle()
             t = time.perf_counter()
             count, nbytes = run()
             dt = time.perf_counter() - t
@@ -311,10 +315,22 @@ def _spread_workload(directory: str, body: bytes, queues: int, n: int, batch: in
     return store, run
 
 
+def _sync_commit_logs(stores: list[MessageStore]) -> None:
+    """Write the stores' CommitLog files to disk, and nothing else: the ConsumeQueue and
+    IndexFile pages stay dirty and go to disk at the kernel's own pace, as in a running store.
+    (A global ``sync`` write-protects every dirty mapped page, so the 10,000-queue run that
+    followed took a write fault on each of its 10,000 ConsumeQueue pages — a fault a running
+    store takes about once in the kernel's 30 s dirty expiry.)"""
+    for store in stores:
+        for mf in list(store.commit_log.mfq.files):
+            if mf.fd >= 0:
+                os.fdatasync(mf.fd)
+
+
 def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
     """The same load over 16 and over 10,000 queues, the runs of the two alternating: single
     messages (each append lands in another queue than the one before) and batches of 32 (one
-    queue a batch)."""
+    queue a batch). Before each run the CommitLogs go to disk (``_sync_commit_logs``)."""
     body = os.urandom(opts.body_bytes)
     out: dict[str, Any] = {}
     for batch, label in ((1, ""), (32, "_batch32")):
@@ -325,7 +341,8 @@ def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
                 store, run = _spread_workload(directory, body, q, opts.queue_messages, batch)
                 stores.append(store)
                 runs[f"queues_{q}{label}"] = run
-            out.update(_measure_interleaved(runs, opts.repeats))
+            settle = functools.partial(_sync_commit_logs, list(stores))
+            out.update(_measure_interleaved(runs, opts.repeats, settle))
         finally:
             for store in stores:
                 store.destroy()

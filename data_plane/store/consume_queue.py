@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from data_plane.store.mapped_file import MappedFile
 from data_plane.store.mapped_file_queue import MappedFileQueue
+from data_plane.store.positions import QueuePositions
 
 CQ_UNIT = struct.Struct(">qiq")
 CQ_UNIT_SIZE = CQ_UNIT.size
@@ -36,12 +37,11 @@ def _reserve_chunk(pos: int) -> int:
     return min(1 << 20, max(4096, pos))
 
 
-class ConsumeQueue:
+class ConsumeQueue(QueuePositions):
     __slots__ = (
         "_reserve_seen",
         "file_size",
         "last_file",
-        "max_physic_offset",
         "mfq",
         "min_logic_offset",
         "queue_id",

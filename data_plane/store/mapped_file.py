@@ -31,6 +31,7 @@ import threading
 from collections.abc import Callable
 
 from data_plane.store.config import PAGE_SIZE_BYTES
+from data_plane.store.positions import FilePositions
 
 FILE_NAME_DIGITS = 20
 RESERVE_CHUNK_BYTES = 64 * 1024  # sparse files reserve this much ahead of the writes
@@ -98,8 +99,9 @@ def is_data_file_name(name: str) -> bool:
     return len(name) == FILE_NAME_DIGITS and name.isdigit()
 
 
-class MappedFile:
-    """A file of ``file_size`` bytes, mapped read/write, with wrote/committed/flushed positions."""
+class MappedFile(FilePositions):
+    """A file of ``file_size`` bytes, mapped read/write, with wrote/committed/flushed positions
+    (held by ``FilePositions``, positions.py)."""
 
     __slots__ = (
         "_fd",
@@ -109,18 +111,12 @@ class MappedFile:
         "_released_upto",
         "_reserve_lock",
         "_zero_fill",
-        "committed_position",
         "destroyed",
-        "file_from_offset",
         "file_name",
-        "file_size",
-        "flushed_position",
         "mv",
         "path",
         "populated_upto",
         "released_behind",
-        "reserved_upto",
-        "wrote_position",
     )
 
     def __init__(
@@ -165,6 +161,7 @@ class MappedFile:
             os.close(fd)  # the mapping holds its own descriptor
             self._fd = -1
         self.mv = memoryview(self._mm)
+        self.hold_map(self.mv)  # the append path writes through the held view (positions.py)
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
@@ -355,6 +352,7 @@ class MappedFile:
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+        self.drop_map()
         try:
             self.mv.release()
             self._mm.close()

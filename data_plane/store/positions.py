@@ -1,0 +1,75 @@
+"""The positions the append path reads and moves on every message, as the base classes of
+MappedFile (``FilePositions``) and ConsumeQueue (``QueuePositions``).
+
+Layout (compiled, ``_speedups.c``): after the object header, C ``long long`` fields in this
+order::
+
+    FilePositions:  wrote_position, committed_position, flushed_position,
+                    file_size, file_from_offset, reserved_upto          (6 x 8 bytes)
+    QueuePositions: max_physic_offset                                   (1 x 8 bytes)
+
+The subclasses' own ``__slots__`` follow. Python code sees plain ``int`` attributes; the
+compiled appender reads and writes the fields in place. That matters with thousands of queues:
+each append lands on another queue's ConsumeQueue and file objects, and every ``int`` object a
+slot pointed at, read there or replaced, was a cache miss of its own.
+
+Without the compiled module (or with ``ORBIT_PURE_PYTHON`` set), the twins below, ordinary
+``__slots__`` classes with the same attributes, serve.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+
+class PyFilePositions:
+    """A mapped file's positions in bytes (the pure-Python twin)."""
+
+    __slots__ = (
+        "committed_position",
+        "file_from_offset",
+        "file_size",
+        "flushed_position",
+        "reserved_upto",
+        "wrote_position",
+    )
+
+    wrote_position: int  # bytes laid out so far
+    committed_position: int  # bytes handed to the file so far
+    flushed_position: int  # bytes flushed to disk so far
+    file_size: int
+    file_from_offset: int  # the offset of the file's first byte (its name)
+    reserved_upto: int  # bytes with disk blocks reserved
+
+    def hold_map(self, view: memoryview) -> None:
+        """Keep a writable view of the file's mapping for the compiled append path; the holder
+        calls ``drop_map`` before releasing the mapping. Nothing to keep here."""
+
+    def drop_map(self) -> None:
+        """Let go of what ``hold_map`` kept."""
+
+
+class PyQueuePositions:
+    """A ConsumeQueue's log position (the pure-Python twin)."""
+
+    __slots__ = ("max_physic_offset",)
+
+    max_physic_offset: int  # end (offset + size) of the last record indexed; -1 before the first
+
+
+def _compiled() -> tuple[type, type] | None:
+    if os.environ.get("ORBIT_PURE_PYTHON"):
+        return None
+    try:
+        from data_plane.store import _speedups  # type: ignore[attr-defined]
+    except ImportError:  # not built: the twins serve
+        return None
+    return _speedups.FilePositions, _speedups.QueuePositions
+
+
+if TYPE_CHECKING:
+    FilePositions = PyFilePositions
+    QueuePositions = PyQueuePositions
+else:
+    FilePositions, QueuePositions = _compiled() or (PyFilePositions, PyQueuePositions)

@@ -1,0 +1,107 @@
+"""The positions the append path moves on every message (positions.py): MappedFile and
+ConsumeQueue hold them as C integers when the store is compiled, and a MappedFile keeps a view
+of its mapping that the compiled appender writes ConsumeQueue units through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from data_plane.store import GetMessageStatus, Message, MessageStore, fastpath
+from data_plane.store.consume_queue import CQ_UNIT_SIZE, ConsumeQueue
+from data_plane.store.mapped_file import MappedFile
+from data_plane.store.message import decode_record
+from data_plane.store.positions import FilePositions, PyFilePositions, PyQueuePositions, QueuePositions
+
+FILE_FIELDS = (
+    "wrote_position",
+    "committed_position",
+    "flushed_position",
+    "file_size",
+    "file_from_offset",
+    "reserved_upto",
+)
+
+
+def _mapped(tmp_path: Path) -> MappedFile:
+    return MappedFile(str(tmp_path / ("0" * 20)), 64 * 1024)
+
+
+def test_the_compiled_bases_serve_when_the_store_is_compiled() -> None:
+    if fastpath.speedups_module() is None:
+        pytest.skip("the compiled store is not built")
+    assert FilePositions is not PyFilePositions
+    assert QueuePositions is not PyQueuePositions
+    assert issubclass(MappedFile, FilePositions)
+    assert issubclass(ConsumeQueue, QueuePositions)
+
+
+@pytest.mark.parametrize("base", [FilePositions, PyFilePositions])
+def test_file_positions_read_back_as_the_ints_written(base: type) -> None:
+    class Sub(base):  # type: ignore[misc]
+        __slots__ = ("other",)
+
+    p = Sub()
+    for i, name in enumerate(FILE_FIELDS):
+        setattr(p, name, (1 << 40) + i)
+    p.wrote_position += 5
+    assert [getattr(p, n) for n in FILE_FIELDS] == [(1 << 40) + i + (5 if i == 0 else 0) for i in range(6)]
+    assert all(type(getattr(p, n)) is int for n in FILE_FIELDS)
+    assert not hasattr(p, "__dict__")
+
+
+@pytest.mark.parametrize("base", [QueuePositions, PyQueuePositions])
+def test_queue_positions_read_back_as_the_int_written(base: type) -> None:
+    p = base()
+    p.max_physic_offset = -1
+    assert p.max_physic_offset == -1
+    p.max_physic_offset = 1 << 50
+    assert p.max_physic_offset == 1 << 50
+
+
+def test_a_mapped_file_starts_at_zero_and_keeps_its_size_and_name(tmp_path: Path) -> None:
+    mf = MappedFile(str(tmp_path / f"{4096:020d}"), 8192, reserve=False)
+    try:
+        assert (mf.wrote_position, mf.committed_position, mf.flushed_position) == (0, 0, 0)
+        assert (mf.file_size, mf.file_from_offset, mf.reserved_upto) == (8192, 4096, 0)
+    finally:
+        assert mf.close()
+
+
+def test_closing_lets_go_of_the_held_view_and_unmaps(tmp_path: Path) -> None:
+    mf = _mapped(tmp_path)
+    mf.mv[0:3] = b"abc"
+    reader = mf.mv[0:3]  # a reader's slice keeps the mapping: close says "later"
+    assert not mf.close()
+    reader.release()
+    assert mf.close()  # the held view does not keep it: close dropped it first
+    with pytest.raises(ValueError, match="released"):
+        mf.mv[0]
+
+
+def test_units_go_through_the_held_view_and_without_it(make_store: Callable[..., MessageStore]) -> None:
+    store = make_store(consume_queue_units_per_file=1000)
+
+    def append(i: int) -> None:
+        result, _ = store.append([Message(topic="T", body=b"m%d" % i, queue_id=3, properties={"KEYS": f"k{i}"})])
+        assert result.ok, result
+
+    for i in range(5):
+        append(i)
+    cq = store.queues.get("T", 3)
+    assert cq is not None
+    assert cq.last_file is not None
+    cq.last_file.drop_map()  # the appender falls back to the file's memoryview
+    for i in range(5, 10):
+        append(i)
+    cq.last_file.hold_map(cq.last_file.mv)
+    for i in range(10, 15):
+        append(i)
+    assert cq.last_file.wrote_position == 15 * CQ_UNIT_SIZE
+    assert cq.max_physic_offset == store.commit_log.mfq.max_offset()
+    got = store.get_message("T", 3, 0, 32)
+    assert got.status is GetMessageStatus.FOUND
+    assert [decode_record(m).body for m in got.messages] == [b"m%d" % i for i in range(15)]
+    assert store.max_offset_in_queue("T", 3) == 15
