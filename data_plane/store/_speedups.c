@@ -1039,7 +1039,94 @@ typedef struct {
      * that file's wrote_position (the file's positions move when the stage is committed). */
     PyObject *st_mf;
     Py_ssize_t staged, st_pos, stage_commit_bytes;
+    PyObject *met; /* topic -> capsule of its topic_slots (below) */
 } Appender;
+
+/* ---- the queues an appender has met -----------------------------------------------------
+ * Per topic, a C array by queue id of the queue's ConsumeQueue and of the key tuple the queue
+ * offsets dict holds it under, so that an append to a known queue finds them without the two
+ * (topic, queue id) dict look-ups: each of those read the dict's index and entry and then the
+ * stored key tuple and its queue id int, to compare them with the new tuple — four cache misses
+ * a look-up with 10,000 queues. ConsumeQueues are never replaced in the store's table, so an
+ * entry stays true; with the offsets dict holding this very key object, its look-up ends at
+ * the identity test. */
+#define MET_MAX_TOPICS 10000
+#define MET_MAX_QUEUE_ID 65535
+
+typedef struct {
+    PyObject *cq, *key; /* strong; NULL until met */
+} queue_slot;
+
+typedef struct {
+    PyObject *topic_b; /* the topic's encoded bytes */
+    Py_ssize_t n;
+    queue_slot *slots;
+} topic_slots;
+
+static void topic_slots_free(PyObject *capsule) {
+    topic_slots *ts = PyCapsule_GetPointer(capsule, NULL);
+    if (!ts) return;
+    for (Py_ssize_t i = 0; i < ts->n; i++) {
+        Py_XDECREF(ts->slots[i].cq);
+        Py_XDECREF(ts->slots[i].key);
+    }
+    PyMem_Free(ts->slots);
+    Py_XDECREF(ts->topic_b);
+    PyMem_Free(ts);
+}
+
+static topic_slots *met_topic(Appender *a, PyObject *topic) {
+    PyObject *cap = PyDict_GetItemWithError(a->met, topic);
+    return cap ? PyCapsule_GetPointer(cap, NULL) : NULL;
+}
+
+/* Remember (cq, key) of topic / qid; the key becomes the one the offsets dict holds. A failure
+ * to remember is not an error (the next append looks the queue up again). */
+static void met_queue(Appender *a, PyObject *topic, PyObject *topic_b, long qid, PyObject *cq, PyObject *key) {
+    if (qid > MET_MAX_QUEUE_ID) return;
+    topic_slots *ts = met_topic(a, topic);
+    if (!ts) {
+        if (PyErr_Occurred() || PyDict_GET_SIZE(a->met) >= MET_MAX_TOPICS) goto forget;
+        ts = PyMem_Calloc(1, sizeof(topic_slots));
+        if (!ts) goto forget;
+        PyObject *cap = PyCapsule_New(ts, NULL, topic_slots_free);
+        if (!cap) {
+            PyMem_Free(ts);
+            goto forget;
+        }
+        Py_INCREF(topic_b);
+        ts->topic_b = topic_b;
+        int rc = PyDict_SetItem(a->met, topic, cap);
+        Py_DECREF(cap);
+        if (rc < 0) goto forget;
+    }
+    if (qid >= ts->n) {
+        Py_ssize_t n = ts->n ? ts->n : 8;
+        while (n <= qid) n *= 2;
+        queue_slot *grown = PyMem_Realloc(ts->slots, (size_t)n * sizeof(queue_slot));
+        if (!grown) goto forget;
+        memset(grown + ts->n, 0, (size_t)(n - ts->n) * sizeof(queue_slot));
+        ts->slots = grown;
+        ts->n = n;
+    }
+    /* The offsets dict keeps the key object it was first given: give it this one. */
+    PyObject *v = PyDict_GetItemWithError(a->queue_offsets, key);
+    if (v) {
+        Py_INCREF(v);
+        int rc = PyDict_DelItem(a->queue_offsets, key) < 0 || PyDict_SetItem(a->queue_offsets, key, v) < 0;
+        Py_DECREF(v);
+        if (rc) goto forget;
+    } else if (PyErr_Occurred()) {
+        goto forget;
+    }
+    Py_INCREF(cq);
+    Py_INCREF(key);
+    Py_XSETREF(ts->slots[qid].cq, cq);
+    Py_XSETREF(ts->slots[qid].key, key);
+    return;
+forget:
+    PyErr_Clear();
+}
 
 static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_committed_position, *s_file_size,
     *s_reserved_upto, *s_file_from_offset, *s_mv, *s_last_file, *s_last_store_timestamp, *s_max_physic_offset,
@@ -1050,6 +1137,7 @@ static void Appender_dealloc(Appender *a) {
     Py_XDECREF(a->commit_log); Py_XDECREF(a->queue_offsets); Py_XDECREF(a->topic_bytes);
     Py_XDECREF(a->cq_table); Py_XDECREF(a->index); Py_XDECREF(a->dispatcher); Py_XDECREF(a->clock);
     Py_XDECREF(a->st_mf);
+    Py_XDECREF(a->met);
     PyMem_RawFree(a->stage);
     Py_TYPE(a)->tp_free((PyObject *)a);
 }
@@ -1086,6 +1174,8 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
         PyErr_NoMemory();
         return -1;
     }
+    a->met = PyDict_New();
+    if (!a->met) return -1;
     Py_INCREF(cl); Py_INCREF(qo); Py_INCREF(tb); Py_INCREF(cq); Py_INCREF(ix); Py_INCREF(disp); Py_INCREF(clock);
     a->commit_log = cl; a->queue_offsets = qo; a->topic_bytes = tb; a->cq_table = cq; a->index = ix;
     a->dispatcher = disp; a->clock = clock;
@@ -1147,13 +1237,27 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     int dispatch_failed = 0;
-    PyObject *topic_b = PyUnicode_Check(topic) ? PyDict_GetItemWithError(a->topic_bytes, topic) : NULL;
-    if (!topic_b) { if (PyErr_Occurred()) goto error; goto slow; }
-    if (!PyLong_CheckExact(qid_obj)) goto slow;
+    if (!PyUnicode_Check(topic) || !PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
     if (qid < 0 || qid > INT32_MAX) { PyErr_Clear(); goto slow; }
-    key = PyTuple_Pack(2, topic, qid_obj);
-    if (!key) goto error;
+    PyObject *topic_b, *cq;
+    topic_slots *ts = met_topic(a, topic);
+    if (ts && qid < ts->n && ts->slots[qid].cq) { /* a queue met before */
+        topic_b = ts->topic_b;
+        cq = ts->slots[qid].cq;
+        key = ts->slots[qid].key;
+        Py_INCREF(key);
+    } else {
+        if (PyErr_Occurred()) goto error;
+        topic_b = PyDict_GetItemWithError(a->topic_bytes, topic);
+        if (!topic_b) { if (PyErr_Occurred()) goto error; goto slow; }
+        key = PyTuple_Pack(2, topic, qid_obj);
+        if (!key) goto error;
+        /* the ConsumeQueue: must exist */
+        cq = PyDict_GetItemWithError(a->cq_table, key);
+        if (!cq) { if (PyErr_Occurred()) goto error; goto slow; }
+        met_queue(a, topic, topic_b, qid, cq, key);
+    }
     long long first_qo = 0;
     PyObject *qo_obj = PyDict_GetItemWithError(a->queue_offsets, key);
     if (qo_obj) first_qo = PyLong_AsLongLong(qo_obj);
@@ -1189,9 +1293,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     Py_ssize_t staged = a->staged;
     Py_ssize_t limit = file_size - 8;
     if (reserved < limit) limit = reserved;
-    /* the ConsumeQueue: must exist, with room for the unit where the queue offset says */
-    PyObject *cq = PyDict_GetItemWithError(a->cq_table, key);
-    if (!cq) { if (PyErr_Occurred()) goto error; goto slow; }
+    /* the ConsumeQueue: room for the unit where the queue offset says */
     cq_mf = SGET(cq, s_last_file);
     if (!cq_mf) goto error;
     if (cq_mf == Py_None) goto slow;
