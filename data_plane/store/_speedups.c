@@ -932,12 +932,6 @@ done:
 }
 
 
-/* ---- Appender: the whole single-message append in one call ------------------------------
- * Works on the store's own Python objects (CommitLog, MappedFiles, ConsumeQueues, IndexFile,
- * the queue-offset dict), reading and setting the same attributes the Python path does. It
- * handles the common case only; whenever anything is unusual (a new topic or queue, a file to
- * roll over or to reserve, a refused message) it writes nothing and returns None, and the
- * caller takes the Python path, which is the reference behaviour. */
 /* ---- positions kept as C integers -------------------------------------------------------
  * The base classes of MappedFile (FilePositions) and ConsumeQueue (QueuePositions): the
  * positions the append path reads and moves on every message, held in the object itself as C
@@ -949,6 +943,7 @@ typedef struct {
     PyObject_HEAD
     long long wrote_position, committed_position, flushed_position, file_size, file_from_offset, reserved_upto;
     Py_buffer map; /* the file's mapping while held (map.obj set): hold_map / drop_map */
+    int busy;      /* appends writing through map right now (it may not be dropped) */
 } FilePositions;
 
 static void FilePositions_dealloc(FilePositions *f) {
@@ -960,6 +955,10 @@ static void FilePositions_dealloc(FilePositions *f) {
  * ConsumeQueue units through its address without asking the memoryview each time. The holder
  * must call drop_map() before releasing the mapping (an exported buffer keeps it alive). */
 static PyObject *FilePositions_hold_map(FilePositions *f, PyObject *obj) {
+    if (f->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "an append is writing through the held view");
+        return NULL;
+    }
     if (f->map.obj) PyBuffer_Release(&f->map);
     if (PyObject_GetBuffer(obj, &f->map, PyBUF_WRITABLE) < 0) {
         f->map.obj = NULL;
@@ -968,16 +967,22 @@ static PyObject *FilePositions_hold_map(FilePositions *f, PyObject *obj) {
     Py_RETURN_NONE;
 }
 
+/* drop_map() -> whether the view is let go of. Not while an append is writing through it: an
+ * append runs Python code at points (a clock, a finalizer run by an allocation), so another
+ * thread may be closing the file meanwhile. The held view then keeps the mapping, and the
+ * closer's release fails as it does while a reader holds a slice (close() says "later"). */
 static PyObject *FilePositions_drop_map(FilePositions *f, PyObject *unused) {
+    if (f->busy) Py_RETURN_FALSE;
     if (f->map.obj) PyBuffer_Release(&f->map);
     f->map.obj = NULL;
     f->map.buf = NULL;
-    Py_RETURN_NONE;
+    Py_RETURN_TRUE;
 }
 
 static PyMethodDef FilePositions_methods[] = {
     {"hold_map", (PyCFunction)FilePositions_hold_map, METH_O, "Keep a writable view of the file's mapping."},
-    {"drop_map", (PyCFunction)FilePositions_drop_map, METH_NOARGS, "Let go of the view hold_map kept."},
+    {"drop_map", (PyCFunction)FilePositions_drop_map, METH_NOARGS,
+     "Let go of the view hold_map kept; False while an append is writing through it."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -1026,6 +1031,12 @@ static PyTypeObject QueuePositionsType = {
 
 #define AS_FP(o) (PyObject_TypeCheck((o), &FilePositionsType) ? (FilePositions *)(o) : NULL)
 
+/* ---- Appender: the whole single-message append in one call ------------------------------
+ * Works on the store's own Python objects (CommitLog, MappedFiles, ConsumeQueues, IndexFile,
+ * the queue-offset dict), reading and setting the same attributes the Python path does. It
+ * handles the common case only; whenever anything is unusual (a new topic or queue, a file to
+ * roll over or to reserve, a refused message) it writes nothing and returns None, and the
+ * caller takes the Python path, which is the reference behaviour. */
 typedef struct {
     PyObject_HEAD
     PyObject *commit_log, *queue_offsets, *topic_bytes, *cq_table, *index, *dispatcher, *clock;
@@ -1236,6 +1247,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     PyObject *result = NULL, *key = NULL, *mfq = NULL, *files = NULL;
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
+    FilePositions *cq_busy = NULL; /* the ConsumeQueue file written through its held view */
     int dispatch_failed = 0;
     if (!PyUnicode_Check(topic) || !PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
@@ -1311,7 +1323,10 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     Py_ssize_t cq_limit = cq_res < cq_size ? cq_res : cq_size;
     if (cq_from + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
     const Py_buffer *cq_held = cqp && cqp->map.obj ? &cqp->map : NULL;
-    if (!cq_held) {
+    if (cq_held) {
+        cq_busy = cqp; /* the view stays until done (drop_map) */
+        cq_busy->busy++;
+    } else {
         cq_mv = SGET(cq_mf, s_mv);
         if (!cq_mv) goto error;
     }
@@ -1468,6 +1483,7 @@ slow:
 error:
     result = NULL;
 done:
+    if (cq_busy) cq_busy->busy--;
     Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
     Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
     Py_XDECREF(ix_mv); Py_XDECREF(list); Py_XDECREF(r); Py_XDECREF(now_obj); Py_XDECREF(files_ix);

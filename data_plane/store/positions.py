@@ -6,6 +6,7 @@ order::
 
     FilePositions:  wrote_position, committed_position, flushed_position,
                     file_size, file_from_offset, reserved_upto          (6 x 8 bytes)
+                    map: the Py_buffer hold_map keeps of the file's mapping (80 bytes)
     QueuePositions: max_physic_offset                                   (1 x 8 bytes)
 
 The subclasses' own ``__slots__`` follow. Python code sees plain ``int`` attributes; the
@@ -46,8 +47,10 @@ class PyFilePositions:
         """Keep a writable view of the file's mapping for the compiled append path; the holder
         calls ``drop_map`` before releasing the mapping. Nothing to keep here."""
 
-    def drop_map(self) -> None:
-        """Let go of what ``hold_map`` kept."""
+    def drop_map(self) -> bool:
+        """Let go of what ``hold_map`` kept; False while an append is writing through it (the
+        compiled base: its view then keeps the mapping, and ``MappedFile.close`` says "later")."""
+        return True
 
 
 class PyQueuePositions:
