@@ -572,7 +572,7 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
                                   PyObject *msgs, const char *topic_buf, Py_ssize_t topic_len, int queue_id,
                                   long long first_qo, long long store_ts, const char *host8, Py_ssize_t max_props,
                                   Py_ssize_t max_msg, int index_enabled, PyObject *cq_target,
-                                  const Py_buffer *cq_held, Py_ssize_t cq_pos,
+                                  unsigned char *cq_base, Py_ssize_t cq_base_len, Py_ssize_t cq_pos,
                                   Py_ssize_t cq_limit, PyObject *ix_target, long long ix_slots, long long ix_count,
                                   long long ix_max, long long ix_begin_ts, int fd, long long fd_offset,
                                   const raw_batch *raw) {
@@ -786,8 +786,8 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     long long last_ix_phys = -1;
     /* Straight into the ConsumeQueue file when the units fit what is reserved there. */
-    if (cq_held && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit && cq_limit <= cq_held->len) {
-        memcpy((unsigned char *)cq_held->buf + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
+    if (cq_base && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit && cq_limit <= cq_base_len) {
+        memcpy(cq_base + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
         Py_DECREF(cq);
         cq = PyLong_FromSsize_t(cq_pos + ncq * 20);
         if (!cq) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
@@ -894,7 +894,7 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         goto out;
     }
     result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo, store_ts,
-                              host.buf, max_props, max_msg, index_enabled, cq_target, NULL, cq_pos, cq_limit, ix_target,
+                              host.buf, max_props, max_msg, index_enabled, cq_target, NULL, 0, cq_pos, cq_limit, ix_target,
                               ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset, rb.items ? &rb : NULL);
 out:
     PyMem_Free(heap_items);
@@ -941,9 +941,13 @@ done:
  * positions.py. */
 typedef struct {
     PyObject_HEAD
-    long long wrote_position, committed_position, flushed_position, file_size, file_from_offset, reserved_upto;
+    /* what every append reads or moves, together in the object's first line or two */
+    long long wrote_position, committed_position, file_size, file_from_offset, reserved_upto;
+    unsigned char *base; /* the held view's address (NULL: none held) and length */
+    Py_ssize_t length;
+    int busy; /* appends writing through the view right now (it may not be dropped) */
+    long long flushed_position;
     Py_buffer map; /* the file's mapping while held (map.obj set): hold_map / drop_map */
-    int busy;      /* appends writing through map right now (it may not be dropped) */
 } FilePositions;
 
 static void FilePositions_dealloc(FilePositions *f) {
@@ -960,10 +964,14 @@ static PyObject *FilePositions_hold_map(FilePositions *f, PyObject *obj) {
         return NULL;
     }
     if (f->map.obj) PyBuffer_Release(&f->map);
+    f->base = NULL;
+    f->length = 0;
     if (PyObject_GetBuffer(obj, &f->map, PyBUF_WRITABLE) < 0) {
         f->map.obj = NULL;
         return NULL;
     }
+    f->base = f->map.buf;
+    f->length = f->map.len;
     Py_RETURN_NONE;
 }
 
@@ -975,7 +983,8 @@ static PyObject *FilePositions_drop_map(FilePositions *f, PyObject *unused) {
     if (f->busy) Py_RETURN_FALSE;
     if (f->map.obj) PyBuffer_Release(&f->map);
     f->map.obj = NULL;
-    f->map.buf = NULL;
+    f->base = NULL;
+    f->length = 0;
     Py_RETURN_TRUE;
 }
 
@@ -1322,8 +1331,8 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     }
     Py_ssize_t cq_limit = cq_res < cq_size ? cq_res : cq_size;
     if (cq_from + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
-    const Py_buffer *cq_held = cqp && cqp->map.obj ? &cqp->map : NULL;
-    if (cq_held) {
+    unsigned char *cq_base = cqp ? cqp->base : NULL;
+    if (cq_base) {
         cq_busy = cqp; /* the view stays until done (drop_map) */
         cq_busy->busy++;
     } else {
@@ -1391,7 +1400,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     int stage_it = a->stage_commit_bytes > 0;
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
-                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_held, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
+                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_base, cqp ? cqp->length : 0, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
                          ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote, raw);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */

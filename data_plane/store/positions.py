@@ -4,9 +4,13 @@ MappedFile (``FilePositions``) and ConsumeQueue (``QueuePositions``).
 Layout (compiled, ``_speedups.c``): after the object header, C ``long long`` fields in this
 order::
 
-    FilePositions:  wrote_position, committed_position, flushed_position,
-                    file_size, file_from_offset, reserved_upto          (6 x 8 bytes)
+    FilePositions:  wrote_position, committed_position, file_size,
+                    file_from_offset, reserved_upto                     (5 x 8 bytes)
+                    the held view's address and length, busy            (8 + 8 + 4 bytes)
+                    flushed_position                                    (8 bytes)
                     map: the Py_buffer hold_map keeps of the file's mapping (80 bytes)
+
+(what every append reads or moves first, within the object's first line or two).
     QueuePositions: max_physic_offset                                   (1 x 8 bytes)
 
 The subclasses' own ``__slots__`` follow. Python code sees plain ``int`` attributes; the
