@@ -1040,6 +1040,143 @@ static PyTypeObject QueuePositionsType = {
 
 #define AS_FP(o) (PyObject_TypeCheck((o), &FilePositionsType) ? (FilePositions *)(o) : NULL)
 
+/* ---- queue offsets ----------------------------------------------------------------------
+ * QueueOffsets: the CommitLog's next queue offset of each (topic, queue id), a mapping whose
+ * values live in cells (a C long long each) that are never replaced nor removed, so that the
+ * appender keeps a queue's cell and reads and moves its offset there, with no look-up and no
+ * int object made per append. Python reads and sets ints through the mapping as with a dict;
+ * a value set there is the one the next append takes. */
+typedef struct {
+    PyObject_HEAD
+    long long value;
+} OffsetCell;
+
+static PyTypeObject OffsetCellType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "data_plane.store._speedups.OffsetCell",
+    .tp_basicsize = sizeof(OffsetCell),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One queue's next offset (QueueOffsets).",
+};
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *cells; /* key -> OffsetCell */
+} QueueOffsets;
+
+static PyObject *QueueOffsets_new(PyTypeObject *tp, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) || (kw && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "QueueOffsets() takes no arguments");
+        return NULL;
+    }
+    QueueOffsets *q = (QueueOffsets *)tp->tp_alloc(tp, 0);
+    if (!q) return NULL;
+    q->cells = PyDict_New();
+    if (!q->cells) {
+        Py_DECREF(q);
+        return NULL;
+    }
+    return (PyObject *)q;
+}
+
+static void QueueOffsets_dealloc(QueueOffsets *q) {
+    Py_XDECREF(q->cells);
+    Py_TYPE(q)->tp_free((PyObject *)q);
+}
+
+/* The cell of ``key`` (borrowed), made at 0 when ``create`` and missing; NULL otherwise (an
+ * error set, or none when missing and not created). */
+static OffsetCell *offset_cell(QueueOffsets *q, PyObject *key, int create) {
+    PyObject *c = PyDict_GetItemWithError(q->cells, key);
+    if (c || PyErr_Occurred() || !create) return (OffsetCell *)c;
+    OffsetCell *cell = PyObject_New(OffsetCell, &OffsetCellType);
+    if (!cell) return NULL;
+    cell->value = 0;
+    int rc = PyDict_SetItem(q->cells, key, (PyObject *)cell);
+    Py_DECREF(cell); /* the dict holds it */
+    return rc < 0 ? NULL : cell;
+}
+
+static Py_ssize_t QueueOffsets_len(QueueOffsets *q) { return PyDict_GET_SIZE(q->cells); }
+
+static PyObject *QueueOffsets_getitem(QueueOffsets *q, PyObject *key) {
+    OffsetCell *cell = offset_cell(q, key, 0);
+    if (cell) return PyLong_FromLongLong(cell->value);
+    if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+    return NULL;
+}
+
+static int QueueOffsets_setitem(QueueOffsets *q, PyObject *key, PyObject *v) {
+    if (!v) { /* an appender may hold the cell: a removed key would leave it writing there */
+        PyErr_SetString(PyExc_TypeError, "queue offsets are not removed");
+        return -1;
+    }
+    long long value = PyLong_AsLongLong(v);
+    if (value == -1 && PyErr_Occurred()) return -1;
+    if (value < 0) {
+        PyErr_SetString(PyExc_ValueError, "a queue offset is not negative");
+        return -1;
+    }
+    OffsetCell *cell = offset_cell(q, key, 1);
+    if (!cell) return -1;
+    cell->value = value;
+    return 0;
+}
+
+static int QueueOffsets_contains(QueueOffsets *q, PyObject *key) { return PyDict_Contains(q->cells, key); }
+
+static PyObject *QueueOffsets_get(QueueOffsets *q, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
+        return NULL;
+    }
+    OffsetCell *cell = offset_cell(q, args[0], 0);
+    if (cell) return PyLong_FromLongLong(cell->value);
+    if (PyErr_Occurred()) return NULL;
+    PyObject *d = nargs == 2 ? args[1] : Py_None;
+    Py_INCREF(d);
+    return d;
+}
+
+static PyObject *QueueOffsets_items(QueueOffsets *q, PyObject *unused) {
+    PyObject *out = PyList_New(0), *k, *c;
+    Py_ssize_t pos = 0;
+    while (out && PyDict_Next(q->cells, &pos, &k, &c)) {
+        PyObject *pair = Py_BuildValue("(OL)", k, ((OffsetCell *)c)->value);
+        if (!pair || PyList_Append(out, pair) < 0) Py_CLEAR(out);
+        Py_XDECREF(pair);
+    }
+    return out;
+}
+
+static PyObject *QueueOffsets_iter(QueueOffsets *q) { return PyObject_GetIter(q->cells); }
+
+static PyMappingMethods QueueOffsets_mapping = {
+    .mp_length = (lenfunc)QueueOffsets_len,
+    .mp_subscript = (binaryfunc)QueueOffsets_getitem,
+    .mp_ass_subscript = (objobjargproc)QueueOffsets_setitem,
+};
+
+static PySequenceMethods QueueOffsets_sequence = {.sq_contains = (objobjproc)QueueOffsets_contains};
+
+static PyMethodDef QueueOffsets_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))QueueOffsets_get, METH_FASTCALL, "The offset of key, or default."},
+    {"items", (PyCFunction)QueueOffsets_items, METH_NOARGS, "A list of (key, offset)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject QueueOffsetsType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "data_plane.store._speedups.QueueOffsets",
+    .tp_basicsize = sizeof(QueueOffsets),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = QueueOffsets_new,
+    .tp_dealloc = (destructor)QueueOffsets_dealloc,
+    .tp_as_mapping = &QueueOffsets_mapping,
+    .tp_as_sequence = &QueueOffsets_sequence,
+    .tp_iter = (getiterfunc)QueueOffsets_iter,
+    .tp_methods = QueueOffsets_methods,
+    .tp_doc = "(topic, queue id) -> the next queue offset: a mapping of ints, values in cells the appender keeps.",
+};
+
 /* ---- Appender: the whole single-message append in one call ------------------------------
  * Works on the store's own Python objects (CommitLog, MappedFiles, ConsumeQueues, IndexFile,
  * the queue-offset dict), reading and setting the same attributes the Python path does. It
@@ -1063,18 +1200,18 @@ typedef struct {
 } Appender;
 
 /* ---- the queues an appender has met -----------------------------------------------------
- * Per topic, a C array by queue id of the queue's ConsumeQueue and of the key tuple the queue
- * offsets dict holds it under, so that an append to a known queue finds them without the two
- * (topic, queue id) dict look-ups: each of those read the dict's index and entry and then the
- * stored key tuple and its queue id int, to compare them with the new tuple — four cache misses
- * a look-up with 10,000 queues. ConsumeQueues are never replaced in the store's table, so an
- * entry stays true; with the offsets dict holding this very key object, its look-up ends at
- * the identity test. */
+ * Per topic, a C array by queue id of the queue's ConsumeQueue and of its QueueOffsets cell,
+ * so that an append to a known queue finds both without the two (topic, queue id) dict
+ * look-ups: each of those read the dict's index and entry and then the stored key tuple and its
+ * queue id int, to compare them with the new tuple — four cache misses a look-up with 10,000
+ * queues. ConsumeQueues are never replaced in the store's table, nor cells in QueueOffsets, so
+ * an entry stays true; a queue offset set from Python lands in the same cell. */
 #define MET_MAX_TOPICS 10000
 #define MET_MAX_QUEUE_ID 65535
 
 typedef struct {
-    PyObject *cq, *key; /* strong; NULL until met */
+    PyObject *cq;      /* strong; NULL until met */
+    OffsetCell *cell; /* strong */
 } queue_slot;
 
 typedef struct {
@@ -1088,7 +1225,7 @@ static void topic_slots_free(PyObject *capsule) {
     if (!ts) return;
     for (Py_ssize_t i = 0; i < ts->n; i++) {
         Py_XDECREF(ts->slots[i].cq);
-        Py_XDECREF(ts->slots[i].key);
+        Py_XDECREF(ts->slots[i].cell);
     }
     PyMem_Free(ts->slots);
     Py_XDECREF(ts->topic_b);
@@ -1100,9 +1237,9 @@ static topic_slots *met_topic(Appender *a, PyObject *topic) {
     return cap ? PyCapsule_GetPointer(cap, NULL) : NULL;
 }
 
-/* Remember (cq, key) of topic / qid; the key becomes the one the offsets dict holds. A failure
- * to remember is not an error (the next append looks the queue up again). */
-static void met_queue(Appender *a, PyObject *topic, PyObject *topic_b, long qid, PyObject *cq, PyObject *key) {
+/* Remember (cq, cell) of topic / qid. A failure to remember is not an error (the next append
+ * looks the queue up again). */
+static void met_queue(Appender *a, PyObject *topic, PyObject *topic_b, long qid, PyObject *cq, OffsetCell *cell) {
     if (qid > MET_MAX_QUEUE_ID) return;
     topic_slots *ts = met_topic(a, topic);
     if (!ts) {
@@ -1129,20 +1266,10 @@ static void met_queue(Appender *a, PyObject *topic, PyObject *topic_b, long qid,
         ts->slots = grown;
         ts->n = n;
     }
-    /* The offsets dict keeps the key object it was first given: give it this one. */
-    PyObject *v = PyDict_GetItemWithError(a->queue_offsets, key);
-    if (v) {
-        Py_INCREF(v);
-        int rc = PyDict_DelItem(a->queue_offsets, key) < 0 || PyDict_SetItem(a->queue_offsets, key, v) < 0;
-        Py_DECREF(v);
-        if (rc) goto forget;
-    } else if (PyErr_Occurred()) {
-        goto forget;
-    }
     Py_INCREF(cq);
-    Py_INCREF(key);
+    Py_INCREF(cell);
     Py_XSETREF(ts->slots[qid].cq, cq);
-    Py_XSETREF(ts->slots[qid].key, key);
+    Py_XSETREF(ts->slots[qid].cell, cell);
     return;
 forget:
     PyErr_Clear();
@@ -1170,7 +1297,7 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     int ie;
     long long slots;
     a->stage_commit_bytes = 0;
-    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL|n", &cl, &PyDict_Type, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL|n", &cl, &QueueOffsetsType, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
                           &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots, &a->ix_max_entries,
                           &a->stage_commit_bytes))
         return -1;
@@ -1257,17 +1384,18 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     FilePositions *cq_busy = NULL; /* the ConsumeQueue file written through its held view */
+    OffsetCell *held_cell = NULL;
     int dispatch_failed = 0;
     if (!PyUnicode_Check(topic) || !PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
     if (qid < 0 || qid > INT32_MAX) { PyErr_Clear(); goto slow; }
     PyObject *topic_b, *cq;
+    OffsetCell *cell;
     topic_slots *ts = met_topic(a, topic);
     if (ts && qid < ts->n && ts->slots[qid].cq) { /* a queue met before */
         topic_b = ts->topic_b;
         cq = ts->slots[qid].cq;
-        key = ts->slots[qid].key;
-        Py_INCREF(key);
+        cell = ts->slots[qid].cell;
     } else {
         if (PyErr_Occurred()) goto error;
         topic_b = PyDict_GetItemWithError(a->topic_bytes, topic);
@@ -1277,12 +1405,14 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         /* the ConsumeQueue: must exist */
         cq = PyDict_GetItemWithError(a->cq_table, key);
         if (!cq) { if (PyErr_Occurred()) goto error; goto slow; }
-        met_queue(a, topic, topic_b, qid, cq, key);
+        /* (a missing offset is 0, as the Python path's get(key, 0)) */
+        cell = offset_cell((QueueOffsets *)a->queue_offsets, key, 1);
+        if (!cell) goto error;
+        met_queue(a, topic, topic_b, qid, cq, cell);
     }
-    long long first_qo = 0;
-    PyObject *qo_obj = PyDict_GetItemWithError(a->queue_offsets, key);
-    if (qo_obj) first_qo = PyLong_AsLongLong(qo_obj);
-    else if (PyErr_Occurred()) goto error;
+    Py_INCREF(cell); /* cells are never removed; held for the call all the same */
+    held_cell = cell;
+    long long first_qo = cell->value;
     /* the CommitLog file appends go to */
     mfq = SGET(a->commit_log, s_mfq);
     if (!mfq) goto error;
@@ -1413,7 +1543,9 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     long long last_ix = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 6));
     long long end_abs = (long long)file_from + end;
     /* From here on the record is in the log: record every position, as the Python path does. */
-    if (PyDict_SetItem(a->queue_offsets, key, next_qo) < 0) goto error;
+    long long next = PyLong_AsLongLong(next_qo);
+    if (next == -1 && PyErr_Occurred()) goto error;
+    cell->value = next;
     if (stage_it) {
         if (!a->st_mf) {
             Py_INCREF(mf);
@@ -1493,6 +1625,7 @@ error:
     result = NULL;
 done:
     if (cq_busy) cq_busy->busy--;
+    Py_XDECREF(held_cell);
     Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
     Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
     Py_XDECREF(ix_mv); Py_XDECREF(list); Py_XDECREF(r); Py_XDECREF(now_obj); Py_XDECREF(files_ix);
@@ -2389,7 +2522,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         common_lens[c] = (Py_ssize_t)strlen(common_texts[c]);
     }
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
-        PyType_Ready(&QueuePositionsType) < 0)
+        PyType_Ready(&QueuePositionsType) < 0 || PyType_Ready(&OffsetCellType) < 0 ||
+        PyType_Ready(&QueueOffsetsType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m) {
@@ -2404,7 +2538,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "Appender", (PyObject *)&AppenderType) < 0 ||
         PyModule_AddObjectRef(m, "FilePositions", (PyObject *)&FilePositionsType) < 0 ||
-        PyModule_AddObjectRef(m, "QueuePositions", (PyObject *)&QueuePositionsType) < 0) {
+        PyModule_AddObjectRef(m, "QueuePositions", (PyObject *)&QueuePositionsType) < 0 ||
+        PyModule_AddObjectRef(m, "QueueOffsets", (PyObject *)&QueueOffsetsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -45,6 +45,7 @@ from data_plane.store.message import (
     tags_hash_code,
     validate_topic,
 )
+from data_plane.store.positions import QueueOffsets
 from data_plane.store.status import AppendMessageStatus, AppendResult, PutMessageStatus
 
 log = logging.getLogger(__name__)
@@ -121,7 +122,8 @@ class CommitLog:
         self._clock_ms = clock_ms
         self.store_host = pack_host(config.store_host, config.store_port)
         self._msg_id_prefix = self.store_host.hex().upper()
-        self.queue_offsets: dict[tuple[str, int], int] = {}
+        # (topic, queue id) -> next queue offset; compiled, a QueueOffsets (positions.py)
+        self.queue_offsets: dict[tuple[str, int], int] = QueueOffsets()
         self.lock = threading.Lock()
         self.last_store_timestamp = 0
         self.topic_bytes_cache: dict[str, bytes] = {}

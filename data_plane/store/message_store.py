@@ -207,10 +207,10 @@ class MessageStore:
     def _make_appender(self) -> Any:
         """The compiled single-message append path, when it was built (see fastpath)."""
         speedups = fastpath.speedups_module()
-        if speedups is None:
-            return None
-        cfg = self.config
         cl = self.commit_log
+        if speedups is None or not isinstance(cl.queue_offsets, speedups.QueueOffsets):
+            return None  # (the pure-Python twins in use: a plain dict of offsets)
+        cfg = self.config
         return speedups.Appender(
             cl, cl.queue_offsets, cl.topic_bytes_cache, self.queues.queues, self.index, self.dispatcher,
             None if self.clock_ms is _wall_clock_ms else self.clock_ms, cl.store_host,

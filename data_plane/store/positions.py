@@ -65,18 +65,23 @@ class PyQueuePositions:
     max_physic_offset: int  # end (offset + size) of the last record indexed; -1 before the first
 
 
-def _compiled() -> tuple[type, type] | None:
+def _compiled() -> tuple[type, type, type] | None:
     if os.environ.get("ORBIT_PURE_PYTHON"):
         return None
     try:
         from data_plane.store import _speedups  # type: ignore[attr-defined]
     except ImportError:  # not built: the twins serve
         return None
-    return _speedups.FilePositions, _speedups.QueuePositions
+    return _speedups.FilePositions, _speedups.QueuePositions, _speedups.QueueOffsets
 
 
 if TYPE_CHECKING:
     FilePositions = PyFilePositions
     QueuePositions = PyQueuePositions
+    QueueOffsets = dict
 else:
-    FilePositions, QueuePositions = _compiled() or (PyFilePositions, PyQueuePositions)
+    # QueueOffsets: the CommitLog's next queue offset of each (topic, queue id), a mapping of
+    # ints. Compiled, its values live in cells that are never replaced nor removed (keys are not
+    # deleted), which the appender keeps for the queues it has met: it reads and moves a queue's
+    # offset in its cell, and a value Python sets lands in the same cell. The twin is a dict.
+    FilePositions, QueuePositions, QueueOffsets = _compiled() or (PyFilePositions, PyQueuePositions, dict)

@@ -16,7 +16,13 @@ from data_plane.store import GetMessageStatus, Message, MessageStore, fastpath
 from data_plane.store.consume_queue import CQ_UNIT_SIZE, ConsumeQueue
 from data_plane.store.mapped_file import MappedFile
 from data_plane.store.message import decode_record
-from data_plane.store.positions import FilePositions, PyFilePositions, PyQueuePositions, QueuePositions
+from data_plane.store.positions import (
+    FilePositions,
+    PyFilePositions,
+    PyQueuePositions,
+    QueueOffsets,
+    QueuePositions,
+)
 
 FILE_FIELDS = (
     "wrote_position",
@@ -39,6 +45,55 @@ def test_the_compiled_bases_serve_when_the_store_is_compiled() -> None:
     assert QueuePositions is not PyQueuePositions
     assert issubclass(MappedFile, FilePositions)
     assert issubclass(ConsumeQueue, QueuePositions)
+    assert QueueOffsets is not dict
+
+
+@pytest.mark.parametrize("kind", [QueueOffsets, dict])
+def test_queue_offsets_read_and_set_like_a_dict_of_ints(kind: type) -> None:
+    offsets = kind()
+    assert offsets.get(("T", 0), 0) == 0
+    assert offsets.get(("T", 0)) is None
+    assert ("T", 0) not in offsets
+    with pytest.raises(KeyError):
+        offsets[("T", 0)]
+    offsets[("T", 0)] = 5
+    offsets[("T", 1)] = 1 << 40
+    offsets[("T", 0)] = 6  # set again: the same entry
+    assert offsets[("T", 0)] == 6
+    assert offsets.get(("T", 1), 0) == 1 << 40
+    assert ("T", 1) in offsets
+    assert len(offsets) == 2
+    assert sorted(offsets) == [("T", 0), ("T", 1)]
+    assert sorted(offsets.items()) == [(("T", 0), 6), (("T", 1), 1 << 40)]
+
+
+def test_compiled_queue_offsets_refuse_what_a_queue_offset_cannot_be() -> None:
+    if QueueOffsets is dict:
+        pytest.skip("the compiled store is not built")
+    offsets = QueueOffsets()
+    offsets[("T", 0)] = 3
+    with pytest.raises(TypeError, match="not removed"):  # an appender may hold its cell
+        del offsets[("T", 0)]
+    with pytest.raises(ValueError, match="not negative"):
+        offsets[("T", 0)] = -1
+    with pytest.raises(TypeError):
+        offsets[("T", 0)] = "4"  # type: ignore[assignment]
+    with pytest.raises(OverflowError):
+        offsets[("T", 0)] = 1 << 64
+    assert offsets[("T", 0)] == 3  # unchanged by the refusals
+
+
+def test_the_offset_the_appender_moves_is_the_one_python_reads(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    store = make_store()
+    for i in range(3):
+        result, _ = store.append([Message(topic="T", body=b"m%d" % i, queue_id=1)])
+        assert result.ok, result
+    assert store.commit_log.queue_offsets[("T", 1)] == 3  # moved by the appender, read from Python
+    result, _ = store.append([Message(topic="T", body=b"m3", queue_id=1)])
+    assert result.append is not None
+    assert result.append.queue_offset == 3
 
 
 @pytest.mark.parametrize("base", [FilePositions, PyFilePositions])
