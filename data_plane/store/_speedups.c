@@ -894,8 +894,8 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         goto out;
     }
     result = write_batch_impl(&buf, pos, limit, file_from, msgs, topic.buf, topic.len, queue_id, first_qo, store_ts,
-                              host.buf, max_props, max_msg, index_enabled, cq_target, NULL, 0, cq_pos, cq_limit, ix_target,
-                              ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset, rb.items ? &rb : NULL);
+                              host.buf, max_props, max_msg, index_enabled, cq_target, NULL, 0, cq_pos, cq_limit,
+                              ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, fd, fd_offset, rb.items ? &rb : NULL);
 out:
     PyMem_Free(heap_items);
     if (have_body) PyBuffer_Release(&body);
@@ -1179,7 +1179,7 @@ static PyTypeObject QueueOffsetsType = {
 
 /* ---- Appender: the whole single-message append in one call ------------------------------
  * Works on the store's own Python objects (CommitLog, MappedFiles, ConsumeQueues, IndexFile,
- * the queue-offset dict), reading and setting the same attributes the Python path does. It
+ * the QueueOffsets), reading and setting the same attributes the Python path does. It
  * handles the common case only; whenever anything is unusual (a new topic or queue, a file to
  * roll over or to reserve, a refused message) it writes nothing and returns None, and the
  * caller takes the Python path, which is the reference behaviour. */
@@ -1297,9 +1297,9 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     int ie;
     long long slots;
     a->stage_commit_bytes = 0;
-    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL|n", &cl, &QueueOffsetsType, &qo, &PyDict_Type, &tb, &PyDict_Type, &cq,
-                          &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots, &a->ix_max_entries,
-                          &a->stage_commit_bytes))
+    if (!PyArg_ParseTuple(args, "OO!O!O!OOOy*nnpLL|n", &cl, &QueueOffsetsType, &qo, &PyDict_Type, &tb, &PyDict_Type,
+                          &cq, &ix, &disp, &clock, &host, &a->max_props, &a->max_msg, &ie, &slots,
+                          &a->ix_max_entries, &a->stage_commit_bytes))
         return -1;
     if (a->stage_commit_bytes < 0) a->stage_commit_bytes = 0;
     if (host.len != 8) {
@@ -1530,8 +1530,9 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     int stage_it = a->stage_commit_bytes > 0;
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
-                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_base, cqp ? cqp->length : 0, cq_pos, cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count,
-                         ix_max, ix_begin, stage_it ? -1 : (int)fd, wrote, raw);
+                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_base, cqp ? cqp->length : 0, cq_pos,
+                         cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count, ix_max, ix_begin,
+                         stage_it ? -1 : (int)fd, wrote, raw);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
     if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
     Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1)); /* end of this record in the file */
