@@ -1275,8 +1275,7 @@ forget:
     PyErr_Clear();
 }
 
-static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_wrote_position, *s_committed_position, *s_file_size,
-    *s_reserved_upto, *s_file_from_offset, *s_mv, *s_last_file, *s_last_store_timestamp, *s_max_physic_offset,
+static PyObject *s_topic, *s_queue_id, *s_mfq, *s_files, *s_mv, *s_last_file, *s_last_store_timestamp,
     *s_index_count, *s_end_phy_offset, *s_end_timestamp, *s_begin_timestamp, *s_max_entries, *s_mf,
     *s_dispatched_offset, *s_put_units, *s_put_items, *s_fd;
 
@@ -1361,9 +1360,8 @@ static int stage_commit(Appender *a) {
     }
     if (write_fully((int)fd, a->stage, a->staged, a->st_pos) < 0) return -1;
     Py_ssize_t end = a->st_pos + a->staged;
-    FilePositions *fp = AS_FP(a->st_mf);
-    if (fp) fp->wrote_position = fp->committed_position = end;
-    else if (SET_LL(a->st_mf, s_wrote_position, end) || SET_LL(a->st_mf, s_committed_position, end)) return -1;
+    FilePositions *fp = (FilePositions *)a->st_mf; /* appender_put staged it: a FilePositions */
+    fp->wrote_position = fp->committed_position = end;
     a->staged = 0;
     Py_CLEAR(a->st_mf);
     return 0;
@@ -1384,7 +1382,6 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     FilePositions *cq_busy = NULL; /* the ConsumeQueue file written through its held view */
-    OffsetCell *held_cell = NULL;
     int dispatch_failed = 0;
     if (!PyUnicode_Check(topic) || !PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
@@ -1410,9 +1407,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         if (!cell) goto error;
         met_queue(a, topic, topic_b, qid, cq, cell);
     }
-    Py_INCREF(cell); /* cells are never removed; held for the call all the same */
-    held_cell = cell;
-    long long first_qo = cell->value;
+    long long first_qo = cell->value; /* (cells are never removed: held by the QueueOffsets) */
     /* the CommitLog file appends go to */
     mfq = SGET(a->commit_log, s_mfq);
     if (!mfq) goto error;
@@ -1424,16 +1419,12 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         if (stage_commit(a) < 0) goto error; /* an OSError: nothing of this message recorded */
     }
     Py_ssize_t wrote, file_size, reserved, file_from, fd;
-    FilePositions *mfp = AS_FP(mf);
-    if (mfp) {
-        wrote = mfp->wrote_position;
-        file_size = mfp->file_size;
-        reserved = mfp->reserved_upto;
-        file_from = mfp->file_from_offset;
-    } else if (GET_SSIZE(mf, s_wrote_position, &wrote) || GET_SSIZE(mf, s_file_size, &file_size) ||
-               GET_SSIZE(mf, s_reserved_upto, &reserved) || GET_SSIZE(mf, s_file_from_offset, &file_from)) {
-        goto error;
-    }
+    FilePositions *mfp = AS_FP(mf); /* files and queues have positions.py's compiled bases */
+    if (!mfp) goto slow;
+    wrote = mfp->wrote_position;
+    file_size = mfp->file_size;
+    reserved = mfp->reserved_upto;
+    file_from = mfp->file_from_offset;
     if (GET_SSIZE(mf, s_fd, &fd)) goto error;
     if (fd < 0 || fd > INT32_MAX) goto slow;
     if (a->staged && a->st_pos != wrote) {
@@ -1450,18 +1441,14 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     if (cq_mf == Py_None) goto slow;
     Py_ssize_t cq_pos, cq_from, cq_size, cq_res;
     FilePositions *cqp = AS_FP(cq_mf);
-    if (cqp) {
-        cq_pos = cqp->wrote_position;
-        cq_from = cqp->file_from_offset;
-        cq_size = cqp->file_size;
-        cq_res = cqp->reserved_upto;
-    } else if (GET_SSIZE(cq_mf, s_wrote_position, &cq_pos) || GET_SSIZE(cq_mf, s_file_from_offset, &cq_from) ||
-               GET_SSIZE(cq_mf, s_file_size, &cq_size) || GET_SSIZE(cq_mf, s_reserved_upto, &cq_res)) {
-        goto error;
-    }
+    if (!cqp || !PyObject_TypeCheck(cq, &QueuePositionsType)) goto slow;
+    cq_pos = cqp->wrote_position;
+    cq_from = cqp->file_from_offset;
+    cq_size = cqp->file_size;
+    cq_res = cqp->reserved_upto;
     Py_ssize_t cq_limit = cq_res < cq_size ? cq_res : cq_size;
     if (cq_from + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
-    unsigned char *cq_base = cqp ? cqp->base : NULL;
+    unsigned char *cq_base = cqp->base;
     if (cq_base) {
         cq_busy = cqp; /* the view stays until done (drop_map) */
         cq_busy->busy++;
@@ -1484,8 +1471,8 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         if (!ix_mf) goto error;
         Py_ssize_t ix_res;
         FilePositions *ixp = AS_FP(ix_mf);
-        if (ixp) ix_res = ixp->reserved_upto;
-        else if (GET_SSIZE(ix_mf, s_reserved_upto, &ix_res)) goto error;
+        if (!ixp) goto slow;
+        ix_res = ixp->reserved_upto;
         /* IndexFile.reserved_entries(): entries that fit the blocks reserved so far */
         ix_max = (ix_res - (40 + a->ix_slots * 4)) / 20;
         if (ix_max > a->ix_max_entries) ix_max = a->ix_max_entries;
@@ -1530,7 +1517,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     int stage_it = a->stage_commit_bytes > 0;
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
-                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_base, cqp ? cqp->length : 0, cq_pos,
+                         a->index_enabled, cq_mv ? cq_mv : Py_None, cq_base, cqp->length, cq_pos,
                          cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count, ix_max, ix_begin,
                          stage_it ? -1 : (int)fd, wrote, raw);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
@@ -1554,22 +1541,15 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
             a->st_pos = wrote;
         }
         a->staged = end - wrote;
-    } else if (mfp) {
+    } else {
         mfp->wrote_position = mfp->committed_position = end;
-    } else if (SET_LL(mf, s_wrote_position, end) || SET_LL(mf, s_committed_position, end)) {
-        goto error;
     }
     if (SET_LL(a->commit_log, s_last_store_timestamp, now)) goto error;
     if (PyLong_Check(cq_out)) {
-        if (cqp) {
-            long long to = PyLong_AsLongLong(cq_out);
-            if (to == -1 && PyErr_Occurred()) goto error;
-            cqp->wrote_position = cqp->committed_position = to;
-        } else if (SSET(cq_mf, s_wrote_position, cq_out) || SSET(cq_mf, s_committed_position, cq_out)) {
-            goto error;
-        }
-        if (PyObject_TypeCheck(cq, &QueuePositionsType)) ((QueuePositions *)cq)->max_physic_offset = end_abs;
-        else if (SET_LL(cq, s_max_physic_offset, end_abs)) goto error;
+        long long to = PyLong_AsLongLong(cq_out);
+        if (to == -1 && PyErr_Occurred()) goto error;
+        cqp->wrote_position = cqp->committed_position = to;
+        ((QueuePositions *)cq)->max_physic_offset = end_abs;
     } else if (PyBytes_GET_SIZE(cq_out) > 0) {
         PyObject *e = PyLong_FromLongLong(end_abs);
         if (!e) goto error;
@@ -1626,7 +1606,6 @@ error:
     result = NULL;
 done:
     if (cq_busy) cq_busy->busy--;
-    Py_XDECREF(held_cell);
     Py_XDECREF(key); Py_XDECREF(mfq); Py_XDECREF(files);
     Py_XDECREF(cq_mf); Py_XDECREF(cq_mv); Py_XDECREF(ixf); Py_XDECREF(ix_mf);
     Py_XDECREF(ix_mv); Py_XDECREF(list); Py_XDECREF(r); Py_XDECREF(now_obj); Py_XDECREF(files_ix);
@@ -2504,10 +2483,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN(s_prepared, "prepared_transaction_offset");
 #define INTERN2(var, s) if (!(var = PyUnicode_InternFromString(s))) return NULL
     INTERN2(s_topic, "topic"); INTERN2(s_queue_id, "queue_id"); INTERN2(s_mfq, "mfq"); INTERN2(s_files, "files");
-    INTERN2(s_wrote_position, "wrote_position"); INTERN2(s_committed_position, "committed_position");
-    INTERN2(s_file_size, "file_size"); INTERN2(s_reserved_upto, "reserved_upto");
-    INTERN2(s_file_from_offset, "file_from_offset"); INTERN2(s_mv, "mv"); INTERN2(s_last_file, "last_file");
-    INTERN2(s_last_store_timestamp, "last_store_timestamp"); INTERN2(s_max_physic_offset, "max_physic_offset");
+    INTERN2(s_mv, "mv"); INTERN2(s_last_file, "last_file");
+    INTERN2(s_last_store_timestamp, "last_store_timestamp");
     INTERN2(s_index_count, "index_count"); INTERN2(s_end_phy_offset, "end_phy_offset");
     INTERN2(s_end_timestamp, "end_timestamp"); INTERN2(s_begin_timestamp, "begin_timestamp");
     INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
