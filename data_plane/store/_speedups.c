@@ -1710,6 +1710,228 @@ static PyTypeObject AppenderType = {
     .tp_doc = "The single-message append path of MessageStore, in C.",
 };
 
+/* ---- the store's append entry points -------------------------------------------------------
+ * StoreEntry(appender, store, lock, result_type, put_ok, host_hex, switches): MessageStore.append and
+ * append_plain for the common case, each one C call (the Python methods cost ~1 us an append in
+ * frames, attribute reads and the result object, a third of a single append). Each checks that
+ * the store takes writes (running, not disk_full, dispatch_broken or fenced), takes the
+ * CommitLog lock without waiting, runs the Appender and counts what it stored. Whatever it does
+ * not take goes to the Python methods: append to ``store._append_general(msgs)``, append_plain
+ * answers None as MessageStore.append_plain does. ``switches`` is fastpath's module dict: with
+ * its COMPILED false (``fastpath.use_compiled(False)``) nothing is taken, as in the methods. */
+typedef struct {
+    PyObject_HEAD
+    Appender *appender;
+    PyObject *store, *acquire, *release, *general, *io_refusal, *dispatch_failed, *result_type, *put_ok, *host_hex;
+    PyObject *switches;
+    long long count, bytes; /* messages and bytes these entries stored */
+} StoreEntry;
+
+static PyObject *s_compiled, *s_running, *s_disk_full, *s_dispatch_broken, *s_fenced, *s_r_status, *s_r_append, *s_r_reason,
+    *s_r_raw, *s_r_host_hex, *empty_str, *empty_tuple;
+
+static int StoreEntry_traverse(StoreEntry *e, visitproc visit, void *arg) {
+    Py_VISIT(e->appender); Py_VISIT(e->store); Py_VISIT(e->acquire); Py_VISIT(e->release); Py_VISIT(e->general);
+    Py_VISIT(e->io_refusal); Py_VISIT(e->dispatch_failed); Py_VISIT(e->result_type); Py_VISIT(e->put_ok);
+    Py_VISIT(e->host_hex); Py_VISIT(e->switches);
+    return 0;
+}
+
+static int StoreEntry_clear(StoreEntry *e) {
+    Py_CLEAR(e->appender); Py_CLEAR(e->store); Py_CLEAR(e->acquire); Py_CLEAR(e->release); Py_CLEAR(e->general);
+    Py_CLEAR(e->io_refusal); Py_CLEAR(e->dispatch_failed); Py_CLEAR(e->result_type); Py_CLEAR(e->put_ok);
+    Py_CLEAR(e->host_hex); Py_CLEAR(e->switches);
+    return 0;
+}
+
+static void StoreEntry_dealloc(StoreEntry *e) {
+    PyObject_GC_UnTrack(e);
+    StoreEntry_clear(e);
+    Py_TYPE(e)->tp_free((PyObject *)e);
+}
+
+static int StoreEntry_init(StoreEntry *e, PyObject *args, PyObject *kw) {
+    PyObject *ap, *store, *lock, *rt, *ok, *hh, *sw;
+    if (!PyArg_ParseTuple(args, "O!OOO!OUO!", &AppenderType, &ap, &store, &lock, &PyType_Type, &rt, &ok, &hh,
+                          &PyDict_Type, &sw))
+        return -1;
+    if (e->store) {
+        PyErr_SetString(PyExc_ValueError, "StoreEntry initialised twice");
+        return -1;
+    }
+    e->acquire = PyObject_GetAttrString(lock, "acquire");
+    e->release = PyObject_GetAttrString(lock, "release");
+    e->general = PyObject_GetAttrString(store, "_append_general");
+    e->io_refusal = PyObject_GetAttrString(store, "_io_refusal");
+    e->dispatch_failed = PyObject_GetAttrString(store, "_dispatch_failed");
+    if (!e->acquire || !e->release || !e->general || !e->io_refusal || !e->dispatch_failed) return -1;
+    Py_INCREF(ap); Py_INCREF(store); Py_INCREF(rt); Py_INCREF(ok); Py_INCREF(hh); Py_INCREF(sw);
+    e->appender = (Appender *)ap; e->store = store; e->result_type = rt; e->put_ok = ok; e->host_hex = hh;
+    e->switches = sw;
+    return 0;
+}
+
+/* 1 when the store takes writes (MessageStore.writable) and the compiled path is on, 0 when
+ * not, -1 on an error. */
+static int entry_writable(StoreEntry *e) {
+    if (PyDict_GetItemWithError(e->switches, s_compiled) != Py_True) return PyErr_Occurred() ? -1 : 0;
+    PyObject *names[4] = {s_running, s_disk_full, s_dispatch_broken, s_fenced};
+    for (int i = 0; i < 4; i++) {
+        PyObject *v = PyObject_GetAttr(e->store, names[i]);
+        if (!v) return -1;
+        int t = PyObject_IsTrue(v);
+        Py_DECREF(v);
+        if (t < 0) return -1;
+        if (t != (i == 0)) return 0;
+    }
+    return 1;
+}
+
+/* lock.acquire(False): 1 taken, 0 busy, -1 error. */
+static int entry_lock(StoreEntry *e) {
+    PyObject *no = Py_False;
+    PyObject *r = PyObject_Vectorcall(e->acquire, &no, 1, NULL);
+    if (!r) return -1;
+    int got = r == Py_True;
+    Py_DECREF(r);
+    return got;
+}
+
+/* After the Appender ran under the lock: release it (keeping an exception the append raised),
+ * count a stored record and report a failed dispatch. ``r`` is the Appender's answer (a tuple,
+ * None, or NULL for an exception). An OSError (the CommitLog file refused the bytes: nothing
+ * recorded) becomes store._io_refusal(error) with *refused set. */
+static PyObject *entry_done(StoreEntry *e, PyObject *r, int *refused) {
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject *u = PyObject_CallNoArgs(e->release);
+    if (!u) {
+        Py_XDECREF(r); Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        return NULL;
+    }
+    Py_DECREF(u);
+    PyErr_Restore(et, ev, etb);
+    if (!r) {
+        if (!PyErr_ExceptionMatches(PyExc_OSError)) return NULL;
+        PyErr_Fetch(&et, &ev, &etb);
+        PyErr_NormalizeException(&et, &ev, &etb);
+        PyObject *res = PyObject_CallOneArg(e->io_refusal, ev ? ev : Py_None);
+        Py_XDECREF(et); Py_XDECREF(ev); Py_XDECREF(etb);
+        *refused = 1;
+        return res;
+    }
+    if (r == Py_None) return r;
+    long long size;
+    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 5 || (size = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1))) < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's answer is not a record");
+        Py_DECREF(r);
+        return NULL;
+    }
+    e->count++;
+    e->bytes += size;
+    int failed = PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
+    if (failed) {
+        PyObject *f = failed > 0 ? PyObject_CallNoArgs(e->dispatch_failed) : NULL;
+        if (!f) {
+            Py_DECREF(r);
+            return NULL;
+        }
+        Py_DECREF(f);
+    }
+    return r;
+}
+
+/* PutMessageResult.stored(r, host_hex), without the call. */
+static PyObject *entry_result(StoreEntry *e, PyObject *r) {
+    PyTypeObject *tp = (PyTypeObject *)e->result_type;
+    PyObject *res = PyBaseObject_Type.tp_new(tp, empty_tuple, NULL);
+    if (!res) return NULL;
+    if (SSET(res, s_r_status, e->put_ok) < 0 || SSET(res, s_r_append, Py_None) < 0 ||
+        SSET(res, s_r_reason, empty_str) < 0 || SSET(res, s_r_raw, r) < 0 || SSET(res, s_r_host_hex, e->host_hex) < 0) {
+        Py_DECREF(res);
+        return NULL;
+    }
+    return res;
+}
+
+/* append(msgs) -> (PutMessageResult, end offset), as MessageStore.append. */
+static PyObject *StoreEntry_append(StoreEntry *e, PyObject *msgs) {
+    PyObject *msg = NULL;
+    if (PyList_CheckExact(msgs) && PyList_GET_SIZE(msgs) == 1) msg = PyList_GET_ITEM(msgs, 0);
+    else if (PyTuple_CheckExact(msgs) && PyTuple_GET_SIZE(msgs) == 1) msg = PyTuple_GET_ITEM(msgs, 0);
+    if (!msg) return PyObject_CallOneArg(e->general, msgs);
+    int w = entry_writable(e);
+    if (w <= 0) return w < 0 ? NULL : PyObject_CallOneArg(e->general, msgs);
+    int got = entry_lock(e);
+    if (got <= 0) return got < 0 ? NULL : PyObject_CallOneArg(e->general, msgs);
+    Py_INCREF(msg); /* (the list may change while the append runs Python code) */
+    PyObject *r = Appender_append(e->appender, msg);
+    Py_DECREF(msg);
+    int refused = 0;
+    r = entry_done(e, r, &refused);
+    if (!r) return NULL;
+    if (refused) return Py_BuildValue("(Ni)", r, -1);
+    if (r == Py_None) {
+        Py_DECREF(r);
+        return PyObject_CallOneArg(e->general, msgs);
+    }
+    PyObject *end = PyNumber_Add(PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1));
+    PyObject *res = end ? entry_result(e, r) : NULL;
+    Py_DECREF(r);
+    if (!res) {
+        Py_XDECREF(end);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", res, end);
+}
+
+/* append_plain(...) as MessageStore.append_plain: the Appender's answer, the refusal of an I/O
+ * error, or None when not taken. */
+static PyObject *StoreEntry_append_plain(StoreEntry *e, PyObject *const *args, Py_ssize_t nargs) {
+    int w = entry_writable(e);
+    if (w <= 0) {
+        if (w < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    int got = entry_lock(e);
+    if (got <= 0) {
+        if (got < 0) return NULL;
+        Py_RETURN_NONE;
+    }
+    int refused = 0;
+    return entry_done(e, Appender_append_plain(e->appender, args, nargs), &refused);
+}
+
+static PyObject *StoreEntry_count(StoreEntry *e, void *closure) { return PyLong_FromLongLong(e->count); }
+static PyObject *StoreEntry_bytes(StoreEntry *e, void *closure) { return PyLong_FromLongLong(e->bytes); }
+
+static PyMethodDef StoreEntry_methods[] = {
+    {"append", (PyCFunction)StoreEntry_append, METH_O, "MessageStore.append, the common case in C."},
+    {"append_plain", (PyCFunction)(void (*)(void))StoreEntry_append_plain, METH_FASTCALL,
+     "MessageStore.append_plain, in C."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef StoreEntry_getset[] = {
+    {"count", (getter)StoreEntry_count, NULL, "Messages these entries stored.", NULL},
+    {"bytes", (getter)StoreEntry_bytes, NULL, "Bytes these entries stored.", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject StoreEntryType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "data_plane.store._speedups.StoreEntry",
+    .tp_basicsize = sizeof(StoreEntry),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)StoreEntry_init,
+    .tp_dealloc = (destructor)StoreEntry_dealloc,
+    .tp_traverse = (traverseproc)StoreEntry_traverse,
+    .tp_clear = (inquiry)StoreEntry_clear,
+    .tp_methods = StoreEntry_methods,
+    .tp_getset = StoreEntry_getset,
+    .tp_doc = "MessageStore's append entry points for the common case, in C.",
+};
+
 /* madvise over [start, start+length) of a buffer (a shared file mapping) with the GIL released;
  * returns errno (0 = done). `inward` rounds the range inward to whole pages (never touching a
  * page only partly inside it), otherwise outward. */
@@ -2490,6 +2712,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_max_entries, "max_entries"); INTERN2(s_mf, "mf"); INTERN2(s_dispatched_offset, "dispatched_offset");
     INTERN2(s_put_units, "put_units"); INTERN2(s_put_items, "put_items");
     INTERN2(s_fd, "_fd");
+    INTERN2(s_compiled, "COMPILED"); INTERN2(s_running, "running"); INTERN2(s_disk_full, "disk_full"); INTERN2(s_dispatch_broken, "dispatch_broken");
+    INTERN2(s_fenced, "fenced"); INTERN2(s_r_status, "status"); INTERN2(s_r_append, "_append");
+    INTERN2(s_r_reason, "reason"); INTERN2(s_r_raw, "_raw"); INTERN2(s_r_host_hex, "_host_hex");
+    INTERN2(empty_str, "");
+    if (!(empty_tuple = PyTuple_New(0))) return NULL;
     INTERN2(s_keys, "keys"); INTERN2(s_tags, "tags"); INTERN2(s_delay_level, "delay_level");
     INTERN2(s_deliver_at_ms, "deliver_at_ms");
     INTERN2(s_msg_topic, "topic"); INTERN2(s_msg_born_ts, "born_timestamp"); INTERN2(s_msg_reconsume, "reconsume_times");
@@ -2501,7 +2728,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     }
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
         PyType_Ready(&QueuePositionsType) < 0 || PyType_Ready(&OffsetCellType) < 0 ||
-        PyType_Ready(&QueueOffsetsType) < 0)
+        PyType_Ready(&QueueOffsetsType) < 0 || PyType_Ready(&StoreEntryType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m) {
@@ -2517,7 +2744,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyModule_AddObjectRef(m, "Appender", (PyObject *)&AppenderType) < 0 ||
         PyModule_AddObjectRef(m, "FilePositions", (PyObject *)&FilePositionsType) < 0 ||
         PyModule_AddObjectRef(m, "QueuePositions", (PyObject *)&QueuePositionsType) < 0 ||
-        PyModule_AddObjectRef(m, "QueueOffsets", (PyObject *)&QueueOffsetsType) < 0) {
+        PyModule_AddObjectRef(m, "QueueOffsets", (PyObject *)&QueueOffsetsType) < 0 ||
+        PyModule_AddObjectRef(m, "StoreEntry", (PyObject *)&StoreEntryType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -151,8 +151,9 @@ class MessageStore:
         self._populate_ahead: PopulateAheadService | None = None
         self._last_release_all = time.monotonic()
         self._reserve_warned_at = -float("inf")  # time.monotonic() of the last reserve-ahead warning
-        self.put_count = 0
-        self.put_bytes = 0
+        self._put_count = 0  # (``put_count``; the compiled entry points count their own)
+        self._put_bytes = 0
+        self._entry: Any = None
         self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
         self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
         self._loop_waiters: dict[asyncio.AbstractEventLoop, _FlushWaiters] = {}
@@ -195,6 +196,7 @@ class MessageStore:
         self._appender = self._make_appender()
         if self._appender is not None and cfg.write_stage_bytes > 0:
             self.commit_log.mfq.sync_staged = self._appender.commit
+        self._install_entry()
         create_abort_file(cfg.abort_path)
         self._start_services()
         self.running = True
@@ -203,6 +205,35 @@ class MessageStore:
         """Find where the log really ends, and make every index agree with it."""
         self.recovered_abnormally = crashed
         recover(self, crashed=crashed)
+
+    def _install_entry(self) -> None:
+        """With the compiled Appender, ``append`` and ``append_plain`` of this store become the
+        compiled entry points (``_speedups.StoreEntry``): the same answers in one C call, which
+        hands whatever it does not take to the Python methods (``_append_general``; None from
+        ``append_plain``). The class's methods stay the reference."""
+        speedups = fastpath.speedups_module()
+        if self._appender is None or speedups is None:
+            return
+        entry = speedups.StoreEntry(
+            self._appender, self, self.commit_log.lock, PutMessageResult, PutMessageStatus.PUT_OK, self._host_hex,
+            vars(fastpath),
+        )  # fmt: skip
+        self._entry = entry
+        # Instance attributes shadow the methods (the broker and benchmarks look them up once).
+        setattr(self, "append", entry.append)  # noqa: B010
+        setattr(self, "append_plain", entry.append_plain)  # noqa: B010
+
+    @property
+    def put_count(self) -> int:
+        """Messages appended since start."""
+        entry = self._entry
+        return self._put_count + (entry.count if entry is not None else 0)
+
+    @property
+    def put_bytes(self) -> int:
+        """CommitLog bytes appended since start."""
+        entry = self._entry
+        return self._put_bytes + (entry.bytes if entry is not None else 0)
 
     def _make_appender(self) -> Any:
         """The compiled single-message append path, when it was built (see fastpath)."""
@@ -386,11 +417,14 @@ class MessageStore:
         """Append and dispatch ``msgs`` as one batch (one topic and queue id, as RocketMQ's
         batches are), without waiting for a flush. Returns the result and the log offset the
         batch ends at (-1 when nothing was written). The hot path: keep it short."""
-        if not self.running or self.disk_full or self.dispatch_broken or self.fenced:  # `writable`, inlined
-            return self._refuse(), -1
-        n = len(msgs)
         appender = self._appender
-        if n == 1 and appender is not None and fastpath.COMPILED:
+        if (
+            len(msgs) == 1
+            and appender is not None
+            and fastpath.COMPILED
+            and self.running
+            and not (self.disk_full or self.dispatch_broken or self.fenced)  # (`writable`, inlined)
+        ):
             lock = self.commit_log.lock
             if lock.acquire(False):
                 try:
@@ -401,6 +435,14 @@ class MessageStore:
                     lock.release()
                 if r is not None:
                     return self._stored_one(r), r[0] + r[1]
+        return self._append_general(msgs)
+
+    def _append_general(self, msgs: Sequence[Message]) -> tuple[PutMessageResult, int]:
+        """``append`` past the compiled single-message path (the compiled entry point hands
+        over here whatever it does not take)."""
+        if not self.running or self.disk_full or self.dispatch_broken or self.fenced:
+            return self._refuse(), -1
+        n = len(msgs)
         if n == 0:
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, None, "no message to put"), -1
         first = msgs[0]
@@ -464,8 +506,8 @@ class MessageStore:
         if r is not None:  # (_stored_one's bookkeeping, inline: no result object made here)
             if r[4]:
                 self._dispatch_failed()
-            self.put_count += 1
-            self.put_bytes += r[1]
+            self._put_count += 1
+            self._put_bytes += r[1]
         return r
 
     def stored_result(self, r: tuple[int, ...]) -> PutMessageResult:
@@ -478,8 +520,8 @@ class MessageStore:
         offset, dispatch failed, ...)."""
         if r[4]:
             self._dispatch_failed()
-        self.put_count += 1
-        self.put_bytes += r[1]
+        self._put_count += 1
+        self._put_bytes += r[1]
         return PutMessageResult.stored(r, self._host_hex)
 
     def _dispatch_failed(self) -> None:
@@ -553,8 +595,8 @@ class MessageStore:
             return self._io_refusal(e), -1, None
         finally:
             lock.release()
-        self.put_count += result.msg_num
-        self.put_bytes += result.wrote_bytes
+        self._put_count += result.msg_num
+        self._put_bytes += result.wrote_bytes
         return PutMessageResult(PutMessageStatus.PUT_OK, result), end, tag_codes
 
     def write_staged(self) -> None:
