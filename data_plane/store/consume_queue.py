@@ -38,6 +38,10 @@ def _reserve_chunk(pos: int) -> int:
 
 
 class ConsumeQueue(QueuePositions):
+    """One queue's units. The compiled appender may keep the newest few pending in the object
+    (``positions.py``); every method here writes them to the file first (``sync_units``), so
+    nothing that reads or changes the queue misses them."""
+
     __slots__ = (
         "_reserve_seen",
         "file_size",
@@ -63,6 +67,7 @@ class ConsumeQueue(QueuePositions):
         return self.min_logic_offset // CQ_UNIT_SIZE
 
     def max_offset_in_queue(self) -> int:
+        self.sync_units()
         return self.mfq.max_offset() // CQ_UNIT_SIZE
 
     # --- writing ---------------------------------------------------------------------------
@@ -70,6 +75,7 @@ class ConsumeQueue(QueuePositions):
         """Called once a flush round, off the writer's thread: when what stays reserved after
         the write position is less than ``rounds`` times what the queue took since the last
         call, reserve that much. True when blocks were reserved."""
+        self.sync_units()
         mf = self.last_file
         if mf is None:
             return False
@@ -86,6 +92,7 @@ class ConsumeQueue(QueuePositions):
     def put(self, commit_log_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Write the unit for ``queue_offset``. Returns False when the unit was already there
         (a re-dispatch after recovery) and True when written. Raises OSError on a full disk."""
+        self.sync_units()
         expect = queue_offset * CQ_UNIT_SIZE
         mf = self.last_file
         if mf is not None:
@@ -102,6 +109,7 @@ class ConsumeQueue(QueuePositions):
     def put_units(self, units: bytes, queue_offset: int, end_offset: int) -> None:
         """Write consecutive units (as laid out by ``fastpath.write_batch``) starting at
         ``queue_offset``, for records ending by ``end_offset``: one copy when they fit."""
+        self.sync_units()
         n = len(units)
         if not n:
             return
@@ -154,6 +162,7 @@ class ConsumeQueue(QueuePositions):
     def units(self, queue_offset: int, max_units: int) -> tuple[memoryview, int] | None:
         """Up to ``max_units`` units from ``queue_offset`` as a slice of one file, with the
         count; None when the offset is outside the queue."""
+        self.sync_units()
         logic = queue_offset * CQ_UNIT_SIZE
         if logic < self.min_logic_offset:
             return None
@@ -196,6 +205,7 @@ class ConsumeQueue(QueuePositions):
 
     def recover(self) -> None:
         """Find the last valid unit: every file but the last is full; scan the last ones."""
+        self.sync_units()
         files = self.mfq.files
         self.max_physic_offset = -1
         if not files:
@@ -234,6 +244,7 @@ class ConsumeQueue(QueuePositions):
 
     def truncate_dirty(self, phy_offset: int) -> None:
         """Drop units that point at or past ``phy_offset`` (log bytes that did not survive)."""
+        self.sync_units()
         files = self.mfq.files
         while files:
             mf = files[-1]
@@ -261,6 +272,7 @@ class ConsumeQueue(QueuePositions):
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
         """After CommitLog files were deleted: the first unit whose record still exists."""
+        self.sync_units()
         files = self.mfq.files
         if not files:
             return
@@ -277,6 +289,7 @@ class ConsumeQueue(QueuePositions):
 
     def delete_expired_files(self, phy_min_offset: int) -> int:
         """Delete leading files whose every unit points below ``phy_min_offset``."""
+        self.sync_units()
         files = self.mfq.files
         count = 0
         for mf in files[:-1]:
@@ -290,10 +303,12 @@ class ConsumeQueue(QueuePositions):
         return count
 
     def flush(self, least_pages: int) -> None:
+        self.sync_units()
         self.mfq.flush(least_pages)
 
     def dirty_pages(self) -> int:
         """Pages written since the last flush (0 when clean)."""
+        self.sync_units()
         mf = self.last_file
         if mf is None:
             return 0
@@ -305,15 +320,18 @@ class ConsumeQueue(QueuePositions):
 
     def mark_flushed(self, where: int) -> None:
         """Everything below ``where`` was made durable by other means (sync(2))."""
+        self.sync_units()
         for mf in self.mfq.files:
             if mf.file_from_offset < where:
                 mf.flushed_position = max(mf.flushed_position, min(where - mf.file_from_offset, mf.wrote_position))
         self.mfq.flushed_where = max(self.mfq.flushed_where, where)
 
     def close(self) -> None:
+        self.sync_units()
         self.mfq.close()
         self.last_file = None
 
     def destroy(self) -> None:
+        self.sync_units()
         self.mfq.destroy()
         self.last_file = None

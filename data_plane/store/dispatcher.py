@@ -94,6 +94,8 @@ class Dispatcher:
     def targets(self, topic: str, queue_id: int, first_queue_offset: int) -> tuple[Any, ...]:
         """Where ``fastpath.write_batch`` may write units and index entries directly."""
         cq = self.queues.queues.get((topic, queue_id))
+        if cq is not None:
+            cq.sync_units()  # (units the appender kept pending go before the batch's)
         mf = cq.last_file if cq is not None else None
         if mf is None or mf.file_from_offset + mf.wrote_position != first_queue_offset * CQ_UNIT_SIZE:
             cq_args: tuple[Any, ...] = (None, 0, 0)

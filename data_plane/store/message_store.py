@@ -214,6 +214,10 @@ class MessageStore:
         speedups = fastpath.speedups_module()
         if self._appender is None or speedups is None:
             return
+        old = self._entry
+        if old is not None:  # (a restart: what the last one counted stays counted)
+            self._put_count += old.count
+            self._put_bytes += old.bytes
         entry = speedups.StoreEntry(
             self._appender, self, self.commit_log.lock, PutMessageResult, PutMessageStatus.PUT_OK, self._host_hex,
             vars(fastpath),

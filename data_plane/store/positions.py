@@ -11,12 +11,19 @@ order::
                     map: the Py_buffer hold_map keeps of the file's mapping (80 bytes)
 
 (what every append reads or moves first, within the object's first line or two).
-    QueuePositions: max_physic_offset                                   (1 x 8 bytes)
+    QueuePositions: max_physic_offset, pend_from_qo                     (2 x 8 bytes)
+                    pending units: count, room, generation              (3 x 4 bytes)
+                    the pending units themselves                        (8 x 20 bytes)
 
 The subclasses' own ``__slots__`` follow. Python code sees plain ``int`` attributes; the
 compiled appender reads and writes the fields in place. That matters with thousands of queues:
 each append lands on another queue's ConsumeQueue and file objects, and every ``int`` object a
 slot pointed at, read there or replaced, was a cache miss of its own.
+
+For the same reason the compiled appender keeps a ConsumeQueue's newest units pending in the
+queue object and writes them to its file up to eight at a time (``sync_units``, which every
+ConsumeQueue method calls first): writing each unit to another queue's file page cost a TLB and
+a cache miss per append.
 
 Without the compiled module (or with ``ORBIT_PURE_PYTHON`` set), the twins below, ordinary
 ``__slots__`` classes with the same attributes, serve.
@@ -63,6 +70,11 @@ class PyQueuePositions:
     __slots__ = ("max_physic_offset",)
 
     max_physic_offset: int  # end (offset + size) of the last record indexed; -1 before the first
+    pending_units = 0  # the compiled appender's units not yet in the file (none here)
+
+    def sync_units(self) -> None:
+        """Write the units the compiled appender keeps pending to the queue's file (the
+        compiled base; nothing is ever pending here)."""
 
 
 def _compiled() -> tuple[type, type, type] | None:

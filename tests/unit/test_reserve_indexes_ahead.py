@@ -47,6 +47,7 @@ def test_a_busy_queue_gets_a_rounds_worth_of_its_rate_reserved_and_its_next_appe
     assert mf.reserved_upto >= 600 * CQ_UNIT_SIZE
     reserved = mf.reserved_upto
     _append(store, 300, start=300)
+    _cq(store).sync_units()  # (the appender's pending units to the file)
     assert mf.wrote_position == 600 * CQ_UNIT_SIZE
     assert mf.reserved_upto == reserved  # the appends found their blocks reserved
     got = store.get_message("T", 0, 599, 1)

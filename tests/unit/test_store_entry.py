@@ -192,7 +192,27 @@ def test_a_dropped_store_is_collected_with_its_entry(tmp_path: Path) -> None:
     store.start()
     store.append([Message("T", b"x", 0)])
     store.shutdown()
+    append = store.append  # the entry point holds its store weakly
     ref = weakref.ref(store)
     del store
     gc.collect()
     assert ref() is None
+    with pytest.raises(RuntimeError, match="gone"):
+        append([Message("T", b"y", 0)])
+
+
+def test_a_restarted_store_gets_a_new_entry_and_keeps_its_counts(tmp_path: Path) -> None:
+    store = MessageStore(small_config(str(tmp_path / "s")))
+    store.start()
+    try:
+        assert store.append([Message("T", b"one", 0)])[0].ok
+        first = store.append.__self__  # type: ignore[attr-defined]
+        store.shutdown()
+        store.start()
+        assert store.append.__self__ is not first  # type: ignore[attr-defined]
+        assert store.append([Message("T", b"two", 0)])[0].ok
+        assert store.put_count == 2
+        got = store.get_message("T", 0, 0, 8)
+        assert [decode_record(m).body for m in got.messages] == [b"one", b"two"]
+    finally:
+        store.shutdown()
