@@ -20,7 +20,9 @@ run pays for its predecessor's write-back:
 * ``sync_flush_64_writers``: SYNC_FLUSH, 64 asyncio tasks each awaiting ``put_message``, with
   the broker's GIL switch interval (0.5 ms) so the group commit thread is not kept waiting;
 * ``queues_16`` vs ``queues_10000``: the same load spread over 16 and over 10,000 queues,
-  as single appends and as batches of 32 (``*_batch32``);
+  as single appends and as batches of 32 (``*_batch32``); ``cost_of_10000_queues*_ratio``
+  compares the two medians, ``*_paired_ratio`` is the median of the costs of the runs taken
+  back to back (the two loads alternate);
 * ``rss``: resident memory while ``rss_gb`` GiB are written (``RssAnon`` is the process's own
   memory; ``RssFile`` the mapped file pages it currently holds).
 """
@@ -32,6 +34,7 @@ import functools
 import os
 import platform
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -100,6 +103,7 @@ def _measure_interleaved(
     every run's rate is kept. ``settle`` runs before each run, untimed: by default everything
     written so far goes to disk, so that no run pays for the write-back of the one before."""
     samples: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in runs}
+    in_order: dict[str, list[int]] = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
             settle()
@@ -107,6 +111,7 @@ def _measure_interleaved(
             count, nbytes = run()
             dt = time.perf_counter() - t
             samples[name].append((count / dt if dt else 0.0, count, dt, nbytes))
+            in_order[name].append(round(samples[name][-1][0]))
     out = {}
     for name, got in samples.items():
         got.sort()
@@ -117,6 +122,7 @@ def _measure_interleaved(
             "msgs_per_s": round(rate),
             "mb_per_s": round(nbytes / dt / 1e6, 1) if dt else 0.0,
             "runs_msgs_per_s": [round(r[0]) for r in got],
+            "runs_in_order_msgs_per_s": in_order[name],  # (the i-th run of each alternated with the others')
         }
     return out
 
@@ -349,6 +355,15 @@ def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
         a = out[f"queues_16{label}"]["msgs_per_s"]
         b = out[f"queues_10000{label}"]["msgs_per_s"]
         out[f"cost_of_10000_queues{label}_ratio"] = round(1 - b / a, 3) if a else None
+        # The same from each pair of runs taken back to back, whose drift is alike: the median
+        # of the pairs' costs.
+        pairs = zip(
+            out[f"queues_16{label}"]["runs_in_order_msgs_per_s"],
+            out[f"queues_10000{label}"]["runs_in_order_msgs_per_s"],
+            strict=True,
+        )
+        costs = [1 - y / x for x, y in pairs if x]
+        out[f"cost_of_10000_queues{label}_paired_ratio"] = round(statistics.median(costs), 3) if costs else None
     return out
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +89,10 @@ def check_figures(result: dict[str, Any]) -> None:
     assert math.isfinite(cost)
     rate_16, rate_10000 = result["queues_16"]["msgs_per_s"], result["queues_10000"]["msgs_per_s"]
     assert cost == pytest.approx(1 - rate_10000 / rate_16, abs=0.001)
+    in_order = [result[f"queues_{q}"]["runs_in_order_msgs_per_s"] for q in (16, 10000)]
+    assert sorted(in_order[0]) == sorted(figure(result, "queues_16.runs_msgs_per_s"))
+    paired = statistics.median(1 - b / a for a, b in zip(*in_order, strict=True))
+    assert figure(result, "cost_of_10000_queues_paired_ratio") == pytest.approx(paired, abs=0.001)
     rss = figure(result, "rss")
     assert rss["written_gb"] == RSS_GB
     for key in ("rss_mb_first_last_max", "rss_anon_mb_first_last_max"):
