@@ -98,20 +98,24 @@ Run = Callable[[], tuple[int, int]]  # does the work; returns (messages, bytes)
 def _measure_interleaved(
     runs: dict[str, Run], repeats: int, settle: Callable[[], None] = os.sync
 ) -> dict[str, dict[str, Any]]:
-    """Time each of ``runs`` ``repeats`` times, alternating between them so that the machine's
-    drift (large on this project's VM) hits all of them alike. Each figure is the median run;
-    every run's rate is kept. ``settle`` runs before each run, untimed: by default everything
+    """Time each of ``runs`` ``repeats`` times, alternating between them (each in turn first and
+    last) so that the machine's drift (large on this project's VM) hits all of them alike. Each
+    figure is the median run; every run's rate is kept. ``settle`` runs before each run, untimed: by default everything
     written so far goes to disk, so that no run pays for the write-back of the one before."""
     samples: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in runs}
     in_order: dict[str, list[int]] = {name: [] for name in runs}
+    order = list(runs.items())
     for _ in range(repeats):
-        for name, run in runs.items():
+        for name, run in order:
             settle()
             t = time.perf_counter()
             count, nbytes = run()
             dt = time.perf_counter() - t
             samples[name].append((count / dt if dt else 0.0, count, dt, nbytes))
             in_order[name].append(round(samples[name][-1][0]))
+        # With the queue-spread loads, whichever ran second in a pair was ~5-10 % slower (the
+        # first's write-back or page cache, most likely; not pinned down): take turns.
+        order.reverse()
     out = {}
     for name, got in samples.items():
         got.sort()
