@@ -229,13 +229,13 @@ class MessageStore:
 
     @property
     def put_count(self) -> int:
-        """Messages appended since start."""
+        """Messages this store has appended (over its restarts too)."""
         entry = self._entry
         return self._put_count + (entry.count if entry is not None else 0)
 
     @property
     def put_bytes(self) -> int:
-        """CommitLog bytes appended since start."""
+        """CommitLog bytes this store has appended (over its restarts too)."""
         entry = self._entry
         return self._put_bytes + (entry.bytes if entry is not None else 0)
 
