@@ -785,7 +785,8 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     if (_PyBytes_Resize(&cq, ncq * 20) < 0) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
     if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     long long last_ix_phys = -1;
-    /* Straight into the ConsumeQueue file when the units fit what is reserved there. */
+    /* Straight into cq_base when the units fit what is reserved there: a ConsumeQueue's pending
+     * units (the Appender) or its file's mapping. */
     if (cq_base && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit && cq_limit <= cq_base_len) {
         memcpy(cq_base + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
         Py_DECREF(cq);

@@ -111,8 +111,9 @@ def _measure_interleaved(
             t = time.perf_counter()
             count, nbytes = run()
             dt = time.perf_counter() - t
-            samples[name].append((count / dt if dt else 0.0, count, dt, nbytes))
-            in_order[name].append(round(samples[name][-1][0]))
+            rate = count / dt if dt else 0.0
+            samples[name].append((rate, count, dt, nbytes))
+            in_order[name].append(round(rate))
         # With the queue-spread loads, whichever ran second in a pair was ~5-10 % slower (the
         # first's write-back or page cache, most likely; not pinned down): take turns.
         order.reverse()
