@@ -1446,15 +1446,33 @@ static PyObject *Appender_commit(Appender *a, PyObject *unused) {
 
 static PyObject *Appender_staged(Appender *a, void *closure) { return PyLong_FromSsize_t(a->staged); }
 
-/* One record of ``topic`` / ``qid_obj``: the store Message ``msg``, or (msg NULL) the plain
- * item ``raw``. The result of append (below), with the record's tag hash code after it for a
- * plain item; None when the common path does not apply (nothing written). */
-static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, PyObject *msg, const raw_batch *raw) {
+static PyObject *ids_text(const unsigned char *b, Py_ssize_t len, long long file_from, long long offset, Py_ssize_t n,
+                          const char *prefix, Py_ssize_t prefix_len);
+
+/* The records of ``topic`` / ``qid_obj``: the store Messages of the list ``msgs`` (one, or a
+ * batch, all of this topic and queue: the caller checked), or (msgs NULL) the plain item
+ * ``raw``. The result of append (below), with the record's tag hash code after it for a plain
+ * item, or with the message count and the comma-joined message ids after it for a batch; None
+ * when the common path does not apply (nothing written). A batch is neither staged nor pended:
+ * what is staged is written first, the queue's pending units are synced first, and its records
+ * go to the file in one pwrite, its units straight into the queue's file, as
+ * MessageStore._write does. */
+static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, PyObject *msgs, const raw_batch *raw) {
     PyObject *result = NULL, *key = NULL, *mfq = NULL, *files = NULL;
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     FilePositions *cq_busy = NULL; /* the ConsumeQueue file whose view this append keeps (busy) */
     int dispatch_failed = 0;
+    Py_ssize_t n = msgs ? PyList_GET_SIZE(msgs) : raw->n;
+    int batch = n > 1;
+    if (n < 1) goto slow;
+    if (batch) { /* (a copy, before any Python code runs: the caller's list may change meanwhile) */
+        list = PyList_GetSlice(msgs, 0, n);
+        if (!list) goto error;
+    } else if (msgs) {
+        list = msgs; /* the caller's own list of one */
+        Py_INCREF(list);
+    }
     if (!PyUnicode_Check(topic) || !PyLong_CheckExact(qid_obj)) goto slow;
     long qid = PyLong_AsLong(qid_obj);
     if (qid < 0 || qid > INT32_MAX) { PyErr_Clear(); goto slow; }
@@ -1487,7 +1505,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     if (!files) goto error;
     if (!PyList_Check(files) || PyList_GET_SIZE(files) == 0) goto slow;
     PyObject *mf = PyList_GET_ITEM(files, PyList_GET_SIZE(files) - 1);
-    if (a->staged && (mf != a->st_mf || a->staged >= a->stage_commit_bytes)) {
+    if (a->staged && (batch || mf != a->st_mf || a->staged >= a->stage_commit_bytes)) {
         if (stage_commit(a) < 0) goto error; /* an OSError: nothing of this message recorded */
     }
     Py_ssize_t wrote, file_size, reserved, file_from, fd;
@@ -1514,7 +1532,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     FilePositions *cqp = NULL;
     unsigned char *cq_base = NULL;
     Py_ssize_t cq_pos = 0, cq_limit = 0, cq_len = 0, pend_at = 0;
-    int pend = qp->npend > 0 && first_qo == qp->pend_from_qo + qp->npend && qp->npend < qp->pend_cap;
+    int pend = !batch && qp->npend > 0 && first_qo == qp->pend_from_qo + qp->npend && qp->npend < qp->pend_cap;
     unsigned int pend_gen = 0;
     if (!pend) {
         if (queue_sync(qp) < 0) goto error;
@@ -1527,7 +1545,17 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         cq_pos = cqp->wrote_position;
         cq_limit = cq_res < cq_size ? cq_res : cq_size;
         if (cqp->file_from_offset + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
-        if (cqp->base && cq_limit <= cqp->length) { /* queue_sync writes them through the view */
+        if (batch && cqp->base && cq_limit <= cqp->length) {
+            /* a batch's units go straight into the file through its held view, kept while the
+             * batch is laid out */
+            cq_base = cqp->base;
+            cq_len = cqp->length;
+            cq_busy = cqp;
+            cq_busy->busy++;
+        } else if (batch) {
+            cq_mv = SGET(cq_mf, s_mv);
+            if (!cq_mv) goto error;
+        } else if (cqp->base && cq_limit <= cqp->length) { /* queue_sync writes them through the view */
             Py_ssize_t cap = (cq_limit - cq_pos) / 20;
             qp->pend_from_qo = first_qo;
             qp->pend_cap = cap < PEND_UNITS ? (int)cap : PEND_UNITS;
@@ -1598,16 +1626,10 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     Py_ssize_t room = limit - wrote - staged;
     if (room > a->stage_cap - staged) room = a->stage_cap - staged;
     if (room < 0) goto slow;
-    if (msg) {
-        list = PyList_New(1);
-        if (!list) goto error;
-        Py_INCREF(msg);
-        PyList_SET_ITEM(list, 0, msg);
-    }
     /* Staging (stage_commit_bytes > 0): the record joins the stage, written with the ones
      * around it; otherwise it is written to the file now. Stage position p lies at file
      * position wrote + p either way. */
-    int stage_it = a->stage_commit_bytes > 0;
+    int stage_it = !batch && a->stage_commit_bytes > 0;
     r = write_batch_impl(&sb, staged, staged + room, (long long)file_from + wrote, list, PyBytes_AS_STRING(topic_b),
                          PyBytes_GET_SIZE(topic_b), (int)qid, first_qo, now, a->host, a->max_props, a->max_msg,
                          a->index_enabled, cq_mv ? cq_mv : Py_None, cq_base, cq_len, cq_pos,
@@ -1660,14 +1682,19 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         qp->max_physic_offset = end_abs;
     }
     if (unit || (PyBytes_Check(cq_out) && PyBytes_GET_SIZE(cq_out) > 0)) {
-        PyObject *e = PyLong_FromLongLong(end_abs);
-        if (!e) {
+        /* (the units start at the queue's offset before the append, as in MessageStore._write:
+         * a batch's first record may be a prepared transaction, which takes none) */
+        PyObject *e = PyLong_FromLongLong(end_abs), *from = PyLong_FromLongLong(first_qo);
+        if (!e || !from) {
             Py_XDECREF(unit);
+            Py_XDECREF(e);
+            Py_XDECREF(from);
             goto error;
         }
-        PyObject *x = PyObject_CallMethodObjArgs(cq, s_put_units, unit ? unit : cq_out, batch_qo, e, NULL);
+        PyObject *x = PyObject_CallMethodObjArgs(cq, s_put_units, unit ? unit : cq_out, from, e, NULL);
         Py_XDECREF(unit);
         Py_DECREF(e);
+        Py_DECREF(from);
         if (!x) {
             if (!PyErr_ExceptionMatches(PyExc_OSError)) goto error;
             PyErr_Clear(); /* stored, not indexed: the caller pauses writes until a redispatch */
@@ -1692,7 +1719,29 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         Py_XDECREF(x);
     }
     if (SET_LL(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
-    if (raw) {
+    if (batch) {
+        /* the ids from the records still in the stage (stage[0] lies at file position wrote) */
+        static const char hexd[] = "0123456789ABCDEF";
+        char prefix[16];
+        for (int k = 0; k < 8; k++) {
+            prefix[2 * k] = hexd[(unsigned char)a->host[k] >> 4];
+            prefix[2 * k + 1] = hexd[(unsigned char)a->host[k] & 15];
+        }
+        PyObject *ids = ids_text(a->stage, end - wrote, (long long)file_from + wrote,
+                                 (long long)file_from + rec_start, PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 7)), prefix, 16);
+        if (!ids) goto error;
+        if (ids == Py_None) {
+            Py_DECREF(ids);
+            PyErr_SetString(PyExc_RuntimeError, "a batch laid out without its record sizes");
+            goto error;
+        }
+        Py_INCREF(batch_qo);
+        PyObject *count = PyTuple_GET_ITEM(r, 7);
+        Py_INCREF(count);
+        PyObject *parts[7] = {PyLong_FromLongLong((long long)file_from + rec_start), PyLong_FromSsize_t(end - rec_start),
+                              PyLong_FromLongLong(now), batch_qo, PyLong_FromLong(dispatch_failed), count, ids};
+        result = tuple_of(7, parts);
+    } else if (raw) {
         PyObject *tags = PyTuple_GET_ITEM(r, 8); /* the item's tag code: its only distinct one */
         PyObject *code = PyTuple_Check(tags) && PyTuple_GET_SIZE(tags) == 1 ? PyTuple_GET_ITEM(tags, 0) : NULL;
         if (!code) {
@@ -1729,13 +1778,60 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     PyObject *topic = SGET(msg, s_topic);
     if (!topic) return NULL;
     PyObject *qid_obj = SGET(msg, s_queue_id);
-    if (!qid_obj) {
-        Py_DECREF(topic);
+    PyObject *list = qid_obj ? PyList_New(1) : NULL;
+    PyObject *result = NULL;
+    if (list) {
+        Py_INCREF(msg);
+        PyList_SET_ITEM(list, 0, msg);
+        result = appender_put(a, topic, qid_obj, list, NULL);
+    }
+    Py_DECREF(topic);
+    Py_XDECREF(qid_obj);
+    Py_XDECREF(list);
+    return result;
+}
+
+/* append_batch(msgs): a list of store Messages, appended as MessageStore.append does: their
+ * (wrote_offset, wrote_bytes, store_ts, first queue offset, dispatch_failed, count, ids), or
+ * None when the common path does not apply or the messages do not share one topic and queue
+ * (nothing written: the Python path answers). */
+static PyObject *Appender_append_batch(Appender *a, PyObject *msgs) {
+    if (!PyList_Check(msgs)) {
+        PyErr_SetString(PyExc_TypeError, "append_batch takes a list of messages");
         return NULL;
     }
-    PyObject *result = appender_put(a, topic, qid_obj, msg, NULL);
-    Py_DECREF(topic);
-    Py_DECREF(qid_obj);
+    Py_ssize_t n = PyList_GET_SIZE(msgs);
+    if (n == 0) Py_RETURN_NONE;
+    PyObject *first = PyList_GET_ITEM(msgs, 0);
+    Py_INCREF(first);
+    PyObject *topic = SGET(first, s_topic), *qid_obj = topic ? SGET(first, s_queue_id) : NULL;
+    Py_DECREF(first);
+    PyObject *result = NULL;
+    if (!qid_obj) goto out;
+    if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid_obj)) goto none;
+    for (Py_ssize_t i = 1; i < n && i < PyList_GET_SIZE(msgs); i++) {
+        PyObject *m = PyList_GET_ITEM(msgs, i);
+        Py_INCREF(m);
+        PyObject *t = SGET(m, s_topic), *q = t ? SGET(m, s_queue_id) : NULL;
+        Py_DECREF(m);
+        int same = -1;
+        if (q) {
+            same = t == topic || (PyUnicode_CheckExact(t) && PyUnicode_Compare(t, topic) == 0);
+            if (same && q != qid_obj) same = PyLong_CheckExact(q) && PyObject_RichCompareBool(q, qid_obj, Py_EQ) == 1;
+        }
+        Py_XDECREF(t);
+        Py_XDECREF(q);
+        if (same < 0 || PyErr_Occurred()) goto out;
+        if (!same) goto none;
+    }
+    result = appender_put(a, topic, qid_obj, msgs, NULL);
+    goto out;
+none:
+    result = Py_None;
+    Py_INCREF(result);
+out:
+    Py_XDECREF(topic);
+    Py_XDECREF(qid_obj);
     return result;
 }
 
@@ -1802,6 +1898,9 @@ static PyMethodDef Appender_methods[] = {
      "dispatch_failed), or None."},
     {"append_plain", (PyCFunction)(void (*)(void))Appender_append_plain, METH_FASTCALL,
      "Append one plain message from its parts: append's result and its tag hash code, or None."},
+    {"append_batch", (PyCFunction)Appender_append_batch, METH_O,
+     "Append a list of messages of one topic and queue on the common path: append's result with "
+     "the count and the comma-joined ids after it, or None."},
     {"commit", (PyCFunction)Appender_commit, METH_NOARGS, "Write the staged records to the CommitLog file."},
     {NULL, NULL, 0, NULL},
 };
@@ -1824,9 +1923,12 @@ static PyTypeObject AppenderType = {
 };
 
 /* ---- the store's append entry points -------------------------------------------------------
- * StoreEntry(appender, store, lock, result_type, put_ok, host_hex, switches): MessageStore.append and
- * append_plain for the common case, each one C call (the Python methods cost ~1 us an append in
- * frames, attribute reads and the result object, a third of a single append). Each checks that
+ * StoreEntry(appender, store, lock, result_type, put_ok, host_hex, switches, append_type, append_ok):
+ * MessageStore.append and append_plain for the common case, each one C call (the Python methods
+ * cost ~1 us an append in frames, attribute reads and the result object, a third of a single
+ * append; for a batch of 32, MessageStore._write's Python took ~25 % of the append). A batch
+ * goes through Appender.append_batch and is answered with a PutMessageResult holding its
+ * AppendResult (``append_type``, status ``append_ok``), as _write answers. Each checks that
  * the store takes writes (running, not disk_full, dispatch_broken or fenced), takes the
  * CommitLog lock without waiting, runs the Appender and counts what it stored. Whatever it does
  * not take goes to the Python methods: append to ``store._append_general(msgs)``, append_plain
@@ -1836,23 +1938,26 @@ typedef struct {
     PyObject_HEAD
     Appender *appender;
     PyObject *store_ref; /* a weak reference: the store holds its entry points (no cycle) */
-    PyObject *acquire, *release, *result_type, *put_ok, *host_hex, *switches;
+    PyObject *acquire, *release, *result_type, *put_ok, *host_hex, *switches, *append_type, *append_ok;
     long long count, bytes; /* messages and bytes these entries stored */
 } StoreEntry;
 
 static PyObject *s_compiled, *s_running, *s_disk_full, *s_dispatch_broken, *s_fenced, *s_r_status, *s_r_append,
-    *s_r_reason, *s_r_raw, *s_r_host_hex, *s_append_general, *s_io_refusal, *s_dispatch_failed, *empty_str,
+    *s_r_reason, *s_r_raw, *s_r_host_hex, *s_a_ids, *s_a_msg_num, *s_a_queue_offset, *s_a_store_timestamp,
+    *s_a_wrote_bytes, *s_a_wrote_offset, *s_append_general, *s_io_refusal, *s_dispatch_failed, *empty_str,
     *empty_tuple;
 
 static int StoreEntry_traverse(StoreEntry *e, visitproc visit, void *arg) {
     Py_VISIT(e->appender); Py_VISIT(e->store_ref); Py_VISIT(e->acquire); Py_VISIT(e->release);
     Py_VISIT(e->result_type); Py_VISIT(e->put_ok); Py_VISIT(e->host_hex); Py_VISIT(e->switches);
+    Py_VISIT(e->append_type); Py_VISIT(e->append_ok);
     return 0;
 }
 
 static int StoreEntry_clear(StoreEntry *e) {
     Py_CLEAR(e->appender); Py_CLEAR(e->store_ref); Py_CLEAR(e->acquire); Py_CLEAR(e->release);
     Py_CLEAR(e->result_type); Py_CLEAR(e->put_ok); Py_CLEAR(e->host_hex); Py_CLEAR(e->switches);
+    Py_CLEAR(e->append_type); Py_CLEAR(e->append_ok);
     return 0;
 }
 
@@ -1863,9 +1968,9 @@ static void StoreEntry_dealloc(StoreEntry *e) {
 }
 
 static int StoreEntry_init(StoreEntry *e, PyObject *args, PyObject *kw) {
-    PyObject *ap, *store, *lock, *rt, *ok, *hh, *sw;
-    if (!PyArg_ParseTuple(args, "O!OOO!OUO!", &AppenderType, &ap, &store, &lock, &PyType_Type, &rt, &ok, &hh,
-                          &PyDict_Type, &sw))
+    PyObject *ap, *store, *lock, *rt, *ok, *hh, *sw, *at, *aok;
+    if (!PyArg_ParseTuple(args, "O!OOO!OUO!O!O", &AppenderType, &ap, &store, &lock, &PyType_Type, &rt, &ok, &hh,
+                          &PyDict_Type, &sw, &PyType_Type, &at, &aok))
         return -1;
     if (e->store_ref) {
         PyErr_SetString(PyExc_ValueError, "StoreEntry initialised twice");
@@ -1875,8 +1980,9 @@ static int StoreEntry_init(StoreEntry *e, PyObject *args, PyObject *kw) {
     e->acquire = PyObject_GetAttrString(lock, "acquire");
     e->release = PyObject_GetAttrString(lock, "release");
     if (!e->store_ref || !e->acquire || !e->release) return -1;
-    Py_INCREF(ap); Py_INCREF(rt); Py_INCREF(ok); Py_INCREF(hh); Py_INCREF(sw);
+    Py_INCREF(ap); Py_INCREF(rt); Py_INCREF(ok); Py_INCREF(hh); Py_INCREF(sw); Py_INCREF(at); Py_INCREF(aok);
     e->appender = (Appender *)ap; e->result_type = rt; e->put_ok = ok; e->host_hex = hh; e->switches = sw;
+    e->append_type = at; e->append_ok = aok;
     return 0;
 }
 
@@ -1918,10 +2024,10 @@ static int entry_lock(StoreEntry *e) {
 }
 
 /* After the Appender ran under the lock: release it (keeping an exception the append raised),
- * count a stored record and report a failed dispatch. ``r`` is the Appender's answer (a tuple,
+ * count the stored records (``n``; -1: the count in a batch's answer) and report a failed dispatch. ``r`` is the Appender's answer (a tuple,
  * None, or NULL for an exception). An OSError (the CommitLog file refused the bytes: nothing
  * recorded) becomes store._io_refusal(error) with *refused set. */
-static PyObject *entry_done(StoreEntry *e, PyObject *store, PyObject *r, int *refused) {
+static PyObject *entry_done(StoreEntry *e, PyObject *store, PyObject *r, Py_ssize_t n, int *refused) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
     PyObject *u = PyObject_CallNoArgs(e->release);
@@ -1941,13 +2047,21 @@ static PyObject *entry_done(StoreEntry *e, PyObject *store, PyObject *r, int *re
         return res;
     }
     if (r == Py_None) return r;
+    if (n < 0) { /* a batch: its count follows the record's numbers */
+        n = PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= 7 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 5)) : -1;
+        if (n < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's batch count is negative");
+            Py_DECREF(r);
+            return NULL;
+        }
+    }
     long long size;
     if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 5 || (size = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1))) < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's answer is not a record");
         Py_DECREF(r);
         return NULL;
     }
-    e->count++;
+    e->count += n;
     e->bytes += size;
     int failed = PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
     if (failed) {
@@ -1974,10 +2088,69 @@ static PyObject *entry_result(StoreEntry *e, PyObject *r) {
     return res;
 }
 
+/* PutMessageResult(PUT_OK, AppendResult(PUT_OK, offset, bytes, store ts, queue offset, count,
+ * host_hex, ids)) from a batch's answer ``r`` (Appender.append_batch), without the calls. */
+static PyObject *entry_batch_result(StoreEntry *e, PyObject *r) {
+    PyObject *ar = PyBaseObject_Type.tp_new((PyTypeObject *)e->append_type, empty_tuple, NULL);
+    if (!ar) return NULL;
+    if (SSET(ar, s_r_status, e->append_ok) < 0 || SSET(ar, s_a_wrote_offset, PyTuple_GET_ITEM(r, 0)) < 0 ||
+        SSET(ar, s_a_wrote_bytes, PyTuple_GET_ITEM(r, 1)) < 0 ||
+        SSET(ar, s_a_store_timestamp, PyTuple_GET_ITEM(r, 2)) < 0 ||
+        SSET(ar, s_a_queue_offset, PyTuple_GET_ITEM(r, 3)) < 0 || SSET(ar, s_a_msg_num, PyTuple_GET_ITEM(r, 5)) < 0 ||
+        SSET(ar, s_r_host_hex, e->host_hex) < 0 || SSET(ar, s_a_ids, PyTuple_GET_ITEM(r, 6)) < 0) {
+        Py_DECREF(ar);
+        return NULL;
+    }
+    PyObject *res = PyBaseObject_Type.tp_new((PyTypeObject *)e->result_type, empty_tuple, NULL);
+    if (!res || SSET(res, s_r_status, e->put_ok) < 0 || SSET(res, s_r_append, ar) < 0 ||
+        SSET(res, s_r_reason, empty_str) < 0 || SSET(res, s_r_raw, Py_None) < 0 ||
+        SSET(res, s_r_host_hex, empty_str) < 0) {
+        Py_XDECREF(res);
+        res = NULL;
+    }
+    Py_DECREF(ar);
+    return res;
+}
+
+/* append of a batch (``msgs`` a list or tuple of more than one message). */
+static PyObject *entry_append_batch(StoreEntry *e, PyObject *store, PyObject *msgs) {
+    int w = entry_writable(e, store);
+    if (w <= 0) return w < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
+    PyObject *list = PyList_CheckExact(msgs) ? Py_NewRef(msgs) : PySequence_List(msgs);
+    if (!list) return NULL;
+    int got = entry_lock(e);
+    if (got <= 0) {
+        Py_DECREF(list);
+        return got < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
+    }
+    PyObject *r = Appender_append_batch(e->appender, list);
+    Py_DECREF(list);
+    int refused = 0;
+    r = entry_done(e, store, r, -1, &refused);
+    if (!r) return NULL;
+    if (refused) return Py_BuildValue("(Ni)", r, -1);
+    if (r == Py_None) {
+        Py_DECREF(r);
+        return PyObject_CallMethodOneArg(store, s_append_general, msgs);
+    }
+    PyObject *end = PyTuple_GET_SIZE(r) >= 7 ? PyNumber_Add(PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1)) : NULL;
+    if (!end && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's batch answer is short");
+    PyObject *res = end ? entry_batch_result(e, r) : NULL;
+    Py_DECREF(r);
+    if (!res) {
+        Py_XDECREF(end);
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", res, end);
+}
+
 static PyObject *entry_append(StoreEntry *e, PyObject *store, PyObject *msgs) {
     PyObject *msg = NULL;
-    if (PyList_CheckExact(msgs) && PyList_GET_SIZE(msgs) == 1) msg = PyList_GET_ITEM(msgs, 0);
-    else if (PyTuple_CheckExact(msgs) && PyTuple_GET_SIZE(msgs) == 1) msg = PyTuple_GET_ITEM(msgs, 0);
+    if (PyList_CheckExact(msgs) || PyTuple_CheckExact(msgs)) {
+        Py_ssize_t n = Py_SIZE(msgs);
+        if (n > 1) return entry_append_batch(e, store, msgs);
+        if (n == 1) msg = PyList_CheckExact(msgs) ? PyList_GET_ITEM(msgs, 0) : PyTuple_GET_ITEM(msgs, 0);
+    }
     if (!msg) return PyObject_CallMethodOneArg(store, s_append_general, msgs);
     int w = entry_writable(e, store);
     if (w <= 0) return w < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
@@ -1987,7 +2160,7 @@ static PyObject *entry_append(StoreEntry *e, PyObject *store, PyObject *msgs) {
     PyObject *r = Appender_append(e->appender, msg);
     Py_DECREF(msg);
     int refused = 0;
-    r = entry_done(e, store, r, &refused);
+    r = entry_done(e, store, r, 1, &refused);
     if (!r) return NULL;
     if (refused) return Py_BuildValue("(Ni)", r, -1);
     if (r == Py_None) {
@@ -2028,7 +2201,7 @@ static PyObject *StoreEntry_append_plain(StoreEntry *e, PyObject *const *args, P
         goto out;
     }
     int refused = 0;
-    result = entry_done(e, store, Appender_append_plain(e->appender, args, nargs), &refused);
+    result = entry_done(e, store, Appender_append_plain(e->appender, args, nargs), 1, &refused);
 out:
     Py_DECREF(store);
     return result;
@@ -2649,13 +2822,9 @@ done:
 /* batch_ids(mapping, file_from, offset, n, prefix) -> "id,id,...": the message id of each of the
  * n records lying back to back from CommitLog offset ``offset`` in one file's mapping (prefix:
  * the store host as 16 hex digits, then the offset as 16). None when a record runs out of it. */
-static PyObject *batch_ids(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    long long file_from, offset;
-    Py_ssize_t n;
-    const char *prefix;
-    Py_ssize_t prefix_len;
-    if (!PyArg_ParseTuple(args, "y*LLns#:batch_ids", &b, &file_from, &offset, &n, &prefix, &prefix_len)) return NULL;
+/* batch_ids' work on b[0, len): the id text, None when a size is not there, NULL on an error. */
+static PyObject *ids_text(const unsigned char *b, Py_ssize_t len, long long file_from, long long offset, Py_ssize_t n,
+                          const char *prefix, Py_ssize_t prefix_len) {
     PyObject *result = NULL;
     static const char hexd[] = "0123456789ABCDEF";
     Py_ssize_t one = prefix_len + 16;
@@ -2667,7 +2836,7 @@ static PyObject *batch_ids(PyObject *self, PyObject *args) {
     char *w = text;
     for (Py_ssize_t i = 0; i < n; i++) {
         long long at = offset - file_from;
-        if (at < 0 || at + 4 > b.len) {
+        if (at < 0 || at + 4 > len) {
             result = Py_None;
             Py_INCREF(result);
             goto done;
@@ -2676,7 +2845,7 @@ static PyObject *batch_ids(PyObject *self, PyObject *args) {
         memcpy(w, prefix, prefix_len);
         w += prefix_len;
         for (int k = 0; k < 16; k++) *w++ = hexd[((unsigned long long)offset >> (60 - 4 * k)) & 15];
-        int32_t size = (int32_t)get32((const unsigned char *)b.buf + at);
+        int32_t size = (int32_t)get32(b + at);
         if (size <= 0) {
             result = Py_None;
             Py_INCREF(result);
@@ -2687,6 +2856,17 @@ static PyObject *batch_ids(PyObject *self, PyObject *args) {
     result = PyUnicode_FromStringAndSize(text ? text : "", w - text);
 done:
     PyMem_Free(text);
+    return result;
+}
+
+static PyObject *batch_ids(PyObject *self, PyObject *args) {
+    Py_buffer b;
+    long long file_from, offset;
+    Py_ssize_t n;
+    const char *prefix;
+    Py_ssize_t prefix_len;
+    if (!PyArg_ParseTuple(args, "y*LLns#:batch_ids", &b, &file_from, &offset, &n, &prefix, &prefix_len)) return NULL;
+    PyObject *result = ids_text(b.buf, b.len, file_from, offset, n, prefix, prefix_len);
     PyBuffer_Release(&b);
     return result;
 }
@@ -2847,6 +3027,9 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_compiled, "COMPILED"); INTERN2(s_running, "running"); INTERN2(s_disk_full, "disk_full"); INTERN2(s_dispatch_broken, "dispatch_broken");
     INTERN2(s_fenced, "fenced"); INTERN2(s_r_status, "status"); INTERN2(s_r_append, "_append");
     INTERN2(s_r_reason, "reason"); INTERN2(s_r_raw, "_raw"); INTERN2(s_r_host_hex, "_host_hex");
+    INTERN2(s_a_ids, "_ids"); INTERN2(s_a_msg_num, "msg_num"); INTERN2(s_a_queue_offset, "queue_offset");
+    INTERN2(s_a_store_timestamp, "store_timestamp"); INTERN2(s_a_wrote_bytes, "wrote_bytes");
+    INTERN2(s_a_wrote_offset, "wrote_offset");
     INTERN2(s_append_general, "_append_general"); INTERN2(s_io_refusal, "_io_refusal");
     INTERN2(s_dispatch_failed, "_dispatch_failed"); INTERN2(empty_str, "");
     if (!(empty_tuple = PyTuple_New(0))) return NULL;

@@ -57,6 +57,7 @@ from data_plane.store.recovery import adopt_queue_state, recover
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
     AppendMessageStatus,
+    AppendResult,
     GetMessageResult,
     GetMessageStatus,
     PutMessageResult,
@@ -208,7 +209,8 @@ class MessageStore:
 
     def _install_entry(self) -> None:
         """With the compiled Appender, ``append`` and ``append_plain`` of this store become the
-        compiled entry points (``_speedups.StoreEntry``): the same answers in one C call, which
+        compiled entry points (``_speedups.StoreEntry``): the same answers in one C call — one
+        message through ``Appender.append``, a batch through ``Appender.append_batch`` — which
         hands whatever it does not take to the Python methods (``_append_general``; None from
         ``append_plain``). The class's methods stay the reference."""
         speedups = fastpath.speedups_module()
@@ -220,7 +222,7 @@ class MessageStore:
             self._put_bytes += old.bytes
         entry = speedups.StoreEntry(
             self._appender, self, self.commit_log.lock, PutMessageResult, PutMessageStatus.PUT_OK, self._host_hex,
-            vars(fastpath),
+            vars(fastpath), AppendResult, AppendMessageStatus.PUT_OK,
         )  # fmt: skip
         self._entry = entry
         # Instance attributes shadow the methods (the broker and benchmarks look them up once).
@@ -442,8 +444,8 @@ class MessageStore:
         return self._append_general(msgs)
 
     def _append_general(self, msgs: Sequence[Message]) -> tuple[PutMessageResult, int]:
-        """``append`` past the compiled single-message path (the compiled entry point hands
-        over here whatever it does not take)."""
+        """``append`` past the compiled paths (the compiled entry point hands over here whatever
+        it does not take: a queue's first append, a file to roll over, a refusal, ...)."""
         if not self.running or self.disk_full or self.dispatch_broken or self.fenced:
             return self._refuse(), -1
         n = len(msgs)

@@ -1,0 +1,225 @@
+"""A batch (more than one message) appended through the compiled entry point
+(``_speedups.StoreEntry.append`` → ``Appender.append_batch``) must answer and store exactly what
+the Python path (``MessageStore._append_general``, the reference) does: the result, the
+records, every ConsumeQueue unit and every index entry — across CommitLog roll-overs,
+ConsumeQueue files that fill mid-batch, a full IndexFile, staged single appends and pending
+queue units before it."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from data_plane.store import GetMessageStatus, Message, MessageStore, PutMessageStatus, fastpath
+from data_plane.store.message import decode_record
+from tests.conftest import ManualClock, small_config
+
+pytestmark = pytest.mark.skipif(fastpath.speedups_module() is None, reason="the compiled store module is not built")
+
+BORN_HOST = bytes([10, 0, 0, 7, 0, 0, 0x27, 0x10])
+TOPICS = ("Orders", "tenant%Pay")
+QUEUES = (0, 3)
+PREPARED = 0x4  # TRANSACTION_PREPARED_TYPE: a record that takes no ConsumeQueue unit
+
+
+def _message(rng: random.Random, topic: str, queue_id: int, i: int) -> Message:
+    props: dict[str, str] = {}
+    if rng.random() < 0.7:
+        props["TAGS"] = rng.choice(["TagA", "TagB"])
+    if rng.random() < 0.6:
+        props["KEYS"] = f"k{rng.randrange(40)} k{rng.randrange(40)}"
+    if rng.random() < 0.05:
+        props["é"] = "ü"
+    body = rng.randbytes(rng.choice([1, 40, 900, 2500]))
+    sys_flag = PREPARED if rng.random() < 0.05 else 0
+    return Message(
+        topic=topic, body=body, queue_id=queue_id, properties=props, born_host=BORN_HOST, flag=i, sys_flag=sys_flag
+    )
+
+
+def _random_append(rng: random.Random, i: int) -> list[Message]:
+    topic, queue_id = rng.choice(TOPICS), rng.choice(QUEUES)
+    kind = rng.random()
+    if kind < 0.35:
+        return [_message(rng, topic, queue_id, i)]  # a single append: staged, its unit pended
+    msgs = [_message(rng, topic, queue_id, i) for _ in range(rng.choice([2, 3, 8, 32, 40]))]
+    if kind < 0.40:
+        msgs[-1] = dataclasses.replace(msgs[-1], queue_id=queue_id + 1)  # refused: two queues
+    elif kind < 0.43:
+        msgs[rng.randrange(len(msgs))] = dataclasses.replace(msgs[0], body=bytes(20_000))  # refused: too big
+    elif kind < 0.55:
+        msgs[0] = dataclasses.replace(msgs[0], sys_flag=PREPARED)  # led by a prepared transaction
+    return msgs
+
+
+def _copy(msgs: list[Message]) -> list[Message]:
+    return [dataclasses.replace(m, properties=dict(m.properties)) for m in msgs]
+
+
+def _append_result(result: Any) -> tuple[Any, ...] | None:
+    a = result.append
+    if a is None:
+        return None
+    return (a.status, a.wrote_offset, a.wrote_bytes, a.store_timestamp, a.queue_offset, a.msg_num, a.msg_ids)
+
+
+def _queue(store: MessageStore, topic: str, queue_id: int) -> list[tuple[int, int, bytes]]:
+    out: list[tuple[int, int, bytes]] = []
+    offset = 0
+    while True:
+        got = store.get_message(topic, queue_id, offset, 64)
+        if got.status is not GetMessageStatus.FOUND:
+            return out
+        for qo, mv in zip(got.queue_offsets, got.messages, strict=True):
+            rec = decode_record(mv)
+            out.append((qo, rec.commit_log_offset, rec.body))
+        offset = got.next_begin_offset
+
+
+def _log_bytes(store: MessageStore) -> bytes:
+    return b"".join(bytes(mf.mv[: mf.wrote_position]) for mf in store.commit_log.mfq.files)
+
+
+def test_a_batch_is_taken_by_the_compiled_path(make_store: Callable[..., MessageStore]) -> None:
+    store = make_store()
+    handed_over: list[object] = []
+    general = store._append_general
+
+    def spy(msgs: Any) -> Any:
+        handed_over.append(msgs)
+        return general(msgs)
+
+    store._append_general = spy  # type: ignore[method-assign]  # the entry looks it up on the store
+    # A queue's first append makes its ConsumeQueue: the Python path's work.
+    first = [Message("T", b"first", 1), Message("T", b"second", 1)]
+    assert store.append(first)[0].ok
+    assert handed_over == [first]
+    handed_over.clear()
+    batch = [Message("T", f"m{i}".encode(), 1, properties={"KEYS": f"key{i}"}) for i in range(5)]
+    result, end = store.append(batch)
+    assert result.status is PutMessageStatus.PUT_OK
+    assert handed_over == []
+    a = result.append
+    assert a is not None
+    assert (a.msg_num, a.queue_offset, end) == (5, 2, a.wrote_offset + a.wrote_bytes)
+    ids = a.msg_ids.split(",")
+    assert len(ids) == 5
+    assert ids[0] == a.msg_id
+    assert [store.view_message_by_id(i).body for i in ids] == [f"m{i}".encode() for i in range(5)]  # type: ignore[union-attr]
+    assert [m.body for m in store.query_message("T", "key3")] == [b"m3"]
+    assert store.put_count == 7
+    # A tuple is taken too; messages of two queues are handed to the Python path, which refuses them.
+    result, _ = store.append((Message("T", b"x", 1), Message("T", b"y", 1)))
+    assert result.ok
+    assert handed_over == []
+    mixed = [Message("T", b"x", 1), Message("T", b"y", 2)]
+    result, end = store.append(mixed)
+    assert (result.status, end) == (PutMessageStatus.MESSAGE_ILLEGAL, -1)
+    assert handed_over == [mixed]
+    assert store.put_count == 9
+    assert [body for _, _, body in _queue(store, "T", 1)] == [b"first", b"second"] + [
+        f"m{i}".encode() for i in range(5)
+    ] + [b"x", b"y"]
+
+
+def test_batches_through_the_entry_store_what_the_reference_path_stores(tmp_path: Path, seed: int) -> None:
+    rng = random.Random(seed)
+    clocks = (ManualClock(), ManualClock())
+    stores = [
+        MessageStore(
+            small_config(
+                str(tmp_path / name),
+                write_stage_bytes=4096,
+                consume_queue_units_per_file=48,  # batches of 32 and 40 spill into the next file
+                index_max_entries=512,  # and fill IndexFiles
+            ),
+            clock_ms=clock,
+        )
+        for name, clock in (("entry", clocks[0]), ("reference", clocks[1]))
+    ]
+    for s in stores:
+        s.start()
+    entry, reference = stores
+    batches = 0
+    try:
+        for i in range(300):
+            msgs = _random_append(rng, i)
+            copies = _copy(msgs)
+            got, got_end = entry.append(msgs)
+            if len(copies) == 1:
+                want, want_end = MessageStore.append(reference, copies)
+            else:
+                want, want_end = reference._append_general(copies)
+                batches += got.ok
+            assert (got.status, got.reason, got_end) == (want.status, want.reason, want_end), (seed, i)
+            assert _append_result(got) == _append_result(want), (seed, i)
+            step = rng.randrange(3)
+            for c in clocks:
+                c.advance(step)
+        assert batches > 100
+        assert (entry.put_count, entry.put_bytes) == (reference.put_count, reference.put_bytes)
+        assert len(entry.commit_log.mfq.files) > 3  # the CommitLog rolled over
+        for s in stores:
+            s.write_staged()
+        assert _log_bytes(entry) == _log_bytes(reference)
+        for topic in TOPICS:
+            for queue_id in (*QUEUES, *(q + 1 for q in QUEUES)):
+                assert _queue(entry, topic, queue_id) == _queue(reference, topic, queue_id), (seed, topic, queue_id)
+            for k in range(40):
+                assert [m.commit_log_offset for m in entry.query_message(topic, f"k{k}", 64)] == [
+                    m.commit_log_offset for m in reference.query_message(topic, f"k{k}", 64)
+                ], (seed, topic, k)
+        assert len(entry.index.files) > 1  # type: ignore[union-attr]
+    finally:
+        for s in stores:
+            s.shutdown()
+
+
+def test_a_batch_after_staged_singles_and_pending_units_lands_after_them(
+    make_store: Callable[..., MessageStore],
+) -> None:
+    store = make_store(write_stage_bytes=64 * 1024)
+    assert store.append([Message("T", b"first", 0)])[0].ok  # (makes the queue: the Python path)
+    for i in range(3):
+        assert store.append([Message("T", f"single{i}".encode(), 0)])[0].ok
+    assert store._appender is not None
+    assert store._appender.staged > 0
+    cq = store.queues.get("T", 0)
+    assert cq is not None
+    assert cq.pending_units == 3
+    result, _ = store.append([Message("T", f"batch{i}".encode(), 0) for i in range(4)])
+    assert result.ok
+    assert store._appender.staged == 0  # the batch wrote what was staged first
+    assert cq.pending_units == 0
+    assert result.append is not None
+    assert result.append.queue_offset == 4
+    assert [body for _, _, body in _queue(store, "T", 0)] == [
+        b"first", b"single0", b"single1", b"single2", b"batch0", b"batch1", b"batch2", b"batch3",
+    ]  # fmt: skip
+    assert [qo for qo, _, _ in _queue(store, "T", 0)] == list(range(8))
+
+
+def test_a_list_emptied_while_the_batch_is_appended_is_stored_as_it_was(tmp_path: Path) -> None:
+    batch = [Message("T", f"m{i}".encode(), 0) for i in range(3)]
+
+    def clock() -> int:
+        batch.clear()  # Python code run mid-append (the store's clock)
+        return 1_700_000_000_000
+
+    store = MessageStore(small_config(str(tmp_path / "s")), clock_ms=clock)
+    store.start()
+    try:
+        assert store.append([Message("T", b"first", 0)])[0].ok
+        batch[:] = [Message("T", f"m{i}".encode(), 0) for i in range(3)]
+        result, _ = store.append(batch)
+        assert result.ok
+        assert result.append is not None
+        assert result.append.msg_num == 3
+        assert [body for _, _, body in _queue(store, "T", 0)] == [b"first", b"m0", b"m1", b"m2"]
+    finally:
+        store.shutdown()
