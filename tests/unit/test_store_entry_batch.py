@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -192,11 +195,12 @@ def test_a_batch_after_staged_singles_and_pending_units_lands_after_them(
     cq = store.queues.get("T", 0)
     assert cq is not None
     assert cq.pending_units == 3
+    staged = store._appender.staged
     result, _ = store.append([Message("T", f"batch{i}".encode(), 0) for i in range(4)])
     assert result.ok
-    assert store._appender.staged == 0  # the batch wrote what was staged first
-    assert cq.pending_units == 0
     assert result.append is not None
+    assert store._appender.staged == staged + result.append.wrote_bytes  # the batch joined the stage
+    assert cq.pending_units == 0  # the queue's pending units went to its file before the batch's
     assert result.append.queue_offset == 4
     assert [body for _, _, body in _queue(store, "T", 0)] == [
         b"first", b"single0", b"single1", b"single2", b"batch0", b"batch1", b"batch2", b"batch3",
@@ -221,5 +225,115 @@ def test_a_list_emptied_while_the_batch_is_appended_is_stored_as_it_was(tmp_path
         assert result.append is not None
         assert result.append.msg_num == 3
         assert [body for _, _, body in _queue(store, "T", 0)] == [b"first", b"m0", b"m1", b"m2"]
+    finally:
+        store.shutdown()
+
+
+def test_a_flush_and_a_clean_restart_write_staged_batches(make_store: Callable[..., MessageStore]) -> None:
+    store = make_store(write_stage_bytes=64 * 1024)
+    assert store.append([Message("T", b"first", 0)])[0].ok
+    end = 0
+    for k in range(4):
+        _, end = store.append([Message("T", b"b%d/%d" % (k, i), 0) for i in range(5)])
+    assert store._appender is not None
+    assert store._appender.staged > 0
+    store.commit_log.mfq.flush_all()
+    assert store._appender.staged == 0
+    assert store.commit_log.mfq.flushed_where == end
+    assert store.append([Message("T", b"last", 0), Message("T", b"last2", 0)])[0].ok
+    assert store._appender.staged > 0
+    path = store.config.store_path
+    store.shutdown()
+    again = make_store(path)
+    assert not again.recovered_abnormally
+    want = [b"first"] + [b"b%d/%d" % (k, i) for k in range(4) for i in range(5)] + [b"last", b"last2"]
+    assert [body for _, _, body in _queue(again, "T", 0)] == want
+
+
+KILLED_WITH_BATCHES_STAGED = """
+import os, random, sys
+sys.path.insert(0, {root!r})
+from data_plane.store import Message, MessageStore
+from tests.conftest import small_config
+
+rng = random.Random({seed})
+store = MessageStore(small_config({path!r}, write_stage_bytes=8192, consume_queue_units_per_file=1000,
+                                  index_max_entries=20_000))
+store.start()
+for q in range(6):  # (each queue's first append makes its ConsumeQueue: the Python path)
+    assert store.append([Message(topic="T", body=b"q%d/first" % q, queue_id=q)])[0].ok
+    print(q, "first")
+i = 0
+for _ in range(400):
+    q = rng.randrange(6)
+    n = rng.choice([2, 5, 16])
+    batch = [Message(topic="T", body=b"q%d/%d" % (q, i + k), queue_id=q, properties={{"KEYS": "k%d" % (i + k)}})
+             for k in range(n)]
+    result, _ = store.append(batch)
+    assert result.ok, result
+    for k in range(n):
+        print(q, i + k)
+    i += n
+    if rng.random() < 0.02:
+        store.commit_log.mfq.flush_all()
+        store.flush_indexes(True)
+for _ in range(50):  # more until some are staged (a flush or a roll-over leaves none)
+    if store._appender.staged:
+        break
+    batch = [Message(topic="T", body=b"q0/%d" % (i + k), queue_id=0, properties={{"KEYS": "k%d" % (i + k)}})
+             for k in range(3)]
+    assert store.append(batch)[0].ok
+    for k in range(3):
+        print(0, i + k)
+    i += 3
+staged = store._appender.staged
+assert staged > 0, staged
+print("staged", staged)
+sys.stdout.flush()
+os._exit(0)  # no shutdown, no write_staged: the staged batches die with the process
+"""
+
+
+def test_batches_staged_when_the_process_dies_are_lost_whole_and_nothing_points_at_them(
+    tmp_path: Path, seed: int
+) -> None:
+    root = str(Path(__file__).resolve().parents[2])
+    path = str(tmp_path / "store")
+    script = KILLED_WITH_BATCHES_STAGED.format(root=root, path=path, seed=seed)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    sent: dict[int, list[bytes]] = {}
+    keys: dict[bytes, str] = {}
+    for line in done.stdout.split("\n"):
+        if not line or line.startswith("staged"):
+            continue
+        q_text, i_text = line.split()
+        body = f"q{q_text}/{i_text}".encode()
+        sent.setdefault(int(q_text), []).append(body)
+        keys[body] = f"k{i_text}"
+    store = MessageStore(
+        small_config(path, write_stage_bytes=8192, consume_queue_units_per_file=1000, index_max_entries=20_000)
+    )
+    store.start()
+    try:
+        assert store.recovered_abnormally
+        kept: set[bytes] = set()
+        for q, bodies in sent.items():
+            got = [body for _, _, body in _queue(store, "T", q)]
+            assert got == bodies[: len(got)], (seed, q)  # what is left of each queue: a whole prefix
+            assert [qo for qo, _, _ in _queue(store, "T", q)] == list(range(len(got)))
+            assert store.max_offset_in_queue("T", q) == len(got), (seed, q)
+            kept.update(got)
+        assert 0 < len(kept) < len(keys), (seed, len(kept), len(keys))  # the staged tail was lost
+        for body, key in keys.items():  # a lost message cannot be found by its key
+            if key != "kfirst":
+                assert [m.body for m in store.query_message("T", key)] == ([body] if body in kept else []), seed
+        end = store.commit_log.max_offset()
+        for q in sent:
+            cq = store.queues.get("T", q)
+            assert cq is not None
+            assert cq.max_physic_offset <= end, (seed, q)
     finally:
         store.shutdown()
