@@ -407,6 +407,7 @@ static PyObject *refuse(item_t *items, Py_ssize_t n, Py_ssize_t idx, const char 
 }
 
 /* Adds items [start, n) to an IndexFile mapping until they run out or the file is full. */
+#define IX_AHEAD 32
 static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count, long long max_entries,
                             long long begin_ts, long long store_ts, const unsigned char *it, Py_ssize_t n,
                             Py_ssize_t start, long long *last_phys) {
@@ -416,7 +417,13 @@ static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count,
     if (diff > 0x7FFFFFFF) diff = 0x7FFFFFFF;
     Py_ssize_t i = start;
     long long c = *count;
+    /* Each item's hash slot lies at a random place in the slot table (20 MB by default): a
+     * cache and a TLB miss each. Asking for the slots IX_AHEAD items ahead lets the misses
+     * overlap instead of waiting for them one by one. */
+    for (Py_ssize_t k = start; k < n && k < start + IX_AHEAD; k++)
+        __builtin_prefetch(b + 40 + (get32(it + k * 12) % (uint64_t)slots) * 4, 1, 3);
     for (; i < n && c < max_entries; i++) {
+        if (i + IX_AHEAD < n) __builtin_prefetch(b + 40 + (get32(it + (i + IX_AHEAD) * 12) % (uint64_t)slots) * 4, 1, 3);
         uint32_t h = get32(it + i * 12);
         uint64_t phys = get64(it + i * 12 + 4);
         unsigned char *slot = b + 40 + (h % (uint64_t)slots) * 4;
