@@ -34,10 +34,10 @@ class StoreConfig:
     max_message_size_bytes: int = 4 * 1024 * 1024
     max_topic_length: int = 127
     max_properties_size_bytes: int = 32767  # 32 KiB less one byte: a signed short on disk
-    # Single-message appends gather up to this many bytes and reach the file in one pwrite
-    # (RocketMQ's transient store pool does the same with a direct buffer). Any reader, flush,
-    # rollover or other writer writes them first, so nobody ever sees them missing. 0 = each
-    # single append is written on its own.
+    # Appends taken by the compiled appender (single messages and batches) gather up to this
+    # many bytes and reach the file in one pwrite (RocketMQ's transient store pool does the same
+    # with a direct buffer). Any reader, flush, rollover or other writer writes them first, so
+    # nobody ever sees them missing. 0 = each append is written on its own.
     write_stage_bytes: int = 128 * 1024
     # --- ConsumeQueue ------------------------------------------------------------------------
     consume_queue_units_per_file: int = 300_000

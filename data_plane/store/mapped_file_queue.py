@@ -7,10 +7,10 @@ Logical offset ``o`` lives in file ``(o - first.file_from_offset) // file_size``
 ``o % file_size``. The queue tracks ``flushed_where`` (everything before it is durable);
 its max offset is the last file's start plus its wrote position.
 
-A writer that gathers records before writing them (the compiled appender's staged single
-appends, ``StoreConfig.write_stage_bytes``) sets ``sync_staged``: every lookup, rollover and
-flush calls it first, so nothing past a file's wrote position is ever named by an index while
-a reader or flusher looks.
+A writer that gathers records before writing them (the compiled appender's staged appends,
+single and batched, ``StoreConfig.write_stage_bytes``) sets ``sync_staged``: every lookup,
+rollover and flush calls it first, so nothing past a file's wrote position is ever named by an
+index while a reader or flusher looks.
 
 The next file of a CommitLog is created ahead of need by ``AllocateMappedFileService`` on a
 worker thread (fallocate, map, optional warm-up), so a rollover on the write path only swaps in

@@ -606,7 +606,7 @@ class MessageStore:
         return PutMessageResult(PutMessageStatus.PUT_OK, result), end, tag_codes
 
     def write_staged(self) -> None:
-        """Write the single appends gathered in the stage (``write_stage_bytes``) to the
+        """Write the appends gathered in the stage (``write_stage_bytes``) to the
         CommitLog file now. Readers, flushes, rollovers and other writers do this by themselves;
         a server calls it before it acknowledges what it appended."""
         sync = self.commit_log.mfq.sync_staged
