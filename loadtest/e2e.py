@@ -196,6 +196,9 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     profile = RateProfile.steady(msgs_per_s=rate, duration_s=warmup_s + opts["seconds"])
     n_total = profile.count()
     wall_minus_perf_ns = time.time_ns() - int(time.perf_counter() * 1e9)
+    # The CPU of this process and the broker's over the measured sends' schedule: near a core
+    # for this process means the generator, not the broker, sets the latency (docs/broker.md).
+    cpu = CpuWindow(opts.get("broker_pid"))
 
     def answered(intended: float, measured: bool, fut: asyncio.Future[Any]) -> None:
         nonlocal acked, errors, outstanding
@@ -232,6 +235,8 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
             outstanding += 1
 
     loop = asyncio.get_running_loop()
+    loop.call_later(max(0.0, measure_from - time.perf_counter()), cpu.start)
+    loop.call_later(max(0.0, start + warmup_s + opts["seconds"] - time.perf_counter()), cpu.stop)
     tick_s = opts.get("tick_us", TICK_US) / 1e6
     ticker = None
     if tick_s > 0:
@@ -264,6 +269,10 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
         "rate": rate,
         "hist": encode_hist(hist_of(lat_us)),
         "warmup_hist": encode_hist(hist_of(warm_us)),
+        "seconds": opts["seconds"],
+        "cpu_s": cpu.own_s,
+        "broker_cpu_s": cpu.other_s,
+        "cpu_msgs": len(lat_us),  # the measured sends answered
     }
 
 
@@ -426,6 +435,10 @@ def _phase_half_peak(
         "send_latency_ms": summary_ms(merge([alone["hist"]])),
         "warmup_s": opts.warmup_s,
         "warmup_send_latency_ms": summary_ms(merge([alone["warmup_hist"]])),
+        # CPU µs a message while measuring, and the share of a core each process used: the
+        # open-loop publisher is one process, so a share near 1 is the generator's limit.
+        "cpu_us_per_msg": _cpu_figures([alone], alone["cpu_msgs"], "publisher"),
+        "cpu_core_share": _core_shares(alone),
         "with_consumer": {
             "acked": rs[0]["acked"],
             "errors": rs[0]["errors"],
@@ -500,6 +513,16 @@ def _cpu_figures(rs: list[dict[str, Any]], msgs: int, clients: str) -> dict[str,
         "broker": us_per_msg(sum(broker) / len(broker) if broker else None, msgs),
         clients: us_per_msg(sum(own) if own else None, msgs),
     }
+
+
+def _core_shares(r: dict[str, Any]) -> dict[str, float | None]:
+    """The share of one core the publisher and the broker used over a worker's window."""
+    seconds = r["seconds"]
+
+    def share(cpu_s: float | None) -> float | None:
+        return round(cpu_s / seconds, 2) if cpu_s is not None and seconds > 0 else None
+
+    return {"publisher": share(r.get("cpu_s")), "broker": share(r.get("broker_cpu_s"))}
 
 
 def _create_topics(namesrv: str, topics: list[str], queues: int) -> None:

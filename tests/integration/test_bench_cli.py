@@ -194,6 +194,18 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path, order: tuple[s
             for who, us in cpu.items():
                 cores = positive(us, f"{phase}.cpu_us_per_msg.{who}") * rate / 1e6
                 assert cores <= 1.25 * (os.cpu_count() or 1), (phase, who, cpu, rate)
+        # The open-loop phase: CPU a message and the share of a core each process used, which
+        # agree with each other at the phase's rate (one process each: at most about a core).
+        half_cpu = figure(result, "half_peak.cpu_us_per_msg")
+        shares = figure(result, "half_peak.cpu_core_share")
+        assert set(half_cpu) == set(shares) == {"broker", "publisher"}, (half_cpu, shares)
+        measured = result["half_peak"]["send_latency_ms"]["count"]
+        for who, us in half_cpu.items():
+            share = positive(shares[who], f"half_peak.cpu_core_share.{who}")
+            assert share <= 1.25, shares
+            seconds = result["options"]["seconds"]
+            per_msg_share = positive(us, f"half_peak.cpu_us_per_msg.{who}") * measured / 1e6 / seconds
+            assert per_msg_share == pytest.approx(share, rel=0.3, abs=0.03), (who, us, share, measured)
     # The VM's speed this hour, beside the figures it bounds.
     positive(result["machine"]["python_loop_ns"], "machine.python_loop_ns")
     positive(result["machine"]["page_cache_write"]["mb_per_s"], "machine.page_cache_write.mb_per_s")
