@@ -1456,28 +1456,27 @@ static PyObject *Appender_staged(Appender *a, void *closure) { return PyLong_Fro
 static PyObject *ids_text(const unsigned char *b, Py_ssize_t len, long long file_from, long long offset, Py_ssize_t n,
                           const char *prefix, Py_ssize_t prefix_len);
 
-/* The records of ``topic`` / ``qid_obj``: the store Messages of the list ``msgs`` (one, or a
- * batch, all of this topic and queue: the caller checked), or (msgs NULL) the plain item
- * ``raw``. The result of append (below), with the record's tag hash code after it for a plain
- * item, or with the message count and the comma-joined message ids after it for a batch; None
+/* The records of ``topic`` / ``qid_obj``: the store Messages of the list ``msgs`` (one, or with
+ * ``as_batch`` a batch — the caller's own copy, all of this topic and queue: the caller
+ * checked), or (msgs NULL) the plain item ``raw``. The result of append (below), with the
+ * record's tag hash code after it for a plain item, or with the message count and the
+ * comma-joined message ids after it for a batch (whatever its length); None
  * when the common path does not apply (nothing written). A batch's records join the stage as a
  * single record's do (staged batches of 32 x 1 KiB measured 10-15 % faster than a pwrite each);
  * its units are not pended: the queue's pending units are synced first, and the batch's go
  * straight into the queue's file, as MessageStore._write puts them. */
-static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, PyObject *msgs, const raw_batch *raw) {
+static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, PyObject *msgs, const raw_batch *raw,
+                              int as_batch) {
     PyObject *result = NULL, *key = NULL, *mfq = NULL, *files = NULL;
     PyObject *cq_mf = NULL, *cq_mv = NULL, *ixf = NULL, *ix_mf = NULL, *ix_mv = NULL;
     PyObject *list = NULL, *r = NULL, *now_obj = NULL, *files_ix = NULL;
     FilePositions *cq_busy = NULL; /* the ConsumeQueue file whose view this append keeps (busy) */
     int dispatch_failed = 0;
     Py_ssize_t n = msgs ? PyList_GET_SIZE(msgs) : raw->n;
-    int batch = n > 1;
-    if (n < 1) goto slow;
-    if (batch) { /* (a copy, before any Python code runs: the caller's list may change meanwhile) */
-        list = PyList_GetSlice(msgs, 0, n);
-        if (!list) goto error;
-    } else if (msgs) {
-        list = msgs; /* the caller's own list of one */
+    int batch = as_batch;
+    if (n < 1 || (!batch && n != 1)) goto slow;
+    if (msgs) { /* the caller's own list, which no Python code changes: a copy for a batch */
+        list = msgs;
         Py_INCREF(list);
     }
     if (!PyUnicode_Check(topic) || !PyLong_CheckExact(qid_obj)) goto slow;
@@ -1709,7 +1708,10 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         }
         Py_XDECREF(x);
     }
-    if (PyLong_Check(ix_out)) {
+    if (dispatch_failed) {
+        /* as Dispatcher.dispatch_appended, which stops at the first failure: the index is left
+         * as it was and dispatched_offset stays before these records, for the redispatch */
+    } else if (PyLong_Check(ix_out)) {
         if (SSET(ixf, s_index_count, ix_out) || SET_LL(ixf, s_end_phy_offset, last_ix) ||
             SET_LL(ixf, s_end_timestamp, now))
             goto error;
@@ -1725,7 +1727,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         }
         Py_XDECREF(x);
     }
-    if (SET_LL(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
+    if (!dispatch_failed && SET_LL(a->dispatcher, s_dispatched_offset, end_abs)) goto error;
     if (batch) {
         /* the ids from the records still in the stage (stage[0] lies at file position wrote) */
         static const char hexd[] = "0123456789ABCDEF";
@@ -1790,7 +1792,7 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     if (list) {
         Py_INCREF(msg);
         PyList_SET_ITEM(list, 0, msg);
-        result = appender_put(a, topic, qid_obj, list, NULL);
+        result = appender_put(a, topic, qid_obj, list, NULL, 0);
     }
     Py_DECREF(topic);
     Py_XDECREF(qid_obj);
@@ -1807,20 +1809,21 @@ static PyObject *Appender_append_batch(Appender *a, PyObject *msgs) {
         PyErr_SetString(PyExc_TypeError, "append_batch takes a list of messages");
         return NULL;
     }
-    Py_ssize_t n = PyList_GET_SIZE(msgs);
-    if (n == 0) Py_RETURN_NONE;
-    PyObject *first = PyList_GET_ITEM(msgs, 0);
-    Py_INCREF(first);
-    PyObject *topic = SGET(first, s_topic), *qid_obj = topic ? SGET(first, s_queue_id) : NULL;
-    Py_DECREF(first);
-    PyObject *result = NULL;
+    /* A copy, checked and then appended: the caller's list may change while the checks or the
+     * append run Python code (a property, the store's clock, a finalizer). */
+    PyObject *copy = PyList_GetSlice(msgs, 0, PyList_GET_SIZE(msgs));
+    if (!copy) return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(copy);
+    PyObject *result = NULL, *topic = NULL, *qid_obj = NULL;
+    if (n == 0) goto none;
+    PyObject *first = PyList_GET_ITEM(copy, 0);
+    topic = SGET(first, s_topic);
+    qid_obj = topic ? SGET(first, s_queue_id) : NULL;
     if (!qid_obj) goto out;
     if (!PyUnicode_CheckExact(topic) || !PyLong_CheckExact(qid_obj)) goto none;
-    for (Py_ssize_t i = 1; i < n && i < PyList_GET_SIZE(msgs); i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i);
-        Py_INCREF(m);
+    for (Py_ssize_t i = 1; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(copy, i);
         PyObject *t = SGET(m, s_topic), *q = t ? SGET(m, s_queue_id) : NULL;
-        Py_DECREF(m);
         int same = -1;
         if (q) {
             same = t == topic || (PyUnicode_CheckExact(t) && PyUnicode_Compare(t, topic) == 0);
@@ -1831,7 +1834,7 @@ static PyObject *Appender_append_batch(Appender *a, PyObject *msgs) {
         if (same < 0 || PyErr_Occurred()) goto out;
         if (!same) goto none;
     }
-    result = appender_put(a, topic, qid_obj, msgs, NULL);
+    result = appender_put(a, topic, qid_obj, copy, NULL, 1);
     goto out;
 none:
     result = Py_None;
@@ -1839,6 +1842,7 @@ none:
 out:
     Py_XDECREF(topic);
     Py_XDECREF(qid_obj);
+    Py_DECREF(copy);
     return result;
 }
 
@@ -1888,7 +1892,7 @@ static PyObject *Appender_append_plain(Appender *a, PyObject *const *args, Py_ss
     raw_item item = {.body = body.buf, .body_len = body.len, .props = pb, .props_len = plen, .flag = (int32_t)flag};
     raw_batch rb = {.items = &item, .n = 1, .sys_flag = sys_flag, .born_ts = born_ts, .reconsume = reconsume,
                     .born_host = born.buf};
-    result = appender_put(a, topic, qid_obj, NULL, &rb);
+    result = appender_put(a, topic, qid_obj, NULL, &rb, 0);
     goto out;
 not_plain:
     result = Py_None;

@@ -8,17 +8,19 @@ queue units before it."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import random
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from data_plane.store import GetMessageStatus, Message, MessageStore, PutMessageStatus, fastpath
+from data_plane.store.consume_queue import ConsumeQueue
 from data_plane.store.message import decode_record
 from tests.conftest import ManualClock, small_config
 
@@ -337,3 +339,80 @@ def test_batches_staged_when_the_process_dies_are_lost_whole_and_nothing_points_
             assert cq.max_physic_offset <= end, (seed, q)
     finally:
         store.shutdown()
+
+
+_TOPIC_SLOT: Any = Message.__dict__["topic"]  # the slot's descriptor
+_HOOKS: list[Callable[[], None]] = []  # run (once) by the next read of a _Watched's topic
+
+
+class _Watched(Message):
+    """A store Message whose topic is a property: reading it runs Python code (as a finalizer or
+    another thread can while the compiled path checks a batch)."""
+
+    @property
+    def topic(self) -> str:
+        if _HOOKS:
+            _HOOKS.pop()()
+        return cast(str, _TOPIC_SLOT.__get__(self))
+
+    @topic.setter
+    def topic(self, value: str) -> None:
+        _TOPIC_SLOT.__set__(self, value)
+
+
+@pytest.mark.parametrize("change", ["grow", "shrink"])
+def test_a_batch_changed_while_it_is_checked_is_stored_as_it_was_given(
+    make_store: Callable[..., MessageStore], change: str
+) -> None:
+    store = make_store()
+    assert store.append([Message("T", b"first", 0)])[0].ok
+    batch: list[Message] = [Message("T", b"m0", 0), _Watched("T", b"m1", 0), Message("T", b"m2", 0)]
+
+    def meddle() -> None:
+        if change == "grow":
+            batch.append(Message("OTHER", b"intruder", 7))  # another queue: never checked if read
+        else:
+            del batch[1:]
+
+    _HOOKS.append(meddle)
+    result, _ = store.append(batch)
+    assert _HOOKS == []  # the check ran Python code
+    assert result.ok
+    assert result.append is not None
+    assert result.append.msg_num == 3
+    assert store.put_count == 4
+    assert [body for _, _, body in _queue(store, "T", 0)] == [b"first", b"m0", b"m1", b"m2"]
+    assert store.max_offset_in_queue("OTHER", 7) == 0
+
+
+def test_a_failed_dispatch_of_a_batch_leaves_the_dispatch_offset_as_the_reference_path_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stores = [
+        MessageStore(small_config(str(tmp_path / name), consume_queue_units_per_file=8), clock_ms=ManualClock())
+        for name in ("entry", "reference")
+    ]
+    for s in stores:
+        s.start()
+    entry, reference = stores
+    try:
+        for s in stores:
+            assert MessageStore.append(s, [Message("T", b"first", 0, properties={"KEYS": "k0"})])[0].ok
+        before = [s.dispatcher.dispatched_offset for s in stores]
+        counts = [s.index.files[-1].index_count for s in stores]  # type: ignore[union-attr]
+
+        def no_room(*_args: object) -> None:
+            raise OSError(errno.ENOSPC, "no room for the ConsumeQueue's next file")
+
+        monkeypatch.setattr(ConsumeQueue, "put_units", no_room)
+        batch = [Message("T", b"m%d" % i, 0, properties={"KEYS": f"k{i + 1}"}) for i in range(10)]  # spills
+        got, got_end = entry.append(_copy(batch))
+        want, want_end = reference._append_general(_copy(batch))
+        assert (got.status, got_end) == (want.status, want_end)
+        assert entry.dispatch_broken
+        assert reference.dispatch_broken
+        assert [s.dispatcher.dispatched_offset for s in stores] == before  # the redispatch starts there
+        assert [s.index.files[-1].index_count for s in stores] == counts  # type: ignore[union-attr]
+    finally:
+        for s in stores:
+            s.shutdown()
