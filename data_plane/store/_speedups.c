@@ -406,8 +406,14 @@ static PyObject *refuse(item_t *items, Py_ssize_t n, Py_ssize_t idx, const char 
     return Py_BuildValue("(insN)", 2, idx, status, reason);
 }
 
-/* Adds items [start, n) to an IndexFile mapping until they run out or the file is full. */
 #define IX_AHEAD 32
+
+/* Ask for the hash slot of index item k (12 bytes: hash 4, physical offset 8) of `it`. */
+static inline void prefetch_slot(const unsigned char *b, long long slots, const unsigned char *it, Py_ssize_t k) {
+    __builtin_prefetch(b + 40 + (get32(it + k * 12) % (uint64_t)slots) * 4, 1, 3);
+}
+
+/* Adds items [start, n) to an IndexFile mapping until they run out or the file is full. */
 static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count, long long max_entries,
                             long long begin_ts, long long store_ts, const unsigned char *it, Py_ssize_t n,
                             Py_ssize_t start, long long *last_phys) {
@@ -420,10 +426,9 @@ static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count,
     /* Each item's hash slot lies at a random place in the slot table (20 MB by default): a
      * cache and a TLB miss each. Asking for the slots IX_AHEAD items ahead lets the misses
      * overlap instead of waiting for them one by one. */
-    for (Py_ssize_t k = start; k < n && k < start + IX_AHEAD; k++)
-        __builtin_prefetch(b + 40 + (get32(it + k * 12) % (uint64_t)slots) * 4, 1, 3);
+    for (Py_ssize_t k = start; k < n && k < start + IX_AHEAD; k++) prefetch_slot(b, slots, it, k);
     for (; i < n && c < max_entries; i++) {
-        if (i + IX_AHEAD < n) __builtin_prefetch(b + 40 + (get32(it + (i + IX_AHEAD) * 12) % (uint64_t)slots) * 4, 1, 3);
+        if (i + IX_AHEAD < n) prefetch_slot(b, slots, it, i + IX_AHEAD);
         uint32_t h = get32(it + i * 12);
         uint64_t phys = get64(it + i * 12 + 4);
         unsigned char *slot = b + 40 + (h % (uint64_t)slots) * 4;
@@ -2035,9 +2040,10 @@ static int entry_lock(StoreEntry *e) {
 }
 
 /* After the Appender ran under the lock: release it (keeping an exception the append raised),
- * count the stored records (``n``; -1: the count in a batch's answer) and report a failed dispatch. ``r`` is the Appender's answer (a tuple,
- * None, or NULL for an exception). An OSError (the CommitLog file refused the bytes: nothing
- * recorded) becomes store._io_refusal(error) with *refused set. */
+ * count the stored records (``n``; -1: the count in a batch's answer) and report a failed
+ * dispatch. ``r`` is the Appender's answer (a tuple, None, or NULL for an exception). An
+ * OSError (the CommitLog file refused the bytes: nothing recorded) becomes
+ * store._io_refusal(error) with *refused set. */
 static PyObject *entry_done(StoreEntry *e, PyObject *store, PyObject *r, Py_ssize_t n, int *refused) {
     PyObject *et, *ev, *etb;
     PyErr_Fetch(&et, &ev, &etb);
