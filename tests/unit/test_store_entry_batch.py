@@ -3,7 +3,8 @@
 the Python path (``MessageStore._append_general``, the reference) does: the result, the
 records, every ConsumeQueue unit and every index entry — across CommitLog roll-overs,
 ConsumeQueue files that fill mid-batch, a full IndexFile, staged single appends and pending
-queue units before it."""
+queue units before it, a list changed while it is checked and a dispatch that fails. Batches
+join the stage: a flush, a restart and a kill with batches staged are checked too."""
 
 from __future__ import annotations
 
