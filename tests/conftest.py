@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
+import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -67,6 +70,17 @@ class ManualClock:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+def run_store_script(template: str, **fields: object) -> list[str]:
+    """Run ``template`` (formatted with ``fields`` and ``root``, the repository) in a Python
+    process of its own — one that may die without a shutdown — and return its stdout's lines
+    (a non-zero exit fails the test with its stderr)."""
+    root = str(Path(__file__).resolve().parents[1])
+    script = textwrap.dedent(template.format(root=root, **fields))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.split("\n") if line]
 
 
 def small_config(path: str, **changes: object) -> StoreConfig:

@@ -1805,18 +1805,18 @@ static PyObject *Appender_append(Appender *a, PyObject *msg) {
     return result;
 }
 
-/* append_batch(msgs): a list of store Messages, appended as MessageStore.append does: their
+/* append_batch(msgs): a list or tuple of store Messages, appended as MessageStore.append does: their
  * (wrote_offset, wrote_bytes, store_ts, first queue offset, dispatch_failed, count, ids), or
  * None when the common path does not apply or the messages do not share one topic and queue
  * (nothing written: the Python path answers). */
 static PyObject *Appender_append_batch(Appender *a, PyObject *msgs) {
-    if (!PyList_Check(msgs)) {
-        PyErr_SetString(PyExc_TypeError, "append_batch takes a list of messages");
+    if (!PyList_Check(msgs) && !PyTuple_Check(msgs)) {
+        PyErr_SetString(PyExc_TypeError, "append_batch takes a list or tuple of messages");
         return NULL;
     }
     /* A copy, checked and then appended: the caller's list may change while the checks or the
      * append run Python code (a property, the store's clock, a finalizer). */
-    PyObject *copy = PyList_GetSlice(msgs, 0, PyList_GET_SIZE(msgs));
+    PyObject *copy = PySequence_List(msgs);
     if (!copy) return NULL;
     Py_ssize_t n = PyList_GET_SIZE(copy);
     PyObject *result = NULL, *topic = NULL, *qid_obj = NULL;
@@ -2129,55 +2129,28 @@ static PyObject *entry_batch_result(StoreEntry *e, PyObject *r) {
     return res;
 }
 
-/* append of a batch (``msgs`` a list or tuple of more than one message). */
-static PyObject *entry_append_batch(StoreEntry *e, PyObject *store, PyObject *msgs) {
-    int w = entry_writable(e, store);
-    if (w <= 0) return w < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
-    PyObject *list = PyList_CheckExact(msgs) ? Py_NewRef(msgs) : PySequence_List(msgs);
-    if (!list) return NULL;
-    int got = entry_lock(e);
-    if (got <= 0) {
-        Py_DECREF(list);
-        return got < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
-    }
-    PyObject *r = Appender_append_batch(e->appender, list);
-    Py_DECREF(list);
-    int refused = 0;
-    r = entry_done(e, store, r, -1, &refused);
-    if (!r) return NULL;
-    if (refused) return Py_BuildValue("(Ni)", r, -1);
-    if (r == Py_None) {
-        Py_DECREF(r);
-        return PyObject_CallMethodOneArg(store, s_append_general, msgs);
-    }
-    PyObject *end = PyTuple_GET_SIZE(r) >= 7 ? PyNumber_Add(PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1)) : NULL;
-    if (!end && !PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's batch answer is short");
-    PyObject *res = end ? entry_batch_result(e, r) : NULL;
-    Py_DECREF(r);
-    if (!res) {
-        Py_XDECREF(end);
-        return NULL;
-    }
-    return Py_BuildValue("(NN)", res, end);
-}
-
 static PyObject *entry_append(StoreEntry *e, PyObject *store, PyObject *msgs) {
     PyObject *msg = NULL;
+    Py_ssize_t n = 0;
     if (PyList_CheckExact(msgs) || PyTuple_CheckExact(msgs)) {
-        Py_ssize_t n = Py_SIZE(msgs);
-        if (n > 1) return entry_append_batch(e, store, msgs);
+        n = Py_SIZE(msgs);
         if (n == 1) msg = PyList_CheckExact(msgs) ? PyList_GET_ITEM(msgs, 0) : PyTuple_GET_ITEM(msgs, 0);
     }
-    if (!msg) return PyObject_CallMethodOneArg(store, s_append_general, msgs);
+    if (n < 1) return PyObject_CallMethodOneArg(store, s_append_general, msgs);
     int w = entry_writable(e, store);
     if (w <= 0) return w < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
     int got = entry_lock(e);
     if (got <= 0) return got < 0 ? NULL : PyObject_CallMethodOneArg(store, s_append_general, msgs);
-    Py_INCREF(msg); /* (the list may change while the append runs Python code) */
-    PyObject *r = Appender_append(e->appender, msg);
-    Py_DECREF(msg);
+    PyObject *r;
+    if (msg) {
+        Py_INCREF(msg); /* (the list may change while the append runs Python code) */
+        r = Appender_append(e->appender, msg);
+        Py_DECREF(msg);
+    } else { /* a batch: append_batch appends a copy */
+        r = Appender_append_batch(e->appender, msgs);
+    }
     int refused = 0;
-    r = entry_done(e, store, r, 1, &refused);
+    r = entry_done(e, store, r, msg ? 1 : -1, &refused);
     if (!r) return NULL;
     if (refused) return Py_BuildValue("(Ni)", r, -1);
     if (r == Py_None) {
@@ -2185,7 +2158,7 @@ static PyObject *entry_append(StoreEntry *e, PyObject *store, PyObject *msgs) {
         return PyObject_CallMethodOneArg(store, s_append_general, msgs);
     }
     PyObject *end = PyNumber_Add(PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1));
-    PyObject *res = end ? entry_result(e, r) : NULL;
+    PyObject *res = end ? (msg ? entry_result(e, r) : entry_batch_result(e, r)) : NULL;
     Py_DECREF(r);
     if (!res) {
         Py_XDECREF(end);

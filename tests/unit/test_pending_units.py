@@ -6,9 +6,6 @@ units pending loses nothing that recovery cannot rebuild from the CommitLog."""
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +14,7 @@ import pytest
 from data_plane.store import GetMessageStatus, Message, MessageStore, fastpath
 from data_plane.store.consume_queue import CQ_UNIT_SIZE, ConsumeQueue
 from data_plane.store.message import decode_record
-from tests.conftest import ManualClock, small_config
+from tests.conftest import ManualClock, run_store_script, small_config
 
 pytestmark = pytest.mark.skipif(fastpath.speedups_module() is None, reason="the compiled appender is not built")
 
@@ -156,18 +153,11 @@ os._exit(0)  # no shutdown: the pending units die with the process
 
 
 def test_units_pending_when_the_process_dies_are_rebuilt_by_recovery(tmp_path: Path, seed: int) -> None:
-    root = str(Path(__file__).resolve().parents[2])
     path = str(tmp_path / "store")
-    script = KILLED_WITH_UNITS_PENDING.format(root=root, path=path, seed=seed)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
     sent: dict[int, list[bytes]] = {}
-    for line in done.stdout.split("\n"):
-        if line:
-            q, i = map(int, line.split())
-            sent.setdefault(q, []).append(b"q%d/%d" % (q, i))
+    for line in run_store_script(KILLED_WITH_UNITS_PENDING, path=path, seed=seed):
+        q, i = map(int, line.split())
+        sent.setdefault(q, []).append(b"q%d/%d" % (q, i))
     store = MessageStore(small_config(path, consume_queue_units_per_file=1000))
     store.start()
     try:

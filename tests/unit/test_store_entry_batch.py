@@ -11,9 +11,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import random
-import subprocess
-import sys
-import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -23,7 +20,7 @@ import pytest
 from data_plane.store import GetMessageStatus, Message, MessageStore, PutMessageStatus, fastpath
 from data_plane.store.consume_queue import ConsumeQueue
 from data_plane.store.message import decode_record
-from tests.conftest import ManualClock, small_config
+from tests.conftest import ManualClock, run_store_script, small_config
 
 pytestmark = pytest.mark.skipif(fastpath.speedups_module() is None, reason="the compiled store module is not built")
 
@@ -300,17 +297,11 @@ os._exit(0)  # no shutdown, no write_staged: the staged batches die with the pro
 def test_batches_staged_when_the_process_dies_are_lost_whole_and_nothing_points_at_them(
     tmp_path: Path, seed: int
 ) -> None:
-    root = str(Path(__file__).resolve().parents[2])
     path = str(tmp_path / "store")
-    script = KILLED_WITH_BATCHES_STAGED.format(root=root, path=path, seed=seed)
-    done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True, timeout=120, check=False
-    )
-    assert done.returncode == 0, done.stderr
     sent: dict[int, list[bytes]] = {}
     keys: dict[bytes, str] = {}
-    for line in done.stdout.split("\n"):
-        if not line or line.startswith("staged"):
+    for line in run_store_script(KILLED_WITH_BATCHES_STAGED, path=path, seed=seed):
+        if line.startswith("staged"):
             continue
         q_text, i_text = line.split()
         body = f"q{q_text}/{i_text}".encode()
