@@ -200,6 +200,13 @@ class ClientInstance:
             return self.invoke(addr, cmd, timeout_ms)
         return self.remoting.invoke(addr, cmd if self.credentials is None else self._sign(cmd), timeout_ms)
 
+    def plain_connection(self, addr: str) -> Connection | None:
+        """The open connection to ``addr`` when requests to it go unsigned (no credentials)
+        and the client is open: the send path writes its own frames there. None otherwise."""
+        if self.closed or self.credentials is not None:
+            return None
+        return self.remoting.open_connection(addr)
+
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         if self.closed:
             raise ClientStateError("client instance is closed")

@@ -38,11 +38,13 @@ import functools
 import logging
 import time
 import zlib
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Required, TypedDict
 
+from data_plane.remoting.codes import RequestCode
 from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Waiter
 from data_plane.remoting.errors import RemotingError
 from data_plane.store.message import topic_of
 from sdk import protocol
@@ -76,6 +78,87 @@ def select_by_sharding_key(queues: Sequence[MessageQueue], key: str) -> MessageQ
     if not queues:
         raise IllegalArgumentError("the topic has no write queues")
     return queues[zlib.crc32(key.encode()) % len(queues)]
+
+
+class _FirstAnswer:
+    """The outcome of ``send_async``'s first attempt, taken straight from the connection
+    (``Connection.invoke_frame``: ``set_result`` runs in the read that brought the answer) or
+    from the answer's future (``take``), into the future ``send_async`` returned. A failure
+    hands over to the coroutine path, which retries as ``send`` would."""
+
+    __slots__ = ("addr", "begin", "mq", "msg", "out", "producer", "uid")
+
+    def __init__(
+        self,
+        producer: Producer,
+        out: asyncio.Future[SendResult],
+        msg: Message,
+        uid: str,
+        mq: MessageQueue,
+        addr: str,
+        begin: float,
+    ) -> None:
+        self.producer = producer
+        self.out = out
+        self.msg = msg
+        self.uid = uid
+        self.mq = mq
+        self.addr = addr
+        self.begin = begin
+
+    def done(self) -> bool:
+        """Whether the answer is no longer wanted (the caller cancelled the send)."""
+        return self.out.done()
+
+    def take(self, answer: asyncio.Future[RemotingCommand]) -> None:
+        if answer.cancelled():
+            self.producer._pending.discard(self.out)
+            self.out.cancel()
+        elif (e := answer.exception()) is not None:
+            self.set_exception(e)
+        else:
+            self.set_result(answer.result())
+
+    def set_result(self, resp: RemotingCommand) -> None:
+        producer, out, mq = self.producer, self.out, self.mq
+        if out.done():  # (cancelled by its caller)
+            producer._pending.discard(out)
+            return
+        try:
+            result = protocol.parse_send_response(resp, mq, self.uid, self.addr)
+        except OrbitError as e:
+            self._retry(e)
+            return
+        except Exception as e:  # (never raised into the connection's read)
+            producer._pending.discard(out)
+            out.set_exception(e)
+            return
+        elapsed = out.get_loop().time() - self.begin
+        fault = producer.fault
+        if fault.tolerance.items or elapsed >= _FAST_ANSWER_S:
+            fault.update(mq.broker_name, int(elapsed * 1000), isolation=False)
+        producer._pending.discard(out)
+        out.set_result(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        if self.out.done():
+            self.producer._pending.discard(self.out)
+            return
+        if isinstance(exception, RemotingError):
+            self._retry(from_remoting(exception))
+        elif isinstance(exception, OrbitError):
+            self._retry(exception)
+        else:
+            self.producer._pending.discard(self.out)
+            self.out.set_exception(exception)
+
+    def _retry(self, error: OrbitError) -> None:
+        # The coroutine path takes over: the same retries, fault marks and deadline as ``send``.
+        producer, msg = self.producer, self.msg
+        retry = asyncio.ensure_future(
+            producer._send(msg.topic, msg, None, self.uid, None, None, failed=(self.mq, error, self.begin))
+        )
+        retry.add_done_callback(functools.partial(_settle, self.out, producer._pending))
 
 
 def _settle(
@@ -140,6 +223,7 @@ class Producer:
         if send_timeout_ms <= 0 or retry_times < 0 or max_message_bytes <= 0:
             raise IllegalArgumentError("send_timeout_ms and max_message_bytes must be > 0, retry_times >= 0")
         self.group = group
+        self._send_head = protocol.SendHead(group)  # SEND_MESSAGE_V2 heads, laid out from a template
         self.namesrv_addrs = namesrv_addrs
         self.send_timeout_ms = send_timeout_ms
         self.retry_times = retry_times
@@ -318,56 +402,38 @@ class Producer:
         if addr is None:
             return None
         uid = new_unique_id()
-        cmd = protocol.send_request(
-            group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=_now_ms()
-        )
+        born_ms = _now_ms()
         loop = asyncio.get_running_loop()
-        begin = loop.time()
+        out: asyncio.Future[SendResult] = loop.create_future()
+        waiter = _FirstAnswer(self, out, msg, uid, mq, addr, loop.time())
+        self._topics.add(topic)
+        if self._laid_out(inst, addr, msg, mq.queue_id, uid, born_ms, self.send_timeout_ms, waiter):
+            return out
+        cmd = protocol.send_request(
+            group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=uid, born_timestamp_ms=born_ms
+        )
         answer = inst.invoke_raw(addr, cmd, self.send_timeout_ms)
         if not isinstance(answer, asyncio.Future):
             answer = asyncio.ensure_future(answer)  # (a connection being made, or credentials to fetch)
-        self._topics.add(topic)
-        out: asyncio.Future[SendResult] = loop.create_future()
-        answer.add_done_callback(functools.partial(self._first_answer, out, msg, uid, mq, addr, begin))
+        answer.add_done_callback(waiter.take)
         return out
 
-    def _first_answer(
-        self,
-        out: asyncio.Future[SendResult],
-        msg: Message,
-        uid: str,
-        mq: MessageQueue,
-        addr: str,
-        begin: float,
-        answer: asyncio.Future[RemotingCommand],
-    ) -> None:
-        if out.done() or answer.cancelled():
-            self._pending.discard(out)
-            out.cancel()  # (a no-op when its caller cancelled it)
-            return
-        error: OrbitError | None = None
-        try:
-            result = protocol.parse_send_response(answer.result(), mq, uid, addr)
-        except RemotingError as e:
-            error = from_remoting(e)
-        except OrbitError as e:
-            error = e
-        except Exception as e:
-            self._pending.discard(out)
-            out.set_exception(e)
-            return
-        if error is None:
-            elapsed = answer.get_loop().time() - begin
-            if self.fault.tolerance.items or elapsed >= _FAST_ANSWER_S:
-                self.fault.update(mq.broker_name, int(elapsed * 1000), isolation=False)
-            self._pending.discard(out)
-            out.set_result(result)
-            return
-        # The coroutine path takes over: the same retries, fault marks and deadline as ``send``.
-        retry = asyncio.ensure_future(
-            self._send(msg.topic, msg, None, uid, None, None, failed=(mq, error, begin))
-        )
-        retry.add_done_callback(functools.partial(_settle, out, self._pending))
+    def _laid_out(
+        self, inst: ClientInstance, addr: str, msg: Message, queue_id: int, uid: str, born_ms: int,
+        timeout_ms: int, waiter: Waiter,
+    ) -> bool:  # fmt: skip
+        """Write ``msg``'s SEND_MESSAGE_V2 laid out from the group's template (``SendHead``) on
+        the open, unsigned connection to ``addr``, its outcome to ``waiter``; False (nothing
+        written) when there is no such connection or the message needs the command path."""
+        conn = inst.plain_connection(addr)
+        if conn is None:
+            return False
+        opaque = conn.next_opaque()
+        head = self._send_head.frame(msg, opaque, queue_id, uid, born_ms)
+        if head is None:
+            return False
+        conn.invoke_frame(opaque, RequestCode.SEND_MESSAGE_V2, head, msg.body, timeout_ms, waiter)
+        return True
 
     async def send_oneway(
         self, msg: Message, *, sharding_key: str | None = None, queue_selector: QueueSelector | None = None
@@ -551,14 +617,19 @@ class Producer:
                     raise error  # the attempt send_async made: its failure is handled below
                 if addr is None:
                     addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
-                if build is None:
-                    cmd = protocol.send_request(
-                        group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=msg_id, born_timestamp_ms=_now_ms()
-                    )
+                answer: Awaitable[RemotingCommand]
+                if build is not None:
+                    answer = inst.invoke_raw(addr, build(mq), remaining_ms)
                 else:
-                    cmd = build(mq)
+                    born_ms = _now_ms()
+                    answer = loop.create_future()
+                    if not self._laid_out(inst, addr, msg, mq.queue_id, msg_id, born_ms, remaining_ms, answer):
+                        cmd = protocol.send_request(
+                            group=self.group, msg=msg, queue_id=mq.queue_id, unique_id=msg_id, born_timestamp_ms=born_ms
+                        )
+                        answer = inst.invoke_raw(addr, cmd, remaining_ms)
                 try:
-                    resp = await inst.invoke_raw(addr, cmd, remaining_ms)
+                    resp = await answer
                 except RemotingError as e:
                     raise from_remoting(e) from e
                 result = protocol.parse_send_response(resp, mq, msg_id, addr)

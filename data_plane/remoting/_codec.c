@@ -513,9 +513,8 @@ static const char HEX[] = "0123456789abcdef";
  * text goes as it is, as orjson writes it. */
 static unsigned char NEEDS_ESCAPE[256];
 
-/* "text", escaped as orjson escapes it. At most 2 + 6 * n bytes at w. */
-static unsigned char *put_escaped(unsigned char *w, const unsigned char *s, Py_ssize_t n) {
-    *w++ = '"';
+/* text escaped as orjson escapes it, without quotes. At most 6 * n bytes at w. */
+static unsigned char *put_escaped_bare(unsigned char *w, const unsigned char *s, Py_ssize_t n) {
     Py_ssize_t i = 0;
     while (i < n) {
         Py_ssize_t j = i;
@@ -541,6 +540,13 @@ static unsigned char *put_escaped(unsigned char *w, const unsigned char *s, Py_s
         }
         i = j + 1;
     }
+    return w;
+}
+
+/* "text", escaped as orjson escapes it. At most 2 + 6 * n bytes at w. */
+static unsigned char *put_escaped(unsigned char *w, const unsigned char *s, Py_ssize_t n) {
+    *w++ = '"';
+    w = put_escaped_bare(w, s, n);
     *w++ = '"';
     return w;
 }
@@ -574,6 +580,22 @@ static void put_lengths(unsigned char *w, Py_ssize_t hlen, Py_ssize_t body_len) 
         w[i] = (unsigned char)(total >> (24 - 8 * i));
         w[4 + i] = (unsigned char)(mark >> (24 - 8 * i));
     }
+}
+
+/* The frame head in buf[0, w): its two lengths put in front of the header at buf + 8, as bytes
+ * (None when the lengths do not fit: the twin says why); buf freed unless it is local. */
+static PyObject *finish_head(unsigned char *buf, unsigned char *w, unsigned char *local, Py_ssize_t body_len) {
+    Py_ssize_t hlen = w - buf - 8;
+    PyObject *out;
+    if (lengths_fit(hlen, body_len)) {
+        put_lengths(buf, hlen, body_len);
+        out = PyBytes_FromStringAndSize((const char *)buf, 8 + hlen);
+    } else {
+        out = Py_None;
+        Py_INCREF(out);
+    }
+    if (buf != local) PyMem_Free(buf);
+    return out;
 }
 
 static PyObject *frame_head(PyObject *self, PyObject *args) {
@@ -670,17 +692,69 @@ static PyObject *frame_head(PyObject *self, PyObject *args) {
     }
     *w++ = '}';
 #undef PUT
-    Py_ssize_t hlen = w - buf - 8;
-    PyObject *out = NULL;
-    if (lengths_fit(hlen, body_len)) { /* else the twin says why */
-        put_lengths(buf, hlen, body_len);
-        out = PyBytes_FromStringAndSize((const char *)buf, 8 + hlen);
-    } else {
-        out = Py_None;
-        Py_INCREF(out);
+    return finish_head(buf, w, local, body_len);
+not_taken:
+    PyErr_Clear();
+    Py_RETURN_NONE;
+}
+
+/* fill_head(pieces, values, body_len): a frame's lengths and a JSON header laid out by a
+ * template — pieces[0] values[0] pieces[1] ... values[n-1] pieces[n] — each value an int (in
+ * decimal) or a str (JSON-escaped as orjson escapes, without quotes: the piece around it holds
+ * them), each piece bytes taken as they are. None for anything else (the twin raises for it). */
+#define MAX_FILL_VALUES 16
+static PyObject *fill_head(PyObject *self, PyObject *args) {
+    PyObject *pieces, *values;
+    Py_ssize_t body_len;
+    if (!PyArg_ParseTuple(args, "O!O!n:fill_head", &PyTuple_Type, &pieces, &PyTuple_Type, &values, &body_len))
+        return NULL;
+    Py_ssize_t nv = PyTuple_GET_SIZE(values);
+    if (body_len < 0 || nv > MAX_FILL_VALUES || PyTuple_GET_SIZE(pieces) != nv + 1) Py_RETURN_NONE;
+    const char *text[MAX_FILL_VALUES];
+    Py_ssize_t text_n[MAX_FILL_VALUES];
+    char digits[MAX_FILL_VALUES][24];
+    Py_ssize_t most = 0;
+    for (Py_ssize_t i = 0; i <= nv; i++) {
+        PyObject *p = PyTuple_GET_ITEM(pieces, i);
+        if (!PyBytes_CheckExact(p)) Py_RETURN_NONE;
+        most += PyBytes_GET_SIZE(p);
     }
-    if (buf != local) PyMem_Free(buf);
-    return out;
+    for (Py_ssize_t i = 0; i < nv; i++) {
+        PyObject *v = PyTuple_GET_ITEM(values, i);
+        if (PyUnicode_CheckExact(v)) {
+            if (!(text[i] = PyUnicode_AsUTF8AndSize(v, &text_n[i]))) goto not_taken;
+            most += 6 * text_n[i];
+        } else if (PyLong_CheckExact(v)) {
+            int overflow = 0;
+            long long n = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if (overflow || (n == -1 && PyErr_Occurred())) goto not_taken;
+            text[i] = NULL;
+            text_n[i] = decimal(digits[i], n);
+            most += text_n[i];
+        } else {
+            Py_RETURN_NONE;
+        }
+    }
+    if (most > 6 * 0xFFFFFF) Py_RETURN_NONE; /* the twin says why */
+    unsigned char local[4096], *buf = local;
+    if (8 + most > (Py_ssize_t)sizeof local) {
+        buf = PyMem_Malloc((size_t)(8 + most));
+        if (!buf) return PyErr_NoMemory();
+    }
+    unsigned char *w = buf + 8;
+    for (Py_ssize_t i = 0; i <= nv; i++) {
+        PyObject *p = PyTuple_GET_ITEM(pieces, i);
+        memcpy(w, PyBytes_AS_STRING(p), (size_t)PyBytes_GET_SIZE(p));
+        w += PyBytes_GET_SIZE(p);
+        if (i == nv) break;
+        if (text[i]) {
+            w = put_escaped_bare(w, (const unsigned char *)text[i], text_n[i]);
+        } else {
+            memcpy(w, digits[i], (size_t)text_n[i]);
+            w += text_n[i];
+        }
+    }
+    return finish_head(buf, w, local, body_len);
 not_taken:
     PyErr_Clear();
     Py_RETURN_NONE;
@@ -691,6 +765,8 @@ static PyMethodDef methods[] = {
      "decode_frame(frame, cls, view_from): the command of a frame with a common JSON header, else None."},
     {"frame_head", frame_head, METH_VARARGS,
      "frame_head(cmd, body_len): a frame's lengths and JSON header as command.py encodes them, else None."},
+    {"fill_head", fill_head, METH_VARARGS,
+     "fill_head(pieces, values, body_len): a frame's lengths and a header from a template, else None."},
     {NULL, NULL, 0, NULL},
 };
 

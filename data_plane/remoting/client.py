@@ -83,6 +83,11 @@ class RemotingClient:
         finally:
             del self._connecting[addr]
 
+    def open_connection(self, addr: str) -> Connection | None:
+        """The open connection to ``addr``, if there is one (no connecting)."""
+        conn = self._conns.get(addr)
+        return conn if conn is not None and not conn.closed else None
+
     def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int = 3000) -> Awaitable[RemotingCommand]:
         """The response to ``cmd`` (await it). On an open connection this is the connection's
         own future: no coroutine in between on the hot path."""

@@ -287,6 +287,46 @@ compiled_frame_head: Callable[[RemotingCommand, int], bytes | None] | None = (
 )
 
 
+compiled_fill_head: Callable[[tuple[bytes, ...], tuple[str | int, ...], int], bytes | None] | None = (
+    None if compiled_decode_frame is None else _codec_function("fill_head")
+)
+
+
+def json_text(text: str) -> bytes:
+    """``text`` as a JSON string's inside: escaped as orjson escapes it, without the quotes."""
+    return orjson.dumps(text)[1:-1]
+
+
+def py_fill_head(pieces: tuple[bytes, ...], values: tuple[str | int, ...], body_len: int) -> bytes:
+    """A JSON header from a template — ``pieces[0] values[0] pieces[1] ... pieces[n]``, an int
+    value in decimal, a str JSON-escaped (``json_text``) — behind the frame's two lengths.
+    ``_codec.fill_head`` is the compiled twin."""
+    if len(pieces) != len(values) + 1:
+        raise ValueError(f"a template of {len(pieces)} pieces takes {len(pieces) - 1} values, not {len(values)}")
+    parts = [pieces[0]]
+    for value, piece in zip(values, pieces[1:], strict=True):
+        if value.__class__ is int:
+            parts.append(str(value).encode())
+        elif value.__class__ is str:
+            parts.append(json_text(value))
+        else:
+            raise TypeError(f"a header template takes int and str values, not {type(value).__name__}")
+        parts.append(piece)
+    header = b"".join(parts)
+    if len(header) > MAX_HEADER_BYTES:
+        raise FrameError(f"header of {len(header)} bytes exceeds {MAX_HEADER_BYTES}")
+    return FRAME_PREFIX.pack(4 + len(header) + body_len, (SERIALIZE_JSON << 24) | len(header)) + header
+
+
+def fill_head(pieces: tuple[bytes, ...], values: tuple[str | int, ...], body_len: int) -> bytes:
+    """``py_fill_head``, compiled when built."""
+    if compiled_fill_head is not None:
+        head = compiled_fill_head(pieces, values, body_len)
+        if head is not None and len(head) <= 8 + MAX_HEADER_BYTES:
+            return head
+    return py_fill_head(pieces, values, body_len)  # (which raises for what C did not take)
+
+
 def decode_frame(frame: Body) -> RemotingCommand:
     """Decode one frame without its 4-byte length prefix. Raises FrameError."""
     if compiled_decode_frame is not None:
@@ -426,7 +466,8 @@ class FrameDecoder:
         unpack = _LENGTH.unpack_from
         while n - pos >= 4:
             (length,) = unpack(mv, pos)
-            self._check(length)
+            if length > self.max_frame_bytes or length < 4:
+                self._check(length)  # (raises)
             end = pos + 4 + length
             if end > n:
                 break

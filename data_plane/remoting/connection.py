@@ -32,7 +32,7 @@ import logging
 import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from data_plane.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from data_plane.remoting.command import (
@@ -55,6 +55,17 @@ from data_plane.remoting.errors import (
 )
 
 log = logging.getLogger(__name__)
+
+
+class Waiter(Protocol):
+    """What waits for a request's answer: a future, or an object answering the same three
+    calls (``invoke_frame``'s), whose ``set_result`` runs inline in the read."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: RemotingCommand, /) -> None: ...
+
+    def set_exception(self, exception: BaseException, /) -> None: ...
 
 Dispatch = Callable[["Connection", RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
 
@@ -100,7 +111,7 @@ class Connection(asyncio.Protocol):
         self.closed_event = asyncio.Event()
         self.inflight = 0
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
-        self._pending: dict[int, tuple[asyncio.Future[RemotingCommand], int]] = {}  # opaque -> (future, code)
+        self._pending: dict[int, tuple[Waiter, int]] = {}  # opaque -> (its future or waiter, code)
         # Per timeout (ms): (deadline, opaque) in the order sent, i.e. by deadline. Never the
         # future: an answered request's future holds its answer (a pull's frame, and with it the
         # whole read it came in), and entries behind a long-polling pull wait their turn here.
@@ -295,17 +306,54 @@ class Connection(asyncio.Protocol):
     def invoke(self, cmd: RemotingCommand, timeout_ms: int) -> asyncio.Future[RemotingCommand]:
         """Send a request; the future gets its response, RemotingTimeoutError after
         ``timeout_ms``, or RemotingConnectError when the connection closes first."""
-        fut: asyncio.Future[RemotingCommand] = self.loop.create_future()
-        if self.closed:
-            fut.set_exception(RemotingConnectError(self.peer, "connection closed"))
-            return fut
-        if len(self._pending) >= MAX_PENDING:
-            fut.set_exception(RemotingTooMuchRequestError(f"{MAX_PENDING} requests to {self.peer} await answers"))
-            return fut
         opaque = next(self._opaque) & 0x7FFFFFFF
         cmd.opaque = opaque
+        fut: asyncio.Future[RemotingCommand] = self.loop.create_future()
+        if self._expect(opaque, cmd.code, timeout_ms, fut) is None:
+            return fut
+        body = cmd.body
+        head = _frame_head(cmd, len(body)) if body.__class__ is bytes and _frame_head is not None else None
+        if head is None:
+            self.send(cmd)
+            return fut
+        # send → encode, inline for a request with one bytes body (a send's): the header and
+        # the body, uncopied, gathered with the turn's other writes
+        self._queue_frame(head, body)  # type: ignore[arg-type]  # bytes, checked above
+        return fut
+
+    def next_opaque(self) -> int:
+        """The opaque of the next request (``invoke_frame``'s, whose head carries it)."""
+        return next(self._opaque) & 0x7FFFFFFF
+
+    def invoke_frame(self, opaque: int, code: int, head: bytes, body: bytes, timeout_ms: int, waiter: Waiter) -> None:
+        """``invoke`` for a request already laid out — ``head`` (the frame's lengths and its
+        header, carrying ``opaque`` from ``next_opaque``) and ``body`` — whose outcome goes to
+        ``waiter`` instead of a future: its ``set_result`` gets the answer inline, in the read
+        that brought it (no callback scheduled in between), or its ``set_exception`` the
+        failure (timeout, closed connection), at once when the request cannot be sent."""
+        if self._expect(opaque, code, timeout_ms, waiter) is not None:
+            self._queue_frame(head, body)
+
+    def _queue_frame(self, head: bytes, body: bytes) -> None:
+        out = self._out
+        out.append(head)
+        out.append(body)
+        self._out_frames += 1
+        if not self._in_read and not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _expect(self, opaque: int, code: int, timeout_ms: int, fut: Waiter) -> Waiter | None:
+        """``fut`` registered for request ``opaque``'s answer, with its deadline — or failed
+        (the connection closed, too many requests awaiting answers) and None."""
+        if self.closed:
+            fut.set_exception(RemotingConnectError(self.peer, "connection closed"))
+            return None
         pending = self._pending
-        pending[opaque] = (fut, cmd.code)
+        if len(pending) >= MAX_PENDING:
+            fut.set_exception(RemotingTooMuchRequestError(f"{MAX_PENDING} requests to {self.peer} await answers"))
+            return None
+        pending[opaque] = (fut, code)
         deadline = self.loop.time() + timeout_ms / 1000
         waiting = self._deadlines.get(timeout_ms)
         if waiting is None:
@@ -325,20 +373,6 @@ class Connection(asyncio.Protocol):
             waiting = self._deadlines[timeout_ms] = deque(e for e in waiting if self._waited_for(e[1]))
         if self._expiry is None or deadline < self._expiry_at:
             self._arm_expiry(deadline)
-        body = cmd.body
-        head = _frame_head(cmd, len(body)) if body.__class__ is bytes and _frame_head is not None else None
-        if head is None:
-            self.send(cmd)
-            return fut
-        # send → encode, inline for a request with one bytes body (a send's): the header and
-        # the body, uncopied, gathered with the turn's other writes
-        out = self._out
-        out.append(head)
-        out.append(body)  # type: ignore[arg-type]  # bytes, checked above
-        self._out_frames += 1
-        if not self._in_read and not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.loop.call_soon(self._flush)
         return fut
 
     def invoke_oneway(self, cmd: RemotingCommand) -> None:

@@ -25,6 +25,7 @@ from data_plane.remoting.command import (
     SERIALIZE_ROCKETMQ,
     RemotingCommand,
     decode_frame,
+    encode,
     encode_bytes,
 )
 from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, WRITE_HIGH_WATER, Connection, Dispatch
@@ -810,3 +811,90 @@ def test_requests_oneway_timeouts_and_malformed_frames_behave_the_same_under_uvl
 
 def test_a_client_that_never_reads_does_not_stop_the_server_answering_another_under_uvloop() -> None:
     run_on_uvloop(stalled_client_does_not_block_others)
+
+
+# --- requests laid out by the caller, answered to a waiter (Connection.invoke_frame) ---------------
+class Waited:
+    """A waiter (``connection.Waiter``): records what it was given and whether the connection
+    was inside a read at the time."""
+
+    def __init__(self, conn: Connection, *, wanted: bool = True) -> None:
+        self.conn = conn
+        self.wanted = wanted
+        self.results: list[RemotingCommand] = []
+        self.errors: list[BaseException] = []
+        self.in_read: list[bool] = []
+
+    def done(self) -> bool:
+        return not self.wanted or bool(self.results or self.errors)
+
+    def set_result(self, result: RemotingCommand) -> None:
+        self.in_read.append(self.conn._in_read)
+        self.results.append(result)
+
+    def set_exception(self, exception: BaseException) -> None:
+        self.errors.append(exception)
+
+
+def _laid_out(conn: Connection, code: int, text: str) -> tuple[int, bytes, bytes]:
+    """A request's opaque, head and body, laid out as a caller of ``invoke_frame`` does."""
+    opaque = conn.next_opaque()
+    head, *body = encode(RemotingCommand(code, opaque=opaque, ext_fields={"t": text}, body=text.encode()))
+    return opaque, bytes(head), b"".join(bytes(b) for b in body)
+
+
+@pytest.mark.asyncio
+async def test_laid_out_requests_are_answered_to_their_own_waiters_inside_the_read() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        conn = await client.connection(server.address)
+        waiters = []
+        for i in range(6):
+            opaque, head, body = _laid_out(conn, ECHO, f"req-{i}")
+            w = Waited(conn)
+            conn.invoke_frame(opaque, ECHO, head, body, 3000, w)
+            waiters.append((opaque, w))
+        await until(lambda: all(w.results for _, w in waiters), what="every answer")
+        for i, (opaque, w) in enumerate(waiters):
+            (r,) = w.results
+            expected = (opaque, "echo", {"t": f"req-{i}"}, f"req-{i}".encode())
+            assert (r.opaque, r.remark, r.ext_fields, r.body_bytes()) == expected
+            assert w.in_read == [True], "set_result runs in the read that brought the answer"
+            assert not w.errors
+        assert not conn._pending
+        await echo(client, server.address, "the connection still serves futures")
+
+
+@pytest.mark.asyncio
+async def test_a_laid_out_request_times_out_to_its_waiter_and_a_closed_connection_fails_it_at_once() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as client:
+        conn = await client.connection(server.address)
+        opaque, head, body = _laid_out(conn, NEVER, "never")
+        w = Waited(conn)
+        conn.invoke_frame(opaque, NEVER, head, body, 50, w)
+        await until(lambda: bool(w.errors), what="the timeout")
+        (e,) = w.errors
+        assert isinstance(e, RemotingTimeoutError)
+        assert (e.code, e.timeout_ms) == (NEVER, 50)
+        assert not w.results
+        # a waiter no longer wanted (its sender gave up): its late answer is dropped
+        unwanted = Waited(conn)
+        cmd = delayed("gone", 100, late=True)
+        cmd.opaque = conn.next_opaque()
+        late_head, *rest = encode(cmd)
+        conn.invoke_frame(cmd.opaque, DELAYED, bytes(late_head), b"".join(bytes(b) for b in rest), 3000, unwanted)
+        unwanted.wanted = False
+        await asyncio.wait_for(app.late_done.wait(), 5)
+        await echo(client, server.address, "after the unwanted answer")
+        assert not unwanted.results
+        assert not unwanted.errors
+        assert cmd.opaque not in conn._pending
+        conn.close()
+        await until(lambda: conn.closed, what="the close")
+        opaque, head, body = _laid_out(conn, ECHO, "late")
+        closed = Waited(conn)
+        conn.invoke_frame(opaque, ECHO, head, body, 3000, closed)
+        (e,) = closed.errors  # at once, within the call
+        assert isinstance(e, RemotingConnectError)
+        assert not conn._out, "nothing is queued on a closed connection"

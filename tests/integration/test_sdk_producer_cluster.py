@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
 pytest.importorskip("data_plane.broker.broker")
 
+from data_plane.remoting.connection import Connection
 from sdk import (  # after the skip: nothing to test without a broker
     BlockingProducer,
     BlockingPullConsumer,
@@ -134,6 +136,43 @@ async def test_oneway_and_async_sends_arrive(namesrv_addr: str) -> None:
     assert all(r.status is SendStatus.SEND_OK for r in results)
     got = await pull_all(namesrv_addr, "Mixed", 6)
     assert sorted(m.body for m in got) == sorted([b"oneway"] + [b"async-%d" % i for i in range(5)])
+
+
+@pytest.mark.asyncio
+async def test_send_async_frames_laid_out_from_the_template_carry_every_field(
+    namesrv_addr: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common send_async writes a frame laid out from the group's template
+    (``protocol.SendHead``, ``Connection.invoke_frame``); a message with keys takes the command
+    path. Both arrive with their tags, user properties (JSON escapes, non-ASCII) and ids."""
+    laid_out: list[int] = []
+    real = Connection.invoke_frame
+
+    def counted(self: Connection, *args: Any) -> None:  # a spy: the call goes through unchanged
+        laid_out.append(args[0])
+        real(self, *args)
+
+    monkeypatch.setattr(Connection, "invoke_frame", counted)
+    odd = 'quote " backslash \\ tab \t é 漢 😀'
+    msgs = [
+        Message("Laid", b"plain-%d" % i, tags=["a", "b/c", "é"][i % 3] if i % 4 else None,
+                properties={"n": str(i), "odd": odd} if i % 2 else None)
+        for i in range(12)
+    ]  # fmt: skip
+    msgs.append(Message("Laid", b"keyed", tags="k", keys=["key-1"], properties={"odd": odd}))
+    async with Producer("p-laid", namesrv_addrs=namesrv_addr) as producer:
+        await producer.create_topic("Laid", queue_nums=2)
+        await producer.send(Message("Laid", b"warm"))  # the route and the connection known
+        laid_out.clear()
+        results = await asyncio.gather(*(producer.send_async(m) for m in msgs))
+    assert len(laid_out) == 12, "every message but the keyed one went through the template"
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    got = {m.body: m for m in await pull_all(namesrv_addr, "Laid", 14)}
+    for sent, result in zip(msgs, results, strict=True):
+        m = got[sent.body]
+        assert (m.tags, m.keys, m.msg_id) == (sent.tags, sent.keys, result.msg_id)
+        assert {k: v for k, v in m.properties.items() if k in ("n", "odd")} == sent.properties
+        assert (m.message_queue, m.queue_offset) == (result.message_queue, result.queue_offset)
 
 
 @pytest.mark.asyncio

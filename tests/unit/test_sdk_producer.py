@@ -74,6 +74,11 @@ class FakeInstance:
         self.sent.append((addr, cmd))
         return self.answer(addr, cmd)
 
+    def plain_connection(self, addr: str) -> None:
+        """No connection of its own: sends come through ``invoke_raw`` (the frames a real
+        connection takes are tested against a broker, tests/integration/test_sdk_producer_cluster.py)."""
+        return None
+
     def invoke_raw(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> Awaitable[RemotingCommand]:
         return self.invoke(addr, cmd, timeout_ms)
 
