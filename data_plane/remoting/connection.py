@@ -16,6 +16,10 @@ answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never to
 * A frame over ``max_frame_bytes`` or bytes that are not a frame close the connection; a handler
   error answers SYSTEM_ERROR (or the header error's remark) and keeps the connection.
 * A connection with no traffic for ``idle_timeout_s`` is closed.
+* ``invoke_frame`` writes a request its caller laid out (head and body, the opaque from
+  ``next_opaque``) and gives the answer to a waiter — anything with a future's ``done``,
+  ``set_result`` and ``set_exception`` — inline, in the read that brought it: the SDK's send
+  path, which resolves its own future there without a callback scheduled in between.
 * Our requests' timeouts share one timer: requests wait in a queue per timeout value (so in
   deadline order), and the timer is set for the earliest deadline still waiting; answered
   requests leave the front of their queue as new ones arrive. No timer is made per request.
