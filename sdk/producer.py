@@ -107,8 +107,13 @@ class _FirstAnswer:
         self.begin = begin
 
     def done(self) -> bool:
-        """Whether the answer is no longer wanted (the caller cancelled the send)."""
-        return self.out.done()
+        """Whether the answer is no longer wanted (the caller cancelled the send). The
+        connection asks before it hands over an answer, a timeout or its loss, and then drops
+        the request: a cancelled send stops counting as in flight here."""
+        if self.out.done():
+            self.producer._pending.discard(self.out)
+            return True
+        return False
 
     def take(self, answer: asyncio.Future[RemotingCommand]) -> None:
         if answer.cancelled():
