@@ -378,6 +378,20 @@ async def test_send_v2_then_pull_returns_the_exact_message(broker: ServerProcess
 
 
 @pytest.mark.asyncio
+async def test_the_runtime_info_counts_every_stored_message_and_its_bytes(wire: Wire) -> None:
+    """putMessageTimesTotal / putMessageSizeTotal (GET_BROKER_RUNTIME_INFO) count single sends
+    (the plain path's, with properties or without) and their records' bytes."""
+    before = await wire.runtime()
+    await wire.create_topic("Counted", 2)
+    for i in range(7):
+        await wire.send_ok("Counted", b"x" * (100 + i), queue_id=i % 2, props={"TAGS": "t"} if i % 2 else None)
+    after = await wire.runtime()
+    assert int(after["putMessageTimesTotal"]) - int(before["putMessageTimesTotal"]) == 7
+    grew = int(after["putMessageSizeTotal"]) - int(before["putMessageSizeTotal"])
+    assert int(after["commitLogMaxOffset"]) - int(before["commitLogMaxOffset"]) == grew, "the records' bytes"
+
+
+@pytest.mark.asyncio
 async def test_an_acknowledged_message_is_in_the_commit_log_file_already(
     start_broker: StartBroker, wires: Callable[..., Wire], tmp_path: Path
 ) -> None:
