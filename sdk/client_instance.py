@@ -192,13 +192,22 @@ class ClientInstance:
             raise from_remoting(e) from e
 
     def invoke_raw(self, addr: str, cmd: RemotingCommand, timeout_ms: int) -> Awaitable[RemotingCommand]:
-        """``invoke`` without its coroutine, for the send path: on an open client that needs no
-        fresh credentials, the connection's own future, whose transport failures are
-        RemotingErrors (the caller translates them with ``from_remoting``); otherwise
-        ``invoke`` itself."""
-        if self.closed or self._ensure_fresh is not None:
+        """``invoke`` without its coroutine, for the send path: on an open client whose
+        credentials (if any) need no fetch now, the connection's own future for the signed
+        request, whose transport failures are RemotingErrors (the caller translates them with
+        ``from_remoting``); a coroutine only while a token is being fetched, or on a closed
+        client (``invoke`` itself)."""
+        if self.closed:
             return self.invoke(addr, cmd, timeout_ms)
+        if self._ensure_fresh is not None and (wait := self._ensure_fresh()) is not None:
+            return self._invoke_after(wait, addr, cmd, timeout_ms)  # (asked once: wait is this fetch's)
         return self.remoting.invoke(addr, cmd if self.credentials is None else self._sign(cmd), timeout_ms)
+
+    async def _invoke_after(
+        self, wait: Awaitable[None], addr: str, cmd: RemotingCommand, timeout_ms: int
+    ) -> RemotingCommand:
+        await wait  # no token yet, or it expired: the credentials fetch one
+        return await self.remoting.invoke(addr, self._sign(cmd), timeout_ms)
 
     def plain_connection(self, addr: str) -> Connection | None:
         """The open connection to ``addr`` when requests to it go unsigned (no credentials)

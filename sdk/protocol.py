@@ -152,10 +152,8 @@ class SendHead:
 
     def __init__(self, group: str) -> None:
         t = json_text
-        head = (
-            b'{"code":' + str(int(RequestCode.SEND_MESSAGE_V2)).encode()
-            + b',"language":"PYTHON","version":399,"opaque":'
-        )  # fmt: skip
+        cmd = RemotingCommand(RequestCode.SEND_MESSAGE_V2)  # (its language and version)
+        head = b'{"code":%d,"language":"%s","version":%d,"opaque":' % (cmd.code, t(cmd.language), cmd.version)
         ext = b',"flag":0,"serializeTypeCurrentRPC":"JSON","extFields":{"a":"' + t(group) + b'","b":"'
         queue = b'","c":"' + t(DEFAULT_TOPIC) + b'","d":"' + t(_DEFAULT_QUEUE_NUMS_TEXT) + b'","e":"'
         born = b'","f":"0","g":"'

@@ -12,6 +12,8 @@ import pytest
 
 pytest.importorskip("data_plane.broker.broker")
 
+from data_plane.remoting.codes import RequestCode
+from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from sdk import (  # after the skip: nothing to test without a broker
     BlockingProducer,
@@ -24,6 +26,7 @@ from sdk import (  # after the skip: nothing to test without a broker
     PullConsumer,
     SendResult,
     SendStatus,
+    StaticToken,
 )
 from tests.integration.helpers import until
 
@@ -176,6 +179,37 @@ async def test_send_async_frames_laid_out_from_the_template_carry_every_field(
         assert (m.tags, m.keys, m.msg_id) == (sent.tags, sent.keys, result.msg_id)
         assert {k: v for k, v in m.properties.items() if k in ("n", "odd")} == sent.properties
         assert (m.message_queue, m.queue_offset) == (result.message_queue, result.queue_offset)
+
+
+@pytest.mark.asyncio
+async def test_send_async_with_a_token_signs_each_request_without_a_task(
+    namesrv_addr: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With credentials whose token needs no fetch, send_async writes each signed request at
+    once on the connection (no task a send), each carrying the token (a spy on
+    ``Connection.invoke``; this broker checks no tokens)."""
+    signed: list[dict[str, str]] = []
+    real = Connection.invoke
+
+    def seen(self: Connection, cmd: RemotingCommand, timeout_ms: int) -> Any:  # a spy: the call goes through
+        if cmd.code == RequestCode.SEND_MESSAGE_V2:
+            signed.append(dict(cmd.ext_fields or {}))
+        return real(self, cmd, timeout_ms)
+
+    monkeypatch.setattr(Connection, "invoke", seen)
+    async with Producer("p-token", namesrv_addrs=namesrv_addr, credentials=StaticToken("tok-1")) as producer:
+        await producer.create_topic("Signed", queue_nums=2)
+        await producer.send(Message("Signed", b"warm"))
+        signed.clear()
+        tasks_before = len(asyncio.all_tasks())
+        futs = [producer.send_async(Message("Signed", b"s-%d" % i, tags="t")) for i in range(5)]
+        assert len(signed) == 5, "each request written by send_async itself"
+        assert len(asyncio.all_tasks()) == tasks_before, "no task a send"
+        results = await asyncio.gather(*futs)
+    assert all(f.get("Authorization") == "Bearer tok-1" for f in signed)
+    assert all(r.status is SendStatus.SEND_OK for r in results)
+    got = await pull_all(namesrv_addr, "Signed", 6)
+    assert sorted(m.body for m in got) == sorted([b"warm"] + [b"s-%d" % i for i in range(5)])
 
 
 @pytest.mark.asyncio
