@@ -200,13 +200,18 @@ class Message:
             return encode_properties(self.wire_properties(unique_id))
         return self.properties_text(unique_id).encode()
 
+    def user_properties_text(self) -> str:
+        """The user's own properties as the wire writes them (name \\x01 value \\x02 each), in order."""
+        props = self.properties
+        return "".join([f"{k}\x01{v}\x02" for k, v in props.items()]) if props else ""
+
     def properties_text(self, unique_id: str) -> str:
         """``encoded_properties`` as text (a send header's ``properties``)."""
         if self.keys or self.delay_level or self.deliver_at_ms is not None:
             return encode_properties(self.wire_properties(unique_id)).decode()
         # The common message, formatted directly (what wire_properties + encode_properties give:
         # the user's properties first, then TAGS, WAIT, UNIQ_KEY).
-        user = "".join([f"{k}\x01{v}\x02" for k, v in self.properties.items()]) if self.properties else ""
+        user = self.user_properties_text()
         if self.tags is None:
             return f"{user}WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"
         return f"{user}TAGS\x01{self.tags}\x02WAIT\x01true\x02UNIQ_KEY\x01{unique_id}\x02"

@@ -169,8 +169,7 @@ class SendHead:
         out (keys or a schedule: ``send_request``'s path)."""
         if msg.keys or msg.delay_level or msg.deliver_at_ms is not None:
             return None
-        props = msg.properties
-        user = "".join([f"{k}\x01{v}\x02" for k, v in props.items()]) if props else ""
+        user = msg.user_properties_text()
         tags = msg.tags
         if tags is None:
             values: tuple[str | int, ...] = (opaque, msg.topic, queue_id, born_timestamp_ms, user, unique_id)

@@ -836,11 +836,16 @@ class Waited:
         self.errors.append(exception)
 
 
-def _laid_out(conn: Connection, code: int, text: str) -> tuple[int, bytes, bytes]:
-    """A request's opaque, head and body, laid out as a caller of ``invoke_frame`` does."""
-    opaque = conn.next_opaque()
-    head, *body = encode(RemotingCommand(code, opaque=opaque, ext_fields={"t": text}, body=text.encode()))
-    return opaque, bytes(head), b"".join(bytes(b) for b in body)
+def _laid_out(conn: Connection, cmd: RemotingCommand) -> tuple[int, bytes, bytes]:
+    """``cmd``'s opaque (the connection's next), head and body, laid out as a caller of
+    ``invoke_frame`` does."""
+    cmd.opaque = conn.next_opaque()
+    head, *body = encode(cmd)
+    return cmd.opaque, bytes(head), b"".join(bytes(b) for b in body)
+
+
+def _text_request(code: int, text: str) -> RemotingCommand:
+    return RemotingCommand(code, ext_fields={"t": text}, body=text.encode())
 
 
 @pytest.mark.asyncio
@@ -850,7 +855,7 @@ async def test_laid_out_requests_are_answered_to_their_own_waiters_inside_the_re
         conn = await client.connection(server.address)
         waiters = []
         for i in range(6):
-            opaque, head, body = _laid_out(conn, ECHO, f"req-{i}")
+            opaque, head, body = _laid_out(conn, _text_request(ECHO, f"req-{i}"))
             w = Waited(conn)
             conn.invoke_frame(opaque, ECHO, head, body, 3000, w)
             waiters.append((opaque, w))
@@ -870,7 +875,7 @@ async def test_a_laid_out_request_times_out_to_its_waiter_and_a_closed_connectio
     app = App()
     async with serving(app) as server, client_of() as client:
         conn = await client.connection(server.address)
-        opaque, head, body = _laid_out(conn, NEVER, "never")
+        opaque, head, body = _laid_out(conn, _text_request(NEVER, "never"))
         w = Waited(conn)
         conn.invoke_frame(opaque, NEVER, head, body, 50, w)
         await until(lambda: bool(w.errors), what="the timeout")
@@ -880,19 +885,17 @@ async def test_a_laid_out_request_times_out_to_its_waiter_and_a_closed_connectio
         assert not w.results
         # a waiter no longer wanted (its sender gave up): its late answer is dropped
         unwanted = Waited(conn)
-        cmd = delayed("gone", 100, late=True)
-        cmd.opaque = conn.next_opaque()
-        late_head, *rest = encode(cmd)
-        conn.invoke_frame(cmd.opaque, DELAYED, bytes(late_head), b"".join(bytes(b) for b in rest), 3000, unwanted)
+        late, late_head, late_body = _laid_out(conn, delayed("gone", 100, late=True))
+        conn.invoke_frame(late, DELAYED, late_head, late_body, 3000, unwanted)
         unwanted.wanted = False
         await asyncio.wait_for(app.late_done.wait(), 5)
         await echo(client, server.address, "after the unwanted answer")
         assert not unwanted.results
         assert not unwanted.errors
-        assert cmd.opaque not in conn._pending
+        assert late not in conn._pending
         conn.close()
         await until(lambda: conn.closed, what="the close")
-        opaque, head, body = _laid_out(conn, ECHO, "late")
+        opaque, head, body = _laid_out(conn, _text_request(ECHO, "late"))
         closed = Waited(conn)
         conn.invoke_frame(opaque, ECHO, head, body, 3000, closed)
         (e,) = closed.errors  # at once, within the call
