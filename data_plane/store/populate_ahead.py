@@ -16,10 +16,17 @@ the writer is.
 
 The faults are not fewer, they are this thread's, so it runs at ``SCHED_IDLE``: on spare CPU
 only, never ahead of the event loop or the clients on the same cores. When no core is spare it
-falls behind and the writer takes the faults itself, as it would without it. (An 8 MiB step
-is ~20 ms of faults here, which at normal priority can take a core from the event loop; the
-open-loop send tail measured each way did not settle it — other stalls dominate it, see
-docs/store.md.)
+falls behind and the writer takes the faults itself, as it would without it.
+
+It fills in short rounds (``POPULATE_STEP_BYTES``, 256 KiB: two calls) and rests ``rest_s``
+(1 ms) after each one. A host fault holds the vCPU it happens on, whatever the thread's
+priority: in 8 MiB rounds without rests this thread kept a core for 3-8 ms at a time (84 such
+slices in 11 s of the half-peak phase of ``orbit bench e2e``), while the broker's event loop
+and the publisher waited for it; with the rests, one slice in 11 s, and the phase's send p99
+3.1-4.4 ms in three runs of four against 6.9-17.8 ms (docs/broker.md, "The page-cache
+filler's rests"). The most it
+fills is then ~250 MB/s when pages are recycled, and about half the host's fault rate when
+they are not; the writer faults whatever it outruns.
 
 The poll follows the writer as ``ReserveAheadService``'s does (``WriterPace``).
 """
@@ -38,7 +45,8 @@ from data_plane.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
-POPULATE_STEP_BYTES = 8 * 1024 * 1024  # one populate call a round (~20 ms of page faults here)
+POPULATE_STEP_BYTES = 256 * 1024  # a round: two posix_fadvise calls (~0.6 ms of host faults here)
+POPULATE_REST_S = 0.001  # after a round with work: the cores go back to the loop and the clients
 
 
 def lower_to_idle_priority() -> bool:
@@ -61,6 +69,7 @@ class PopulateAheadService(ServiceThread):
         ahead_bytes: int,
         populate: Populate = py_populate,
         step_bytes: int = POPULATE_STEP_BYTES,
+        rest_s: float = POPULATE_REST_S,
         idle_priority: bool = True,
     ) -> None:
         super().__init__()
@@ -68,6 +77,7 @@ class PopulateAheadService(ServiceThread):
         self._ahead = ahead_bytes
         self._populate = populate
         self._step = step_bytes
+        self._rest_s = rest_s
         self._idle_priority = idle_priority
 
     def populate_after(self, mf: MappedFile, wrote: int) -> bool:
@@ -101,5 +111,8 @@ class PopulateAheadService(ServiceThread):
                 pace.new_file()
                 previous = mf
             wrote = mf.wrote_position
-            if wait_s := pace.after_round(wrote, self.populate_after(mf, wrote)):
+            worked = self.populate_after(mf, wrote)
+            if wait_s := pace.after_round(wrote, worked):
                 self.wait_for_running(wait_s)
+            elif self._rest_s > 0:
+                self.wait_for_running(self._rest_s)

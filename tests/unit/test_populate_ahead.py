@@ -1,5 +1,6 @@
 """PopulateAheadService (populate_ahead.py): the page cache filled after the CommitLog writer, in
-steps, never before it begins a file, resuming at the writer, on a thread at SCHED_IDLE."""
+steps with a rest after each, never before it begins a file, resuming at the writer, on a thread
+at SCHED_IDLE."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,13 +27,15 @@ STEP = 8 * PAGE_SIZE_BYTES
 class Populating(PopulateAheadService):
     """The service as it is, with each fill and each round written down; ``close`` stops it."""
 
-    def __init__(self, mfq: MappedFileQueue, **kw: bool) -> None:
+    def __init__(self, mfq: MappedFileQueue, **kw: Any) -> None:
         self.filled: list[tuple[int, int]] = []
         self.rounds = 0
+        self.events: list[tuple[str, float]] = []  # ("fill", start) and ("wait", seconds), in order
         super().__init__(mfq, ahead_bytes=AHEAD, populate=self._fill, step_bytes=STEP, **kw)
 
     def wait_for_running(self, interval_s: float) -> bool:
         self.rounds += 1
+        self.events.append(("wait", interval_s))
         return super().wait_for_running(interval_s)
 
     def close(self) -> None:
@@ -39,6 +43,7 @@ class Populating(PopulateAheadService):
 
     def _fill(self, fd: int, start: int, length: int, call_bytes: int) -> int:
         self.filled.append((start, start + length))
+        self.events.append(("fill", start))
         return py_populate(fd, start, length, call_bytes)
 
 
@@ -102,6 +107,30 @@ def test_after_a_roll_over_the_new_file_is_filled_from_where_the_writer_is(
     nxt.wrote_position = 3 * PAGE_SIZE_BYTES
     assert until(lambda: nxt.populated_upto == 3 * PAGE_SIZE_BYTES + AHEAD), nxt.populated_upto
     assert all(resident_pages(nxt.path, 3 * PAGE_SIZE_BYTES, 3 * PAGE_SIZE_BYTES + AHEAD))
+
+
+def test_each_round_with_work_is_followed_by_a_rest(mfq: MappedFileQueue) -> None:
+    rest_s = 0.02
+    with contextlib.closing(Populating(mfq, rest_s=rest_s)) as svc:
+        svc.start()
+        mf = mfq.files[0]
+        mf.wrote_position = PAGE_SIZE_BYTES
+        assert until(lambda: mf.populated_upto == PAGE_SIZE_BYTES + AHEAD), mf.populated_upto
+        assert until(lambda: len(svc.events) > svc.events.index(("fill", PAGE_SIZE_BYTES + AHEAD - STEP)) + 1)
+    fills = [i for i, (kind, _v) in enumerate(svc.events) if kind == "fill"]
+    assert len(fills) == AHEAD // STEP
+    # what the thread did right after each fill: rest, never the next fill at once
+    assert [svc.events[i + 1] for i in fills] == [("wait", rest_s)] * len(fills)
+
+
+def test_without_a_rest_the_rounds_follow_each_other(mfq: MappedFileQueue) -> None:
+    with contextlib.closing(Populating(mfq, rest_s=0.0)) as svc:
+        svc.start()
+        mf = mfq.files[0]
+        mf.wrote_position = PAGE_SIZE_BYTES
+        assert until(lambda: mf.populated_upto == PAGE_SIZE_BYTES + AHEAD), mf.populated_upto
+    fills = [i for i, (kind, _v) in enumerate(svc.events) if kind == "fill"]
+    assert fills == list(range(fills[0], fills[0] + AHEAD // STEP))  # back to back
 
 
 @pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
