@@ -18,15 +18,14 @@ The faults are not fewer, they are this thread's, so it runs at ``SCHED_IDLE``: 
 only, never ahead of the event loop or the clients on the same cores. When no core is spare it
 falls behind and the writer takes the faults itself, as it would without it.
 
-It fills in short rounds (``POPULATE_STEP_BYTES``, 256 KiB: two calls) and rests ``rest_s``
-(1 ms) after each one. A host fault holds the vCPU it happens on, whatever the thread's
-priority: in 8 MiB rounds without rests this thread kept a core for 3-8 ms at a time (84 such
-slices in 11 s of the half-peak phase of ``orbit bench e2e``), while the broker's event loop
-and the publisher waited for it; with the rests, one slice in 11 s, and the phase's send p99
-3.1-4.4 ms in three runs of four against 6.9-17.8 ms (docs/broker.md, "The page-cache
-filler's rests"). The most it
-fills is then ~250 MB/s when pages are recycled, and about half the host's fault rate when
-they are not; the writer faults whatever it outruns.
+It fills in short rounds (``POPULATE_STEP_BYTES``, 256 KiB: two calls) and, once the filled
+edge is half the window or more ahead of the writer, rests ``rest_s`` (1 ms) after each one. A
+host fault holds the vCPU it happens on, whatever the thread's priority: in 8 MiB rounds back
+to back this thread kept a core for 3-8 ms at a time (84 such slices in 11 s of the half-peak
+phase of ``orbit bench e2e``) while the broker's event loop and the publisher waited for it.
+Resting always cost the synchronous phase, whose writer then caught up with the filler and
+took the faults itself; resting only while comfortably ahead keeps both (docs/broker.md, "The
+page-cache filler's rests").
 
 The poll follows the writer as ``ReserveAheadService``'s does (``WriterPace``).
 """
@@ -46,7 +45,7 @@ from data_plane.store.service import ServiceThread
 log = logging.getLogger(__name__)
 
 POPULATE_STEP_BYTES = 256 * 1024  # a round: two posix_fadvise calls (~0.6 ms of host faults here)
-POPULATE_REST_S = 0.001  # after a round with work: the cores go back to the loop and the clients
+POPULATE_REST_S = 0.001  # after a round with work, while half the window or more is filled
 
 
 def lower_to_idle_priority() -> bool:
@@ -111,8 +110,7 @@ class PopulateAheadService(ServiceThread):
                 pace.new_file()
                 previous = mf
             wrote = mf.wrote_position
-            worked = self.populate_after(mf, wrote)
-            if wait_s := pace.after_round(wrote, worked):
+            if wait_s := pace.after_round(wrote, self.populate_after(mf, wrote)):
                 self.wait_for_running(wait_s)
-            elif self._rest_s > 0:
-                self.wait_for_running(self._rest_s)
+            elif self._rest_s > 0 and mf.populated_upto - wrote >= self._ahead // 2:
+                self.wait_for_running(self._rest_s)  # comfortably ahead: the cores go back to the others
