@@ -1,6 +1,6 @@
 """PopulateAheadService (populate_ahead.py): the page cache filled after the CommitLog writer, in
-steps with a rest after each, never before it begins a file, resuming at the writer, on a thread
-at SCHED_IDLE."""
+steps (with a rest after each while half the window or more is filled), never before it begins
+a file, resuming at the writer, on a thread at SCHED_IDLE."""
 
 from __future__ import annotations
 
