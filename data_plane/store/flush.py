@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 class FlushRealTimeService(ServiceThread):
     name = "orbit-flush-commitlog"
+    background = True  # a lower priority (service.py)
 
     def __init__(
         self,
@@ -126,6 +127,7 @@ class FlushConsumeQueueService(ServiceThread):
     """Flushes ConsumeQueues and IndexFiles and then records the checkpoint."""
 
     name = "orbit-flush-consumequeue"
+    background = True  # a lower priority (service.py)
 
     def __init__(self, *, interval_ms: int, flush_once: Callable[[bool], Any]) -> None:
         super().__init__()

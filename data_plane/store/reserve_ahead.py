@@ -90,6 +90,7 @@ def release_with_madvise(mf: MappedFile, start: int, end: int) -> None:
 
 class ReserveAheadService(ServiceThread):
     name = "orbit-reserve-ahead"
+    background = True  # a lower priority (service.py)
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ checkpoint written after flushing (flush.py, message_store.py, checkpoint.py).""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ import pytest
 from data_plane.store import FlushDiskType, GetMessageStatus, Message, MessageStore, PutMessageStatus
 from data_plane.store.checkpoint import StoreCheckpoint
 from data_plane.store.message import decode_record
+from data_plane.store.service import BACKGROUND_NICE
 from data_plane.store.status import PutMessageResult
 
 DEADLINE_S = 5.0
@@ -254,3 +256,30 @@ def test_shutdown_flushes_everything_and_leaves_a_checkpoint_at_the_max_offset(
     cp = StoreCheckpoint.load(store.config.checkpoint_path)
     assert cp.valid
     assert (cp.physic_offset, cp.logics_offset, cp.index_offset) == (target, target, target)
+
+
+def _thread_nice(name: str) -> int:
+    """The kernel's nice value of this process's thread named ``name`` (/proc, field 19)."""
+    thread = next(t for t in threading.enumerate() if t.name == name)
+    with open(f"/proc/self/task/{thread.native_id}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="needs per-thread nice values (Linux)")
+@pytest.mark.parametrize("flush", [FlushDiskType.ASYNC_FLUSH, FlushDiskType.SYNC_FLUSH])
+def test_threads_whose_work_may_wait_run_at_a_lower_priority_and_the_group_commit_does_not(
+    make_store: Callable[..., MessageStore], flush: FlushDiskType
+) -> None:
+    # The event loop must take the core at once from a flush that is queueing pages for the
+    # disk; an acknowledgement under SYNC_FLUSH waits for the group commit, which keeps its place.
+    store = make_store(flush_disk_type=flush)
+    assert store.put_messages_blocking([Message("T", b"x" * 100)]).ok
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    lowered = ["orbit-flush-consumequeue", "orbit-reserve-ahead"]
+    lowered += ["orbit-flush-commitlog"] if flush == FlushDiskType.ASYNC_FLUSH else []
+    assert _poll(lambda: all(_thread_nice(n) == BACKGROUND_NICE for n in lowered)), {
+        n: _thread_nice(n) for n in lowered
+    }
+    if flush == FlushDiskType.SYNC_FLUSH:
+        assert _thread_nice("orbit-group-commit") == mine
+    assert os.getpriority(os.PRIO_PROCESS, 0) == mine, "the calling thread keeps its own"
