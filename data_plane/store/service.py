@@ -2,12 +2,13 @@
 
 A service whose work may wait (``background = True``: the asynchronous CommitLog flush, the
 ConsumeQueue and IndexFile flush, reserve-ahead) runs at nice ``BACKGROUND_NICE`` — on Linux a
-thread's own nice value — so that the broker's event loop, woken by a request, takes the core
-from it at once instead of waiting out its slice. Their slices are long: an ``fdatasync`` of
-half a second's writes spends 2-3 ms of CPU queueing the pages for the disk, and `perf sched`
-showed the event loop runnable and waiting that long behind them (docs/broker.md, "Background
-threads at a lower priority"). The group commit (SYNC_FLUSH, whose ``fdatasync`` an
-acknowledgement waits for) keeps the normal priority.
+thread's own nice value — so that the broker's event loop, woken by a request, gets the core
+from them sooner. Their slices are long: an ``fdatasync`` of half a second's writes spends 2-3
+ms of CPU queueing the pages for the disk, and `perf sched` showed the event loop runnable and
+waiting that long behind them a few times a 10 s phase. At nice 10 it still does, 0-3 times a
+phase (kernel work with no preemption point keeps the core whatever the nice value): the gain
+measured is small (docs/broker.md, "Background threads at a lower priority"). The group commit
+(SYNC_FLUSH, whose ``fdatasync`` an acknowledgement waits for) keeps the normal priority.
 """
 
 from __future__ import annotations
