@@ -31,7 +31,7 @@ import threading
 from collections.abc import Callable
 
 from data_plane.store.config import PAGE_SIZE_BYTES
-from data_plane.store.positions import FilePositions
+from data_plane.store.positions import FilePositions, compiled_module
 
 FILE_NAME_DIGITS = 20
 RESERVE_CHUNK_BYTES = 64 * 1024  # sparse files reserve this much ahead of the writes
@@ -61,20 +61,9 @@ def write_zeros(fd: int, size: int) -> None:
         pos += written
 
 
-def _compiled_release_function() -> Callable[[memoryview, int, int], int] | None:
-    """``_speedups.release`` (madvise with the GIL released), unless pure Python is asked for
-    or the module is not built."""
-    if os.environ.get("ORBIT_PURE_PYTHON"):
-        return None
-    try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    release: Callable[[memoryview, int, int], int] = _speedups.release
-    return release
-
-
-_compiled_release = _compiled_release_function()
+# ``_speedups.release``: madvise with the GIL released (None: pure Python, ``mmap.madvise``).
+_speedups = compiled_module()
+_compiled_release: Callable[[memoryview, int, int], int] | None = _speedups.release if _speedups else None
 
 POPULATE_CALL_BYTES = 128 * 1024  # one posix_fadvise(WILLNEED) covers at most the readahead window
 

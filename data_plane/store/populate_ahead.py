@@ -32,7 +32,6 @@ The poll follows the writer as ``ReserveAheadService``'s does (``WriterPace``).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 
@@ -40,22 +39,12 @@ from data_plane.store.config import PAGE_SIZE_BYTES
 from data_plane.store.mapped_file import MappedFile, Populate, py_populate
 from data_plane.store.mapped_file_queue import MappedFileQueue
 from data_plane.store.reserve_ahead import WriterPace
-from data_plane.store.service import ServiceThread
+from data_plane.store.service import ServiceThread, lower_to_idle_priority
 
 log = logging.getLogger(__name__)
 
 POPULATE_STEP_BYTES = 256 * 1024  # a round: two posix_fadvise calls (~0.6 ms of host faults here)
 POPULATE_REST_S = 0.001  # after a round with work, while half the window or more is filled
-
-
-def lower_to_idle_priority() -> bool:
-    """Run the calling thread at ``SCHED_IDLE`` (Linux); False where that is not possible."""
-    if not hasattr(os, "SCHED_IDLE"):
-        return False
-    with contextlib.suppress(OSError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
-        return True
-    return False
 
 
 class PopulateAheadService(ServiceThread):

@@ -32,7 +32,7 @@ Without the compiled module (or with ``ORBIT_PURE_PYTHON`` set), the twins below
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 
 class PyFilePositions:
@@ -77,14 +77,23 @@ class PyQueuePositions:
         compiled base; nothing is ever pending here)."""
 
 
-def _compiled() -> tuple[type, type, type] | None:
+def compiled_module() -> Any:
+    """``_speedups`` when it is built and ``ORBIT_PURE_PYTHON`` is not set, else None (what this
+    module and ``mapped_file`` choose their implementations by, once, at import)."""
     if os.environ.get("ORBIT_PURE_PYTHON"):
         return None
     try:
         from data_plane.store import _speedups  # type: ignore[attr-defined]
     except ImportError:  # not built: the twins serve
         return None
-    return _speedups.FilePositions, _speedups.QueuePositions, _speedups.QueueOffsets
+    return _speedups
+
+
+def _compiled() -> tuple[type, type, type] | None:
+    speedups = compiled_module()
+    if speedups is None:
+        return None
+    return speedups.FilePositions, speedups.QueuePositions, speedups.QueueOffsets
 
 
 if TYPE_CHECKING:

@@ -34,6 +34,16 @@ def lower_thread_priority(nice: int) -> bool:
     return False
 
 
+def lower_to_idle_priority() -> bool:
+    """Run the calling thread at ``SCHED_IDLE`` (Linux); False where that is not possible."""
+    if not hasattr(os, "SCHED_IDLE"):
+        return False
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))  # 0: this thread
+        return True
+    return False
+
+
 class ServiceThread:
     """A named daemon thread with a stop flag and a wake-up event."""
 
