@@ -415,7 +415,9 @@ def _phase_consume(ns: str, base: dict[str, Any], opts: E2EOptions, stored: int)
 def _phase_half_peak(
     ns: str, base: dict[str, Any], opts: E2EOptions, rate: float, log: Callable[[str], None]
 ) -> dict[str, Any]:
+    before = _broker_runtime(ns)
     (alone,) = _pool_run([("open_loop", ns, "bench-lat", {**base, "rate": rate})])
+    stalls = _loop_stalls(before, _broker_runtime(ns))
     log("  the same, with a push consumer reading the topic")
     e2e_consumer = {
         "group": "bench-lat",
@@ -439,6 +441,9 @@ def _phase_half_peak(
         # open-loop publisher is one process, so a share near 1 is the generator's limit.
         "cpu_us_per_msg": _cpu_figures([alone], alone["cpu_msgs"], "publisher"),
         "cpu_core_share": _core_shares(alone),
+        # The broker's event-loop stalls of 50 ms or more while the phase ran (stall_watch.py;
+        # the broker's log has each one's stacks).
+        "broker_loop_stalls": stalls,
         "with_consumer": {
             "acked": rs[0]["acked"],
             "errors": rs[0]["errors"],
@@ -534,6 +539,29 @@ def _create_topics(namesrv: str, topics: list[str], queues: int) -> None:
                 await admin.create_topic(t, queue_nums=queues)
 
     asyncio.run(go())
+
+
+def _broker_runtime(namesrv: str) -> dict[str, str]:
+    """The (one) broker's runtime figures."""
+    from sdk.admin import AdminClient
+
+    async def go() -> dict[str, str]:
+        async with AdminClient([namesrv]) as admin:
+            rows = await admin.cluster_status()
+        return next((r["status"] for r in rows if r.get("status")), {})
+
+    return asyncio.run(go())
+
+
+def _loop_stalls(before: dict[str, str], after: dict[str, str]) -> dict[str, Any]:
+    """The broker's loop stalls between two runtime readings: how many, and the last one's
+    length and innermost frame when there were any."""
+    n = int(after.get("loopStalls", 0)) - int(before.get("loopStalls", 0))
+    out: dict[str, Any] = {"count": n}
+    if n > 0:
+        out["last_ms"] = int(after.get("lastLoopStallMs", 0))
+        out["last_at"] = after.get("lastLoopStallAt", "")
+    return out
 
 
 def _stored_messages(namesrv: str, topic: str) -> int:

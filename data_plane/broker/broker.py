@@ -47,6 +47,7 @@ from data_plane.broker.replication import Replication
 from data_plane.broker.schedule import Schedule
 from data_plane.broker.send import SendHandler, SendProcessor
 from data_plane.broker.send_back import SendBackProcessor
+from data_plane.broker.stall_watch import StallWatch
 from data_plane.broker.subscription_group import SubscriptionGroupManager
 from data_plane.broker.tenancy import BrokerTenancy
 from data_plane.broker.topic_config import TopicConfigManager
@@ -131,6 +132,7 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.gc_watch = GcWatch()
+        self.stall_watch = StallWatch(config.loop_stall_watch_ms) if config.loop_stall_watch_ms > 0 else None
         self._register_soon = False
         self._stopping = False
 
@@ -168,6 +170,8 @@ class Broker:
         await self.server.start_serving()
         self.gc_watch.install()
         loop = asyncio.get_running_loop()
+        if self.stall_watch is not None:
+            self.stall_watch.start(loop)
         self._tasks += [
             loop.create_task(self._register_loop()),
             loop.create_task(self._persist_loop()),
@@ -293,6 +297,8 @@ class Broker:
             return
         self._stopping = True
         self.gc_watch.remove()
+        if self.stall_watch is not None:
+            self.stall_watch.stop()
         if self.replication is not None:
             # Before the lease timer goes with the failover agent; the unregistration follows.
             self.replication.fence("stopping", reregister=False)
@@ -384,6 +390,8 @@ class Broker:
         }
         info.update(self.schedule.runtime_info())
         info.update(self.gc_watch.runtime_info())
+        if self.stall_watch is not None:
+            info.update(self.stall_watch.runtime_info())
         info["brokerRole"] = self.replication.role.value
         info.update(self.replication.runtime_info())
         if self.failover is not None:

@@ -63,6 +63,9 @@ class BrokerConfig:
     consumer_offset_persist_interval_s: float = 1.0
     idle_timeout_s: float = 120.0
     loop_lag_warn_ms: float = 20.0  # log event-loop stalls longer than this
+    # A stall this long gets the loop thread's stack logged, taken while it lasts (0: off;
+    # stall_watch.py)
+    loop_stall_watch_ms: float = 50.0
     # How long the event loop may keep the GIL while a store thread (group commit, flushes)
     # waits for it: CPython's default is 5,000 us. docs/broker.md, "GIL switch interval"
     gil_switch_interval_us: int = 500
@@ -181,6 +184,8 @@ class BrokerConfig:
             problems.append("broker_id must be >= 0")
         if not 0 <= self.answer_slice <= 4096:
             problems.append("answer_slice must be 0..4096 (0: one write for all of a read's answers)")
+        if self.loop_stall_watch_ms != 0 and not 10 <= self.loop_stall_watch_ms <= 60_000:
+            problems.append("loop_stall_watch_ms must be 0 (off) or 10..60000")
         if not 50 <= self.gil_switch_interval_us <= 100_000:
             problems.append("gil_switch_interval_us must be 50..100000")
         if (self.broker_id == 0) != self.is_master:

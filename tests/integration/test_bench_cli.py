@@ -226,5 +226,10 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path, order: tuple[s
     assert wc["e2e_latency_ms"]["count"] >= wc["send_latency_ms"]["count"], wc
     assert wc["e2e_latency_ms"]["count"] < wc["consumed"], wc
     assert half["errors"] == 0
+    # the broker's loop stalls over the phase, from its runtime figures (a count; where the
+    # last one was when there were any)
+    stalls = half["broker_loop_stalls"]
+    assert stalls["count"] >= 0, stalls
+    assert (stalls["count"] > 0) == ("last_at" in stalls), stalls
     assert half["with_consumer"]["errors"] == 0
     assert half["with_consumer"]["consumed"] >= half["with_consumer"]["acked"] > 0, half

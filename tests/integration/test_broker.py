@@ -560,6 +560,15 @@ async def test_the_served_broker_keeps_its_startup_objects_out_of_every_collecti
 
 
 @pytest.mark.asyncio
+async def test_the_served_broker_watches_its_loop_for_stalls(wire: Wire) -> None:
+    """The stall watch (stall_watch.py) runs in the served broker: its figures are runtime info."""
+    info = await wire.runtime()
+    assert int(info["loopStalls"]) >= 0, info
+    assert int(info["lastLoopStallMs"]) >= 0, info
+    assert (int(info["loopStalls"]) == 0) == (info["lastLoopStallAt"] == ""), info
+
+
+@pytest.mark.asyncio
 async def test_the_served_broker_hands_the_gil_to_its_store_threads_within_its_switch_interval(
     broker: ServerProcess, wire: Wire, start_broker: StartBroker, wires: Callable[..., Wire]
 ) -> None:
