@@ -122,10 +122,20 @@ class StallWatch:
                 current = StallReport(started=beat[0])
                 next_stack_s = self.threshold_s
             if late_s >= next_stack_s and len(current.stacks) < MAX_STACKS:
-                frame = sys._current_frames().get(self._ident)
-                frames = traceback.format_stack(frame, limit=STACK_FRAMES) if frame is not None else []
-                current.stacks.append((late_s * 1000, frames))
+                current.stacks.append((late_s * 1000, self._loop_stack()))
                 next_stack_s *= 2
+
+    def _loop_stack(self) -> list[str]:
+        """The loop thread's innermost frames, outermost first. Names and line numbers are taken
+        first, with the GIL held throughout (the loop thread cannot move meanwhile); the source
+        lines are read afterwards — reading them is file I/O, which lets the loop thread run
+        and would otherwise mix frames of different moments."""
+        frame = sys._current_frames().get(self._ident)
+        if frame is None:
+            return []
+        summary = traceback.StackSummary.extract(traceback.walk_stack(frame), limit=STACK_FRAMES, lookup_lines=False)
+        summary.reverse()
+        return summary.format()
 
     def _finish(self, report: StallReport, before: tuple[float, float], after: tuple[float, float]) -> None:
         report.window_ms = (after[0] - before[0]) * 1000

@@ -21,6 +21,10 @@ def spin_in_python(seconds: float) -> int:
     return n
 
 
+def busy_callback(seconds: float) -> None:
+    spin_in_python(seconds)
+
+
 def sleep_off_cpu(seconds: float) -> None:
     """A loop thread that blocks without using CPU (the GIL released)."""
     time.sleep(seconds)
@@ -42,13 +46,15 @@ async def run_with(watch: StallWatch, stall: object, seconds: float) -> None:
 def test_a_busy_loop_is_reported_with_its_stack_and_as_working(caplog: pytest.LogCaptureFixture) -> None:
     watch = StallWatch(threshold_ms=50)
     with caplog.at_level(logging.WARNING, logger="data_plane.broker.stall_watch"):
-        asyncio.run(run_with(watch, spin_in_python, 0.4))
+        asyncio.run(run_with(watch, busy_callback, 0.4))
     assert watch.count == 1, [r.describe() for r in watch.reports]
     (report,) = watch.reports
     assert 300 <= report.duration_ms <= 1000
     assert report.loop_cpu_ms >= 0.5 * report.duration_ms  # its own CPU: it was working
     assert 1 <= len(report.stacks) <= 3
-    assert all("spin_in_python" in "".join(frames) for _at, frames in report.stacks)
+    for _at, frames in report.stacks:  # outermost first: the callback, then what it called
+        names = [f.strip().split(", in ")[-1].split()[0] for f in frames]
+        assert names[-2:] == ["busy_callback", "spin_in_python"], frames
     assert "spin_in_python" in report.innermost
     assert [at for at, _ in report.stacks] == sorted(at for at, _ in report.stacks)
     assert report.stacks[0][0] >= 50
