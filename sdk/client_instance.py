@@ -30,7 +30,7 @@ from typing import Protocol
 from data_plane.remoting import bodies
 from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode
-from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.command import RemotingCommand, json_text
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors
@@ -101,6 +101,12 @@ class ClientInstance:
         self.client_id = new_client_id()
         self.credentials: Credentials | None = as_hook(credentials)
         self._ensure_fresh: EnsureFresh | None = getattr(self.credentials, "ensure_fresh", None)
+        # A bearer token's fields while it can go as it is (sdk.credentials): the send path lays
+        # them into its frames, as text made once a token (send_connection).
+        self._fresh_fields: Callable[[], Mapping[str, str] | None] | None = getattr(
+            self.credentials, "fresh_fields", None
+        )
+        self._auth_text: tuple[object, bytes] = (None, b"")
         self.request_timeout_ms = request_timeout_ms
         self.route_refresh_interval_ms = route_refresh_interval_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
@@ -209,12 +215,28 @@ class ClientInstance:
         await wait  # no token yet, or it expired: the credentials fetch one
         return await self.remoting.invoke(addr, self._sign(cmd), timeout_ms)
 
-    def plain_connection(self, addr: str) -> Connection | None:
-        """The open connection to ``addr`` when requests to it go unsigned (no credentials)
-        and the client is open: the send path writes its own frames there. None otherwise."""
-        if self.closed or self.credentials is not None:
+    def send_connection(self, addr: str) -> tuple[Connection, bytes] | None:
+        """For the send path, which writes its own frames: the open connection to ``addr`` and
+        the extFields text its requests carry besides their own — nothing without credentials, a
+        bearer token's ``,"Authorization":"Bearer …"`` with one that can go as it is (the text made
+        once a token). None when a request must take the command path instead: a closed client,
+        credentials that sign each request (RocketMQ ACL), a token to fetch first, or no open
+        connection."""
+        if self.closed:
             return None
-        return self.remoting.open_connection(addr)
+        extra = b""
+        if self.credentials is not None:
+            fresh = self._fresh_fields
+            fields = fresh() if fresh is not None else None
+            if not fields:
+                return None
+            made = self._auth_text
+            if made[0] is not fields:
+                text = b"".join(b',"%b":"%b"' % (json_text(k), json_text(v)) for k, v in fields.items())
+                made = self._auth_text = (fields, text)
+            extra = made[1]
+        conn = self.remoting.open_connection(addr)
+        return None if conn is None else (conn, extra)
 
     async def invoke_oneway(self, addr: str, cmd: RemotingCommand) -> None:
         if self.closed:

@@ -93,6 +93,14 @@ class _BearerHook:
     def ensure_fresh(self) -> Awaitable[None] | None:
         raise NotImplementedError
 
+    def fresh_fields(self) -> Mapping[str, str] | None:
+        """The fields a request carries now, when the token can go as it is (a refresh that is
+        due starts in the background, as ``ensure_fresh`` starts it) — or None when a token must
+        be fetched first. The same mapping object until the token changes: the SDK's send path
+        lays its frames out with them (``ClientInstance.send_connection``) and re-encodes them
+        only when it sees another object."""
+        raise NotImplementedError
+
     def __str__(self) -> str:
         return repr(self)
 
@@ -112,6 +120,9 @@ class StaticToken(_BearerHook):
 
     def ensure_fresh(self) -> Awaitable[None] | None:
         return None
+
+    def fresh_fields(self) -> Mapping[str, str] | None:
+        return self._fields
 
     def __repr__(self) -> str:
         return "StaticToken(<redacted>)"
@@ -173,6 +184,15 @@ class _Refreshing(_BearerHook):
             self._start()  # refresh in the background; this request goes with the current token
             return None
         return self._wait()
+
+    def fresh_fields(self) -> Mapping[str, str] | None:
+        now = self.clock_s()
+        if now < self._refresh_at:
+            return self._fields
+        if self._token is not None and now < self._usable_until:
+            self._start()
+            return self._fields
+        return None
 
     async def _wait(self) -> None:
         await self.token()

@@ -428,13 +428,15 @@ class Producer:
         timeout_ms: int, waiter: Waiter,
     ) -> bool:  # fmt: skip
         """Write ``msg``'s SEND_MESSAGE_V2 laid out from the group's template (``SendHead``) on
-        the open, unsigned connection to ``addr``, its outcome to ``waiter``; False (nothing
-        written) when there is no such connection or the message needs the command path."""
-        conn = inst.plain_connection(addr)
-        if conn is None:
+        the open connection to ``addr`` (with a bearer token's field, if any), its outcome to
+        ``waiter``; False (nothing written) when there is no such connection, the credentials
+        sign each request, or the message needs the command path."""
+        open_conn = inst.send_connection(addr)
+        if open_conn is None:
             return False
+        conn, auth = open_conn
         opaque = conn.next_opaque()
-        head = self._send_head.frame(msg, opaque, queue_id, uid, born_ms)
+        head = self._send_head.frame(msg, opaque, queue_id, uid, born_ms, auth)
         if head is None:
             return False
         conn.invoke_frame(opaque, RequestCode.SEND_MESSAGE_V2, head, msg.body, timeout_ms, waiter)

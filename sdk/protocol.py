@@ -146,9 +146,12 @@ class SendHead:
     """``send_request``'s frame head (``frame_head`` of its command), laid out from a template
     made once per producer group: the header's fixed text as pieces, the message's own fields
     filled in (``command.fill_head``, compiled when built) — no extFields dict, no command
-    object. The same bytes as the command path (tests/unit/test_send_head.py)."""
+    object. The same bytes as the command path (tests/unit/test_send_head.py). ``auth``, a
+    credential's extFields text (``ClientInstance.send_connection``: a bearer token's
+    ``,"Authorization":"Bearer …"``), goes at the end of the extFields, where the command path's
+    signing puts those fields; the pieces with it are made once a token."""
 
-    __slots__ = ("plain", "tagged")
+    __slots__ = ("_auth", "_auth_plain", "_auth_tagged", "plain", "tagged")
 
     def __init__(self, group: str) -> None:
         t = json_text
@@ -161,21 +164,44 @@ class SendHead:
         wait = t(f"{PROPERTY_WAIT_STORE_MSG_OK}\x01true\x02{PROPERTY_UNIQ_KEY}\x01")
         end = t("\x02") + b'","j":"0","k":"false","m":"false"}}'
         # values: opaque, topic, queue id, born ms, the user properties' text, [tags,] unique id
-        self.plain = (head, ext, queue, born, props, wait, end)
-        self.tagged = (head, ext, queue, born, props, t(f"{PROPERTY_TAGS}\x01"), t("\x02") + wait, end)
+        self.plain: tuple[bytes, ...] = (head, ext, queue, born, props, wait, end)
+        self.tagged: tuple[bytes, ...] = (
+            head, ext, queue, born, props, t(f"{PROPERTY_TAGS}\x01"), t("\x02") + wait, end,
+        )  # fmt: skip
+        self._auth = b""
+        self._auth_plain: tuple[bytes, ...] = self.plain
+        self._auth_tagged: tuple[bytes, ...] = self.tagged
 
-    def frame(self, msg: Message, opaque: int, queue_id: int, unique_id: str, born_timestamp_ms: int) -> bytes | None:
+    def _with_auth(self, auth: bytes) -> None:
+        """The pieces for extFields that end with ``auth``."""
+
+        def closed_by(pieces: tuple[bytes, ...]) -> tuple[bytes, ...]:
+            assert pieces[-1].endswith(b"}}")
+            return (*pieces[:-1], pieces[-1][:-2] + auth + b"}}")
+
+        self._auth_plain = closed_by(self.plain)
+        self._auth_tagged = closed_by(self.tagged)
+        self._auth = auth
+
+    def frame(
+        self, msg: Message, opaque: int, queue_id: int, unique_id: str, born_timestamp_ms: int, auth: bytes = b""
+    ) -> bytes | None:
         """The head for ``msg`` (its body follows it), or None for a message this does not lay
         out (keys or a schedule: ``send_request``'s path)."""
         if msg.keys or msg.delay_level or msg.deliver_at_ms is not None:
             return None
+        plain, tagged = self.plain, self.tagged
+        if auth:
+            if auth is not self._auth and auth != self._auth:
+                self._with_auth(auth)
+            plain, tagged = self._auth_plain, self._auth_tagged
         user = msg.user_properties_text()
         tags = msg.tags
         if tags is None:
             values: tuple[str | int, ...] = (opaque, msg.topic, queue_id, born_timestamp_ms, user, unique_id)
-            return fill_head(self.plain, values, len(msg.body))
+            return fill_head(plain, values, len(msg.body))
         values = (opaque, msg.topic, queue_id, born_timestamp_ms, user, tags, unique_id)
-        return fill_head(self.tagged, values, len(msg.body))
+        return fill_head(tagged, values, len(msg.body))
 
 
 MAX_BATCH_ITEM_PROPERTIES_BYTES = 0xFFFF  # a batch message's properties: a 2-byte length

@@ -24,6 +24,7 @@ from data_plane.auth.principal import Principal
 from data_plane.auth.signature import verify
 from data_plane.remoting.codes import FLAG_RESPONSE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.server import Processors, RemotingServer
 from sdk.client_instance import ClientInstance
 from sdk.credentials import (
     AccessKeyCredentials,
@@ -412,3 +413,59 @@ async def test_client_instance_requests_signed_with_an_access_key_pass_the_broke
         assert result.subject == "AK1"
     finally:
         await inst.close()
+
+
+@pytest.mark.asyncio
+async def test_the_send_path_lays_a_bearer_token_into_its_frames_and_leaves_signing_to_the_command_path() -> None:
+    """``ClientInstance.send_connection``: the open connection and the extFields text a send's
+    frame carries — none without credentials, the token's field with a bearer token (the text
+    made once a token), and no frame of its own (None) for access-key signing, for a token
+    still to fetch, or with no connection open. A real server on 127.0.0.1 holds the connection."""
+    server = RemotingServer(Processors())
+    await server.start()
+    addr = server.address
+    provider = CountingProvider("first-token")
+    clock = Clock(0.0)
+    refreshing = ProviderCredentials(provider, refresh_interval_s=60.0, clock_s=clock)
+    cases: list[Any] = [None, StaticToken('tok"en'), refreshing, AccessKeyCredentials("AK1", SECRET_KEY)]
+    made: list[ClientInstance] = []
+    try:
+        for creds in cases:
+            inst = ClientInstance(addr, credentials=creds)
+            made.append(inst)
+            assert inst.send_connection(addr) is None  # no connection open yet
+            await inst.remoting.connection(addr)
+            got = inst.send_connection(addr)
+            if creds is None:
+                assert got is not None
+                assert got[1] == b""
+                assert got[0] is inst.remoting.open_connection(addr)
+            elif isinstance(creds, StaticToken):
+                assert got is not None
+                assert got[1] == b',"Authorization":"Bearer tok\\"en"'
+                again = inst.send_connection(addr)
+                assert again is not None
+                assert again[1] is got[1]  # made once a token
+            elif creds is refreshing:
+                assert got is None  # no token yet: the command path fetches it
+                await refreshing.token()
+                got = inst.send_connection(addr)
+                assert got is not None
+                assert got[1] == b',"Authorization":"Bearer first-token"'
+                provider.value = "second-token"
+                clock.t = 61.0  # the refresh is due: it starts, this send goes with the current token
+                again = inst.send_connection(addr)
+                assert again is not None
+                assert again[1] == got[1]
+                await until(lambda: provider.calls == 2, "the background refresh")
+                def text_now(i: ClientInstance = inst) -> bytes:
+                    now = i.send_connection(addr)
+                    return now[1] if now is not None else b""
+
+                await until(lambda: text_now().endswith(b'second-token"'), "the new token's text")
+            else:
+                assert got is None  # each request is signed over its own fields and body
+    finally:
+        for inst in made:
+            await inst.close()
+        await server.close()

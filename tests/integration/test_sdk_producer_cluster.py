@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("data_plane.broker.broker")
 
 from data_plane.remoting.codes import RequestCode
-from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.command import decode_frame
 from data_plane.remoting.connection import Connection
 from sdk import (  # after the skip: nothing to test without a broker
     BlockingProducer,
@@ -182,21 +182,21 @@ async def test_send_async_frames_laid_out_from_the_template_carry_every_field(
 
 
 @pytest.mark.asyncio
-async def test_send_async_with_a_token_signs_each_request_without_a_task(
+async def test_send_async_with_a_token_lays_each_request_out_with_it_without_a_task(
     namesrv_addr: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With credentials whose token needs no fetch, send_async writes each signed request at
-    once on the connection (no task a send), each carrying the token (a spy on
-    ``Connection.invoke``; this broker checks no tokens)."""
+    """With credentials whose token needs no fetch, send_async writes each request at once on
+    the connection (no task a send), laid out from the group's template with the token's field
+    in it (a spy on ``Connection.invoke_frame``; this broker checks no tokens)."""
     signed: list[dict[str, str]] = []
-    real = Connection.invoke
+    real = Connection.invoke_frame
 
-    def seen(self: Connection, cmd: RemotingCommand, timeout_ms: int) -> Any:  # a spy: the call goes through
-        if cmd.code == RequestCode.SEND_MESSAGE_V2:
-            signed.append(dict(cmd.ext_fields or {}))
-        return real(self, cmd, timeout_ms)
+    def seen(self: Connection, opaque: int, code: int, head: bytes, body: bytes, *rest: Any) -> None:  # a spy
+        if code == RequestCode.SEND_MESSAGE_V2:
+            signed.append(dict(decode_frame(memoryview(head + body)[4:]).ext_fields or {}))
+        real(self, opaque, code, head, body, *rest)
 
-    monkeypatch.setattr(Connection, "invoke", seen)
+    monkeypatch.setattr(Connection, "invoke_frame", seen)
     async with Producer("p-token", namesrv_addrs=namesrv_addr, credentials=StaticToken("tok-1")) as producer:
         await producer.create_topic("Signed", queue_nums=2)
         await producer.send(Message("Signed", b"warm"))

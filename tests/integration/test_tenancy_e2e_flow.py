@@ -20,6 +20,7 @@ import pytest
 
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.connection import Connection
 from sdk import AccessKeyCredentials, Message, Producer, PushConsumer, StaticToken
 from sdk.admin import AdminClient
 from sdk.consumer import ConsumeFrom
@@ -78,7 +79,19 @@ async def produce_and_consume(
     assert dupes == []
 
 
-async def test_sdk_with_client_credentials_produces_and_consumes(tenancy: TenancyCluster) -> None:
+async def test_sdk_with_client_credentials_produces_and_consumes(
+    tenancy: TenancyCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The producer lays its sends out from its template with the token in them (a spy counts
+    # them; the broker checks each one's token as any request's).
+    laid_out: list[bytes] = []
+    real = Connection.invoke_frame
+
+    def counted(self: Connection, opaque: int, code: int, head: bytes, *rest: Any) -> None:
+        laid_out.append(head)
+        real(self, opaque, code, head, *rest)
+
+    monkeypatch.setattr(Connection, "invoke_frame", counted)
     acme = await tenancy.new_tenant("acme")
     topic = await tenancy.create_topic(acme, "orders")
     assert topic["status"] == "provisioning"
@@ -90,6 +103,8 @@ async def test_sdk_with_client_credentials_produces_and_consumes(tenancy: Tenanc
     assert reply.body["status"] == "active"
     await tenancy.create_group(acme, "billing")
     await produce_and_consume(tenancy, acme, "orders", "billing", acme.credentials(tenancy), 40, "sdk")
+    assert len(laid_out) >= 39, "all sends but the first (route and connection unknown) laid out"
+    assert all(b'"Authorization":"Bearer ' in head for head in laid_out)
 
 
 # --- a stock RocketMQ client (C++ client through PyPI's rocketmq-python-cvs) --------------------

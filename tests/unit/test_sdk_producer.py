@@ -74,7 +74,7 @@ class FakeInstance:
         self.sent.append((addr, cmd))
         return self.answer(addr, cmd)
 
-    def plain_connection(self, addr: str) -> None:
+    def send_connection(self, addr: str) -> None:
         """No connection of its own: sends come through ``invoke_raw`` (the frames a real
         connection takes are tested against a broker, tests/integration/test_sdk_producer_cluster.py)."""
         return None

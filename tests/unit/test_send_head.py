@@ -109,3 +109,28 @@ def test_the_lengths_count_the_header_and_the_body() -> None:
     assert head[8:] == b'{"a":7}'
     assert int.from_bytes(head[:4], "big") == 4 + 7 + 100
     assert int.from_bytes(head[4:8], "big") == 7  # serialize type 0 (JSON) in the high byte
+
+
+def test_a_bearer_tokens_field_ends_the_extfields_as_the_command_paths_signing_adds_it(seed: int) -> None:
+    """With ``auth`` (a credential's fields, as ``ClientInstance.send_connection`` makes them)
+    the head is the command path's after the credentials hook merged its fields in
+    (``ClientInstance._sign``); the token can change between sends, and go again."""
+    rng = random.Random(seed)
+    template = protocol.SendHead("tenant%producer")
+    tokens = ["eyJhbGciOiJFUzI1NiJ9.eyJzdWIiOiJ4In0.c2ln", "t" + _text(rng, 20), "x.y.z"]
+    for i in range(200):
+        token = tokens[i % 3] if i % 5 else None
+        msg = _message(rng)
+        opaque, queue_id, born_ms = rng.randrange(1 << 31), rng.randrange(1024), rng.randrange(1 << 45)
+        uid = "".join(rng.choice("0123456789ABCDEF") for _ in range(32))
+        fields = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        auth = b"".join(b',"%b":"%b"' % (json_text(k), json_text(v)) for k, v in fields.items())
+        got = template.frame(msg, opaque, queue_id, uid, born_ms, auth)
+        cmd = protocol.send_request(
+            group="tenant%producer", msg=msg, queue_id=queue_id, unique_id=uid, born_timestamp_ms=born_ms
+        )
+        cmd.opaque = opaque
+        cmd.ext_fields = {**(cmd.ext_fields or {}), **fields}
+        assert got == bytes(encode(cmd)[0]), (token, msg)
+        ext = decode_frame(memoryview(got + msg.body)[4:]).ext_fields or {}
+        assert ext.get("Authorization") == (f"Bearer {token}" if token is not None else None)
