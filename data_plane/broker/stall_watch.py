@@ -5,9 +5,8 @@ where the loop thread was during one. The loop marks a beat every ``period_s`` (
 ``call_later`` chain; each beat carries the loop thread's CPU time); a daemon thread wakes as
 often and, when the next beat is ``threshold_ms`` late, takes the loop thread's Python stack
 (``sys._current_frames``) — at most ``MAX_STACKS`` times a stall, at the threshold and then
-each time the stall has doubled. When the loop beats again
-the stall is logged once, with the stacks and the loop thread's CPU time over it (its own
-thread clock):
+each time the stall has doubled. When the loop beats again the stall is logged once, with the
+stacks and the loop thread's CPU time over it (its own thread clock):
 
 * CPU ≈ the stall: the loop was working — Python code or a C call that kept the GIL (such a
   call shows at the line that made it, as the stack can only be taken when the GIL is free);
