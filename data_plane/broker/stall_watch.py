@@ -144,6 +144,12 @@ class StallWatch:
         self.count += 1
         log.warning("%s", report.describe())
 
+    def covers(self, stall_ms: float) -> bool:
+        """Whether a stall this long is surely reported here (the watch sees a stall from the
+        threshold plus up to two beat periods on): the broker's lag watcher leaves those to it
+        instead of logging them a second time."""
+        return stall_ms >= (self.threshold_s + 2 * self.period_s) * 1000
+
     def runtime_info(self) -> dict[str, Any]:
         last = self.reports[-1] if self.reports else None
         return {
