@@ -61,7 +61,7 @@ from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors, RemotingServer
-from data_plane.store import MessageStore
+from data_plane.store import MessageStore, fastpath
 from data_plane.store.message import Message
 from data_plane.tasks import cancel_all
 
@@ -288,6 +288,12 @@ class Broker:
             (rc.GET_BROKER_RUNTIME_INFO, admin.runtime_info),
         ):
             p.register(code, handler)
+        # The plain single send, answered straight from its frame (SendProcessor.send_frame)
+        # where no telemetry or message trace wraps the send handler and the store's compiled
+        # appender takes plain messages; every other request, and
+        # every send it leaves, goes through the table.
+        if fastpath.COMPILED and send_v2 == send.send_v2 and self.trace is None:
+            p.frame_handler = send.send_frame
         if self.tenancy is not None:
             p.register(rc.ORBIT_SYNC_TENANCY, self.tenancy.sync)
         p.register(rc.QUERY_MESSAGE_TRACE, trace.query_handler(self))

@@ -23,10 +23,17 @@ from data_plane.broker.config import BrokerRole
 from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
 from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
-from data_plane.remoting.command import BODY_TYPES, SERIALIZE_JSON, RemotingCommand
+from data_plane.remoting.command import (
+    BODY_TYPES,
+    BODY_VIEW_BYTES,
+    SERIALIZE_JSON,
+    Body,
+    RemotingCommand,
+)
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
+from data_plane.remoting.send_frame import SEND_OK_HEADER, send_fields, send_ok_frame
 from data_plane.store import fastpath
 from data_plane.store.fastpath import speedups_module
 from data_plane.store.message import (
@@ -67,12 +74,6 @@ V2_NAMES_TO_V1 = {
 
 _V2_LETTERS = {v: k for k, v in V2_NAMES_TO_V1.items()}
 _V2_FIELD = re.compile(r"'([a-m])'")
-
-_SEND_OK_HEADER = (
-    b'{"code":0,"language":"JAVA","version":%d,"opaque":%d,"flag":1,"serializeTypeCurrentRPC":"JSON",'
-    b'"extFields":{"msgId":"%s%016X","queueId":"%d","queueOffset":"%d","MSG_REGION":"DefaultRegion",'
-    b'"TRACE_ON":"true"}}'
-)  # the message id: the store host's hex, then the record's CommitLog offset (AppendResult.msg_id)
 
 SYNC_MASTER = BrokerRole.SYNC_MASTER
 
@@ -185,27 +186,68 @@ class SendProcessor:
         of that does not hold: ``_send``, the reference path, stores it or gives the error,
         without taking the publish quota again when this took it (only ever for a plain
         message: no transaction's half, whose producer group the quota's hook checks)."""
-        broker = self.broker
-        replication = broker.replication
-        if not broker.writable or broker.trace is not None or self.sync_flush or replication.role is SYNC_MASTER:
-            return _NotPlain.QUOTA_FREE  # (role: replication.sync_master, without its call)
         topic = ext.get("b")
-        tc = self.topics.topics.get(topic) if type(topic) is str else None
-        if tc is None or not tc["perm"] & PERM_WRITE or topic in SYSTEM_TOPICS:
+        if type(topic) is not str:
             return _NotPlain.QUOTA_FREE
-        assert topic is not None
         try:  # the reference path's defaults, and int() as field_int parses
             queue_id = int(ext["e"])
-            sys_flag = int(ext.get("f") or 0) & ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
+            sys_flag = int(ext.get("f") or 0)
             born_ts = int(ext.get("g") or 0)
             flag = int(ext.get("h") or 0)
             reconsume = int(ext.get("j") or 0)
         except (KeyError, ValueError, TypeError):
             return _NotPlain.QUOTA_FREE
-        props = ext.get("i") or ""
         body = cmd.body
         if not isinstance(body, BODY_TYPES):
             return _NotPlain.QUOTA_FREE
+        put = self._put_plain(conn, cmd, topic, queue_id, sys_flag, born_ts, flag, reconsume, ext.get("i") or "", body)
+        if put.__class__ is not tuple:
+            if put.__class__ is PutMessageResult:  # refused (an I/O error)
+                return self._answer(cmd, put, None, topic, queue_id)
+            return cast("RemotingCommand | _NotPlain", put)
+        raw = put
+        if cmd.serialize_type != SERIALIZE_JSON:  # a binary header: the general answer
+            return self._answer(cmd, self.store.stored_result(raw), None, topic, queue_id, (raw[5],))
+        self._stored_plain(topic, queue_id, raw)
+        return self._stored_answer(cmd, raw[0], queue_id, raw[3])
+
+    def send_frame(self, conn: Connection, frame: Body) -> bytes | None:
+        """A plain single send answered straight from its frame (``Connection.frame_handler``):
+        its fields read off the bytes (``send_fields``), stored as ``_send_plain`` stores them,
+        and the answer's whole frame returned — no command object, extFields dict or handler
+        table on the way. None, with nothing stored, for any frame that is not such a send, or
+        whose message the plain path does not take, or whose topic's sends a tenant's quota
+        meters, or that the store refused: the command path then handles it as before."""
+        f = send_fields(frame, BODY_VIEW_BYTES)
+        if f is None:
+            return None
+        opaque, version, topic, queue_id, sys_flag, born_ts, flag, reconsume, props, body = f
+        put = self._put_plain(conn, None, topic, queue_id, sys_flag, born_ts, flag, reconsume, props, body)
+        if put.__class__ is not tuple:
+            # Not plain (nothing stored or taken), or the CommitLog file refused the bytes
+            # (nothing recorded): the command path answers — the store refuses it again (a full
+            # disk marks the store) or, after a passing I/O error, writes it.
+            return None
+        raw = put
+        self._stored_plain(topic, queue_id, raw)
+        return send_ok_frame(version, opaque, self.store_host_hex, raw[0], queue_id, raw[3])
+
+    def _put_plain(
+        self, conn: Connection, cmd: RemotingCommand | None, topic: str, queue_id: int, sys_flag: int,
+        born_ts: int, flag: int, reconsume: int, props: str, body: Body,
+    ) -> tuple[int, ...] | PutMessageResult | RemotingCommand | _NotPlain:  # fmt: skip
+        """The plain append of ``_send_plain`` and ``send_frame``: the append's raw numbers
+        (``MessageStore.append_plain``), its refusal (an I/O error), the quota's refusal, or
+        ``_NotPlain`` with nothing stored. A topic the quota meters is only taken with the
+        request's command (``cmd``), which the quota's hook reads."""
+        broker = self.broker
+        replication = broker.replication
+        if not broker.writable or broker.trace is not None or self.sync_flush or replication.role is SYNC_MASTER:
+            return _NotPlain.QUOTA_FREE  # (role: replication.sync_master, without its call)
+        tc = self.topics.topics.get(topic)
+        if tc is None or not tc["perm"] & PERM_WRITE or topic in SYSTEM_TOPICS:
+            return _NotPlain.QUOTA_FREE
+        sys_flag &= ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
         if (
             not 0 <= queue_id < tc["writeQueueNums"]
             or sys_flag & TRANSACTION_TYPE_MASK
@@ -226,7 +268,7 @@ class SendProcessor:
             if metered:
                 # Plain (so not a transaction's half, whose producer group before_put checks)
                 # before the token is taken: the reference path may then store it without.
-                if not fastpath.plain_properties(props, PLAIN_BATCH_SKIP):
+                if cmd is None or not fastpath.plain_properties(props, PLAIN_BATCH_SKIP):
                     return not_plain
                 refused = broker.before_put_plain(cmd, topic, 1, len(body))
                 if refused is not None:
@@ -241,23 +283,20 @@ class SendProcessor:
         service = replication.service
         if service is not None:  # (replication.notify(), without its call)
             service.notify()
-        if put.__class__ is not tuple:  # refused (an I/O error)
-            return self._answer(cmd, cast(PutMessageResult, put), None, topic, queue_id)
-        raw = put
-        tag_code = raw[5]
-        if cmd.serialize_type != SERIALIZE_JSON:  # a binary header: the general answer
-            return self._answer(cmd, self.store.stored_result(raw), None, topic, queue_id, (tag_code,))
-        # _answer's work for one stored message, from the append's raw numbers
-        wrote_offset, wrote_bytes, _store_ts, queue_offset = raw[:4]
+        return put
+
+    def _stored_plain(self, topic: str, queue_id: int, raw: tuple[int, ...]) -> None:
+        """``_answer``'s work for one plain message stored, from the append's raw numbers:
+        held pulls of its queue woken, the broker's counts."""
         if self.hold.held:
-            self.hold.notify(topic, queue_id, queue_offset + 1, tag_code)
+            self.hold.notify(topic, queue_id, raw[3] + 1, raw[5])
+        broker = self.broker
         if broker.metrics is None:  # on_stored(topic, 1, wrote_bytes), inline
             stats = broker.stats
             stats["put_msgs"] += 1
-            stats["put_bytes"] += wrote_bytes
+            stats["put_bytes"] += raw[1]
         else:
-            broker.on_stored(topic, 1, wrote_bytes)
-        return self._stored_answer(cmd, wrote_offset, queue_id, queue_offset)
+            broker.on_stored(topic, 1, raw[1])
 
     def _send(
         self,
@@ -412,7 +451,7 @@ class SendProcessor:
         """SUCCESS for one message stored at ``wrote_offset`` (a JSON request's common answer),
         its header formatted directly: the same JSON encode_header writes."""
         out = RemotingCommand(ResponseCode.SUCCESS, opaque=cmd.opaque, flag=FLAG_RESPONSE, version=cmd.version)
-        out.raw_header = _SEND_OK_HEADER % (
+        out.raw_header = SEND_OK_HEADER % (
             cmd.version, cmd.opaque, self.store_host_hex, wrote_offset, queue_id, queue_offset,
         )  # fmt: skip
         return out

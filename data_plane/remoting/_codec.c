@@ -106,6 +106,11 @@ static int read_string(reader *r, const unsigned char **s, Py_ssize_t *n, int *e
     memcpy(w, start, (size_t)(q - start));
     w += q - start;
     while (q < r->end) {
+        const unsigned char *run = q; /* a plain run up to the next stop, copied whole */
+        while (q < r->end && !STRING_STOP[*q]) q++;
+        memcpy(w, run, (size_t)(q - run));
+        w += q - run;
+        if (q >= r->end) return 0;
         unsigned char c = *q;
         if (c == '"') {
             *s = r->scratch;
@@ -115,11 +120,7 @@ static int read_string(reader *r, const unsigned char **s, Py_ssize_t *n, int *e
             return 1;
         }
         if (c < 0x20) return 0;
-        if (c != '\\') {
-            *w++ = c;
-            q++;
-            continue;
-        }
+        /* c is the backslash */
         if (q + 1 >= r->end) return 0;
         unsigned char e = q[1];
         q += 2;
@@ -180,6 +181,20 @@ static int read_int32(reader *r, long *out) {
     return 1;
 }
 
+/* Whether s[0, n) is UTF-8 (what text_of would take). */
+static int is_utf8(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n && s[i] < 0x80) i++;
+    if (i == n) return 1;
+    PyObject *t = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+    if (!t) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_DECREF(t);
+    return 1;
+}
+
 /* Skips a member value that is a scalar: string, number, true, false or null. */
 static int skip_scalar(reader *r) {
     if (r->p >= r->end) return 0;
@@ -190,17 +205,7 @@ static int skip_scalar(reader *r) {
         int esc;
         int rc = read_string(r, &s, &n, &esc);
         if (rc <= 0) return rc;
-        /* its text must be UTF-8 for the JSON to be valid (ASCII is) */
-        Py_ssize_t i = 0;
-        while (i < n && s[i] < 0x80) i++;
-        if (i == n) return 1;
-        PyObject *t = PyUnicode_DecodeUTF8((const char *)s, n, NULL);
-        if (!t) {
-            PyErr_Clear();
-            return 0;
-        }
-        Py_DECREF(t);
-        return 1;
+        return is_utf8(s, n); /* its text must be UTF-8 for the JSON to be valid */
     }
     if (c == '-' || (c >= '0' && c <= '9')) {
         /* strict number grammar: -?(0|[1-9]\d*)(\.\d+)? */
@@ -344,109 +349,146 @@ fail:
 
 #define KEY_IS(lit) (n == (Py_ssize_t)sizeof(lit) - 1 && memcmp(s, lit, sizeof(lit) - 1) == 0)
 
+/* ---- the JSON header's members ---------------------------------------------------------------
+ * read_header walks a frame's JSON header object (r at its first byte, r->end its end): the four
+ * numbers into h (code required; "version" null is 0), every other member to member(ctx, r,
+ * name, n) with r at its value, which reads the value and returns 1, or 0 (not taken) or -1 (an
+ * error set). Returns the same: 1 for a whole header of that shape, nothing after it. */
+typedef struct {
+    long code, opaque, flag, version;
+} head_numbers;
+
+/* A frame's JSON header: r set over it, its length returned; -1 for a frame too short, another
+ * serialize type, or a header length that does not fit. */
+static Py_ssize_t json_header(const unsigned char *base, Py_ssize_t len, reader *r) {
+    if (len < 4) return -1;
+    uint32_t mark = ((uint32_t)base[0] << 24) | ((uint32_t)base[1] << 16) | ((uint32_t)base[2] << 8) | base[3];
+    Py_ssize_t hlen = mark & 0xFFFFFF;
+    if ((mark >> 24) != SERIALIZE_JSON || hlen > len - 4 || hlen > MAX_HEADER_BYTES) return -1;
+    r->p = base + 4;
+    r->end = base + 4 + hlen;
+    return hlen;
+}
+
+typedef int (*member_fn)(void *ctx, reader *r, const unsigned char *name, Py_ssize_t n);
+
+static int read_header(reader *r, head_numbers *h, member_fn member, void *ctx) {
+    int have_code = 0;
+    skip_ws(r);
+    if (r->p >= r->end || *r->p != '{') return 0;
+    r->p++;
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+    } else {
+        for (;;) {
+            const unsigned char *s;
+            Py_ssize_t n;
+            int esc;
+            skip_ws(r);
+            int rc = read_string(r, &s, &n, &esc);
+            if (rc <= 0) return rc;
+            if (esc) return 0; /* an escaped member name: the twin decides */
+            skip_ws(r);
+            if (r->p >= r->end || *r->p != ':') return 0;
+            r->p++;
+            skip_ws(r);
+            if (KEY_IS("code")) {
+                if (!read_int32(r, &h->code)) return 0;
+                have_code = 1;
+            } else if (KEY_IS("opaque")) {
+                if (!read_int32(r, &h->opaque)) return 0;
+            } else if (KEY_IS("flag")) {
+                if (!read_int32(r, &h->flag)) return 0;
+            } else if (KEY_IS("version")) {
+                if (is_null(r)) h->version = 0; /* ``or 0``: null is 0 */
+                else if (!read_int32(r, &h->version)) return 0;
+            } else {
+                rc = member(ctx, r, s, n);
+                if (rc <= 0) return rc;
+            }
+            skip_ws(r);
+            if (r->p < r->end && *r->p == ',') {
+                r->p++;
+                continue;
+            }
+            if (r->p < r->end && *r->p == '}') {
+                r->p++;
+                break;
+            }
+            return 0;
+        }
+    }
+    skip_ws(r);
+    return r->p == r->end && have_code;
+}
+
+/* Any other member: a scalar under a plain ASCII name (decode_frame and send_fields skip it). */
+static int skip_member(reader *r, const unsigned char *s, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if (s[i] >= 0x80) return 0; /* a non-ASCII member name: the twin checks it */
+    return skip_scalar(r);
+}
+
+/* decode_frame's members: extFields as a dict, remark and language as strs. */
+typedef struct {
+    PyObject *ext, *remark, *language;
+} command_members;
+
+static int command_member(void *ctx, reader *r, const unsigned char *s, Py_ssize_t n) {
+    command_members *m = ctx;
+    if (KEY_IS("extFields")) {
+        Py_CLEAR(m->ext);
+        if (is_null(r)) return 1;
+        if (r->p >= r->end || *r->p != '{') return 0;
+        m->ext = read_ext(r);
+        if (!m->ext) return PyErr_Occurred() ? -1 : 0;
+        return 1;
+    }
+    if (KEY_IS("remark") || KEY_IS("language")) {
+        PyObject **slot = s[0] == 'r' ? &m->remark : &m->language;
+        Py_CLEAR(*slot);
+        if (is_null(r)) return slot == &m->remark; /* _as_str(None) is "", not null: the twin's */
+        const unsigned char *vs;
+        Py_ssize_t vn;
+        int vesc;
+        int rc = read_string(r, &vs, &vn, &vesc);
+        if (rc <= 0) return rc;
+        *slot = text_of(vs, vn);
+        if (!*slot) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+            PyErr_Clear();
+            return 0;
+        }
+        return 1;
+    }
+    return skip_member(r, s, n);
+}
+
 static PyObject *decode_frame(PyObject *self, PyObject *args) {
     Py_buffer b;
     PyObject *frame, *cls;
     Py_ssize_t view_from;
     if (!PyArg_ParseTuple(args, "OOn:decode_frame", &frame, &cls, &view_from)) return NULL;
     if (PyObject_GetBuffer(frame, &b, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *result = NULL, *ext = NULL, *remark = NULL, *language = NULL, *body = NULL;
+    PyObject *result = NULL, *body = NULL;
+    command_members m = {0};
+    head_numbers h = {0};
     reader r = {0};
-    long code = 0, opaque = 0, flag = 0, version = 0;
-    int have_code = 0;
     if (!PyType_Check(cls) || !layout_of((PyTypeObject *)cls)) {
         PyErr_SetString(PyExc_TypeError, "decode_frame: cls must be a class of writable slots");
         goto done;
     }
     const unsigned char *base = b.buf;
     Py_ssize_t len = b.len;
-    if (len < 4) goto fallback;
-    uint32_t mark = ((uint32_t)base[0] << 24) | ((uint32_t)base[1] << 16) | ((uint32_t)base[2] << 8) | base[3];
-    Py_ssize_t hlen = mark & 0xFFFFFF;
-    if ((mark >> 24) != SERIALIZE_JSON || hlen > len - 4 || hlen > MAX_HEADER_BYTES) goto fallback;
-    r.p = base + 4;
-    r.end = base + 4 + hlen;
-    skip_ws(&r);
-    if (r.p >= r.end || *r.p != '{') goto fallback;
-    r.p++;
-    skip_ws(&r);
-    if (r.p < r.end && *r.p == '}') {
-        r.p++;
-    } else {
-        for (;;) {
-            const unsigned char *s;
-            Py_ssize_t n;
-            int esc;
-            skip_ws(&r);
-            int rc = read_string(&r, &s, &n, &esc);
-            if (rc < 0) goto done;
-            if (rc == 0 || esc) goto fallback; /* an escaped member name: the twin decides */
-            skip_ws(&r);
-            if (r.p >= r.end || *r.p != ':') goto fallback;
-            r.p++;
-            skip_ws(&r);
-            if (KEY_IS("code")) {
-                if (!read_int32(&r, &code)) goto fallback;
-                have_code = 1;
-            } else if (KEY_IS("opaque")) {
-                if (!read_int32(&r, &opaque)) goto fallback;
-            } else if (KEY_IS("flag")) {
-                if (!read_int32(&r, &flag)) goto fallback;
-            } else if (KEY_IS("version")) {
-                if (is_null(&r)) version = 0; /* ``or 0``: null is 0 */
-                else if (!read_int32(&r, &version)) goto fallback;
-            } else if (KEY_IS("extFields")) {
-                Py_CLEAR(ext);
-                if (!is_null(&r)) {
-                    if (r.p >= r.end || *r.p != '{') goto fallback;
-                    ext = read_ext(&r);
-                    if (!ext) {
-                        if (PyErr_Occurred()) goto done;
-                        goto fallback;
-                    }
-                }
-            } else if (KEY_IS("remark") || KEY_IS("language")) {
-                PyObject **slot = s[0] == 'r' ? &remark : &language;
-                Py_CLEAR(*slot);
-                if (is_null(&r)) {
-                    if (slot == &language) goto fallback; /* _as_str(None) is "", not null */
-                } else {
-                    const unsigned char *vs;
-                    Py_ssize_t vn;
-                    int vesc;
-                    rc = read_string(&r, &vs, &vn, &vesc);
-                    if (rc < 0) goto done;
-                    if (rc == 0) goto fallback;
-                    *slot = text_of(vs, vn);
-                    if (!*slot) {
-                        if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
-                        PyErr_Clear();
-                        goto fallback;
-                    }
-                }
-            } else {
-                for (Py_ssize_t i = 0; i < n; i++)
-                    if (s[i] >= 0x80) goto fallback; /* a non-ASCII member name: the twin checks it */
-                rc = skip_scalar(&r);
-                if (rc < 0) goto done;
-                if (rc == 0) goto fallback;
-            }
-            skip_ws(&r);
-            if (r.p < r.end && *r.p == ',') {
-                r.p++;
-                continue;
-            }
-            if (r.p < r.end && *r.p == '}') {
-                r.p++;
-                break;
-            }
-            goto fallback;
-        }
-    }
-    skip_ws(&r);
-    if (r.p != r.end || !have_code) goto fallback;
+    Py_ssize_t hlen = json_header(base, len, &r);
+    if (hlen < 0) goto fallback;
+    int rc = read_header(&r, &h, command_member, &m);
+    if (rc < 0) goto done;
+    if (rc == 0) goto fallback;
+    PyObject *ext = m.ext, *remark = m.remark, *language = m.language;
     if (!language) {
-        language = PyUnicode_InternFromString("OTHER");
+        language = m.language = PyUnicode_InternFromString("OTHER");
         if (!language) goto done;
     }
     if (len > 4 + hlen && len - 4 - hlen >= view_from) { /* a large body: a view of the frame, as the twin */
@@ -463,15 +505,15 @@ static PyObject *decode_frame(PyObject *self, PyObject *args) {
     if (!cmd) goto done;
     PyObject *values[N_FIELDS];
     values[F_BODY] = body ? body : Py_None;
-    values[F_CODE] = PyLong_FromLong(code);
+    values[F_CODE] = PyLong_FromLong(h.code);
     values[F_EXT] = ext ? ext : Py_None;
-    values[F_FLAG] = PyLong_FromLong(flag);
+    values[F_FLAG] = PyLong_FromLong(h.flag);
     values[F_LANGUAGE] = language;
-    values[F_OPAQUE] = PyLong_FromLong(opaque);
+    values[F_OPAQUE] = PyLong_FromLong(h.opaque);
     values[F_RAW_HEADER] = Py_None;
     values[F_REMARK] = remark ? remark : Py_None;
     values[F_STYPE] = PyLong_FromLong(SERIALIZE_JSON);
-    values[F_VERSION] = PyLong_FromLong(version);
+    values[F_VERSION] = PyLong_FromLong(h.version);
     int made = values[F_CODE] && values[F_FLAG] && values[F_OPAQUE] && values[F_STYPE] && values[F_VERSION];
     for (int f = 0; f < N_FIELDS; f++) {
         PyObject *v = values[f];
@@ -491,11 +533,213 @@ fallback:
     Py_INCREF(Py_None);
     result = Py_None;
 done:
-    Py_XDECREF(ext);
-    Py_XDECREF(remark);
-    Py_XDECREF(language);
+    Py_XDECREF(m.ext);
+    Py_XDECREF(m.remark);
+    Py_XDECREF(m.language);
     Py_XDECREF(body);
     PyMem_Free(r.scratch);
+    PyBuffer_Release(&b);
+    return result;
+}
+
+/* ---- SEND_MESSAGE_V2's fields, for the broker's plain single send -------------------------
+ * send_fields(frame, view_from) -> (opaque, version, topic, queue_id, sys_flag, born_timestamp,
+ * flag, reconsume_times, properties, body) | None: what the broker's plain send takes from a
+ * SEND_MESSAGE_V2 request (code 310, flag 0: a request that wants its answer), read straight off
+ * a frame with a common JSON header (the shape decode_frame takes), with no command object and
+ * no extFields dict made. extFields "b" (the topic) and "e" (the queue id) are required; "f",
+ * "g", "h", "j" missing or empty are 0, as ``int(ext.get(x) or 0)`` makes them; "i" (the
+ * properties text) missing is ""; "m" must not be "true" (a batch). Numbers only in the strict
+ * form clients write (-?[0-9]+; born_timestamp within 64 bits, the others within 32); the body
+ * non-empty, as decode_frame gives it. None for anything else: the frame then takes the command
+ * path (decode_frame and the handler), which answers it or says what is wrong. Never raises for
+ * a frame's bytes. The Python twin is remoting/send_frame.py's py_send_fields. */
+#define SEND_MESSAGE_V2 310
+
+/* A header number in the strict form: -?[0-9]{1,18}, within [lo, hi]. */
+static int strict_number(const unsigned char *s, Py_ssize_t n, long long lo, long long hi, long long *out) {
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n > 0 && s[0] == '-') {
+        neg = 1;
+        i = 1;
+    }
+    if (i >= n || n - i > 18) return 0;
+    long long v = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    if (neg) v = -v;
+    if (v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+enum { SF_QUEUE, SF_SYS_FLAG, SF_BORN, SF_FLAG, SF_RECONSUME, SF_NUMBERS };
+
+typedef struct {
+    PyObject *topic, *props; /* new references, or NULL */
+    long long numbers[SF_NUMBERS];
+    int have_ext, have_queue, batch;
+} send_ext;
+
+/* extFields (r at its '{'), into st. 1: read; 0: not taken; -1: an error set (no memory). */
+static int read_send_ext(reader *r, send_ext *st) {
+    r->p++; /* '{' */
+    skip_ws(r);
+    if (r->p < r->end && *r->p == '}') {
+        r->p++;
+        return 1;
+    }
+    for (;;) {
+        const unsigned char *k, *v;
+        Py_ssize_t kn, vn;
+        int esc, rc;
+        skip_ws(r);
+        rc = read_string(r, &k, &kn, &esc);
+        if (rc <= 0) return rc;
+        /* a key in the scratch buffer is overwritten by an escaped value: keep its letter */
+        int letter = kn == 1 && k[0] < 0x80 ? k[0] : 0;
+        if (!letter && !is_utf8(k, kn)) return 0;
+        skip_ws(r);
+        if (r->p >= r->end || *r->p != ':') return 0;
+        r->p++;
+        skip_ws(r);
+        rc = read_string(r, &v, &vn, &esc);
+        if (rc <= 0) return rc;
+        int slot = -1;
+        long long lo = INT32_MIN, hi = INT32_MAX;
+        switch (letter) {
+        case 'b':
+        case 'i': {
+            PyObject *t = text_of(v, vn);
+            if (!t) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) return -1;
+                PyErr_Clear();
+                return 0;
+            }
+            Py_XSETREF(*(letter == 'b' ? &st->topic : &st->props), t);
+            break;
+        }
+        case 'e': slot = SF_QUEUE; break;
+        case 'f': slot = SF_SYS_FLAG; break;
+        case 'g': slot = SF_BORN; lo = INT64_MIN / 10; hi = INT64_MAX / 10; break;
+        case 'h': slot = SF_FLAG; break;
+        case 'j': slot = SF_RECONSUME; break;
+        case 'm': st->batch = vn == 4 && memcmp(v, "true", 4) == 0; break;
+        default:
+            if (!is_utf8(v, vn)) return 0;
+        }
+        if (slot >= 0) {
+            if (vn == 0 && slot != SF_QUEUE) {
+                st->numbers[slot] = 0; /* ``or 0`` */
+            } else if (!strict_number(v, vn, lo, hi, &st->numbers[slot])) {
+                return 0;
+            }
+            if (slot == SF_QUEUE) st->have_queue = 1;
+        }
+        skip_ws(r);
+        if (r->p < r->end && *r->p == ',') {
+            r->p++;
+            continue;
+        }
+        if (r->p < r->end && *r->p == '}') {
+            r->p++;
+            return 1;
+        }
+        return 0;
+    }
+}
+
+/* The unescaping buffer of send_fields, kept between calls (the GIL guards it) unless large. */
+static unsigned char *sf_scratch;
+static Py_ssize_t sf_scratch_cap;
+
+/* send_fields' members: extFields into a send_ext; the language a string, the remark a string
+ * or null, as decode_frame takes them (else the twin decides). */
+static int send_member(void *ctx, reader *r, const unsigned char *s, Py_ssize_t n) {
+    send_ext *st = ctx;
+    if (KEY_IS("extFields")) { /* a second extFields replaces the first, as in decode_frame */
+        Py_CLEAR(st->topic);
+        Py_CLEAR(st->props);
+        memset(st->numbers, 0, sizeof st->numbers);
+        st->have_queue = st->batch = 0;
+        st->have_ext = !is_null(r);
+        if (!st->have_ext) return 1;
+        if (r->p >= r->end || *r->p != '{') return 0;
+        return read_send_ext(r, st);
+    }
+    if (KEY_IS("language") || KEY_IS("remark")) {
+        if (s[0] == 'r' && is_null(r)) return 1;
+        if (r->p >= r->end || *r->p != '"') return 0;
+        return skip_scalar(r);
+    }
+    return skip_member(r, s, n);
+}
+
+static PyObject *send_fields(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer b;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "send_fields takes 2 arguments");
+        return NULL;
+    }
+    PyObject *frame = args[0];
+    Py_ssize_t view_from = PyLong_AsSsize_t(args[1]);
+    if (view_from == -1 && PyErr_Occurred()) return NULL;
+    if (PyObject_GetBuffer(frame, &b, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = NULL, *body = NULL;
+    send_ext st = {0};
+    head_numbers h = {0};
+    reader r = {0};
+    r.scratch = sf_scratch;
+    r.scratch_cap = sf_scratch_cap;
+    const unsigned char *base = b.buf;
+    Py_ssize_t len = b.len;
+    Py_ssize_t hlen = json_header(base, len, &r);
+    if (hlen < 0 || len - 4 - hlen <= 0) goto fallback; /* (no body: not a send to take) */
+    int rc = read_header(&r, &h, send_member, &st);
+    if (rc < 0) goto done;
+    if (rc == 0 || h.code != SEND_MESSAGE_V2 || h.flag != 0) goto fallback;
+    if (!st.have_ext || !st.have_queue || !st.topic || st.batch) goto fallback;
+    if (!st.props && !(st.props = text_of((const unsigned char *)"", 0))) goto done;
+    if (len - 4 - hlen >= view_from) {
+        PyObject *whole = PyMemoryView_FromObject(frame);
+        body = whole ? PySequence_GetSlice(whole, 4 + hlen, len) : NULL;
+        Py_XDECREF(whole);
+    } else {
+        body = PyBytes_FromStringAndSize((const char *)base + 4 + hlen, len - 4 - hlen);
+    }
+    if (!body) goto done;
+    result = PyTuple_New(10);
+    if (!result) goto done;
+    PyObject *items[10] = {
+        PyLong_FromLong(h.opaque), PyLong_FromLong(h.version), st.topic, PyLong_FromLongLong(st.numbers[SF_QUEUE]),
+        PyLong_FromLongLong(st.numbers[SF_SYS_FLAG]), PyLong_FromLongLong(st.numbers[SF_BORN]),
+        PyLong_FromLongLong(st.numbers[SF_FLAG]), PyLong_FromLongLong(st.numbers[SF_RECONSUME]), st.props, body,
+    };
+    st.topic = st.props = body = NULL; /* the tuple's now */
+    for (int i = 0; i < 10; i++) {
+        if (!items[i]) Py_CLEAR(result);
+        if (result) PyTuple_SET_ITEM(result, i, items[i]);
+        else Py_XDECREF(items[i]);
+    }
+    goto done;
+fallback:
+    if (PyErr_Occurred()) goto done;
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    Py_XDECREF(st.topic);
+    Py_XDECREF(st.props);
+    Py_XDECREF(body);
+    if (r.scratch_cap > 65536) { /* a large one goes */
+        PyMem_Free(r.scratch);
+        r.scratch = NULL;
+        r.scratch_cap = 0;
+    }
+    sf_scratch = r.scratch;
+    sf_scratch_cap = r.scratch_cap;
     PyBuffer_Release(&b);
     return result;
 }
@@ -580,6 +824,58 @@ static void put_lengths(unsigned char *w, Py_ssize_t hlen, Py_ssize_t body_len) 
         w[i] = (unsigned char)(total >> (24 - 8 * i));
         w[4 + i] = (unsigned char)(mark >> (24 - 8 * i));
     }
+}
+
+/* send_ok_frame(version, opaque, host_hex, wrote_offset, queue_id, queue_offset) -> bytes: the
+ * whole frame of SUCCESS for one message stored at CommitLog offset wrote_offset — the header
+ * broker/send.py's _SEND_OK_HEADER formats (its twin), after the frame's two lengths. The
+ * message id is host_hex (the store host's address in hex, ASCII) then the offset in 16
+ * uppercase hex digits. Raises TypeError or OverflowError for arguments of another kind. */
+static const char SEND_OK_1[] = "{\"code\":0,\"language\":\"JAVA\",\"version\":";
+static const char SEND_OK_2[] = ",\"opaque\":";
+static const char SEND_OK_3[] = ",\"flag\":1,\"serializeTypeCurrentRPC\":\"JSON\",\"extFields\":{\"msgId\":\"";
+static const char SEND_OK_4[] = "\",\"queueId\":\"";
+static const char SEND_OK_5[] = "\",\"queueOffset\":\"";
+static const char SEND_OK_6[] = "\",\"MSG_REGION\":\"DefaultRegion\",\"TRACE_ON\":\"true\"}}";
+#define SEND_OK_HOST_MAX 64
+
+static PyObject *send_ok_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "send_ok_frame takes 6 arguments");
+        return NULL;
+    }
+    long long n[5];
+    static const int which[5] = {0, 1, 3, 4, 5};
+    for (int i = 0; i < 5; i++) {
+        n[i] = PyLong_AsLongLong(args[which[i]]);
+        if (n[i] == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (!PyBytes_Check(args[2]) || PyBytes_GET_SIZE(args[2]) > SEND_OK_HOST_MAX) {
+        PyErr_SetString(PyExc_TypeError, "send_ok_frame: host_hex must be bytes of at most 64");
+        return NULL;
+    }
+    unsigned char buf[8 + sizeof SEND_OK_1 + sizeof SEND_OK_2 + sizeof SEND_OK_3 + sizeof SEND_OK_4 +
+                      sizeof SEND_OK_5 + sizeof SEND_OK_6 + SEND_OK_HOST_MAX + 16 + 4 * 24];
+    unsigned char *w = buf + 8;
+#define PUT(lit) (memcpy(w, lit, sizeof lit - 1), w += sizeof lit - 1)
+    PUT(SEND_OK_1);
+    w += decimal((char *)w, n[0]);
+    PUT(SEND_OK_2);
+    w += decimal((char *)w, n[1]);
+    PUT(SEND_OK_3);
+    memcpy(w, PyBytes_AS_STRING(args[2]), (size_t)PyBytes_GET_SIZE(args[2]));
+    w += PyBytes_GET_SIZE(args[2]);
+    unsigned long long off = (unsigned long long)n[2];
+    for (int i = 15; i >= 0; i--, off >>= 4) w[i] = (unsigned char)"0123456789ABCDEF"[off & 15];
+    w += 16;
+    PUT(SEND_OK_4);
+    w += decimal((char *)w, n[3]);
+    PUT(SEND_OK_5);
+    w += decimal((char *)w, n[4]);
+    PUT(SEND_OK_6);
+#undef PUT
+    put_lengths(buf, w - buf - 8, 0);
+    return PyBytes_FromStringAndSize((const char *)buf, w - buf);
 }
 
 /* The frame head in buf[0, w): its two lengths put in front of the header at buf + 8, as bytes
@@ -765,6 +1061,10 @@ static PyMethodDef methods[] = {
      "decode_frame(frame, cls, view_from): the command of a frame with a common JSON header, else None."},
     {"frame_head", frame_head, METH_VARARGS,
      "frame_head(cmd, body_len): a frame's lengths and JSON header as command.py encodes them, else None."},
+    {"send_ok_frame", (PyCFunction)(void (*)(void))send_ok_frame, METH_FASTCALL,
+     "send_ok_frame(version, opaque, host_hex, wrote_offset, queue_id, queue_offset): a send's SUCCESS frame."},
+    {"send_fields", (PyCFunction)(void (*)(void))send_fields, METH_FASTCALL,
+     "send_fields(frame, view_from): SEND_MESSAGE_V2's fields for the broker's plain send, else None."},
     {"fill_head", fill_head, METH_VARARGS,
      "fill_head(pieces, values, body_len): a frame's lengths and a header from a template, else None."},
     {NULL, NULL, 0, NULL},

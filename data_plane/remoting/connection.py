@@ -72,6 +72,9 @@ class Waiter(Protocol):
     def set_exception(self, exception: BaseException, /) -> None: ...
 
 Dispatch = Callable[["Connection", RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
+# Handles a request straight from its frame's bytes and returns its answer's whole frame, or
+# None (nothing done) to leave the frame to the command path: decode, then dispatch.
+FrameHandler = Callable[["Connection", Body], "bytes | None"]
 
 IDLE_TIMEOUT_S = 120.0
 MAX_INFLIGHT = 4096  # awaitable requests being handled per connection
@@ -97,8 +100,10 @@ class Connection(asyncio.Protocol):
         server_side: bool = False,
         before_write: Callable[[], object] | None = None,
         answer_slice: int = ANSWER_SLICE,
+        frame_handler: FrameHandler | None = None,
     ) -> None:
         self.dispatch = dispatch
+        self.frame_handler = frame_handler
         self.answer_slice = answer_slice if answer_slice > 0 else 1 << 62
         self.before_write = before_write
         # Only a server stops reading while its peer does not read: a client that stopped
@@ -154,8 +159,23 @@ class Connection(asyncio.Protocol):
             return
         self._in_read = True
         slice_at = self.answer_slice
+        fast = self.frame_handler
         try:
             for frame in frames:
+                if fast is not None and self.inflight < self.max_inflight:
+                    try:
+                        answer = fast(self, frame)
+                    except Exception:
+                        log.exception("closing %s: a request's frame handler failed", self.peer)
+                        self.abort()
+                        return
+                    if answer is not None:
+                        if not self.closed:
+                            self._out.append(answer)
+                            self._out_frames += 1
+                            if self._out_frames >= slice_at:
+                                self._flush()
+                        continue
                 try:
                     # decode_frame, without its call for the common header the compiled codec takes
                     cmd = _compiled_decode(frame, RemotingCommand, BODY_VIEW_BYTES) if _compiled_decode else None

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
-from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, Connection
+from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, Connection, FrameHandler
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +21,19 @@ Before = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[Re
 
 class Processors:
     """Request code → handler. Unknown codes get REQUEST_CODE_NOT_SUPPORTED and the connection
-    stays open. ``before`` runs ahead of every handler (authentication) and may answer instead."""
+    stays open. ``before`` runs ahead of every handler (authentication) and may answer instead.
+    ``frame_handler`` (``Connection.frame_handler``) answers some requests straight from their
+    frames ahead of the table; connections made while ``before`` is set do without it, since it
+    would pass by the check."""
 
     def __init__(self) -> None:
         self.handlers: dict[int, Handler] = {}
         self.before: Before | None = None
+        self.frame_handler: FrameHandler | None = None
+
+    def frame_path(self) -> FrameHandler | None:
+        """The frame handler for a new connection: none while ``before`` checks every request."""
+        return self.frame_handler if self.before is None else None
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler
@@ -95,6 +103,7 @@ class RemotingServer:
             server_side=True,
             before_write=self.before_write,
             answer_slice=self.answer_slice,
+            frame_handler=self.processors.frame_path(),
         )
         self.connections.add(conn)
         return conn

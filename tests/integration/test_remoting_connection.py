@@ -901,3 +901,81 @@ async def test_a_laid_out_request_times_out_to_its_waiter_and_a_closed_connectio
         (e,) = closed.errors  # at once, within the call
         assert isinstance(e, RemotingConnectError)
         assert not conn._out, "nothing is queued on a closed connection"
+
+
+# --- requests answered straight from their frames (Connection.frame_handler) -----------------------
+FRAMED = 9020
+
+
+class FrameHandler:
+    """A frame handler: answers FRAMED requests from their frames, leaves the rest (None) to
+    the table; raises for one carrying ``boom``. Records the opaque of every frame it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def __call__(self, conn: Connection, frame: bytes | bytearray | memoryview) -> bytes | None:
+        cmd = decode_frame(frame)
+        self.seen.append(cmd.opaque)
+        if cmd.code != FRAMED:
+            return None
+        if (cmd.ext_fields or {}).get("boom"):
+            raise RuntimeError("a bug in the frame handler")
+        return encode_bytes(cmd.response(ResponseCode.SUCCESS, remark=f"framed {cmd.opaque}"))
+
+
+@pytest.mark.asyncio
+async def test_a_frame_handler_answers_in_order_among_the_tables_answers_and_leaves_it_the_rest() -> None:
+    app = App()
+    handler = FrameHandler()
+    async with serving(app) as server:
+        server.processors.frame_handler = handler
+        async with raw_connection(server.address) as (reader, writer):
+            requests = [
+                RemotingCommand(FRAMED, opaque=1),
+                RemotingCommand(ECHO, opaque=2, ext_fields={"t": "x"}, body=b"x"),
+                RemotingCommand(FRAMED, opaque=3),
+                RemotingCommand(NOT_REGISTERED, opaque=4),
+            ]
+            writer.write(b"".join(encode_bytes(r) for r in requests))  # one read for the server
+            answers = [await asyncio.wait_for(read_frame(reader), 5) for _ in requests]
+    assert [a.opaque for a in answers] == [1, 2, 3, 4]
+    assert [a.remark for a in answers[:3]] == ["framed 1", "echo", "framed 3"]
+    assert answers[3].code == ResponseCode.REQUEST_CODE_NOT_SUPPORTED
+    assert handler.seen == [1, 2, 3, 4]  # every frame offered to it first
+
+
+@pytest.mark.asyncio
+async def test_connections_made_while_a_before_check_is_set_go_without_the_frame_handler() -> None:
+    app = App()
+    handler = FrameHandler()
+    checked: list[int] = []
+    async with serving(app) as server:
+        server.processors.frame_handler = handler
+        server.processors.register(FRAMED, lambda conn, cmd: cmd.response(ResponseCode.SUCCESS, remark="table"))
+        server.processors.before = lambda conn, cmd: checked.append(cmd.opaque)  # (None: let through)
+        async with raw_connection(server.address) as (reader, writer):
+            writer.write(encode_bytes(RemotingCommand(FRAMED, opaque=7)))
+            answer = await asyncio.wait_for(read_frame(reader), 5)
+        # the table answered, after the check: the frame handler never saw it
+        assert (answer.opaque, answer.remark) == (7, "table")
+        assert checked == [7]
+        assert handler.seen == []
+        server.processors.before = None
+        async with raw_connection(server.address) as (reader, writer):
+            writer.write(encode_bytes(RemotingCommand(FRAMED, opaque=8)))
+            answer = await asyncio.wait_for(read_frame(reader), 5)
+        assert (answer.opaque, answer.remark) == (8, "framed 8")
+
+
+@pytest.mark.asyncio
+async def test_a_failing_frame_handler_closes_only_that_connection() -> None:
+    app = App()
+    async with serving(app) as server, client_of() as other:
+        server.processors.frame_handler = FrameHandler()
+        await echo(other, server.address)
+        async with raw_connection(server.address) as (reader, writer):
+            writer.write(encode_bytes(RemotingCommand(FRAMED, opaque=5, ext_fields={"boom": "1"})))
+            assert await closed_by_peer(reader)
+        await echo(other, server.address, "still served")
+        await until(lambda: len(server.connections) == 1, what="the failed connection going away")

@@ -26,6 +26,7 @@ from data_plane.broker.pull import PullProcessor
 from data_plane.broker.send import SendProcessor
 from data_plane.namesrv.server import NameServer
 from data_plane.remoting.codes import RequestCode
+from data_plane.store import fastpath
 from data_plane.telemetry import Telemetry, setup_telemetry
 from sdk import Message, MessageExt, OrbitError, Producer, PullConsumer
 
@@ -120,6 +121,8 @@ async def test_the_broker_traces_and_counts_sends_and_pulls(
 ) -> None:
     broker = await start_broker(namesrv, tmp_path / "broker", broker_side.tel, flush)
     try:
+        # every send through the traced handler: no frame path passing by it
+        assert broker.processors.frame_handler is None
         async with Producer("acme%p", namesrv_addrs=namesrv.address, telemetry=client_side.tel) as producer:
             for topic in ("acme%orders", "globex%orders"):
                 await producer.create_topic(topic, queue_nums=1)
@@ -229,6 +232,13 @@ async def test_off_the_broker_registers_its_plain_handlers(namesrv: NameServer, 
         for code in (RequestCode.SEND_MESSAGE, RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE):
             assert isinstance(getattr(handlers[code], "__self__", None), SendProcessor)
         assert isinstance(getattr(handlers[RequestCode.PULL_MESSAGE], "__self__", None), PullProcessor)
+        # and the plain single send answered straight from its frame, when the appender is compiled
+        frame_handler = broker.processors.frame_handler
+        if fastpath.COMPILED:
+            assert isinstance(getattr(frame_handler, "__self__", None), SendProcessor)
+            assert getattr(frame_handler, "__name__", "") == "send_frame"
+        else:
+            assert frame_handler is None
     finally:
         await broker.shutdown()
 

@@ -691,9 +691,9 @@ def test_config_file_errors(tmp_path: Path) -> None:
 def test_the_preformatted_send_ok_header_is_the_header_the_codec_would_write() -> None:
     import orjson
 
-    from data_plane.broker.send import _SEND_OK_HEADER
     from data_plane.remoting.codes import FLAG_RESPONSE
     from data_plane.remoting.command import RemotingCommand, decode_frame, encode_bytes, encode_header
+    from data_plane.remoting.send_frame import SEND_OK_HEADER as _SEND_OK_HEADER
 
     msg_id = "7F00000100002A9F00000000000004D2"
     ext = {
