@@ -35,7 +35,7 @@ from data_plane.broker import trace
 from data_plane.broker.admin import AdminProcessor
 from data_plane.broker.client_manager import ClientManager
 from data_plane.broker.client_processor import ClientProcessor
-from data_plane.broker.config import BrokerConfig, advertised_address
+from data_plane.broker.config import BrokerConfig, BrokerRole, advertised_address
 from data_plane.broker.consumer_filter import ConsumerFilterManager
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.gc_watch import GcWatch
@@ -288,11 +288,17 @@ class Broker:
             (rc.GET_BROKER_RUNTIME_INFO, admin.runtime_info),
         ):
             p.register(code, handler)
-        # The plain single send, answered straight from its frame (SendProcessor.send_frame)
-        # where no telemetry or message trace wraps the send handler and the store's compiled
-        # appender takes plain messages; every other request, and
-        # every send it leaves, goes through the table.
-        if fastpath.COMPILED and send_v2 == send.send_v2 and self.trace is None:
+        # The plain single send, answered straight from its frame (SendProcessor.send_frame),
+        # on a broker that can take it that way — ASYNC_FLUSH, not a SYNC_MASTER, the store's
+        # appender compiled — where no telemetry or message trace wraps the send handler. Every
+        # other request, and every send the frame path leaves, goes through the table.
+        if (
+            fastpath.COMPILED
+            and not self.store.sync_flush
+            and self.config.broker_role is not BrokerRole.SYNC_MASTER
+            and send_v2 == send.send_v2
+            and self.trace is None
+        ):
             p.frame_handler = send.send_frame
         if self.tenancy is not None:
             p.register(rc.ORBIT_SYNC_TENANCY, self.tenancy.sync)

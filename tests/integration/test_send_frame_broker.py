@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from data_plane.broker.broker import Broker
-from data_plane.broker.config import BrokerConfig
+from data_plane.broker.config import BrokerConfig, BrokerRole
 from data_plane.namesrv.server import NameServer
 from data_plane.remoting.codes import FLAG_ONEWAY, PERM_READ, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand, decode_frame
@@ -246,3 +246,30 @@ async def test_the_sdks_sends_take_the_frame_path(tmp_path: Path) -> None:
     finally:
         await b.shutdown()
         await ns.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("setting", ["SYNC_FLUSH", "SYNC_MASTER"])
+async def test_a_broker_whose_sends_all_wait_has_no_frame_handler(tmp_path: Path, setting: str) -> None:
+    """Under SYNC_FLUSH, or as a SYNC_MASTER, every single send waits (for the flush, for the
+    slave): the frame path would only read each frame to leave it."""
+    config = BrokerConfig(
+        listen="127.0.0.1:0",
+        store_dir=str(tmp_path / "b"),
+        store={**SMALL_STORE, "flush_disk_type": setting if setting == "SYNC_FLUSH" else "ASYNC_FLUSH"},
+        broker_role=BrokerRole.SYNC_MASTER if setting == "SYNC_MASTER" else BrokerRole.ASYNC_MASTER,
+    ).validate()
+    b = Broker(config)
+    await b.start()
+    try:
+        assert b.processors.frame_handler is None
+        b.topics.create_or_update("orders", read_queue_nums=1, write_queue_nums=1)
+        wire = await Wire.open(b, frame_path=False)
+        try:  # (a SYNC_MASTER without a slave answers SLAVE_NOT_AVAILABLE, stored all the same)
+            answer = decode_frame((await wire.ask(sdk_frame(Message("orders", b"x"), 1, 0)))[4:])
+            assert answer.code in (ResponseCode.SUCCESS, ResponseCode.SLAVE_NOT_AVAILABLE)
+            assert stored(b, answer).body == b"x"
+        finally:
+            wire.close()
+    finally:
+        await b.shutdown()
