@@ -212,12 +212,22 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
             done.set()
 
     schedule = OpenLoop(profile, start_s=start)
+    # How late the generator itself sent (the oldest due send of a wake-up, against its intended
+    # time; measured sends only): a send latency the broker did not cause starts here.
+    late_max = 0.0
+    late_over_5ms = 0
 
     def send_due() -> None:
         # send_async: the request is written now and the answer comes to a callback, no task
         # a message (the generator's own cost per message is what limits its rate)
-        nonlocal outstanding, sent, dropped, errors
-        for intended in schedule.due(time.perf_counter()):
+        nonlocal outstanding, sent, dropped, errors, late_max, late_over_5ms
+        now = time.perf_counter()
+        due = schedule.due(now)
+        if due and due[0] >= measure_from:
+            late = now - due[0]
+            late_max = max(late_max, late)
+            late_over_5ms += late > 0.005
+        for intended in due:
             if outstanding >= max_outstanding:
                 dropped += 1  # counted: the broker fell this far behind the schedule
                 continue
@@ -273,6 +283,8 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
         "cpu_s": cpu.own_s,
         "broker_cpu_s": cpu.other_s,
         "cpu_msgs": len(lat_us),  # the measured sends answered
+        "late_max_ms": round(late_max * 1000, 3),
+        "wakeups_late_over_5ms": late_over_5ms,
     }
 
 
@@ -444,6 +456,9 @@ def _phase_half_peak(
         # The broker's event-loop stalls of 50 ms or more while the phase ran (stall_watch.py;
         # the broker's log has each one's stacks).
         "broker_loop_stalls": stalls,
+        # How late the publisher's own wake-ups sent what was due (a process the VM or the
+        # other process kept off a core shows here, not in the broker's stalls).
+        "publisher_lateness": {"max_ms": alone["late_max_ms"], "wakeups_over_5ms": alone["wakeups_late_over_5ms"]},
         "with_consumer": {
             "acked": rs[0]["acked"],
             "errors": rs[0]["errors"],

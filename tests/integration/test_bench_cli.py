@@ -231,5 +231,10 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path, order: tuple[s
     stalls = half["broker_loop_stalls"]
     assert stalls["count"] >= 0, stalls
     assert (stalls["count"] > 0) == ("last_at" in stalls), stalls
+    # the publisher's own lateness: at least a wake-up's share of a tick, within the phase's span
+    late = half["publisher_lateness"]
+    assert 0 < late["max_ms"] < 1000 * (half["warmup_s"] + result["options"]["seconds"]), late
+    assert late["wakeups_over_5ms"] >= 0
+    assert (late["wakeups_over_5ms"] > 0) == (late["max_ms"] > 5), late
     assert half["with_consumer"]["errors"] == 0
     assert half["with_consumer"]["consumed"] >= half["with_consumer"]["acked"] > 0, half
