@@ -5,8 +5,8 @@ a ``RemotingCommand`` with an extFields dict of a dozen strings, hands it throug
 table to the send handler, which parses the numbers it needs out of those strings again.
 ``send_fields`` reads just those values off the frame's bytes: the opaque and version the answer
 echoes, and the topic, queue id, system flag, born timestamp, flag, reconsume count, properties
-text and body the store's ``append_plain`` takes. The broker answers such a frame without a
-command object either way (``SendProcessor.send_frame``, ``Connection.frame_handler``).
+text and body the store's ``append_plain`` takes. The broker then stores and answers such a
+send without making a command object (``SendProcessor.send_frame``, ``Connection.frame_handler``).
 
 It takes only the common shape — what ``_codec.decode_frame`` takes, code 310, flag 0 (a request
 that wants its answer), string extFields with the topic ("b") and queue id ("e"), numbers in the
