@@ -627,7 +627,10 @@ static int read_send_ext(reader *r, send_ext *st) {
         case 'g': slot = SF_BORN; lo = INT64_MIN / 10; hi = INT64_MAX / 10; break;
         case 'h': slot = SF_FLAG; break;
         case 'j': slot = SF_RECONSUME; break;
-        case 'm': st->batch = vn == 4 && memcmp(v, "true", 4) == 0; break;
+        case 'm':
+            if (!is_utf8(v, vn)) return 0;
+            st->batch = vn == 4 && memcmp(v, "true", 4) == 0;
+            break;
         default:
             if (!is_utf8(v, vn)) return 0;
         }

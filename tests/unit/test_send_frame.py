@@ -147,6 +147,11 @@ def test_what_the_compiled_reader_leaves_to_the_command_path_besides() -> None:
     raw = orjson.dumps(send_header())
     assert _codec.send_fields(frame_of(raw.replace(b'"code"', b'"\\u0063ode"')), BODY_VIEW_BYTES) is None
     assert _codec.send_fields(frame_of(raw + b" x"), BODY_VIEW_BYTES) is None
+    # text that is not UTF-8 makes the JSON invalid, whichever extFields member holds it
+    for name in (b"a", b"m", b"zz"):
+        bad = frame_of(raw.replace(b'"extFields":{', b'"extFields":{"' + name + b'":"\xff",'))
+        assert py_send_fields(bad, BODY_VIEW_BYTES) is None, name
+        assert _codec.send_fields(bad, BODY_VIEW_BYTES) is None, name
     # ... while these ordinary variations are taken: whitespace, a null remark, unknown members,
     # an escaped extFields key, members in another order, a later duplicate winning
     spaced = raw.replace(b":", b" : ").replace(b",", b" ,\n")
