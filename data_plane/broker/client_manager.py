@@ -5,7 +5,12 @@ A consumer group's members are the connections that sent a HEART_BEAT naming the
 group keeps the newest subscription each member reported. A member leaves when it says so
 (UNREGISTER_CLIENT), when its connection closes (a killed process: at once), or when it sent no
 heartbeat for ``channel_expired_s``. Whenever membership changes the remaining members are told
-with NOTIFY_CONSUMER_IDS_CHANGED, so they rebalance without waiting for their timer."""
+with NOTIFY_CONSUMER_IDS_CHANGED, so they rebalance without waiting for their timer.
+
+A producer group's members are known the same way; for transaction check-backs the broker also
+remembers, per group, the connection that last sent one of the group's half messages, and asks
+it when no member of the group has sent a heartbeat yet (a stock C++ producer's first heartbeat
+can go out before it knows any broker, its next one 30 s later)."""
 
 from __future__ import annotations
 
@@ -51,6 +56,7 @@ class ClientManager:
         self.clock_s = clock_s
         self.consumer_groups: dict[str, ConsumerGroupInfo] = {}
         self.producer_groups: dict[str, dict[Connection, Member]] = {}
+        self.half_senders: dict[str, Connection] = {}  # group → the connection of its last half
 
     # --- consumers ---------------------------------------------------------------------------
     def register_consumer(self, conn: Connection, client_id: str, data: dict[str, Any]) -> bool:
@@ -128,13 +134,30 @@ class ClientManager:
             if not members:
                 del self.producer_groups[group]
 
+    def note_half_sender(self, conn: Connection, group: str) -> None:
+        """``conn`` sent a half message of producer group ``group``: the group's check-backs may
+        go there while no member of the group has sent a heartbeat. Bounded as heartbeats are
+        (at most MAX_GROUPS_PER_CLIENT groups a connection; beyond, not remembered)."""
+        if self.half_senders.get(group) is conn:
+            return
+        mine: set[str] = conn.attrs.setdefault("half_groups", set())
+        if len(mine) >= MAX_GROUPS_PER_CLIENT:
+            return
+        previous = self.half_senders.get(group)
+        if previous is not None:
+            previous.attrs.get("half_groups", set()).discard(group)
+        mine.add(group)
+        self.half_senders[group] = conn
+
     def producer_connection(self, group: str) -> Connection | None:
-        """A live connection of the producer group (for transaction check-backs)."""
+        """A live connection of the producer group (for transaction check-backs): a member's,
+        else the one that last sent a half message of the group."""
         members = self.producer_groups.get(group) or {}
         for conn in members:
             if not conn.closed:
                 return conn
-        return None
+        sender = self.half_senders.get(group)
+        return sender if sender is not None and not sender.closed else None
 
     # --- departures --------------------------------------------------------------------------
     def connection_closed(self, conn: Connection) -> list[str]:
@@ -147,6 +170,9 @@ class ClientManager:
                     del self.consumer_groups[group]
         for group in list(self.producer_groups):
             self.unregister_producer(conn, group)
+        for group in conn.attrs.pop("half_groups", ()):
+            if self.half_senders.get(group) is conn:
+                del self.half_senders[group]
         return changed
 
     def expired_connections(self) -> list[Connection]:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from data_plane.broker.config import BrokerRole
 from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
+from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, RMQ_SYS_TRANS_HALF_TOPIC
 from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import (
@@ -381,6 +382,8 @@ class SendProcessor:
             why = broker.transactions.prepare(msgs, ext)  # stored as a half message (transaction.py)
             if why is not None:
                 return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
+            if (group := msgs[0].properties.get(PROPERTY_PRODUCER_GROUP)) and msgs[0].topic == RMQ_SYS_TRANS_HALF_TOPIC:
+                broker.clients.note_half_sender(conn, group)  # its checks may come back here
         if (why := broker.schedule.redirect(msgs)) is not None:  # DELAY / TIMER_* → the schedule topics
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
         if self.sync_flush or broker.replication.sync_master:

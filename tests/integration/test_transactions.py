@@ -30,7 +30,13 @@ from data_plane.remoting.command import RemotingCommand
 from sdk import Message, MessageExt, PullConsumer
 from sdk.admin import AdminClient
 from sdk.errors import OrbitError
-from sdk.transaction_producer import LocalTransactionState, TransactionProducer
+from sdk.message import new_unique_id
+from sdk.transaction_producer import (
+    LocalTransactionState,
+    TransactionProducer,
+    end_transaction_request,
+    half_send_request,
+)
 
 if TYPE_CHECKING:
     from tests.integration.conftest import ServerProcess
@@ -194,6 +200,49 @@ async def test_an_unknown_transaction_is_checked_back_and_the_checkers_answer_co
     assert by_body[b"tx-0"].properties["TRANSACTION_CHECK_TIMES"] == "1"
     got = await read_all(namesrv.address, topic, "tx-check-reader")
     assert [m.body for m in got] == [b"tx-0"]
+
+
+@pytest.mark.asyncio
+async def test_a_producer_that_sent_no_heartbeat_is_checked_on_the_connection_of_its_half(
+    namesrv: ServerProcess, start_broker: Callable[..., ServerProcess]
+) -> None:
+    """A stock C++ producer's first heartbeat can go out before it knows a broker, its next 30 s
+    later: its halves' checks go back on the connection that sent them meanwhile."""
+    broker = start_broker(namesrv.address, *fast(check_max=2))
+    topic = "tx-nohb"
+    async with producer(namesrv.address, "tx-nohb-setup", lambda m: UNKNOW) as p:
+        await p.create_topic(topic, queue_nums=1)
+    checks: list[RemotingCommand] = []
+
+    def on_request(_conn: object, cmd: RemotingCommand) -> None:
+        checks.append(cmd)  # oneway: nothing to answer
+
+    client = RemotingClient(on_request)  # a raw connection: no HEART_BEAT is ever sent
+    try:
+        uid = new_unique_id()
+        half = half_send_request(group="tx-nohb-pg", msg=Message(topic, b"nohb-0"), queue_id=0, unique_id=uid)
+        r = await client.invoke(broker.address, half)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+        await until(lambda: len(checks) >= 1, "a check on the half's connection")
+        check = checks[0]
+        ext = check.ext_fields or {}
+        assert check.code == RequestCode.CHECK_TRANSACTION_STATE
+        assert ext["transactionId"] == uid
+        end = end_transaction_request(
+            group="tx-nohb-pg",
+            state=COMMIT,
+            commit_log_offset=int(ext["commitLogOffset"]),
+            table_offset=int(ext["tranStateTableOffset"]),
+            msg_id=ext["msgId"],
+            transaction_id=uid,
+            from_check=True,
+        )
+        r = await client.invoke(broker.address, end)
+        assert r.code == ResponseCode.SUCCESS, r.remark
+    finally:
+        await client.close()
+    got = await read_all(namesrv.address, topic, "tx-nohb-reader")
+    assert [m.body for m in got] == [b"nohb-0"]
 
 
 @pytest.mark.asyncio

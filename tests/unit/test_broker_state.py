@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.broker.client_manager import ClientManager
+from data_plane.broker.client_manager import MAX_GROUPS_PER_CLIENT, ClientManager
 from data_plane.broker.config import BrokerConfig, BrokerRole, ConfigError, advertised_address, load
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.long_poll import PullRequestHoldService
@@ -448,6 +448,43 @@ async def test_a_closed_connection_leaves_every_group() -> None:
     assert m.unregister_consumer(c2, "g1") is True
     assert m.find_group("g1") is None
     assert m.unregister_consumer(c2, "g1") is False
+
+
+@pytest.mark.asyncio
+async def test_a_groups_half_sender_is_asked_while_no_member_has_sent_a_heartbeat() -> None:
+    m = ClientManager(clock_s=FakeClock())
+    sender, later, member = Connection(), Connection(), Connection()
+    assert m.producer_connection("pg") is None
+    m.note_half_sender(sender, "pg")
+    assert m.producer_connection("pg") is sender
+    assert m.producer_connection("other") is None
+    m.note_half_sender(later, "pg")  # the last half's connection
+    assert m.producer_connection("pg") is later
+    m.register_producer(member, "p", "pg")  # a member first, as soon as there is one
+    assert m.producer_connection("pg") is member
+    m.connection_closed(member)
+    assert m.producer_connection("pg") is later
+    m.connection_closed(sender)  # no longer the group's sender: nothing changes
+    assert m.producer_connection("pg") is later
+    m.connection_closed(later)
+    assert m.producer_connection("pg") is None
+    assert m.half_senders == {}
+    # Not a registration: a half sender never expires as a silent member would.
+    m.note_half_sender(sender, "pg2")
+    assert m.expired_connections() == []
+
+
+@pytest.mark.asyncio
+async def test_half_senders_are_bounded_per_connection() -> None:
+    m = ClientManager(clock_s=FakeClock())
+    conn = Connection()
+    for i in range(MAX_GROUPS_PER_CLIENT + 5):
+        m.note_half_sender(conn, f"pg{i}")
+    assert len(m.half_senders) == MAX_GROUPS_PER_CLIENT
+    assert m.producer_connection(f"pg{MAX_GROUPS_PER_CLIENT}") is None
+    m.note_half_sender(Connection(), "pg0")  # another connection takes a group over
+    m.note_half_sender(conn, "pg-new")  # which frees a place on this one
+    assert m.producer_connection("pg-new") is conn
 
 
 @pytest.mark.asyncio
