@@ -31,8 +31,9 @@ was several times higher on the project's VM, for a cause not established — no
 backlog, which is gone by then (docs/broker.md, "Stalls of the broker's event loop").
 
 Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes; a
-worker keeps them as plain numbers while its phase runs and fills the histogram afterwards
-(``hist_of``: recording costs ~2.2 µs in pure Python, ten times an append).
+worker keeps them as plain numbers while its phase runs — in an array the garbage collector
+never walks (``latency_log``) — and fills the histogram afterwards (``hist_of``: recording costs
+~2.2 µs in pure Python, ten times an append).
 Each worker process freezes what it holds once its client is started (``gc.freeze``), as a
 latency-minded application would: its garbage collector then never walks the modules and
 set-up objects again (a full collection of them took 30-50 ms on the 2-core VM, a stall the
@@ -57,7 +58,7 @@ from data_plane.interpreter import interpreter_facts
 from data_plane.local_cluster import LocalCluster
 from data_plane.store.bench import page_cache_write, python_loop_ns
 from loadtest.cpu import CpuWindow, us_per_msg
-from loadtest.histogram import encode_hist, hist_of, merge, summary_ms
+from loadtest.histogram import encode_hist, hist_of, latency_log, merge, summary_ms
 from loadtest.rate import OpenLoop, RateProfile
 from loadtest.ticker import Ticker
 
@@ -116,7 +117,7 @@ async def _closed_loop(
     await producer.start()
     gc.freeze()
     body = _body(opts["message_bytes"])
-    lat_us: list[int] = []  # into the histogram after the phase (hist_of)
+    lat_us = latency_log()  # into the histogram after the phase (hist_of)
     acked = errors = 0
     measure_from = time.perf_counter() + opts["warmup_s"]
     stop_at = measure_from + opts["seconds"]
@@ -183,8 +184,8 @@ async def _publish_open_loop(namesrv: str, topic: str, opts: dict[str, Any]) -> 
     await producer.start()
     gc.freeze()
     body = _body(opts["message_bytes"])
-    lat_us: list[int] = []
-    warm_us: list[int] = []
+    lat_us = latency_log()
+    warm_us = latency_log()
     rate = opts["rate"]
     sent = acked = errors = dropped = 0
     outstanding = 0
@@ -299,7 +300,7 @@ async def _consume(namesrv: str, topic: str, opts: dict[str, Any]) -> dict[str, 
         pull_batch_size=opts.get("pull_batch_size", 32),
     )
     consumer.subscribe(topic, "*")
-    lat_us: list[int] = []
+    lat_us = latency_log()
     count = 0
     first = last = 0.0
     measure_e2e = opts.get("e2e", False)

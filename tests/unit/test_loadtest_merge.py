@@ -4,6 +4,7 @@ starts, and inputs that do not belong together are refused."""
 
 from __future__ import annotations
 
+import gc
 import random
 from typing import Any
 
@@ -121,3 +122,18 @@ def test_inputs_that_do_not_belong_together_are_refused() -> None:
         merge_results([_doc(), {"schema": "other/1"}], sources=["a.json", "b.json"])
     with pytest.raises(MergeError, match="different scenarios: burst, steady"):
         merge_results([_doc(), _doc(scenario="burst")])
+
+
+@pytest.mark.parametrize("seed", [random.randrange(2**32)])
+def test_a_latency_log_holds_what_a_list_would_and_has_no_element_the_collector_walks(seed: int) -> None:
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    values = [rng.randrange(0, 10**8) for _ in range(2_000)]
+    log = h.latency_log()
+    for v in values:
+        log.append(v)
+    assert list(log) == values
+    assert h.summary_ms(h.hist_of(log)) == h.summary_ms(h.hist_of(values))
+    # What a collection visits in it: no element (a list of them: every one, each collection).
+    assert not [r for r in gc.get_referents(log) if not isinstance(r, type)]
+    assert len(gc.get_referents(values)) == len(values)
