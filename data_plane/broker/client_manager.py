@@ -138,12 +138,12 @@ class ClientManager:
         """``conn`` sent a half message of producer group ``group``: the group's check-backs may
         go there while no member of the group has sent a heartbeat. Bounded as heartbeats are
         (at most MAX_GROUPS_PER_CLIENT groups a connection; beyond, not remembered)."""
-        if self.half_senders.get(group) is conn:
+        previous = self.half_senders.get(group)
+        if previous is conn:
             return
         mine: set[str] = conn.attrs.setdefault("half_groups", set())
         if len(mine) >= MAX_GROUPS_PER_CLIENT:
             return
-        previous = self.half_senders.get(group)
         if previous is not None:
             previous.attrs.get("half_groups", set()).discard(group)
         mine.add(group)
