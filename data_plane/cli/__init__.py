@@ -3,7 +3,7 @@
     orbit namesrv [--listen HOST:PORT]                     a name server
     orbit broker [--config FILE] [flags]                   a broker
     orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
-    orbit bench e2e [--quick] [--latency-first] [--out FILE]  end-to-end benchmark, JSON
+    orbit bench e2e [--quick] [--latency-first] [--runs N] [--out FILE]  end-to-end benchmark, JSON
     orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
     orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
     orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
@@ -25,6 +25,8 @@ import orjson
 
 from data_plane.cli import admin, dev, dlq, servers, spark
 from loadtest import cli as loadtest_cli
+
+MAX_BENCH_RUNS = 100
 
 
 def _log(message: str) -> None:
@@ -59,8 +61,18 @@ def _bench_store(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--runs takes a whole number, not {text!r}") from None
+    if not 1 <= n <= MAX_BENCH_RUNS:
+        raise argparse.ArgumentTypeError(f"--runs must be 1..{MAX_BENCH_RUNS}, not {n}")
+    return n
+
+
 def _bench_e2e(args: argparse.Namespace) -> int:
-    from loadtest import e2e
+    from loadtest import e2e, verdict
 
     opts = e2e.E2EOptions.quick(args.dir) if args.quick else e2e.E2EOptions(directory=args.dir)
     if args.seconds:
@@ -69,7 +81,21 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         opts = dataclasses.replace(opts, pull_batch_size=args.pull_batch_size)
     if args.latency_first:
         opts = dataclasses.replace(opts, latency_first=True)
-    print(_save(e2e.run(opts, log=_log), args.out))
+    if args.runs == 1:
+        print(_save(e2e.run(opts, log=_log), args.out))
+        return 0
+    results = []
+    for i in range(1, args.runs + 1):
+        _log(f"run {i} of {args.runs}")
+        # each run on a fresh cluster: its own directory under --dir, or a temporary one
+        own = opts if opts.directory is None else dataclasses.replace(opts, directory=f"{opts.directory}/run-{i}")
+        results.append(e2e.run(own, log=_log))
+        _log(f"run {i}: met {results[-1]['met']}")
+    summary = {"summary": verdict.summarize(results), "runs": [verdict.brief(r) for r in results]}
+    text = _save(summary, None)
+    if args.out:
+        _save({**summary, "results": results}, args.out)
+    print(text)
     return 0
 
 
@@ -114,7 +140,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the synchronous and half-peak phases first, on a fresh broker, then batched and consume",
     )
-    e2e.add_argument("--out", help="also write the JSON here")
+    e2e.add_argument(
+        "--runs",
+        type=_runs,
+        default=1,
+        help="run the whole benchmark this many times, each on a fresh cluster, and print how many runs "
+        "met each target with its median, lowest and highest figure (default 1: one run's JSON)",
+    )
+    e2e.add_argument("--out", help="also write the JSON here (with --runs: every run's full result too)")
     e2e.set_defaults(func=_bench_e2e)
     ha = bench_sub.add_parser("ha", help="SYNC_MASTER vs ASYNC_MASTER publishing and slave catch-up, on a real group")
     ha.add_argument("--quick", action="store_true", help="3-second phases, 128 MiB catch-up")

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from loadtest.verdict import brief, targets, verdict
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -238,3 +240,57 @@ def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path, order: tuple[s
     assert (late["wakeups_over_5ms"] > 0) == (late["max_ms"] > 5), late
     assert half["with_consumer"]["errors"] == 0
     assert half["with_consumer"]["consumed"] >= half["with_consumer"]["acked"] > 0, half
+    # The issue's targets, and whether this run met each (its figures against them).
+    assert result["targets"] == targets()
+    assert result["met"] == verdict(result)
+
+
+def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targets(tmp_path: Path) -> None:
+    """``--runs 2``: the whole benchmark twice, each on a cluster of its own; stdout has each
+    target over the runs (met in how many, median, lowest, highest) and each run's figures,
+    the --out file the same with every run's full result."""
+    out = tmp_path / "runs.json"
+    stdout = orbit_bench(
+        "e2e", "--quick", "--seconds", "1", "--runs", "2", "--dir", str(tmp_path / "cluster"), "--out", str(out),
+    )  # fmt: skip
+    printed = json.loads(stdout)
+    written = json.loads(out.read_text())
+    results = written.pop("results")
+    assert written == printed
+    assert len(results) == 2
+    # Each run is a whole benchmark of its own, on its own cluster's directory.
+    assert sorted(p.name for p in (tmp_path / "cluster").iterdir()) == ["run-1", "run-2"]
+    for r in results:
+        assert r["options"]["directory"] in (str(tmp_path / "cluster" / "run-1"), str(tmp_path / "cluster" / "run-2"))
+        for path in ("publish_batched.msgs_per_s", "publish_sync_16.msgs_per_s", "consume.msgs_per_s"):
+            positive(figure(r, path), path)
+        positive(figure(r, "half_peak.send_latency_ms.p99"), "half_peak.send_latency_ms.p99")
+        assert r["publish_sync_16"]["errors"] == r["half_peak"]["errors"] == 0
+        assert r["met"] == verdict(r)
+    assert results[0]["options"]["directory"] != results[1]["options"]["directory"]
+    # The summary is the runs' figures, target by target.
+    summary = printed["summary"]
+    assert summary["runs"] == 2
+    assert summary["all_met_runs"] == sum(r["met"]["all"] for r in results)
+    assert summary["python_loop_ns"] == [r["machine"]["python_loop_ns"] for r in results]
+    for name, bound in targets().items():
+        t = summary["targets"][name]
+        values = [brief(r)["figures"][name] for r in results]
+        assert t["target"] == bound
+        assert t["values"] == values
+        assert t["met_runs"] == sum(r["met"][name] for r in results)
+        assert (t["min"], t["max"]) == (min(values), max(values))
+        assert t["median"] == pytest.approx(statistics.median(values))
+    assert printed["runs"] == [brief(r) for r in results]
+
+
+@pytest.mark.parametrize("runs", ["0", "101", "two"])
+def test_bench_e2e_refuses_a_run_count_out_of_range(runs: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_plane.cli", "bench", "e2e", "--runs", runs],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc
+    assert "--runs" in proc.stderr, proc.stderr
+    assert runs in proc.stderr, proc.stderr
+    assert proc.stdout == ""
