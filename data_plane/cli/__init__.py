@@ -90,7 +90,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         # each run on a fresh cluster: its own directory under --dir, or a temporary one
         own = opts if opts.directory is None else dataclasses.replace(opts, directory=f"{opts.directory}/run-{i}")
         results.append(e2e.run(own, log=_log))
-        _log(f"run {i}: met {results[-1]['met']}")
+        _log(f"run {i}: {verdict.missed(results[-1])}")
     summary = {"summary": verdict.summarize(results), "runs": [verdict.brief(r) for r in results]}
     text = _save(summary, None)
     if args.out:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from loadtest.verdict import TARGETS, brief, summarize, targets, verdict
+from loadtest.verdict import TARGETS, brief, missed, summarize, targets, verdict
 
 pytestmark = pytest.mark.unit
 
@@ -133,3 +133,10 @@ def test_a_runs_brief_has_its_figures_verdict_and_machine_speed() -> None:
     assert b["met"]["publish_sync_16_msgs_per_s"] is False
     assert b["met"]["all"] is False
     assert b["python_loop_ns"] == 31.5
+
+
+def test_the_log_line_names_what_a_run_missed_with_its_figure() -> None:
+    assert missed(result(250_000, 60_000, 600_000, 3.0)) == "met every target"
+    line = missed(result(187_936, 60_000, 600_000, 6.9))
+    assert line == "missed publish_batched_msgs_per_s 187936, half_peak_send_p99_ms 6.9"
+    assert missed({}).startswith("missed publish_batched_msgs_per_s None")
