@@ -25,6 +25,11 @@ Phases, in order:
    reading the topic — send latency again, and end-to-end latency (stored in a property at the
    intended send time, read at delivery).
 
+Before the cluster starts, 4 x ``warm_memory_mb`` of page cache is written and freed (reported
+as ``machine.page_cache_write_before``): on a VM that hands freed memory back to its host, the
+phases then reuse memory that is backed, as a broker that has run for a while does, instead of
+taking a host fault a page (docs/broker.md, "Cold memory").
+
 ``--latency-first`` runs the synchronous and half-peak phases first, on a fresh broker, then
 the batched and consume ones: after the batched phase's 4-5 GB the same open-loop phase's p99
 was several times higher on the project's VM, for a cause not established — not a write-back
@@ -88,10 +93,14 @@ class E2EOptions:
     # The phases' order: batched, synchronous, consume, half-peak; ``latency_first``: synchronous
     # and half-peak on a fresh broker, then batched and consume (docs/broker.md).
     latency_first: bool = False
+    # Before the cluster starts, write and free 4x this many MiB of page cache (0: not): on a VM
+    # that hands freed memory back to its host, the first run after an idle spell otherwise
+    # pays a host fault for each new page the phases use (docs/broker.md, "Cold memory").
+    warm_memory_mb: int = 1024
 
     @classmethod
     def quick(cls, directory: str | None = None) -> E2EOptions:
-        return cls(seconds=3.0, warmup_s=0.5, directory=directory)
+        return cls(seconds=3.0, warmup_s=0.5, directory=directory, warm_memory_mb=64)
 
 
 # --- worker processes (module-level functions: they run in spawned interpreters) -------------------
@@ -479,6 +488,12 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     base = {"message_bytes": opts.message_bytes, "seconds": opts.seconds, "warmup_s": opts.warmup_s}
     result: dict[str, Any] = {"options": asdict(opts), "machine": {"cpus": os.cpu_count(), **interpreter_facts()}}
     try:
+        if opts.warm_memory_mb > 0:
+            log(f"warming memory: {4 * opts.warm_memory_mb} MiB of page cache written and freed")
+            # how fast new memory came before the phases (slow: the VM's was cold); the phases
+            # then reuse what this freed
+            os.makedirs(root, exist_ok=True)
+            result["machine"]["page_cache_write_before"] = page_cache_write(root, opts.warm_memory_mb)
         with LocalCluster(root, namesrv_port=0, broker_port=0) as cluster:
             ns = cluster.namesrv
             base["broker_pid"] = next(c.proc.pid for c in cluster.children if c.name.startswith("broker"))

@@ -152,19 +152,35 @@ def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert printed == without_samples
 
 
-@pytest.mark.parametrize("order", [(), ("--latency-first",)], ids=["bulk-first", "latency-first"])
-def test_bench_e2e_prints_and_writes_every_figure(tmp_path: Path, order: tuple[str, ...]) -> None:
+@pytest.mark.parametrize(
+    ("order", "warm"),
+    [((), ()), (("--latency-first",), ("--warm-memory-mb", "0"))],
+    ids=["bulk-first", "latency-first-memory-not-warmed"],
+)
+def test_bench_e2e_prints_and_writes_every_figure(
+    tmp_path: Path, order: tuple[str, ...], warm: tuple[str, ...]
+) -> None:
     """``orbit bench e2e`` with one-second phases, in either order: every figure the issue asks
     for is there and positive, nothing failed, and the consumers read every message the
     producers stored (at least once)."""
     out = tmp_path / "e2e.json"
     stdout = orbit_bench(
-        "e2e", "--quick", "--seconds", "1", "--pull-batch-size", "64", *order,
+        "e2e", "--quick", "--seconds", "1", "--pull-batch-size", "64", *order, *warm,
         "--dir", str(tmp_path / "cluster"), "--out", str(out),
     )  # fmt: skip
     result = json.loads(stdout)
     assert json.loads(out.read_text()) == result
     assert result["options"]["latency_first"] is bool(order)
+    # Memory warmed before the cluster started (--quick: 64 MiB, written four times over), and
+    # how fast it came; not at all with --warm-memory-mb 0.
+    if warm:
+        assert result["options"]["warm_memory_mb"] == 0
+        assert "page_cache_write_before" not in result["machine"]
+    else:
+        assert result["options"]["warm_memory_mb"] == 64
+        before = result["machine"]["page_cache_write_before"]
+        assert before["megabytes"] == 256
+        positive(before["mb_per_s"], "machine.page_cache_write_before.mb_per_s")
     ran = [k for k in result if k in ("publish_batched", "publish_sync_16", "consume", "half_peak")]
     expected = ["publish_sync_16", "half_peak", "publish_batched", "consume"]
     assert ran == (expected if order else ["publish_batched", "publish_sync_16", "consume", "half_peak"])
@@ -251,7 +267,8 @@ def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targe
     the --out file the same with every run's full result."""
     out = tmp_path / "runs.json"
     stdout = orbit_bench(
-        "e2e", "--quick", "--seconds", "1", "--runs", "2", "--dir", str(tmp_path / "cluster"), "--out", str(out),
+        "e2e", "--quick", "--seconds", "1", "--runs", "2", "--warm-memory-mb", "16",
+        "--dir", str(tmp_path / "cluster"), "--out", str(out),
     )  # fmt: skip
     printed = json.loads(stdout)
     written = json.loads(out.read_text())
@@ -267,6 +284,7 @@ def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targe
         positive(figure(r, "half_peak.send_latency_ms.p99"), "half_peak.send_latency_ms.p99")
         assert r["publish_sync_16"]["errors"] == r["half_peak"]["errors"] == 0
         assert r["met"] == verdict(r)
+        assert r["machine"]["page_cache_write_before"]["megabytes"] == 64  # each run warms memory first
     assert results[0]["options"]["directory"] != results[1]["options"]["directory"]
     # The summary is the runs' figures, target by target.
     summary = printed["summary"]
@@ -284,13 +302,17 @@ def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targe
     assert printed["runs"] == [brief(r) for r in results]
 
 
-@pytest.mark.parametrize("runs", ["0", "101", "two"])
-def test_bench_e2e_refuses_a_run_count_out_of_range(runs: str) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [("--runs", "0"), ("--runs", "101"), ("--runs", "two"), ("--warm-memory-mb", "-1"), ("--warm-memory-mb", "4097"),
+     ("--warm-memory-mb", "1G")],
+)  # fmt: skip
+def test_bench_e2e_refuses_a_count_out_of_range(flag: str, value: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "data_plane.cli", "bench", "e2e", "--runs", runs],
+        [sys.executable, "-m", "data_plane.cli", "bench", "e2e", flag, value],
         capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc
-    assert "--runs" in proc.stderr, proc.stderr
-    assert runs in proc.stderr, proc.stderr
+    assert flag in proc.stderr, proc.stderr
+    assert value in proc.stderr, proc.stderr
     assert proc.stdout == ""
