@@ -77,6 +77,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     loop_ns = [r.get("machine", {}).get("python_loop_ns") for r in results]
     return {
         "runs": len(results),
+        "failed_runs": sum("error" in r for r in results),  # runs that ended in an error: all missed
         "all_met_runs": sum(verdict(r)["all"] for r in results),
         "targets": per_target,
         # the VM's speed during each run (a Python loop iteration, ns; lower is faster)
@@ -91,9 +92,13 @@ def missed(result: dict[str, Any]) -> str:
 
 
 def brief(result: dict[str, Any]) -> dict[str, Any]:
-    """One run in a line: its target figures, what it met, and the VM's speed then."""
-    return {
+    """One run in a line: its target figures, what it met, and the VM's speed then (and the
+    error it ended in, if it did)."""
+    out = {
         "figures": {t.name: t.figure(result) for t in TARGETS},
         "met": verdict(result),
         "python_loop_ns": result.get("machine", {}).get("python_loop_ns"),
     }
+    if "error" in result:
+        out["error"] = result["error"]
+    return out

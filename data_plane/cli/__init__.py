@@ -92,19 +92,25 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     if args.runs == 1:
         print(_save(e2e.run(opts, log=_log), args.out))
         return 0
-    results = []
+    results: list[dict[str, Any]] = []
     for i in range(1, args.runs + 1):
         _log(f"run {i} of {args.runs}")
         # each run on a fresh cluster: its own directory under --dir, or a temporary one
         own = opts if opts.directory is None else dataclasses.replace(opts, directory=f"{opts.directory}/run-{i}")
-        results.append(e2e.run(own, log=_log))
+        try:
+            results.append(e2e.run(own, log=_log))
+        except Exception as e:  # (its cluster did not start, a worker died): the other runs still count
+            results.append({"error": f"{type(e).__name__}: {e}"})
+            _log(f"run {i} failed: {results[-1]['error']}")
+            continue
         _log(f"run {i}: {verdict.missed(results[-1])}")
-    summary = {"summary": verdict.summarize(results), "runs": [verdict.brief(r) for r in results]}
+    over_runs = verdict.summarize(results)
+    summary = {"summary": over_runs, "runs": [verdict.brief(r) for r in results]}
     text = _save(summary, None)
     if args.out:
         _save({**summary, "results": results}, args.out)
     print(text)
-    return 0
+    return 1 if over_runs["failed_runs"] else 0
 
 
 def _bench_ha(args: argparse.Namespace) -> int:

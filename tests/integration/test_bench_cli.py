@@ -302,6 +302,31 @@ def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targe
     assert printed["runs"] == [brief(r) for r in results]
 
 
+def test_bench_e2e_runs_on_past_a_run_that_fails_and_exits_non_zero(tmp_path: Path) -> None:
+    """A run that cannot finish (here: its directory is taken by a file) is reported as failed,
+    the runs after it still run and count, and the command exits 1."""
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    (cluster / "run-1").write_text("not a directory")
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_plane.cli", "bench", "e2e", "--quick", "--seconds", "1", "--runs", "2",
+         "--warm-memory-mb", "0", "--dir", str(cluster)],
+        capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-4000:]
+    assert "run 1 failed" in proc.stderr, proc.stderr[-4000:]
+    printed = json.loads(proc.stdout)
+    assert (printed["summary"]["runs"], printed["summary"]["failed_runs"]) == (2, 1)
+    first, second = printed["runs"]
+    assert "run-1" in first["error"], first
+    assert not any(first["met"].values())
+    assert "error" not in second
+    for name, value in second["figures"].items():
+        positive(value, name)
+    consumed = printed["summary"]["targets"]["consume_msgs_per_s"]
+    assert consumed["values"] == [None, second["figures"]["consume_msgs_per_s"]]
+
+
 @pytest.mark.parametrize(
     ("flag", "value"),
     [("--runs", "0"), ("--runs", "101"), ("--runs", "two"), ("--warm-memory-mb", "-1"), ("--warm-memory-mb", "4097"),

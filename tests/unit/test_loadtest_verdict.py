@@ -86,6 +86,7 @@ def test_runs_are_summarized_per_target_and_together() -> None:
     ]
     s = summarize(runs)
     assert s["runs"] == 4
+    assert s["failed_runs"] == 0
     assert s["all_met_runs"] == 2
     assert s["python_loop_ns"] == [25.0, 40.0, 35.0, 28.0]
     assert set(s["targets"]) == {t.name for t in TARGETS}
@@ -140,3 +141,16 @@ def test_the_log_line_names_what_a_run_missed_with_its_figure() -> None:
     line = missed(result(187_936, 60_000, 600_000, 6.9))
     assert line == "missed publish_batched_msgs_per_s 187936, half_peak_send_p99_ms 6.9"
     assert missed({}).startswith("missed publish_batched_msgs_per_s None")
+
+
+def test_a_run_that_ended_in_an_error_is_counted_as_failed_and_missed_everything() -> None:
+    failed = {"error": "ClusterError: broker did not start"}
+    s = summarize([result(250_000, 60_000, 600_000, 3.0), failed])
+    assert (s["runs"], s["failed_runs"], s["all_met_runs"]) == (2, 1, 1)
+    assert all(t["met_runs"] == 1 for t in s["targets"].values())
+    assert s["python_loop_ns"] == [30.0, None]
+    b = brief(failed)
+    assert b["error"] == "ClusterError: broker did not start"
+    assert set(b["figures"].values()) == {None}
+    assert not any(b["met"].values())
+    assert "error" not in brief(result(250_000, 60_000, 600_000, 3.0))
