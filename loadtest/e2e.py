@@ -482,7 +482,20 @@ def _phase_half_peak(
     }
 
 
+class BenchDirectoryError(ValueError):
+    """The directory given for the cluster holds something already (the benchmark needs a fresh
+    cluster, not one recovering an earlier run's store)."""
+
+
 def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    if (
+        opts.directory
+        and os.path.exists(opts.directory)
+        and (not os.path.isdir(opts.directory) or os.listdir(opts.directory))
+    ):
+        raise BenchDirectoryError(
+            f"{opts.directory} is not an empty directory: the benchmark runs a fresh cluster there"
+        )
     root = opts.directory or tempfile.mkdtemp(prefix="orbit-e2e-")
     own_dir = opts.directory is None
     base = {"message_bytes": opts.message_bytes, "seconds": opts.seconds, "warmup_s": opts.warmup_s}

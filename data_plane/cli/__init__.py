@@ -90,7 +90,12 @@ def _bench_e2e(args: argparse.Namespace) -> int:
     if args.warm_memory_mb is not None:
         opts = dataclasses.replace(opts, warm_memory_mb=args.warm_memory_mb)
     if args.runs == 1:
-        print(_save(e2e.run(opts, log=_log), args.out))
+        try:
+            result = e2e.run(opts, log=_log)
+        except e2e.BenchDirectoryError as e:
+            _log(f"orbit bench e2e: {e}")
+            return 2
+        print(_save(result, args.out))
         return 0
     results: list[dict[str, Any]] = []
     for i in range(1, args.runs + 1):

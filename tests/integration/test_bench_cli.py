@@ -314,7 +314,7 @@ def test_bench_e2e_runs_on_past_a_run_that_fails_and_exits_non_zero(tmp_path: Pa
         capture_output=True, text=True, cwd=REPO, timeout=600, check=False,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-4000:]
-    assert "run 1 failed" in proc.stderr, proc.stderr[-4000:]
+    assert "run 1 failed: BenchDirectoryError" in proc.stderr, proc.stderr[-4000:]
     printed = json.loads(proc.stdout)
     assert (printed["summary"]["runs"], printed["summary"]["failed_runs"]) == (2, 1)
     first, second = printed["runs"]
@@ -325,6 +325,28 @@ def test_bench_e2e_runs_on_past_a_run_that_fails_and_exits_non_zero(tmp_path: Pa
         positive(value, name)
     consumed = printed["summary"]["targets"]["consume_msgs_per_s"]
     assert consumed["values"] == [None, second["figures"]["consume_msgs_per_s"]]
+
+
+@pytest.mark.parametrize("taken", ["a file", "a directory with a store in it"])
+def test_bench_e2e_refuses_a_directory_that_is_not_empty(tmp_path: Path, taken: str) -> None:
+    """The benchmark runs a fresh cluster: a --dir holding anything (an earlier run's store, which
+    the broker would recover) is refused before any server starts, and left as it was."""
+    target = tmp_path / "cluster"
+    if taken == "a file":
+        target.write_text("x")
+    else:
+        (target / "broker-a").mkdir(parents=True)
+        (target / "broker-a" / "commitlog").write_text("earlier run")
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "data_plane.cli", "bench", "e2e", "--quick", "--dir", str(target)],
+        capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert f"{target} is not an empty directory" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
 
 
 @pytest.mark.parametrize(
