@@ -87,7 +87,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def missed(result: dict[str, Any]) -> str:
     """A line for the log: "met every target", or the targets missed with their figures."""
-    out = [f"{t.name} {t.figure(result)}" for t in TARGETS if not t.met(t.figure(result))]
+    figures = [(t, t.figure(result)) for t in TARGETS]
+    out = [f"{t.name} {value}" for t, value in figures if not t.met(value)]
     return "met every target" if not out else "missed " + ", ".join(out)
 
 
