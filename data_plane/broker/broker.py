@@ -91,6 +91,7 @@ class Broker:
             max_frame_bytes=config.max_frame_bytes,
             idle_timeout_s=config.idle_timeout_s,
             answer_slice=config.answer_slice,
+            max_inflight=config.max_requests_in_flight_per_connection,
             on_close=self._connection_closed,
         )
         conf_dir = os.path.join(config.store_dir, "config")
@@ -109,7 +110,7 @@ class Broker:
         )
         self.clients = ClientManager(channel_expired_s=config.channel_expired_s)
         self.locks = RebalanceLockManager(expiry_s=config.rebalance_lock_expiry_s)
-        self.hold = PullRequestHoldService()
+        self.hold = PullRequestHoldService(config.max_held_pulls, config.max_held_pulls_per_connection)
         self.schedule = Schedule(config)  # delayed and timed messages (started on a master)
         self.consumer_filter = ConsumerFilterManager(enabled=config.enable_property_filter)  # SQL92
         self.trace: MessageTrace | None = None  # set in start() when trace_enabled (trace.py)

@@ -74,6 +74,11 @@ class BrokerConfig:
     # write a read), so a client pipelining on one connection starts on them early. docs/broker.md
     answer_slice: int = 4
     max_pull_messages: int = 1024
+    # Requests a connection may have being handled at once (past that: SYSTEM_BUSY). Pulls held
+    # for long polling wait rather than work and count apart: a consumer holds one a queue.
+    max_requests_in_flight_per_connection: int = 4096
+    max_held_pulls_per_connection: int = 32_768  # past either cap a pull is answered at once
+    max_held_pulls: int = 100_000
     max_query_messages: int = 64
     # --- Transactional messages (docs/transactions.md) ---------------------------------------------
     transaction_timeout_ms: int = 6_000  # an unresolved half message is first checked this old
@@ -232,6 +237,9 @@ class BrokerConfig:
                 problems.append(f"{name} must be > 0")
         if self.transaction_check_max < 0:
             problems.append("transaction_check_max must be >= 0")
+        for name in ("max_requests_in_flight_per_connection", "max_held_pulls_per_connection", "max_held_pulls"):
+            if getattr(self, name) < 1:
+                problems.append(f"{name} must be >= 1")
         if not 1 <= self.default_topic_queue_nums <= self.max_topic_queue_nums:
             problems.append("default_topic_queue_nums must be within 1..max_topic_queue_nums")
         unknown = set(self.store) - {f.name for f in dataclasses.fields(StoreConfig)}

@@ -5,7 +5,9 @@ passes the pull's offset and the message's tag hash is one the pull asked for) o
 suspend time runs out; either way the pull is then read again and answered. Arrivals are
 announced by the send path (``notify``) right after the append, so the wake-up costs one dict
 lookup per send and no polling. A pull held for a connection that closes is let go at once
-(``release_owner``): it would otherwise wait out its suspend time for nobody."""
+(``release_owner``): it would otherwise wait out its suspend time for nobody. At most
+``max_held`` pulls wait in all and ``max_per_owner`` for one connection (a push consumer holds
+one a queue); past either a pull is answered at once, as if it had not asked to wait."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import asyncio
 from collections.abc import Collection
 
 MAX_HELD = 100_000
+MAX_HELD_PER_OWNER = 32_768
 
 
 class _Held:
@@ -29,7 +32,9 @@ class _Held:
 
 
 class PullRequestHoldService:
-    def __init__(self) -> None:
+    def __init__(self, max_held: int = MAX_HELD, max_per_owner: int = MAX_HELD_PER_OWNER) -> None:
+        self.max_held = max_held
+        self.max_per_owner = max_per_owner
         self.held: dict[tuple[str, int], list[_Held]] = {}
         self.count = 0
         self._by_owner: dict[int, set[_Held]] = {}  # id(owner) → its pulls still held
@@ -45,9 +50,16 @@ class PullRequestHoldService:
     ) -> asyncio.Future[bool] | None:
         """A future resolved with True on a matching arrival, False on timeout or when
         ``owner`` (the pull's connection) is released (or None when too many pulls are held
-        already: answer the pull at once)."""
-        if self.count >= MAX_HELD:
+        already, in all or for ``owner``: answer the pull at once)."""
+        if self.count >= self.max_held:
             return None
+        mine = None
+        if owner is not None:
+            mine = self._by_owner.get(id(owner))
+            if mine is None:
+                mine = self._by_owner[id(owner)] = set()
+            elif len(mine) >= self.max_per_owner:
+                return None
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[bool] = loop.create_future()
         key = (topic, queue_id)
@@ -58,10 +70,7 @@ class PullRequestHoldService:
         lst.append(h)
         self.count += 1
         h.timer = loop.call_later(timeout_s, self._expire, h)
-        if owner is not None:
-            mine = self._by_owner.get(id(owner))
-            if mine is None:
-                mine = self._by_owner[id(owner)] = set()
+        if mine is not None:
             mine.add(h)
             fut.add_done_callback(lambda _f: mine.discard(h))
         return fut

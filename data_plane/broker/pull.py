@@ -154,6 +154,7 @@ class PullProcessor:
             if hold_ms > 0:
                 fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes, owner=conn)
                 if fut is not None:
+                    conn.park(fut)  # a wait, not work: apart from the connection's in-flight cap
                     return self._held(conn, cmd, fut, topic, queue_id, offset, max_nums, codes, record_filter)
         return self._answer(cmd, result, offset, topic)
 

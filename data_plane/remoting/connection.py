@@ -6,7 +6,10 @@ answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never to
 * Incoming requests go to ``dispatch(connection, command)``, which returns the response, an
   awaitable of it, or None (no answer: oneway requests, or a handler that answers later
   through ``send``). At most ``max_inflight`` awaitable requests per connection; past that the
-  answer is SYSTEM_BUSY, so one client cannot pile up unbounded work.
+  answer is SYSTEM_BUSY, so one client cannot pile up unbounded work. A request ``park``ed
+  (a long-polling pull held until a message arrives: a wait, not work) does not count while it
+  waits; what holds it bounds those (the broker's PullRequestHoldService, per connection and
+  in all). A consumer holds one pull a queue, so thousands of queues means thousands parked.
 * Responses written while handling one read are gathered and written together, in slices of at
   most ``answer_slice`` frames (0: one write for the whole read): a client that pipelines many
   requests on one connection gets the first answers while the rest are still being handled, so
@@ -118,7 +121,8 @@ class Connection(asyncio.Protocol):
         self.peer = ""
         self.closed = False
         self.closed_event = asyncio.Event()
-        self.inflight = 0
+        self.inflight = 0  # awaitable requests being handled, ``parked`` ones included
+        self.parked = 0  # of those, the ones waiting for an event (``park``)
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
         self._pending: dict[int, tuple[Waiter, int]] = {}  # opaque -> (its future or waiter, code)
         # Per timeout (ms): (deadline, opaque) in the order sent, i.e. by deadline. Never the
@@ -162,7 +166,7 @@ class Connection(asyncio.Protocol):
         fast = self.frame_handler
         try:
             for frame in frames:
-                if fast is not None and self.inflight < self.max_inflight:
+                if fast is not None and self.inflight - self.parked < self.max_inflight:
                     try:
                         answer = fast(self, frame)
                     except Exception:
@@ -234,7 +238,7 @@ class Connection(asyncio.Protocol):
                 cmd, cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request code {cmd.code} not supported")
             )
             return
-        if self.inflight >= self.max_inflight:
+        if self.inflight - self.parked >= self.max_inflight:
             self._answer(cmd, cmd.response(ResponseCode.SYSTEM_BUSY, "too many requests in flight on this connection"))
             return
         try:
@@ -267,6 +271,15 @@ class Connection(asyncio.Protocol):
         self.inflight += 1
         task: asyncio.Future[RemotingCommand | None] = asyncio.ensure_future(r)
         task.add_done_callback(lambda t: self._finish(cmd, t))
+
+    def park(self, until: asyncio.Future[Any]) -> None:
+        """The request being handled now waits for ``until`` (an event, not work: a pull held
+        until a message arrives), so it does not count against ``max_inflight`` until then."""
+        self.parked += 1
+        until.add_done_callback(self._unpark)
+
+    def _unpark(self, _until: asyncio.Future[Any]) -> None:
+        self.parked -= 1
 
     def _finish(self, cmd: RemotingCommand, task: asyncio.Future[RemotingCommand | None]) -> None:
         self.inflight -= 1

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
-from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, Connection, FrameHandler
+from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, MAX_INFLIGHT, Connection, FrameHandler
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ class RemotingServer:
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         answer_slice: int = ANSWER_SLICE,
+        max_inflight: int = MAX_INFLIGHT,
         on_close: Callable[[Connection], None] | None = None,
     ) -> None:
         self.processors = processors
@@ -85,6 +86,7 @@ class RemotingServer:
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
         self.answer_slice = answer_slice
+        self.max_inflight = max_inflight
         self.connections: set[Connection] = set()
         self._on_close_hook = on_close
         self._server: asyncio.base_events.Server | None = None
@@ -99,6 +101,7 @@ class RemotingServer:
             self.processors,
             max_frame_bytes=self.max_frame_bytes,
             idle_timeout_s=self.idle_timeout_s,
+            max_inflight=self.max_inflight,
             on_close=self._closed,
             server_side=True,
             before_write=self.before_write,

@@ -51,6 +51,7 @@ BIG = 9009
 RECORD = 9010
 CALL_BACK = 9011
 BUSY = 9012
+PARKED = 9013
 NOT_REGISTERED = 9999
 BIG_BODY = b"B" * (256 * 1024)
 
@@ -72,6 +73,7 @@ class App:
         self.finish_order: list[str] = []
         self.late_done = asyncio.Event()
         self.finished_at: list[float] = []  # when each BUSY request's handling ended
+        self.release = asyncio.Event()  # what PARKED requests wait for
 
     def processors(self) -> Processors:
         p = Processors()
@@ -87,6 +89,7 @@ class App:
         p.register(RECORD, self.record)
         p.register(CALL_BACK, self.call_back)
         p.register(BUSY, self.busy)
+        p.register(PARKED, self.parked)
         return p
 
     def echo(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -127,6 +130,17 @@ class App:
         self.finish_order.append(str(cmd.opaque))
         self.finished_at.append(time.monotonic())
         return cmd.response(ResponseCode.SUCCESS, remark=str(cmd.opaque))
+
+    def parked(self, conn: Connection, cmd: RemotingCommand) -> Awaitable[RemotingCommand]:
+        """A request that waits for ``release`` as a held pull waits for a message (``park``)."""
+        until = asyncio.ensure_future(self.release.wait())
+        conn.park(until)
+
+        async def answer() -> RemotingCommand:
+            await until
+            return cmd.response(ResponseCode.SUCCESS, remark="released")
+
+        return answer()
 
     async def call_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         answer = await conn.invoke(RemotingCommand(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, remark="ping"), 3000)
@@ -443,16 +457,41 @@ async def test_a_before_hook_may_answer_instead_of_the_handler() -> None:
         await echo(client, server.address, "allow")
 
 
-@pytest.mark.asyncio
-async def test_requests_over_the_inflight_limit_are_answered_system_busy() -> None:
-    app = App()
+@contextlib.asynccontextmanager
+async def two_in_flight(app: App) -> AsyncIterator[tuple[str, RemotingClient, Connection]]:
+    """A server whose connection to the client takes two requests in flight at most."""
     async with serving(app) as server, client_of() as client:
         await echo(client, server.address)
         (server_conn,) = server.connections
         server_conn.max_inflight = 2
-        answers = await asyncio.gather(*(client.invoke(server.address, delayed(str(i), 200), 5000) for i in range(3)))
-        assert sorted(a.code for a in answers) == [ResponseCode.SUCCESS, ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY]
-        await echo(client, server.address)
+        yield server.address, client, server_conn
+
+
+async def three_requests_two_taken(client: RemotingClient, addr: str) -> None:
+    answers = await asyncio.gather(*(client.invoke(addr, delayed(str(i), 200), 5000) for i in range(3)))
+    assert sorted(a.code for a in answers) == [ResponseCode.SUCCESS, ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY]
+
+
+@pytest.mark.asyncio
+async def test_requests_over_the_inflight_limit_are_answered_system_busy() -> None:
+    async with two_in_flight(App()) as (addr, client, _server_conn):
+        await three_requests_two_taken(client, addr)
+        await echo(client, addr)
+
+
+@pytest.mark.asyncio
+async def test_parked_requests_do_not_count_against_the_inflight_limit() -> None:
+    app = App()
+    async with two_in_flight(app) as (addr, client, server_conn):
+        # Ten waiting in one connection (a consumer's held pulls, one a queue), past the limit
+        parked = [asyncio.ensure_future(client.invoke(addr, RemotingCommand(PARKED), 5000)) for _ in range(10)]
+        await until(lambda: server_conn.parked == 10, what="ten requests parked")
+        assert server_conn.inflight == 10
+        await three_requests_two_taken(client, addr)  # work is still taken up to the limit only
+        assert not any(p.done() for p in parked)
+        app.release.set()
+        assert [(r.code, r.remark) for r in await asyncio.gather(*parked)] == [(ResponseCode.SUCCESS, "released")] * 10
+        assert (server_conn.parked, server_conn.inflight) == (0, 0)
 
 
 @pytest.mark.asyncio

@@ -29,6 +29,7 @@ from sdk import (  # after the skip: nothing to test without a broker
     Producer,
     PushConsumer,
 )
+from sdk.admin import AdminClient
 from tests.integration import helpers
 from tests.integration.helpers import QUICK, create_topic
 
@@ -158,6 +159,50 @@ async def test_a_message_sent_while_a_pull_is_held_arrives_long_before_the_suspe
     finally:
         await c.shutdown()
     assert latency_s < 1.5, f"arrived after {latency_s:.3f} s of a 15 s suspend"
+
+
+@pytest.mark.asyncio
+async def test_a_consumer_holds_more_pulls_than_a_connections_requests_in_flight(
+    namesrv: Any, start_broker: Any
+) -> None:
+    """One pull held a queue: a consumer of more queues than the broker lets a connection have
+    requests being handled (here 8, 4,096 by default) still has every pull held, is woken on
+    each queue, and its offsets are taken — held pulls wait, they are not work."""
+    start_broker(namesrv.address, "--set", "max_requests_in_flight_per_connection=8")
+    namesrv_addr = namesrv.address
+    await create_topic(namesrv_addr, "Wide", 32)
+    c, got = collecting("wide", namesrv_addr, "Wide", "w1", pull_suspend_ms=15000)
+    await c.start()
+    try:
+        # 33 held: the topic's 32 queues and the group's retry queue
+        await until(lambda: c._pulls_in_flight == 33, "a pull in flight for every queue")
+        pulls = c.pulls_sent
+        await asyncio.sleep(0.5)
+        assert c.pulls_sent == pulls, "no pull answered and sent again: every one is held"
+        async with Producer("p", namesrv_addrs=namesrv_addr) as producer:
+            t0 = time.monotonic()
+            for q in range(32):
+
+                def queue_q(qs: Sequence[MessageQueue], _m: Message, q: int = q) -> MessageQueue:
+                    return next(m for m in qs if m.queue_id == q)
+
+                await producer.send(Message("Wide", b"%d" % q), queue_selector=queue_q)
+            # a refused pull is tried again after pull_retry_delay_ms (3 s): well within that
+            await until(lambda: len(got) == 32, "a message from each of the 32 queues", timeout_s=10)
+            latency_s = time.monotonic() - t0
+        assert latency_s < 2.0, f"the 32 messages took {latency_s:.3f} s"
+        assert sorted(m.queue_id for m in got) == list(range(32))
+        async with AdminClient(namesrv_addr) as admin:
+
+            async def committed() -> list[int]:
+                return [p.consumer_offset for p in await admin.group_progress("wide", "Wide")]
+
+            deadline = time.monotonic() + DEADLINE_S
+            while await committed() != [1] * 32:
+                assert time.monotonic() < deadline, f"offsets committed: {await committed()}"
+                await asyncio.sleep(0.1)
+    finally:
+        await c.shutdown()
 
 
 @pytest.mark.asyncio

@@ -593,6 +593,25 @@ async def test_releasing_an_owner_answers_only_its_held_pulls_and_forgets_them()
     assert (s.count, s.held) == (0, {})
 
 
+@pytest.mark.asyncio
+async def test_held_pulls_are_capped_in_all_and_per_connection() -> None:
+    s = PullRequestHoldService(max_held=5, max_per_owner=2)
+    a, b = object(), object()
+    assert all(s.hold("T", q, 0, 30.0, None, owner=a) is not None for q in range(2))
+    assert s.hold("T", 2, 0, 30.0, None, owner=a) is None  # a's third: answered at once
+    assert all(s.hold("T", q, 0, 30.0, None, owner=b) is not None for q in range(2))
+    assert s.hold("T", 9, 0, 30.0, None) is not None  # no owner: only the cap in all
+    assert s.count == 5
+    assert s.hold("U", 0, 0, 30.0, None, owner=object()) is None  # five held in all
+    s.notify("T", 0, 1)  # wakes a's and b's pulls of queue 0
+    await asyncio.sleep(0)  # their done-callbacks forget them
+    assert s.count == 3
+    again = s.hold("T", 0, 1, 30.0, None, owner=a)  # a holds one again, within both caps
+    assert again is not None
+    assert s.hold("T", 3, 0, 30.0, None, owner=a) is None
+    s.wake_all()
+
+
 # --- parse_tag_expression ---------------------------------------------------------------------
 @pytest.mark.parametrize("expr", [None, "", "   ", "*", " * "])
 def test_every_tag_expressions(expr: str | None) -> None:
@@ -692,6 +711,9 @@ def test_config_string_forms_of_flags() -> None:
         ({"broker_id": -1}, "broker_id must be >= 0"),
         ({"gil_switch_interval_us": 10}, "gil_switch_interval_us must be 50..100000"),
         ({"answer_slice": -1}, "answer_slice must be 0..4096"),
+        ({"max_requests_in_flight_per_connection": 0}, "max_requests_in_flight_per_connection must be >= 1"),
+        ({"max_held_pulls_per_connection": 0}, "max_held_pulls_per_connection must be >= 1"),
+        ({"max_held_pulls": -5}, "max_held_pulls must be >= 1"),
         ({"listen": "nowhere"}, "listen 'nowhere' is not host:port"),
         ({"namesrv_addrs": "host-without-port"}, "name server address 'host-without-port'"),
         ({"default_topic_queue_nums": 0}, "default_topic_queue_nums must be within"),
