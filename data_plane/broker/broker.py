@@ -147,6 +147,7 @@ class Broker:
         # Answers leave only after the records they acknowledge are in the CommitLog file.
         self.server.before_write = self.store.write_staged
         self.topics.load()
+        self.topics.on_written = self._topic_written
         self.offsets.load()
         self.groups.load()
         self.topics.persist()
@@ -340,6 +341,12 @@ class Broker:
         log.info("broker %s stopped", self.config.broker_name)
 
     # --- hooks of the processors ----------------------------------------------------------------
+    def _topic_written(self, topic: str, write_queue_nums: int) -> None:
+        """A topic created or changed here: a master has its new queues made now, off the
+        loop thread, rather than on their first sends (a slave's follow the master's log)."""
+        if self.is_master:
+            self.store.prepare_queues(topic, write_queue_nums)
+
     def topics_changed(self) -> None:
         """Tell the slaves now and the name servers soon (one registration for a burst of changes)."""
         if self.replication is not None:

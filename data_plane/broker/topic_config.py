@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 
 from data_plane.broker.persisted import ConfigFile
 from data_plane.remoting.bodies import DataVersion, TopicConfig, topic_config
@@ -38,6 +39,9 @@ class TopicConfigManager:
         self._counter = itertools.count(1)
         self.data_version: DataVersion = {"timestamp": int(time.time() * 1000), "counter": 0}
         self.dirty = False
+        # Told of a topic created or changed here, with its write queue count (the broker has
+        # its new queues made ahead of their first messages: MessageStore.prepare_queues)
+        self.on_written: Callable[[str, int], object] | None = None
 
     def load(self) -> None:
         doc = self.file.load()
@@ -102,6 +106,8 @@ class TopicConfigManager:
         if self.topics.get(topic) != tc:
             self.topics[topic] = tc
             self._changed()
+            if self.on_written is not None:
+                self.on_written(topic, write_queue_nums)
         return tc
 
     def create_in_send(self, topic: str, default_topic: str, requested_queue_nums: int) -> TopicConfig | None:

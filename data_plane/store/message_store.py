@@ -53,6 +53,7 @@ from data_plane.store.message import (
     topic_of,
 )
 from data_plane.store.populate_ahead import PopulateAheadService
+from data_plane.store.queue_prepare import QueuePreparer
 from data_plane.store.recovery import adopt_queue_state, recover
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
@@ -150,6 +151,7 @@ class MessageStore:
         self._flush_cq: FlushConsumeQueueService | None = None
         self._reserve_ahead: ReserveAheadService | None = None
         self._populate_ahead: PopulateAheadService | None = None
+        self._queue_preparer: QueuePreparer | None = None
         self._last_release_all = time.monotonic()
         self._reserve_warned_at = -float("inf")  # time.monotonic() of the last reserve-ahead warning
         self._put_count = 0  # (``put_count``; the compiled entry points count their own)
@@ -295,13 +297,23 @@ class MessageStore:
                 populate=speedups.populate if speedups is not None else py_populate,
             )
             self._populate_ahead.start()
+        self._queue_preparer = QueuePreparer(self.queues)
+        self._queue_preparer.start()
+
+    def prepare_queues(self, topic: str, queue_nums: int) -> bool:
+        """Make the ConsumeQueues of ``topic``'s first ``queue_nums`` queues that do not exist
+        yet, on a thread of their own, before its first messages need them (queue_prepare.py).
+        For a master's new topics: a queue prepared starts at offset 0. False when not queued."""
+        preparer = self._queue_preparer
+        return preparer is not None and self.running and preparer.request(topic, range(queue_nums))
 
     def shutdown(self) -> None:
         """Stop services, flush everything, write the checkpoint, remove the abort file."""
         if not self.running:
             return
         self.running = False
-        for svc in (self._populate_ahead, self._reserve_ahead, self._group_commit, self._flush_log, self._flush_cq):
+        services = (self._queue_preparer, self._populate_ahead, self._reserve_ahead, self._group_commit)
+        for svc in (*services, self._flush_log, self._flush_cq):
             if svc is not None:
                 svc.stop()
         with self.commit_log.lock:
