@@ -3,7 +3,10 @@ offsets by position and time, messages by id and key, runtime figures."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import time
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from data_plane.auth.request_access import SUBSCRIBE
@@ -17,6 +20,8 @@ if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
 
 _QID = {"lo": 0, "hi": 2**31 - 1}
+# A topic's creation is answered once its new queues are made, or after this long.
+QUEUES_READY_WAIT_S = 2.0
 
 
 class AdminProcessor:
@@ -25,7 +30,7 @@ class AdminProcessor:
         self.store = broker.store
 
     # --- topics ------------------------------------------------------------------------------
-    def create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def create_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
         topic = field_str(ext, "topic", max_length=1024)
         hi = self.broker.config.max_topic_queue_nums
@@ -41,6 +46,18 @@ class AdminProcessor:
         except ValueError as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
         self.broker.topics_changed()
+        ready = self.store.queues_ready(topic)
+        if ready is None or ready.done():
+            return cmd.response(ResponseCode.SUCCESS)
+        return self._created_when_ready(cmd, ready)
+
+    async def _created_when_ready(
+        self, cmd: RemotingCommand, ready: concurrent.futures.Future[None]
+    ) -> RemotingCommand:
+        """The answer once the topic's new queues are made (queue_prepare.py), so that sends
+        right after it find them — or after ``QUEUES_READY_WAIT_S``: the topic is there either
+        way, and a queue not made yet is made by its first write."""
+        await asyncio.wait({asyncio.wrap_future(ready)}, timeout=QUEUES_READY_WAIT_S)
         return cmd.response(ResponseCode.SUCCESS)
 
     def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -21,6 +21,7 @@ pulls that found nothing new make no span."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -65,6 +66,12 @@ _NOT_FOUND = {GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.OFFSET_FOUN
 _RETRY = {GetMessageStatus.NO_MATCHED_MESSAGE, GetMessageStatus.MESSAGE_WAS_REMOVING}
 _MOVED = {GetMessageStatus.OFFSET_OVERFLOW_BADLY, GetMessageStatus.OFFSET_TOO_SMALL}
 _EMPTY = {GetMessageStatus.NO_MESSAGE_IN_QUEUE, GetMessageStatus.NO_MATCHED_LOGIC_QUEUE}
+# A held pull's state, kept by the hold service for _wake: the answer's future, the connection,
+# the request, topic, queue id, offset, max messages, tag hash codes, SQL92 record filter.
+_HeldPull = tuple[
+    "asyncio.Future[RemotingCommand]", Connection, RemotingCommand, str, int, int, int,
+    "frozenset[int] | None", "RecordFilter | None",
+]  # fmt: skip
 
 
 class PullProcessor:
@@ -73,6 +80,7 @@ class PullProcessor:
         self.store = broker.store
         self.hold = broker.hold
         self.config = broker.config
+        self._wake_held = self._wake  # one bound method for every held pull, not one each
 
     def pull(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
@@ -152,34 +160,35 @@ class PullProcessor:
             if not self.config.long_polling_enable:
                 hold_ms = min(hold_ms, self.config.short_polling_ms)
             if hold_ms > 0:
-                fut = self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes, owner=conn)
-                if fut is not None:
-                    conn.park(fut)  # a wait, not work: apart from the connection's in-flight cap
-                    return self._held(conn, cmd, fut, topic, queue_id, offset, max_nums, codes, record_filter)
+                # Held: answered through a future (no task), by _wake, read again then
+                answer: asyncio.Future[RemotingCommand] = asyncio.get_running_loop().create_future()
+                payload = (answer, conn, cmd, topic, queue_id, offset, max_nums, codes, record_filter)
+                if self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes, self._wake_held, payload, owner=conn):
+                    conn.park()  # a wait, not work: apart from the connection's in-flight cap
+                    return answer
         return self._answer(cmd, result, offset, topic)
 
-    async def _held(
-        self,
-        conn: Connection,
-        cmd: RemotingCommand,
-        fut: Awaitable[bool],
-        topic: str,
-        queue_id: int,
-        offset: int,
-        max_nums: int,
-        codes: frozenset[int] | None,
-        record_filter: RecordFilter | None,
-    ) -> RemotingCommand:
-        await fut
+    def _wake(self, payload: _HeldPull, woken: bool) -> None:
+        """A held pull's wait is over (a message came, its time ran out, or its connection
+        closed): read again and answer."""
+        answer, conn, cmd, topic, queue_id, offset, max_nums, codes, record_filter = payload
+        conn.unpark()
+        if answer.done():  # cancelled: the broker is stopping
+            return
         if conn.closed:
             # The consumer went away while its pull was held (the broker lets go of its pulls
             # when it sees the close): read nothing for it, so that no delivery is counted,
             # metered or traced for messages nobody receives.
-            return cmd.response(ResponseCode.PULL_NOT_FOUND, "the connection closed while the pull was held")
-        result = self.store.get_message(
-            topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
-        )
-        return self._answer(cmd, result, offset, topic)
+            closed = "the connection closed while the pull was held"
+            answer.set_result(cmd.response(ResponseCode.PULL_NOT_FOUND, closed))
+            return
+        try:
+            result = self.store.get_message(
+                topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
+            )
+            answer.set_result(self._answer(cmd, result, offset, topic))
+        except Exception as e:  # the connection answers SYSTEM_ERROR with it, as for any handler
+            answer.set_exception(e)
 
     def _answer(self, cmd: RemotingCommand, result: GetMessageResult, offset: int, topic: str) -> RemotingCommand:
         status = result.status

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import socket
@@ -270,15 +271,14 @@ class Connection(asyncio.Protocol):
             return
         self.inflight += 1
         task: asyncio.Future[RemotingCommand | None] = asyncio.ensure_future(r)
-        task.add_done_callback(lambda t: self._finish(cmd, t))
+        task.add_done_callback(functools.partial(self._finish, cmd))
 
-    def park(self, until: asyncio.Future[Any]) -> None:
-        """The request being handled now waits for ``until`` (an event, not work: a pull held
-        until a message arrives), so it does not count against ``max_inflight`` until then."""
+    def park(self) -> None:
+        """The request being handled now waits for an event, not for work (a pull held until a
+        message arrives): it does not count against ``max_inflight`` until ``unpark``."""
         self.parked += 1
-        until.add_done_callback(self._unpark)
 
-    def _unpark(self, _until: asyncio.Future[Any]) -> None:
+    def unpark(self) -> None:
         self.parked -= 1
 
     def _finish(self, cmd: RemotingCommand, task: asyncio.Future[RemotingCommand | None]) -> None:

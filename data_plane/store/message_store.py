@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import fcntl
@@ -306,6 +307,11 @@ class MessageStore:
         For a master's new topics: a queue prepared starts at offset 0. False when not queued."""
         preparer = self._queue_preparer
         return preparer is not None and self.running and preparer.request(topic, range(queue_nums))
+
+    def queues_ready(self, topic: str) -> concurrent.futures.Future[None] | None:
+        """Done once the queues asked of ``prepare_queues`` for ``topic`` are made; None when
+        none are being made."""
+        return self._queue_preparer.ready(topic) if self._queue_preparer is not None else None
 
     def shutdown(self) -> None:
         """Stop services, flush everything, write the checkpoint, remove the abort file."""

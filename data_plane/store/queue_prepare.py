@@ -9,14 +9,18 @@ and to 10 such topics for seconds at a time, long enough for the producers' 3 s 
 When a topic is created or gets more queues, the broker asks the store to prepare them
 (``MessageStore.prepare_queues``); this thread makes each queue that has nothing on disk yet
 (``ConsumeQueueTable.prepare``). Its system calls release the GIL, so the loop thread keeps
-serving meanwhile; a write that comes first makes its queue itself, as before, and the lock in
-the table keeps the two from making one queue twice. At most ``MAX_PENDING`` queues wait:
-preparing is only ahead of need, so a request past that is dropped (those queues are made on
-their first write).
+serving meanwhile; a write that comes first makes its queue itself, as before (the table
+keeps the two from making one queue twice). ``ready(topic)`` is a future done once every queue
+asked for of that topic is made: the broker answers a topic's creation then (or after a few
+seconds), so producers that create a topic and then send find its queues made. At most
+``MAX_PENDING`` queues wait: preparing is only ahead of need, so a request past that is dropped
+(those queues are made on their first write).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
 import threading
 from collections import deque
@@ -41,6 +45,8 @@ class QueuePreparer(ServiceThread):
         self._pending: deque[tuple[str, range]] = deque()
         self._pending_count = 0
         self._lock = threading.Lock()
+        self._ready: dict[str, concurrent.futures.Future[None]] = {}  # topic → done when made
+        self._requests_of: dict[str, int] = {}  # topic → its requests not done yet
         self.prepared = 0  # queues made here (statistics, tests)
         self.dropped = 0  # queues not prepared: too many waiting
 
@@ -52,8 +58,40 @@ class QueuePreparer(ServiceThread):
                 return False
             self._pending.append((topic, queue_ids))
             self._pending_count += len(queue_ids)
+            self._requests_of[topic] = self._requests_of.get(topic, 0) + 1
+            if topic not in self._ready:
+                self._ready[topic] = concurrent.futures.Future()
         self._wakeup.set()
         return True
+
+    def ready(self, topic: str) -> concurrent.futures.Future[None] | None:
+        """Done once every queue asked for of ``topic`` is made (or could not be); None when
+        none is waiting."""
+        with self._lock:
+            return self._ready.get(topic)
+
+    def _request_done(self, topic: str) -> None:
+        with self._lock:
+            left = self._requests_of[topic] - 1
+            if left:
+                self._requests_of[topic] = left
+                return
+            del self._requests_of[topic]
+            ready = self._ready.pop(topic)
+        with contextlib.suppress(concurrent.futures.InvalidStateError):  # (cancelled by a waiter)
+            ready.set_result(None)
+
+    def stop(self) -> None:
+        super().stop()
+        with self._lock:  # nobody waits for what will not be made now
+            ready = list(self._ready.values())
+            self._ready.clear()
+            self._requests_of.clear()
+            self._pending.clear()
+            self._pending_count = 0
+        for f in ready:
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                f.set_result(None)
 
     @property
     def pending(self) -> int:
@@ -66,7 +104,10 @@ class QueuePreparer(ServiceThread):
                     if not self._pending:
                         break
                     topic, queue_ids = self._pending.popleft()
-                self._prepare(topic, queue_ids)
+                try:
+                    self._prepare(topic, queue_ids)
+                finally:
+                    self._request_done(topic)
 
     def _prepare(self, topic: str, queue_ids: range) -> None:
         for n, queue_id in enumerate(queue_ids):

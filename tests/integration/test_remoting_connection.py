@@ -133,11 +133,11 @@ class App:
 
     def parked(self, conn: Connection, cmd: RemotingCommand) -> Awaitable[RemotingCommand]:
         """A request that waits for ``release`` as a held pull waits for a message (``park``)."""
-        until = asyncio.ensure_future(self.release.wait())
-        conn.park(until)
+        conn.park()
 
         async def answer() -> RemotingCommand:
-            await until
+            await self.release.wait()
+            conn.unpark()
             return cmd.response(ResponseCode.SUCCESS, remark="released")
 
         return answer()

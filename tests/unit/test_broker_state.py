@@ -505,24 +505,44 @@ async def test_silent_connections_expire() -> None:
 
 
 # --- PullRequestHoldService -------------------------------------------------------------------
+class Waits:
+    """Pulls held under names; ``woken[name]`` is what each one's wake was called with."""
+
+    def __init__(self, s: PullRequestHoldService) -> None:
+        self.s = s
+        self.woken: dict[str, bool] = {}
+
+    def hold(
+        self, name: str, topic: str, queue_id: int, offset: int, timeout_s: float = 30.0,
+        tags_codes: frozenset[int] | None = None, owner: object | None = None,
+    ) -> bool:  # fmt: skip
+        return self.s.hold(topic, queue_id, offset, timeout_s, tags_codes, self._wake, name, owner=owner)
+
+    def _wake(self, name: str, woken: bool) -> None:
+        assert name not in self.woken, f"{name} woken twice"
+        self.woken[name] = woken
+
+    async def settled(self) -> dict[str, bool]:
+        await asyncio.sleep(0)  # wakes run soon after, together
+        return self.woken
+
+
 @pytest.mark.asyncio
 async def test_a_held_pull_wakes_when_its_offset_is_passed() -> None:
     s = PullRequestHoldService()
-    fut = s.hold("T", 0, 5, 10.0, None)
-    assert fut is not None
-    other = s.hold("T", 1, 0, 10.0, None)
-    assert other is not None
+    w = Waits(s)
+    assert w.hold("a", "T", 0, 5)
+    assert w.hold("b", "T", 1, 0)
     assert s.count == 2
     s.notify("T", 0, 5)  # messages up to offset 5 (exclusive): nothing at 5 yet
     s.notify("U", 0, 100)  # another topic
-    assert not fut.done()
+    assert await w.settled() == {}
     s.notify("T", 0, 6)
-    assert fut.done()
-    assert fut.result() is True
-    assert not other.done()
     assert s.count == 1
+    assert w.woken == {}, "woken soon after, not inside the send's notify"
+    assert await w.settled() == {"a": True}
     s.wake_all()
-    assert other.result() is False
+    assert await w.settled() == {"a": True, "b": False}
     assert s.count == 0
     assert s.held == {}
 
@@ -530,86 +550,115 @@ async def test_a_held_pull_wakes_when_its_offset_is_passed() -> None:
 @pytest.mark.asyncio
 async def test_a_held_pull_wakes_only_for_its_tags() -> None:
     s = PullRequestHoldService()
+    w = Waits(s)
     codes = frozenset({java_hash("A"), java_hash("B")})
-    fut = s.hold("T", 0, 0, 10.0, codes)
-    assert fut is not None
+    assert w.hold("a", "T", 0, 0, tags_codes=codes)
     s.notify("T", 0, 1, java_hash("C"))
     s.notify("T", 0, 2, 0)  # a message without tags
-    assert not fut.done()
+    assert await w.settled() == {}
     s.notify("T", 0, 3, java_hash("B"))
-    assert fut.result() is True
+    assert await w.settled() == {"a": True}
     # An arrival of unknown tags wakes every pull.
-    fut2 = s.hold("T", 0, 3, 10.0, codes)
-    assert fut2 is not None
+    assert w.hold("b", "T", 0, 3, tags_codes=codes)
     s.notify("T", 0, 4, None)
-    assert fut2.result() is True
+    assert await w.settled() == {"a": True, "b": True}
     assert s.count == 0
 
 
 @pytest.mark.asyncio
-async def test_a_held_pull_times_out_with_false() -> None:
+async def test_held_pulls_wake_with_false_when_their_suspend_time_ends() -> None:
     s = PullRequestHoldService()
+    w = Waits(s)
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    fut = s.hold("T", 0, 0, 0.05, None)
-    assert fut is not None
-    assert await asyncio.wait_for(fut, 5) is False
+    assert w.hold("short", "T", 0, 0, 0.05)
+    assert w.hold("long", "T", 1, 0, 0.3)
+    assert w.hold("short-2", "T", 2, 0, 0.05)
+    assert w.hold("woken", "T", 3, 0, 0.05)
+    s.notify("T", 3, 1)  # woken before its time: its deadline wakes nothing
+    deadline = t0 + 5
+    while "short-2" not in w.woken:
+        assert loop.time() < deadline
+        await asyncio.sleep(0.005)
     assert loop.time() - t0 >= 0.04
-    assert s.count == 0
-    assert s.held == {}
+    assert w.woken == {"woken": True, "short": False, "short-2": False}
+    while "long" not in w.woken:
+        assert loop.time() < deadline
+        await asyncio.sleep(0.005)
+    assert loop.time() - t0 >= 0.28
+    assert w.woken["long"] is False
+    assert (s.count, s.held) == (0, {})
     s.notify("T", 0, 10)  # nothing left to wake
+    assert len(await w.settled()) == 4
 
 
 @pytest.mark.asyncio
-async def test_wake_all_answers_every_held_pull() -> None:
+async def test_wake_all_wakes_every_held_pull() -> None:
     s = PullRequestHoldService()
-    futs = [s.hold("T", q, 0, 30.0, None) for q in range(5)]
+    w = Waits(s)
+    for q in range(5):
+        assert w.hold(str(q), "T", q, 0)
     assert s.count == 5
     s.wake_all()
-    assert [f.result() if f is not None else None for f in futs] == [False] * 5
+    assert await w.settled() == {str(q): False for q in range(5)}
     assert s.count == 0
 
 
 @pytest.mark.asyncio
-async def test_releasing_an_owner_answers_only_its_held_pulls_and_forgets_them() -> None:
+async def test_releasing_an_owner_wakes_only_its_held_pulls_and_forgets_them() -> None:
     s = PullRequestHoldService()
+    w = Waits(s)
     gone, staying = object(), object()
-    mine = [s.hold("T", q, 0, 30.0, None, owner=gone) for q in range(3)]
-    theirs = s.hold("T", 0, 0, 30.0, None, owner=staying)
-    woken_before = s.hold("T", 7, 0, 30.0, None, owner=gone)
+    for q in range(3):
+        assert w.hold(f"mine-{q}", "T", q, 0, owner=gone)
+    assert w.hold("theirs", "T", 0, 0, owner=staying)
+    assert w.hold("woken-before", "T", 7, 0, owner=gone)
     s.notify("T", 7, 1)  # answered before the release: the release leaves it alone
-    assert woken_before is not None
-    assert woken_before.result() is True
-    await asyncio.sleep(0)  # its done-callback forgets it
+    assert await w.settled() == {"woken-before": True}
     assert s.count == 3 + 1
     assert s.release_owner(gone) == 3
-    assert [f.result() if f is not None else None for f in mine] == [False] * 3
-    assert theirs is not None
-    assert not theirs.done()
+    assert await w.settled() == {"woken-before": True, **{f"mine-{q}": False for q in range(3)}}
     assert s.count == 1
     assert s.release_owner(gone) == 0  # nothing left for it
     s.notify("T", 0, 1)
-    assert theirs.result() is True
+    assert (await w.settled())["theirs"] is True
     assert (s.count, s.held) == (0, {})
 
 
 @pytest.mark.asyncio
 async def test_held_pulls_are_capped_in_all_and_per_connection() -> None:
     s = PullRequestHoldService(max_held=5, max_per_owner=2)
+    w = Waits(s)
     a, b = object(), object()
-    assert all(s.hold("T", q, 0, 30.0, None, owner=a) is not None for q in range(2))
-    assert s.hold("T", 2, 0, 30.0, None, owner=a) is None  # a's third: answered at once
-    assert all(s.hold("T", q, 0, 30.0, None, owner=b) is not None for q in range(2))
-    assert s.hold("T", 9, 0, 30.0, None) is not None  # no owner: only the cap in all
+    assert w.hold("a0", "T", 0, 0, owner=a)
+    assert w.hold("a1", "T", 1, 0, owner=a)
+    assert not w.hold("a2", "T", 2, 0, owner=a)  # a's third: answered at once
+    assert w.hold("b0", "T", 0, 0, owner=b)
+    assert w.hold("b1", "T", 1, 0, owner=b)
+    assert w.hold("none", "T", 9, 0)  # no owner: only the cap in all
     assert s.count == 5
-    assert s.hold("U", 0, 0, 30.0, None, owner=object()) is None  # five held in all
+    assert not w.hold("c", "U", 0, 0, owner=object())  # five held in all
     s.notify("T", 0, 1)  # wakes a's and b's pulls of queue 0
-    await asyncio.sleep(0)  # their done-callbacks forget them
+    assert await w.settled() == {"a0": True, "b0": True}
     assert s.count == 3
-    again = s.hold("T", 0, 1, 30.0, None, owner=a)  # a holds one again, within both caps
-    assert again is not None
-    assert s.hold("T", 3, 0, 30.0, None, owner=a) is None
+    assert w.hold("a0-again", "T", 0, 1, owner=a)  # a holds one again, within both caps
+    assert not w.hold("a3", "T", 3, 0, owner=a)
     s.wake_all()
+
+
+@pytest.mark.asyncio
+async def test_the_deadline_queue_does_not_keep_pulls_woken_long_ago() -> None:
+    """Pulls woken by messages leave their entry in the deadline queue until it reaches the
+    front; a compaction keeps the queue within about twice the pulls still held."""
+    s = PullRequestHoldService()
+    w = Waits(s)
+    for i in range(1000):
+        assert w.hold(str(i), "T", 0, i, 30.0)
+        s.notify("T", 0, i + 1)  # each woken at once
+    assert s.count == 0
+    (waiting,) = s._deadlines.values()
+    assert len(waiting) <= 2 * s.count + 65
+    assert len(await w.settled()) == 1000
 
 
 # --- parse_tag_expression ---------------------------------------------------------------------

@@ -135,6 +135,33 @@ def test_the_preparer_thread_makes_every_queue_asked_for(table: ConsumeQueueTabl
         preparer.stop()
 
 
+def test_ready_is_done_once_every_request_of_the_topic_is_made(table: ConsumeQueueTable) -> None:
+    preparer = QueuePreparer(table)
+    assert preparer.ready("T") is None  # nothing asked
+    assert preparer.request("T", range(20))
+    assert preparer.request("T", range(20, 30))
+    ready = preparer.ready("T")
+    assert ready is not None
+    assert not ready.done()  # not started: nothing made yet
+    preparer.start()
+    try:
+        ready.result(timeout=10)
+        assert all(table.get("T", q) is not None for q in range(30)), "both requests made first"
+        assert preparer.ready("T") is None
+    finally:
+        preparer.stop()
+
+
+def test_stopping_answers_whoever_waits_for_queues_not_made(table: ConsumeQueueTable) -> None:
+    preparer = QueuePreparer(table)  # not started
+    assert preparer.request("T", range(5))
+    ready = preparer.ready("T")
+    assert ready is not None
+    preparer.stop()
+    assert ready.done()
+    assert preparer.pending == 0
+
+
 def test_requests_past_the_cap_are_dropped_not_queued(table: ConsumeQueueTable) -> None:
     preparer = QueuePreparer(table, max_pending=10)  # not started: nothing is taken off
     assert preparer.request("T", range(8))
