@@ -62,10 +62,6 @@ class ConsumeQueue(QueuePositions):
         self.last_file: MappedFile | None = None
         self._reserve_seen: tuple[MappedFile | None, int] = (None, 0)  # (file, position) at the last reserve_ahead
 
-    def prepare_first_file(self) -> None:
-        """Make the queue's first file ahead of its first unit (``ConsumeQueueTable.prepare``)."""
-        self.mfq.prepare_first()
-
     # --- positions -------------------------------------------------------------------------
     def min_offset_in_queue(self) -> int:
         return self.min_logic_offset // CQ_UNIT_SIZE

@@ -22,17 +22,17 @@ from typing import Any
 from data_plane.store.commit_log import CommitLog, DispatchRequest, queue_offset_advances
 from data_plane.store.consume_queue import CQ_UNIT_SIZE, ConsumeQueue
 from data_plane.store.index_file import IndexService
+from data_plane.store.mapped_file import is_data_file_name, offset_to_file_name
 
 log = logging.getLogger(__name__)
 
 
 class ConsumeQueueTable:
-    """Every ConsumeQueue of the store, by (topic, queue id). Queues are made on the writer's
-    thread when their first unit comes, or ahead of it by ``prepare`` (the store's
-    QueuePreparer, when a topic is created). Neither ever waits for the other: each makes its
-    own object and publishes it with ``setdefault``, so the first one published is the queue and
-    the other is closed unused (both map the same file; making one only creates and sizes it).
-    """
+    """Every ConsumeQueue of the store, by (topic, queue id), made on the writer's thread when
+    its first unit comes. ``prepare`` makes a new queue's directory and first file on disk ahead
+    of that, from another thread (the store's QueuePreparer, when a topic is created), so the
+    first write only maps a file that exists. A queue prepared and never written holds no
+    object, mapping or descriptor, now or after a restart (``load`` leaves it on disk)."""
 
     def __init__(self, root: str, units_per_file: int) -> None:
         self.root = root
@@ -47,31 +47,31 @@ class ConsumeQueueTable:
         key = (topic, queue_id)
         cq = self.queues.get(key)
         if cq is None:
-            made = ConsumeQueue(self.root, topic, queue_id, self.units_per_file)
-            cq = self.queues.setdefault(key, made)
-            if cq is not made:
-                made.close()  # prepared meanwhile: that one is the queue
+            cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file)
+            self.queues[key] = cq
         return cq
 
     def prepare(self, topic: str, queue_id: int) -> bool:
-        """Make a queue that has nothing on disk yet, with its first file created and mapped,
-        before a write needs it (off the writer's thread: ~0.3 ms of directory and file
-        creation a queue, and far longer while the file system is busy writing back). False
-        when the queue exists or is being made by a write."""
-        key = (topic, queue_id)
-        if key in self.queues:
+        """Create the directory and the sized first file of a queue that has nothing on disk
+        yet: ~0.3 ms of ext4 work a queue (``mkdir``, a file's creation), and far longer while
+        the file system is busy writing back — off the writer's thread. Only files: no data is
+        written (blocks are reserved by the first write), so a writer making the same queue
+        meanwhile loses nothing. False when the queue's directory exists already."""
+        if (topic, queue_id) in self.queues:
             return False
         topic_dir = os.path.join(self.root, topic)
         os.makedirs(topic_dir, exist_ok=True)
+        queue_dir = os.path.join(topic_dir, str(queue_id))
         try:
-            os.mkdir(os.path.join(topic_dir, str(queue_id)))
+            os.mkdir(queue_dir)
         except FileExistsError:
-            return False  # a write is making it, or files a load did not take: leave them be
-        cq = ConsumeQueue(self.root, topic, queue_id, self.units_per_file)
-        cq.prepare_first_file()
-        if self.queues.setdefault(key, cq) is not cq:
-            cq.close()  # a write made it meanwhile
-            return False
+            return False  # a write is making it, or it has files already: leave them be
+        fd = os.open(os.path.join(queue_dir, offset_to_file_name(0)), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if os.fstat(fd).st_size == 0:  # (a writer that got there first sized it)
+                os.ftruncate(fd, self.units_per_file * CQ_UNIT_SIZE)
+        finally:
+            os.close(fd)
         return True
 
     def load(self) -> None:
@@ -80,10 +80,20 @@ class ConsumeQueueTable:
             if not os.path.isdir(tdir):
                 continue
             for qid in sorted(os.listdir(tdir)):
-                if not qid.isdigit():
+                if not qid.isdigit() or self._never_written(os.path.join(tdir, qid)):
                     continue
                 cq = self.get_or_create(topic, int(qid))
                 cq.load()
+
+    def _never_written(self, queue_dir: str) -> bool:
+        """A queue prepared and never written: nothing but a first file whose first unit is
+        zeros (a written queue's first unit points at a record; a queue that starts further on
+        fills the head of its first file with hole units, never zeros)."""
+        names = [n for n in os.listdir(queue_dir) if is_data_file_name(n)]
+        if names != [offset_to_file_name(0)]:
+            return False  # (a directory with no file is a queue known to be empty, as ever)
+        with open(os.path.join(queue_dir, names[0]), "rb") as f:
+            return f.read(CQ_UNIT_SIZE) == bytes(CQ_UNIT_SIZE)
 
     def topics(self) -> set[str]:
         return {t for t, _ in list(self.queues)}  # (list: QueuePreparer may add one meanwhile)

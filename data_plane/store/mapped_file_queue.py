@@ -14,9 +14,9 @@ index while a reader or flusher looks.
 
 The next file of a CommitLog is created ahead of need by ``AllocateMappedFileService`` on a
 worker thread (fallocate, map, optional warm-up), so a rollover on the write path only swaps in
-a ready file. A new ConsumeQueue's first file may be made the same way (``prepare_first``, from
-the store's ``QueuePreparer`` when a topic is created): creating a directory and a file cost
-~0.3 ms of the writer's time a queue, seconds for a topic of a thousand queues.
+a ready file. A new ConsumeQueue's directory and first file may be made ahead too, by the
+store's ``QueuePreparer`` when a topic is created (``ConsumeQueueTable.prepare``): the first
+write then maps a file that exists.
 """
 
 from __future__ import annotations
@@ -121,7 +121,6 @@ class MappedFileQueue:
         "file_size",
         "files",
         "flushed_where",
-        "prepared",
         "sync_staged",
     )
 
@@ -143,7 +142,6 @@ class MappedFileQueue:
         self._allocator = allocator
         self._keep_fd = keep_fd
         self.sync_staged: Callable[[], object] | None = None
-        self.prepared: MappedFile | None = None  # the first file, made ahead (prepare_first)
         self._zombies: list[MappedFile] = []  # destroyed but still referenced by a reader
         os.makedirs(directory, exist_ok=True)
 
@@ -219,15 +217,7 @@ class MappedFileQueue:
         else:
             create_offset = last.file_from_offset + self.file_size
         path = os.path.join(self.directory, offset_to_file_name(create_offset))
-        prepared, self.prepared = self.prepared, None
-        if prepared is not None and prepared.path != path:
-            # Made for a queue that starts at 0; this one starts further on (never on a master:
-            # its new queues start at 0). Not part of the queue.
-            self._destroy(prepared)
-            prepared = None
-        if prepared is not None:
-            mf = prepared
-        elif self._allocator is not None:
+        if self._allocator is not None:
             next_path = os.path.join(self.directory, offset_to_file_name(create_offset + self.file_size))
             mf = self._allocator.take(path, self.file_size, next_path)
         else:
@@ -245,14 +235,6 @@ class MappedFileQueue:
             self.flushed_where = create_offset
         self.files.append(mf)
         return mf
-
-    def prepare_first(self) -> None:
-        """Make the first file (offset 0) before the first write needs it — off the writer's
-        thread (``ConsumeQueueTable.prepare``); ``last_file_for_write`` takes it. It is only
-        created, sized and mapped: its blocks are reserved by the first write, as a rolled-over
-        file's are, and one never written reads as an empty queue after a restart."""
-        path = os.path.join(self.directory, offset_to_file_name(0))
-        self.prepared = MappedFile(path, self.file_size, reserve=False, keep_fd=self._keep_fd)
 
     # --- durability ------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> bool:
@@ -332,16 +314,12 @@ class MappedFileQueue:
         self._zombies = [mf for mf in self._zombies if not mf.close()]
 
     def close(self) -> None:
-        for mf in self._with_prepared():
+        for mf in self.files:
             if not mf.close():
                 self._zombies.append(mf)
         self.files = []
 
     def destroy(self) -> None:
-        for mf in self._with_prepared():
+        for mf in self.files:
             self._destroy(mf)
         self.files = []
-
-    def _with_prepared(self) -> list[MappedFile]:
-        prepared, self.prepared = self.prepared, None
-        return self.files if prepared is None else [prepared, *self.files]

@@ -7,14 +7,16 @@ that is the event loop's time: the first sends to a topic of 1,000 queues stalle
 and to 10 such topics for seconds at a time, long enough for the producers' 3 s timeouts.
 
 When a topic is created or gets more queues, the broker asks the store to prepare them
-(``MessageStore.prepare_queues``); this thread makes each queue that has nothing on disk yet
-(``ConsumeQueueTable.prepare``). Its system calls release the GIL, so the loop thread keeps
-serving meanwhile; a write that comes first makes its queue itself, as before (the table
-keeps the two from making one queue twice). ``ready(topic)`` is a future done once every queue
-asked for of that topic is made: the broker answers a topic's creation then (or after a few
-seconds), so producers that create a topic and then send find its queues made. At most
-``MAX_PENDING`` queues wait: preparing is only ahead of need, so a request past that is dropped
-(those queues are made on their first write).
+(``MessageStore.prepare_queues``); this thread creates each new queue's directory and sized
+first file (``ConsumeQueueTable.prepare``) and nothing else: no object, mapping or descriptor
+for a queue nobody writes (a broker maps only the queues it has written, as before, also after a
+restart). Its system calls release the GIL, so the loop thread keeps serving meanwhile, and the
+first write to a prepared queue only maps a file that exists. A write that comes first makes its
+queue itself, as before; the preparer writes no data, so the two never lose a unit between them.
+``ready(topic)`` is a future done once every queue asked for of that topic is made: the broker
+answers a topic's creation then (or after a few seconds), so producers that create a topic and
+then send find its queues made. At most ``MAX_PENDING`` queues wait: preparing is only ahead of
+need, so a request past that is dropped (those queues are made on their first write).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""New ConsumeQueues made ahead of their first unit, off the writer's thread: the table's
-``prepare``, the file it leaves for the first write, and the store's QueuePreparer thread
-(queue_prepare.py)."""
+"""New ConsumeQueues made on disk ahead of their first unit, off the writer's thread: the
+table's ``prepare``, the file it leaves for the first write, a restart that maps none of those
+never written, and the store's QueuePreparer thread (queue_prepare.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def table(tmp_path: Path) -> Iterator[ConsumeQueueTable]:
     t.close()
 
 
+def made(table: ConsumeQueueTable, topic: str, queue_id: int) -> bool:
+    return os.path.exists(os.path.join(table.root, topic, str(queue_id), FIRST_FILE))
+
+
 def until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -36,43 +40,39 @@ def until(predicate: Callable[[], bool], what: str, timeout_s: float = 10.0) -> 
         time.sleep(0.005)
 
 
-def test_a_prepared_queue_has_its_first_file_made_and_the_first_unit_goes_into_it(
+def test_a_prepared_queue_is_its_directory_and_sized_first_file_and_the_first_unit_goes_there(
     table: ConsumeQueueTable, tmp_path: Path
 ) -> None:
     assert table.prepare("T", 2)
-    cq = table.get("T", 2)
-    assert cq is not None
-    made = cq.mfq.prepared
-    assert made is not None
-    assert os.path.getsize(tmp_path / "consumequeue" / "T" / "2" / FIRST_FILE) == UNITS_PER_FILE * CQ_UNIT_SIZE
-    assert (cq.min_offset_in_queue(), cq.max_offset_in_queue(), cq.unit(0)) == (0, 0, None)  # still empty
-    assert table.get_or_create("T", 2) is cq
+    path = tmp_path / "consumequeue" / "T" / "2" / FIRST_FILE
+    assert os.path.getsize(path) == UNITS_PER_FILE * CQ_UNIT_SIZE
+    assert path.read_bytes() == bytes(UNITS_PER_FILE * CQ_UNIT_SIZE)  # no data written
+    assert table.get("T", 2) is None  # no object, mapping or descriptor until a write
+    inode = os.stat(path).st_ino
+    cq = table.get_or_create("T", 2)
     assert cq.put(1000, 50, 7, 0)
-    assert cq.mfq.files == [made]  # the file made ahead, not another
-    assert cq.mfq.prepared is None
+    assert os.stat(path).st_ino == inode  # the file made ahead
+    assert sorted(os.listdir(path.parent)) == [FIRST_FILE]
     assert (cq.unit(0), cq.max_offset_in_queue()) == ((1000, 50, 7), 1)
 
 
-def test_prepare_leaves_a_queue_that_exists_or_has_files_alone(table: ConsumeQueueTable, tmp_path: Path) -> None:
+def test_prepare_leaves_a_queue_that_exists_or_has_a_directory_alone(table: ConsumeQueueTable, tmp_path: Path) -> None:
     cq = table.get_or_create("T", 0)
     assert cq.put(1000, 50, 7, 0)
     assert not table.prepare("T", 0)
-    assert table.get("T", 0) is cq
-    os.makedirs(tmp_path / "consumequeue" / "T" / "5")  # on disk but not in the table
+    assert cq.unit(0) == (1000, 50, 7)
+    os.makedirs(tmp_path / "consumequeue" / "T" / "5")  # a write making it, say
     assert not table.prepare("T", 5)
-    assert table.get("T", 5) is None
+    assert os.listdir(tmp_path / "consumequeue" / "T" / "5") == []
 
 
-def test_a_prepared_file_is_dropped_when_the_queue_starts_past_it(table: ConsumeQueueTable, tmp_path: Path) -> None:
+def test_a_prepared_file_is_left_unused_when_the_queue_starts_past_it(table: ConsumeQueueTable) -> None:
     """A queue whose first unit is beyond its first file (a slave that started late; never a
-    master's new queue) does not keep the file made for offset 0."""
+    master's new queue) starts where its unit is, as without preparing."""
     assert table.prepare("T", 1)
-    cq = table.get("T", 1)
-    assert cq is not None
+    cq = table.get_or_create("T", 1)
     first_unit = 2 * UNITS_PER_FILE + 3
     assert cq.put(5000, 50, 7, first_unit)
-    qdir = tmp_path / "consumequeue" / "T" / "1"
-    assert sorted(os.listdir(qdir)) == [offset_to_file_name(2 * UNITS_PER_FILE * CQ_UNIT_SIZE)]
     assert (cq.min_offset_in_queue(), cq.max_offset_in_queue(), cq.unit(first_unit)) == (
         first_unit,
         first_unit + 1,
@@ -80,25 +80,32 @@ def test_a_prepared_file_is_dropped_when_the_queue_starts_past_it(table: Consume
     )
 
 
-def test_a_prepared_queue_never_written_reloads_as_an_empty_queue(tmp_path: Path) -> None:
+def test_a_restart_maps_no_queue_prepared_and_never_written(tmp_path: Path) -> None:
     root = str(tmp_path / "consumequeue")
     t = ConsumeQueueTable(root, UNITS_PER_FILE)
     assert t.prepare("T", 0)
+    assert t.prepare("T", 1)
+    assert t.get_or_create("T", 1).put(1000, 50, 7, 0)
+    started_late = t.get_or_create("T", 2)  # its first file begins with hole units
+    assert started_late.put(3000, 50, 7, 3)
     t.close()
     again = ConsumeQueueTable(root, UNITS_PER_FILE)
     again.load()
-    cq = again.get("T", 0)
-    assert cq is not None
+    assert sorted(again.queues) == [("T", 1), ("T", 2)]
+    for cq in again.queues.values():
+        cq.recover()
+    assert again.get("T", 1).unit(0) == (1000, 50, 7)  # type: ignore[union-attr]
+    assert again.get("T", 2).unit(3) == (3000, 50, 7)  # type: ignore[union-attr]
+    cq = again.get_or_create("T", 0)  # its first write takes the file made before the restart
+    cq.load()
     cq.recover()
-    assert (cq.min_offset_in_queue(), cq.max_offset_in_queue(), cq.unit(0)) == (0, 0, None)
-    assert cq.put(1000, 50, 7, 0)
-    assert cq.unit(0) == (1000, 50, 7)
+    assert (cq.max_offset_in_queue(), cq.put(2000, 50, 7, 0), cq.unit(0)) == (0, True, (2000, 50, 7))
     again.close()
 
 
-def test_the_writer_and_the_preparer_never_make_one_queue_twice(table: ConsumeQueueTable) -> None:
-    """Both sides race over the same 300 queues; each queue is one object, and every unit the
-    writer put is there."""
+def test_the_writer_and_the_preparer_on_the_same_queues_lose_no_unit(table: ConsumeQueueTable) -> None:
+    """Both race over the same 300 queues: whatever order they come in, every unit the writer
+    put is there (the preparer writes no data into a file)."""
     keys = [("R", q) for q in range(300)]
     prepared: list[bool] = []
 
@@ -107,15 +114,15 @@ def test_the_writer_and_the_preparer_never_make_one_queue_twice(table: ConsumeQu
 
     th = threading.Thread(target=prepare_all)
     th.start()
-    seen = {}
     for n, (t, q) in enumerate(reversed(keys)):
-        cq = table.get_or_create(t, q)
-        seen[(t, q)] = cq
-        assert cq.put(100 * n, 50, 0, 0)
+        assert table.get_or_create(t, q).put(100 * n, 50, 0, 0)
     th.join()
-    assert all(table.get(t, q) is seen[(t, q)] for t, q in keys)
-    assert all(seen[k].unit(0) == (100 * n, 50, 0) for n, k in enumerate(reversed(keys)))
     assert len(prepared) == len(keys)
+    for n, (t, q) in enumerate(reversed(keys)):
+        cq = table.get(t, q)
+        assert cq is not None
+        assert cq.unit(0) == (100 * n, 50, 0)
+        assert os.path.getsize(os.path.join(table.root, t, str(q), FIRST_FILE)) == UNITS_PER_FILE * CQ_UNIT_SIZE
 
 
 def test_the_preparer_thread_makes_every_queue_asked_for(table: ConsumeQueueTable) -> None:
@@ -126,11 +133,11 @@ def test_the_preparer_thread_makes_every_queue_asked_for(table: ConsumeQueueTabl
         assert preparer.request("U", range(3))
         until(lambda: preparer.pending == 0, "the 43 queues prepared")
         assert preparer.prepared == 43
-        assert all(table.get("T", q) is not None for q in range(40))
-        assert table.get("T", 40) is None
+        assert all(made(table, "T", q) for q in range(40))
+        assert not made(table, "T", 40)
         assert preparer.request("T", range(41))  # grown by one: only the new one is made
         until(lambda: preparer.pending == 0, "the 41st queue prepared")
-        assert (preparer.prepared, table.get("T", 40) is not None) == (44, True)
+        assert (preparer.prepared, made(table, "T", 40)) == (44, True)
     finally:
         preparer.stop()
 
@@ -146,7 +153,7 @@ def test_ready_is_done_once_every_request_of_the_topic_is_made(table: ConsumeQue
     preparer.start()
     try:
         ready.result(timeout=10)
-        assert all(table.get("T", q) is not None for q in range(30)), "both requests made first"
+        assert all(made(table, "T", q) for q in range(30)), "both requests made first"
         assert preparer.ready("T") is None
     finally:
         preparer.stop()
@@ -174,16 +181,14 @@ def test_the_store_prepares_a_topics_queues_and_its_messages_go_there(
 ) -> None:
     store = make_store()
     assert store.prepare_queues("P", 6)
-    until(lambda: all(store.queues.get("P", q) is not None for q in range(6)), "six queues prepared")
-    made = {q: store.queues.get("P", q).mfq.prepared for q in range(6)}  # type: ignore[union-attr]
-    assert all(mf is not None for mf in made.values())
+    ready = store.queues_ready("P")
+    assert ready is not None
+    ready.result(timeout=10)
+    assert all(made(store.queues, "P", q) for q in range(6))
     for q in range(6):
         result = store.put_messages_blocking([Message("P", b"m%d" % q, queue_id=q)])
         assert result.status is PutMessageStatus.PUT_OK, result
     for q in range(6):
-        cq = store.queues.get("P", q)
-        assert cq is not None
-        assert cq.mfq.files == [made[q]]
         r = store.get_message("P", q, 0, 8)
         assert (r.status, r.message_count) == (GetMessageStatus.FOUND, 1)
         for m in r.messages:
