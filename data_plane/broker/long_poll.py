@@ -24,12 +24,19 @@ here and no task, future or timer of its own: the deadlines wait in one queue pe
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
 from collections import deque
 from collections.abc import Callable, Collection
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 MAX_HELD = 100_000
 MAX_HELD_PER_OWNER = 32_768
+# Suspend times are rounded up to this: one deadline queue per rounded value, so a client's
+# choice of times cannot make more than a few hundred queues for the timer to walk.
+DEADLINE_STEP_S = 0.1
 
 # ``wake(payload, woken)``: True when a message arrived, False on the suspend time's end, a
 # release of the connection or a shutdown.
@@ -67,9 +74,9 @@ class PullRequestHoldService:
         self.held: dict[tuple[str, int], list[_Held]] = {}
         self.count = 0  # pulls held now
         self._by_owner: dict[int, set[_Held]] = {}  # id(owner) → its pulls still held
-        # Per suspend time: the pulls in the order held (so by deadline), the done ones left in
-        # place until they reach the front or a compaction drops them.
-        self._deadlines: dict[float, deque[_Held]] = {}
+        # Per suspend time (in DEADLINE_STEP_S): the pulls in the order held (so by deadline),
+        # the done ones left in place until they reach the front or a compaction drops them.
+        self._deadlines: dict[int, deque[_Held]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._due: list[_Held] = []  # settled, their wakes not called yet
@@ -87,7 +94,8 @@ class PullRequestHoldService:
         owner: object | None = None,
     ) -> bool:
         """Hold a pull: ``wake(payload, True)`` on a matching arrival, ``wake(payload, False)``
-        after ``timeout_s`` or when ``owner`` (the pull's connection) is released. False, with
+        after ``timeout_s`` (rounded up to ``DEADLINE_STEP_S``) or when ``owner`` (the pull's
+        connection) is released. False, with
         nothing held, when too many pulls are held already, in all or for ``owner``: answer the
         pull at once."""
         if self.count >= self.max_held:
@@ -103,7 +111,8 @@ class PullRequestHoldService:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         key = (topic, queue_id)
-        h = _Held(key, offset, tags_codes, wake, payload, loop.time() + timeout_s, mine)
+        step = math.ceil(timeout_s / DEADLINE_STEP_S - 1e-9)
+        h = _Held(key, offset, tags_codes, wake, payload, loop.time() + step * DEADLINE_STEP_S, mine)
         lst = self.held.get(key)
         if lst is None:
             self.held[key] = [h]
@@ -112,11 +121,11 @@ class PullRequestHoldService:
         self.count += 1
         if mine is not None:
             mine.add(h)
-        waiting = self._deadlines.get(timeout_s)
+        waiting = self._deadlines.get(step)
         if waiting is None:
-            waiting = self._deadlines[timeout_s] = deque()
+            waiting = self._deadlines[step] = deque()
         elif len(waiting) > 2 * self.count + 64:  # mostly pulls woken before their deadline
-            waiting = self._deadlines[timeout_s] = deque(w for w in waiting if not w.done)
+            waiting = self._deadlines[step] = deque(w for w in waiting if not w.done)
         waiting.append(h)
         if self._timer is None or h.deadline < self._timer_at:
             self._arm(h.deadline)
@@ -179,7 +188,10 @@ class PullRequestHoldService:
         for h in due:
             # (let go of the payload: a settled entry may wait in its deadline queue a while)
             payload, h.payload = h.payload, None
-            h.wake(payload, h.woken)
+            try:
+                h.wake(payload, h.woken)
+            except Exception:  # one pull's failure must not strand the others woken with it
+                log.exception("waking a held pull failed")
 
     def _unlist(self, h: _Held) -> None:
         lst = self.held.get(h.key)
@@ -201,7 +213,7 @@ class PullRequestHoldService:
         assert self._loop is not None
         now = self._loop.time()
         earliest = None
-        for timeout_s, waiting in list(self._deadlines.items()):
+        for step, waiting in list(self._deadlines.items()):
             while waiting:
                 h = waiting[0]
                 if h.done:
@@ -216,6 +228,6 @@ class PullRequestHoldService:
                 if earliest is None or waiting[0].deadline < earliest:
                     earliest = waiting[0].deadline
             else:
-                del self._deadlines[timeout_s]
+                del self._deadlines[step]
         if earliest is not None:
             self._arm(earliest)

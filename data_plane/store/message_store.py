@@ -302,9 +302,9 @@ class MessageStore:
         self._queue_preparer.start()
 
     def prepare_queues(self, topic: str, queue_nums: int) -> bool:
-        """Make the ConsumeQueues of ``topic``'s first ``queue_nums`` queues that do not exist
-        yet, on a thread of their own, before its first messages need them (queue_prepare.py).
-        For a master's new topics: a queue prepared starts at offset 0. False when not queued."""
+        """Make the directories and first files of ``topic``'s first ``queue_nums`` queues that
+        have none yet, on a thread of their own, before its first messages need them
+        (queue_prepare.py); for a master's new topics. False when not queued."""
         preparer = self._queue_preparer
         return preparer is not None and self.running and preparer.request(topic, range(queue_nums))
 

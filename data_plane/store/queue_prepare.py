@@ -74,12 +74,14 @@ class QueuePreparer(ServiceThread):
 
     def _request_done(self, topic: str) -> None:
         with self._lock:
-            left = self._requests_of[topic] - 1
+            left = self._requests_of.get(topic, 1) - 1  # (none when stop() cleared them)
             if left:
                 self._requests_of[topic] = left
                 return
-            del self._requests_of[topic]
-            ready = self._ready.pop(topic)
+            self._requests_of.pop(topic, None)
+            ready = self._ready.pop(topic, None)
+        if ready is None:
+            return
         with contextlib.suppress(concurrent.futures.InvalidStateError):  # (cancelled by a waiter)
             ready.set_result(None)
 

@@ -661,6 +661,41 @@ async def test_the_deadline_queue_does_not_keep_pulls_woken_long_ago() -> None:
     assert len(await w.settled()) == 1000
 
 
+@pytest.mark.asyncio
+async def test_any_number_of_suspend_times_makes_few_deadline_queues_and_each_pull_still_ends() -> None:
+    s = PullRequestHoldService()
+    w = Waits(s)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for i in range(250):  # 250 different suspend times, 1 ms apart
+        assert w.hold(str(i), "T", i, 0, 0.001 * (i + 1))
+    assert len(s._deadlines) == 3  # up to 0.1, 0.2 and 0.3 s
+    while len(w.woken) < 250:
+        assert loop.time() - t0 < 5
+        await asyncio.sleep(0.005)
+    assert loop.time() - t0 >= 0.25
+    assert set(w.woken.values()) == {False}
+    assert s.count == 0
+
+
+@pytest.mark.asyncio
+async def test_a_wake_that_fails_does_not_strand_the_pulls_woken_with_it(caplog: pytest.LogCaptureFixture) -> None:
+    s = PullRequestHoldService()
+    woken: list[str] = []
+
+    def wake(name: str, _woken: bool) -> None:
+        if name == "bad":
+            raise RuntimeError("boom")
+        woken.append(name)
+
+    for name in ("first", "bad", "last"):
+        assert s.hold("T", 0, 0, 30.0, None, wake, name)
+    s.notify("T", 0, 1)
+    await asyncio.sleep(0)
+    assert woken == ["first", "last"]
+    assert "waking a held pull failed" in caplog.text
+
+
 # --- parse_tag_expression ---------------------------------------------------------------------
 @pytest.mark.parametrize("expr", [None, "", "   ", "*", " * "])
 def test_every_tag_expressions(expr: str | None) -> None:
