@@ -28,6 +28,8 @@ from loadtest import cli as loadtest_cli
 
 MAX_BENCH_RUNS = 100
 MAX_WARM_MEMORY_MB = 4096
+MAX_BENCH_MESSAGES = 100_000_000
+MAX_BENCH_SECONDS = 3600.0
 
 
 def _log(message: str) -> None:
@@ -73,6 +75,21 @@ def _whole(flag: str, low: int, high: int) -> Callable[[str], int]:
         if not low <= n <= high:
             raise argparse.ArgumentTypeError(f"{flag} must be {low}..{high}, not {n}")
         return n
+
+    return parse
+
+
+def _amount(flag: str, low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a number in [low, high] (not NaN or infinite), or a clear error."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag} takes a number, not {text!r}") from None
+        if not low <= x <= high:  # (NaN fails both comparisons)
+            raise argparse.ArgumentTypeError(f"{flag} must be {low:g}..{high:g}, not {text}")
+        return x
 
     return parse
 
@@ -142,18 +159,40 @@ def build_parser() -> argparse.ArgumentParser:
     store.add_argument("--quick", action="store_true", help="smaller amounts (about a minute)")
     store.add_argument("--dir", help="store directory (default: a new temporary directory)")
     store.add_argument("--out", help="also write the full JSON (with RSS samples) here")
-    store.add_argument("--messages", type=int, help="messages per append figure")
-    store.add_argument("--queue-messages", type=int, help="messages for each of the 16 / 10,000 queue runs")
-    store.add_argument("--sync-seconds", type=float, help="seconds of SYNC_FLUSH load")
-    store.add_argument("--rss-gb", type=float, help="GiB to write while watching resident memory")
-    store.add_argument("--disk-mb", type=int, help="MiB written to measure the disk's bandwidth")
-    store.add_argument("--repeats", type=int, help="runs of each figure; the median is reported (default 3)")
+    store.add_argument(
+        "--messages", type=_whole("--messages", 1, MAX_BENCH_MESSAGES), help="messages per append figure"
+    )
+    store.add_argument(
+        "--queue-messages",
+        type=_whole("--queue-messages", 1, MAX_BENCH_MESSAGES),
+        help="messages for each of the 16 / 10,000 queue runs",
+    )
+    store.add_argument(
+        "--sync-seconds", type=_amount("--sync-seconds", 0.1, MAX_BENCH_SECONDS), help="seconds of SYNC_FLUSH load"
+    )
+    store.add_argument(
+        "--rss-gb", type=_amount("--rss-gb", 0.01, 1024), help="GiB to write while watching resident memory"
+    )
+    store.add_argument(
+        "--disk-mb", type=_whole("--disk-mb", 1, 1 << 20), help="MiB written to measure the disk's bandwidth"
+    )
+    store.add_argument(
+        "--repeats",
+        type=_whole("--repeats", 1, MAX_BENCH_RUNS),
+        help="runs of each figure; the median is reported (default 3)",
+    )
     store.set_defaults(func=_bench_store)
     e2e = bench_sub.add_parser("e2e", help="producers and consumers against one broker, over loopback")
     e2e.add_argument("--quick", action="store_true", help="3-second phases")
     e2e.add_argument("--dir", help="cluster directory (default: a new temporary directory)")
-    e2e.add_argument("--seconds", type=float, help="length of each publishing phase")
-    e2e.add_argument("--pull-batch-size", type=int, help="messages a consumer asks for in one pull (default 128)")
+    e2e.add_argument(
+        "--seconds", type=_amount("--seconds", 0.1, MAX_BENCH_SECONDS), help="length of each publishing phase"
+    )
+    e2e.add_argument(
+        "--pull-batch-size",
+        type=_whole("--pull-batch-size", 1, 1024),
+        help="messages a consumer asks for in one pull (default 128)",
+    )
     e2e.add_argument(
         "--latency-first",
         action="store_true",
@@ -176,8 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.set_defaults(func=_bench_e2e)
     ha = bench_sub.add_parser("ha", help="SYNC_MASTER vs ASYNC_MASTER publishing and slave catch-up, on a real group")
     ha.add_argument("--quick", action="store_true", help="3-second phases, 128 MiB catch-up")
-    ha.add_argument("--seconds", type=float, help="length of each publishing phase")
-    ha.add_argument("--catch-up-mb", type=int, help="MiB the slave catches up")
+    ha.add_argument(
+        "--seconds", type=_amount("--seconds", 0.1, MAX_BENCH_SECONDS), help="length of each publishing phase"
+    )
+    ha.add_argument("--catch-up-mb", type=_whole("--catch-up-mb", 1, 1 << 20), help="MiB the slave catches up")
     ha.add_argument("--out", help="also write the JSON here")
     ha.set_defaults(func=_bench_ha)
     spark.add_bench_parser(bench_sub)

@@ -350,13 +350,17 @@ def test_bench_e2e_refuses_a_directory_that_is_not_empty(tmp_path: Path, taken: 
 
 
 @pytest.mark.parametrize(
-    ("flag", "value"),
-    [("--runs", "0"), ("--runs", "101"), ("--runs", "two"), ("--warm-memory-mb", "-1"), ("--warm-memory-mb", "4097"),
-     ("--warm-memory-mb", "1G")],
+    ("bench", "flag", "value"),
+    [("e2e", "--runs", "0"), ("e2e", "--runs", "101"), ("e2e", "--runs", "two"), ("e2e", "--warm-memory-mb", "-1"),
+     ("e2e", "--warm-memory-mb", "4097"), ("e2e", "--warm-memory-mb", "1G"), ("e2e", "--seconds", "0"),
+     ("e2e", "--seconds", "nan"), ("e2e", "--seconds", "3601"), ("e2e", "--pull-batch-size", "0"),
+     ("e2e", "--pull-batch-size", "1025"), ("store", "--messages", "-5"), ("store", "--queue-messages", "0"),
+     ("store", "--sync-seconds", "inf"), ("store", "--rss-gb", "0"), ("store", "--disk-mb", "lots"),
+     ("store", "--repeats", "0"), ("ha", "--seconds", "-1"), ("ha", "--catch-up-mb", "0")],
 )  # fmt: skip
-def test_bench_e2e_refuses_a_count_out_of_range(flag: str, value: str) -> None:
+def test_bench_refuses_a_figure_out_of_range(bench: str, flag: str, value: str) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "data_plane.cli", "bench", "e2e", flag, value],
+        [sys.executable, "-m", "data_plane.cli", "bench", bench, flag, value],
         capture_output=True, text=True, cwd=REPO, timeout=60, check=False,
     )  # fmt: skip
     assert proc.returncode == 2, proc
