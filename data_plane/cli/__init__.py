@@ -19,7 +19,7 @@ import argparse
 import dataclasses
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -30,6 +30,7 @@ MAX_BENCH_RUNS = 100
 MAX_WARM_MEMORY_MB = 4096
 MAX_BENCH_MESSAGES = 100_000_000
 MAX_BENCH_SECONDS = 3600.0
+N = TypeVar("N", int, float)
 
 
 def _log(message: str) -> None:
@@ -66,29 +67,23 @@ def _bench_store(args: argparse.Namespace) -> int:
 
 def _whole(flag: str, low: int, high: int) -> Callable[[str], int]:
     """An argparse type: a whole number in [low, high], or a clear error naming ``flag``."""
-
-    def parse(text: str) -> int:
-        try:
-            n = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a whole number, not {text!r}") from None
-        if not low <= n <= high:
-            raise argparse.ArgumentTypeError(f"{flag} must be {low}..{high}, not {n}")
-        return n
-
-    return parse
+    return _bounded(flag, low, high, int, "a whole number")
 
 
 def _amount(flag: str, low: float, high: float) -> Callable[[str], float]:
     """An argparse type: a number in [low, high] (not NaN or infinite), or a clear error."""
+    return _bounded(flag, low, high, float, "a number")
 
-    def parse(text: str) -> float:
+
+def _bounded(flag: str, low: N, high: N, convert: Callable[[str], N], what: str) -> Callable[[str], N]:
+    def parse(text: str) -> N:
         try:
-            x = float(text)
+            x = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{flag} takes a number, not {text!r}") from None
+            raise argparse.ArgumentTypeError(f"{flag} takes {what}, not {text!r}") from None
         if not low <= x <= high:  # (NaN fails both comparisons)
-            raise argparse.ArgumentTypeError(f"{flag} must be {low:g}..{high:g}, not {text}")
+            shown = (str(b) if isinstance(b, int) else f"{b:g}" for b in (low, high))
+            raise argparse.ArgumentTypeError(f"{flag} must be {'..'.join(shown)}, not {text}")
         return x
 
     return parse
