@@ -96,7 +96,7 @@ class ConsumeQueueTable:
             return f.read(CQ_UNIT_SIZE) == bytes(CQ_UNIT_SIZE)
 
     def topics(self) -> set[str]:
-        return {t for t, _ in list(self.queues)}  # (list: QueuePreparer may add one meanwhile)
+        return {t for t, _ in self.queues}
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self.queues.values()))
