@@ -10,6 +10,7 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING
 
 from data_plane.auth.request_access import SUBSCRIBE
+from data_plane.broker.persisted import SaveBehind
 from data_plane.remoting import bodies
 from data_plane.remoting.codes import PERM_READ_WRITE, ResponseCode
 from data_plane.remoting.command import RemotingCommand
@@ -41,31 +42,39 @@ class AdminProcessor:
         sys_flag = field_int(ext, "topicSysFlag", 0, lo=0, hi=2**31 - 1)
         try:
             self.broker.topics.create_or_update(
-                topic, read_queue_nums=read, write_queue_nums=write, perm=perm, order=order, sys_flag=sys_flag
-            )
+                topic, read_queue_nums=read, write_queue_nums=write, perm=perm, order=order, sys_flag=sys_flag,
+                behind=True,
+            )  # fmt: skip
         except ValueError as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
         self.broker.topics_changed()
-        ready = self.store.queues_ready(topic)
-        if ready is None or ready.done():
-            return cmd.response(ResponseCode.SUCCESS)
-        return self._created_when_ready(cmd, ready)
+        return self._created(cmd, self.store.queues_ready(topic))
 
-    async def _created_when_ready(
-        self, cmd: RemotingCommand, ready: concurrent.futures.Future[None]
+    async def _created(
+        self, cmd: RemotingCommand, ready: concurrent.futures.Future[None] | None
     ) -> RemotingCommand:
-        """The answer once the topic's new queues are made (queue_prepare.py), so that sends
-        right after it find them — or after ``QUEUES_READY_WAIT_S``: the topic is there either
-        way, and a queue not made yet is made by its first write."""
-        await asyncio.wait({asyncio.wrap_future(ready)}, timeout=QUEUES_READY_WAIT_S)
+        """The answer once the topic is on disk, and its new queues are made (queue_prepare.py)
+        so that sends right after it find them — or after ``QUEUES_READY_WAIT_S`` for those: the
+        topic is there either way, and a queue not made yet is made by its first write."""
+        if ready is not None and not ready.done():
+            await asyncio.wait({asyncio.wrap_future(ready)}, timeout=QUEUES_READY_WAIT_S)
+        return await self._when_saved(cmd, self.broker.topics.save_behind)
+
+    async def _when_saved(self, cmd: RemotingCommand, behind: SaveBehind | None) -> RemotingCommand:
+        """SUCCESS once the change is on disk (saved off the event loop, persisted.py)."""
+        if behind is not None:
+            try:
+                await behind.saved()
+            except OSError as e:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"saving {behind.what} failed: {e}")
         return cmd.response(ResponseCode.SUCCESS)
 
-    def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> Awaitable[RemotingCommand]:
         topic = field_str(cmd.ext_fields, "topic", max_length=1024)
-        if self.broker.topics.delete(topic):
+        if self.broker.topics.delete(topic, behind=True):
             self.broker.offsets.delete_topic(topic)
             self.broker.topics_changed()
-        return cmd.response(ResponseCode.SUCCESS)
+        return self._when_saved(cmd, self.broker.topics.save_behind)
 
     def all_topic_config(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         t = self.broker.topics
@@ -74,21 +83,21 @@ class AdminProcessor:
         )
 
     # --- subscription groups --------------------------------------------------------------------
-    def create_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def create_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         data = bodies.loads_object(cmd.body_bytes())
         name = data.get("groupName")
         if not isinstance(name, str) or not name or len(name) > 255:
             return cmd.response(ResponseCode.SYSTEM_ERROR, "groupName is missing or too long")
-        self.broker.groups.update(name, data)
-        return cmd.response(ResponseCode.SUCCESS)
+        self.broker.groups.update(name, data, behind=True)
+        return self._when_saved(cmd, self.broker.groups.save_behind)
 
     def all_groups(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         body = {"subscriptionGroupTable": self.broker.groups.groups, "dataVersion": self.broker.topics.data_version}
         return cmd.response(ResponseCode.SUCCESS, body=bodies.dumps(body))
 
-    def delete_group(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        self.broker.groups.delete(field_str(cmd.ext_fields, "groupName"))
-        return cmd.response(ResponseCode.SUCCESS)
+    def delete_group(self, conn: Connection, cmd: RemotingCommand) -> Awaitable[RemotingCommand]:
+        self.broker.groups.delete(field_str(cmd.ext_fields, "groupName"), behind=True)
+        return self._when_saved(cmd, self.broker.groups.save_behind)
 
     # --- consumer offsets ---------------------------------------------------------------------
     def query_consumer_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

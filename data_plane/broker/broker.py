@@ -41,6 +41,7 @@ from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.gc_watch import GcWatch
 from data_plane.broker.long_poll import PullRequestHoldService
 from data_plane.broker.open_files import raise_open_files_limit
+from data_plane.broker.persisted import SaveBehind
 from data_plane.broker.pull import PullHandler, PullProcessor
 from data_plane.broker.rebalance_lock import RebalanceLockManager
 from data_plane.broker.replication import Replication
@@ -151,6 +152,9 @@ class Broker:
         self.offsets.load()
         self.groups.load()
         self.topics.persist()
+        # From now on topic and group changes are saved on a worker thread (persisted.py)
+        self.topics.save_behind = SaveBehind(self.topics.file, self.topics.snapshot, "topics")
+        self.groups.save_behind = SaveBehind(self.groups.file, self.groups.snapshot, "subscription groups")
         self.tenancy = BrokerTenancy(self)
         await self.tenancy.start()
         self.before_put = self.tenancy.before_put
@@ -332,6 +336,10 @@ class Broker:
         if self.store is not None:
             if self.trace is not None:
                 self.trace.flush()  # the buffered trace events, before the store closes
+            for behind in (self.topics.save_behind, self.groups.save_behind):
+                if behind is not None:
+                    with contextlib.suppress(OSError):  # (logged; the saves below try again)
+                        await behind.saved()
             self.offsets.persist()
             self.topics.persist()
             self.groups.persist()
@@ -487,10 +495,13 @@ class Broker:
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.consumer_offset_persist_interval_s)
+            for behind in (self.topics.save_behind, self.groups.save_behind):
+                if behind is not None and behind.dirty:  # a save that failed: again
+                    behind.changed()
             if self.offsets.dirty:
-                doc = self.offsets.snapshot()
+                doc, seq = self.offsets.snapshot(), self.offsets.file.next_seq()
                 try:
-                    await asyncio.to_thread(self.offsets.file.save, doc)  # fsyncs off the event loop
+                    await asyncio.to_thread(self.offsets.file.save, doc, seq)  # fsyncs off the event loop
                 except OSError:
                     self.offsets.dirty = True
                     log.exception("persisting consumer offsets failed")

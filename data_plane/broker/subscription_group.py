@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.persisted import ConfigFile, SaveBehind
 
 MAX_GROUPS = 100_000
 
@@ -32,6 +32,7 @@ class SubscriptionGroupManager:
         self.file = ConfigFile(path)
         self.auto_create = auto_create
         self.groups: dict[str, dict[str, Any]] = {}
+        self.save_behind: SaveBehind | None = None  # set by a serving broker (_changed)
 
     def load(self) -> None:
         doc = self.file.load()
@@ -42,27 +43,40 @@ class SubscriptionGroupManager:
                     merged.update(g)
                     self.groups[name] = merged
 
+    def snapshot(self) -> dict[str, Any]:
+        """The document to save, copied (a group's config is changed in place), so that it can
+        be written on another thread."""
+        return {"subscriptionGroupTable": {name: dict(g) for name, g in self.groups.items()}}
+
     def persist(self) -> None:
-        self.file.save({"subscriptionGroupTable": self.groups})
+        self.file.save(self.snapshot())
+
+    def _changed(self, behind: bool) -> None:
+        """Saved now — or, with ``behind`` and a serving broker's ``save_behind``, on a worker
+        thread for a caller that awaits ``save_behind.saved()`` (an admin request)."""
+        if behind and self.save_behind is not None:
+            self.save_behind.changed()
+        else:
+            self.persist()
 
     def find(self, group: str) -> dict[str, Any] | None:
         g = self.groups.get(group)
         if g is None and self.auto_create and len(self.groups) < MAX_GROUPS:
             g = default_group(group)
             self.groups[group] = g
-            self.persist()
+            self._changed(False)
         return g
 
-    def update(self, group: str, changes: dict[str, Any]) -> dict[str, Any]:
+    def update(self, group: str, changes: dict[str, Any], *, behind: bool = False) -> dict[str, Any]:
         g = self.groups.get(group) or default_group(group)
         allowed = set(default_group(group))
         g.update({k: v for k, v in changes.items() if k in allowed and k != "groupName"})
         self.groups[group] = g
-        self.persist()
+        self._changed(behind)
         return g
 
-    def delete(self, group: str) -> bool:
+    def delete(self, group: str, *, behind: bool = False) -> bool:
         if self.groups.pop(group, None) is None:
             return False
-        self.persist()
+        self._changed(behind)
         return True

@@ -11,8 +11,9 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from typing import Any
 
-from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.persisted import ConfigFile, SaveBehind
 from data_plane.remoting.bodies import DataVersion, TopicConfig, topic_config
 from data_plane.remoting.codes import PERM_INHERIT, PERM_READ, PERM_READ_WRITE, PERM_WRITE
 from data_plane.store.message import validate_topic
@@ -42,6 +43,7 @@ class TopicConfigManager:
         # Told of a topic created or changed here, with its write queue count (the broker has
         # its new queues made ahead of their first messages: MessageStore.prepare_queues)
         self.on_written: Callable[[str, int], object] | None = None
+        self.save_behind: SaveBehind | None = None  # set by a serving broker (_changed)
 
     def load(self) -> None:
         doc = self.file.load()
@@ -66,13 +68,26 @@ class TopicConfigManager:
         self.topics.setdefault(SELF_TEST_TOPIC, topic_config(SELF_TEST_TOPIC, 1, 1))
         self.topics.setdefault(self.broker_name, topic_config(self.broker_name, 1, 1, PERM_READ_WRITE | PERM_INHERIT))
 
+    def snapshot(self) -> dict[str, Any]:
+        """The document to save, copied (its topic configs are replaced on change, never
+        changed in place), so that it can be written on another thread."""
+        return {"topicConfigTable": dict(self.topics), "dataVersion": dict(self.data_version)}
+
     def persist(self) -> None:
-        self.file.save({"topicConfigTable": self.topics, "dataVersion": self.data_version})
+        self.file.save(self.snapshot())
         self.dirty = False
 
-    def _changed(self) -> None:
+    def _changed(self, behind: bool) -> None:
+        """A change, saved now — or, with ``behind`` and a serving broker's ``save_behind``, on
+        a worker thread, for a caller that awaits ``save_behind.saved()`` before it answers (an
+        admin request: its fsyncs are then not the event loop's, persisted.py). A topic made on
+        the data path (a send's auto-creation, a retry or dead-letter topic) is saved now, as
+        before: a message acknowledged in it must find its topic after a kill -9."""
         self.data_version = {"timestamp": int(time.time() * 1000), "counter": next(self._counter)}
-        self.persist()
+        if behind and self.save_behind is not None:
+            self.save_behind.changed()
+        else:
+            self.persist()
 
     def get(self, topic: str) -> TopicConfig | None:
         return self.topics.get(topic)
@@ -95,6 +110,7 @@ class TopicConfigManager:
         perm: int = PERM_READ_WRITE,
         order: bool = False,
         sys_flag: int = 0,
+        behind: bool = False,
     ) -> TopicConfig:
         self._check_name(topic)
         for what, n in (("readQueueNums", read_queue_nums), ("writeQueueNums", write_queue_nums)):
@@ -105,7 +121,7 @@ class TopicConfigManager:
         tc = topic_config(topic, read_queue_nums, write_queue_nums, perm, order, sys_flag)
         if self.topics.get(topic) != tc:
             self.topics[topic] = tc
-            self._changed()
+            self._changed(behind)
             if self.on_written is not None:
                 self.on_written(topic, write_queue_nums)
         return tc
@@ -130,11 +146,11 @@ class TopicConfigManager:
         self.create_or_update(name, read_queue_nums=1, write_queue_nums=1)
         return True
 
-    def delete(self, topic: str) -> bool:
+    def delete(self, topic: str, *, behind: bool = False) -> bool:
         if topic in (DEFAULT_TOPIC, SELF_TEST_TOPIC, self.broker_name) or topic not in self.topics:
             return False
         del self.topics[topic]
-        self._changed()
+        self._changed(behind)
         return True
 
     def is_readable(self, tc: TopicConfig) -> bool:

@@ -438,6 +438,30 @@ async def test_a_created_topics_queues_are_made_before_its_first_message(
 
 
 @pytest.mark.asyncio
+async def test_a_topic_or_group_is_on_disk_when_its_admin_request_is_answered(
+    start_broker: StartBroker, wires: Callable[..., Wire]
+) -> None:
+    """The broker saves admin changes to topics and groups off its event loop, and answers once
+    they are saved: a kill -9 right after the answers loses none of them."""
+    first = start_broker(None)
+    w = wires(first.address)
+    assert (await w.create_topic("Kept", 3)).code == ResponseCode.SUCCESS
+    assert (await w.create_topic("Gone", 2)).code == ResponseCode.SUCCESS
+    assert (await w.call(RequestCode.DELETE_TOPIC_IN_BROKER, {"topic": "Gone"})).code == ResponseCode.SUCCESS
+    group = bodies.dumps({"groupName": "kept-group", "consumeEnable": False})
+    assert (await w.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, None, group)).code == ResponseCode.SUCCESS
+    first.kill()
+    await w.close()
+    again = wires(start_broker(None).address)
+    table = (await again.topic_table())["topicConfigTable"]
+    assert table["Kept"]["writeQueueNums"] == 3
+    assert "Gone" not in table
+    r = await again.call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG)
+    groups = bodies.loads_object(r.body_bytes())["subscriptionGroupTable"]
+    assert groups["kept-group"]["consumeEnable"] is False
+
+
+@pytest.mark.asyncio
 async def test_send_message_v1_with_long_header_names(wire: Wire) -> None:
     ext = {
         "producerGroup": "pg",

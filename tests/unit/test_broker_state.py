@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from data_plane.broker.client_manager import MAX_GROUPS_PER_CLIENT, ClientManage
 from data_plane.broker.config import BrokerConfig, BrokerRole, ConfigError, advertised_address, load
 from data_plane.broker.consumer_offset import ConsumerOffsetManager
 from data_plane.broker.long_poll import PullRequestHoldService
-from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.persisted import ConfigFile, SaveBehind
 from data_plane.broker.pull import MAX_TAGS, parse_tag_expression
 from data_plane.broker.rebalance_lock import RebalanceLockManager
 from data_plane.broker.subscription_group import SubscriptionGroupManager, default_group
@@ -296,6 +297,59 @@ def test_config_file_with_nothing_readable_loads_none(tmp_path: Path) -> None:
     path.write_bytes(b"not json")
     (tmp_path / "doc.json.bak").write_bytes(b"nor this")
     assert ConfigFile(str(path)).load() is None
+
+
+def test_a_document_copied_before_one_already_saved_is_not_written(tmp_path: Path) -> None:
+    """A save finishing on a worker thread after a newer one (the shutdown's) must not put the
+    older document back."""
+    path = tmp_path / "doc.json"
+    f = ConfigFile(str(path))
+    older = f.next_seq()  # copied first, written late
+    assert f.save({"v": "newer"})
+    assert not f.save({"v": "older"}, older)
+    assert f.load() == {"v": "newer"}
+    later = f.next_seq()
+    assert f.save({"v": "latest"}, later)
+    assert f.load() == {"v": "latest"}
+
+
+@pytest.mark.asyncio
+async def test_save_behind_writes_the_latest_document_later_and_says_when(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "doc.json"
+    f = ConfigFile(str(path))
+    state = {"v": 0}
+    snapshot_calls = 0
+
+    def snapshot() -> dict[str, object]:
+        nonlocal snapshot_calls
+        snapshot_calls += 1
+        return dict(state)
+
+    behind = SaveBehind(f, snapshot, "the test document")
+    for v in range(1, 6):
+        state["v"] = v
+        behind.changed()
+    assert not path.exists(), "nothing written while the caller runs: the save is behind it"
+    await behind.saved()
+    assert f.load() == {"v": 5}
+    assert not behind.dirty
+    assert snapshot_calls <= 2, "changes made while a save runs are saved together after it"
+
+
+@pytest.mark.asyncio
+async def test_save_behind_reports_a_failed_save_and_tries_again(tmp_path: Path) -> None:
+    conf = tmp_path / "conf"
+    f = ConfigFile(str(conf / "doc.json"))
+    behind = SaveBehind(f, lambda: {"v": 1}, "the test document")
+    shutil.rmtree(conf)  # its directory gone: the write fails
+    behind.changed()
+    with pytest.raises(FileNotFoundError):
+        await behind.saved()
+    assert behind.dirty
+    conf.mkdir()
+    behind.changed()
+    await behind.saved()
+    assert (behind.dirty, behind.error, f.load()) == (False, None, {"v": 1})
 
 
 # --- SubscriptionGroupManager -------------------------------------------------------------------
