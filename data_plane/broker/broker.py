@@ -112,6 +112,7 @@ class Broker:
         self.clients = ClientManager(channel_expired_s=config.channel_expired_s)
         self.locks = RebalanceLockManager(expiry_s=config.rebalance_lock_expiry_s)
         self.hold = PullRequestHoldService(config.max_held_pulls, config.max_held_pulls_per_connection)
+        self._offsets_behind: SaveBehind | None = None  # set in start() (_persist_loop)
         self.schedule = Schedule(config)  # delayed and timed messages (started on a master)
         self.consumer_filter = ConsumerFilterManager(enabled=config.enable_property_filter)  # SQL92
         self.trace: MessageTrace | None = None  # set in start() when trace_enabled (trace.py)
@@ -155,6 +156,8 @@ class Broker:
         # From now on topic and group changes are saved on a worker thread (persisted.py)
         self.topics.save_behind = SaveBehind(self.topics.file, self.topics.snapshot, "topics")
         self.groups.save_behind = SaveBehind(self.groups.file, self.groups.snapshot, "subscription groups")
+        # (consumer offsets: saved behind every consumer_offset_persist_interval_s, _persist_loop)
+        self._offsets_behind = SaveBehind(self.offsets.file, self.offsets.snapshot, "consumer offsets")
         self.tenancy = BrokerTenancy(self)
         await self.tenancy.start()
         self.before_put = self.tenancy.before_put
@@ -336,7 +339,7 @@ class Broker:
         if self.store is not None:
             if self.trace is not None:
                 self.trace.flush()  # the buffered trace events, before the store closes
-            for behind in (self.topics.save_behind, self.groups.save_behind):
+            for behind in (self.topics.save_behind, self.groups.save_behind, self._offsets_behind):
                 if behind is not None:
                     with contextlib.suppress(OSError):  # (logged; the saves below try again)
                         await behind.saved()
@@ -495,16 +498,11 @@ class Broker:
     async def _persist_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.consumer_offset_persist_interval_s)
-            for behind in (self.topics.save_behind, self.groups.save_behind):
+            if self.offsets.dirty and self._offsets_behind is not None:
+                self._offsets_behind.changed()  # fsyncs off the event loop (persisted.py)
+            for behind in (self.topics.save_behind, self.groups.save_behind, self._offsets_behind):
                 if behind is not None and behind.dirty:  # a save that failed: again
                     behind.changed()
-            if self.offsets.dirty:
-                doc, seq = self.offsets.snapshot(), self.offsets.file.next_seq()
-                try:
-                    await asyncio.to_thread(self.offsets.file.save, doc, seq)  # fsyncs off the event loop
-                except OSError:
-                    self.offsets.dirty = True
-                    log.exception("persisting consumer offsets failed")
 
     async def _watch_loop_lag(self) -> None:
         """Every 100 ms, how late the loop woke us: a stall here delays every client. Stalls

@@ -467,15 +467,19 @@ async def two_in_flight(app: App) -> AsyncIterator[tuple[str, RemotingClient, Co
         yield server.address, client, server_conn
 
 
-async def three_requests_two_taken(client: RemotingClient, addr: str) -> None:
+async def three_working_requests(client: RemotingClient, addr: str) -> list[int]:
+    """Three requests that work 200 ms each, at once: their answers' codes, sorted."""
     answers = await asyncio.gather(*(client.invoke(addr, delayed(str(i), 200), 5000) for i in range(3)))
-    assert sorted(a.code for a in answers) == [ResponseCode.SUCCESS, ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY]
+    return sorted(a.code for a in answers)
+
+
+TWO_TAKEN = [ResponseCode.SUCCESS, ResponseCode.SUCCESS, ResponseCode.SYSTEM_BUSY]
 
 
 @pytest.mark.asyncio
 async def test_requests_over_the_inflight_limit_are_answered_system_busy() -> None:
     async with two_in_flight(App()) as (addr, client, _server_conn):
-        await three_requests_two_taken(client, addr)
+        assert await three_working_requests(client, addr) == TWO_TAKEN
         await echo(client, addr)
 
 
@@ -487,7 +491,7 @@ async def test_parked_requests_do_not_count_against_the_inflight_limit() -> None
         parked = [asyncio.ensure_future(client.invoke(addr, RemotingCommand(PARKED), 5000)) for _ in range(10)]
         await until(lambda: server_conn.parked == 10, what="ten requests parked")
         assert server_conn.inflight == 10
-        await three_requests_two_taken(client, addr)  # work is still taken up to the limit only
+        assert await three_working_requests(client, addr) == TWO_TAKEN  # work: still up to the limit
         assert not any(p.done() for p in parked)
         app.release.set()
         assert [(r.code, r.remark) for r in await asyncio.gather(*parked)] == [(ResponseCode.SUCCESS, "released")] * 10

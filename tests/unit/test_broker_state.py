@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import shutil
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
@@ -576,6 +577,16 @@ class Waits:
         assert name not in self.woken, f"{name} woken twice"
         self.woken[name] = woken
 
+    async def woken_by(self, names: Collection[str], within_s: float = 5.0) -> float:
+        """Poll until every one of ``names`` was woken; how long that took from the call (it
+        fails past ``within_s``)."""
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        while not set(names) <= set(self.woken):
+            assert loop.time() - t0 < within_s, f"not woken within {within_s} s: {set(names) - set(self.woken)}"
+            await asyncio.sleep(0.005)
+        return loop.time() - t0
+
     async def settled(self) -> dict[str, bool]:
         await asyncio.sleep(0)  # wakes run soon after, together
         return self.woken
@@ -623,23 +634,15 @@ async def test_a_held_pull_wakes_only_for_its_tags() -> None:
 async def test_held_pulls_wake_with_false_when_their_suspend_time_ends() -> None:
     s = PullRequestHoldService()
     w = Waits(s)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     assert w.hold("short", "T", 0, 0, 0.05)
     assert w.hold("long", "T", 1, 0, 0.3)
     assert w.hold("short-2", "T", 2, 0, 0.05)
     assert w.hold("woken", "T", 3, 0, 0.05)
     s.notify("T", 3, 1)  # woken before its time: its deadline wakes nothing
-    deadline = t0 + 5
-    while "short-2" not in w.woken:
-        assert loop.time() < deadline
-        await asyncio.sleep(0.005)
-    assert loop.time() - t0 >= 0.04
+    short_s = await w.woken_by({"short", "short-2"})
+    assert short_s >= 0.04
     assert w.woken == {"woken": True, "short": False, "short-2": False}
-    while "long" not in w.woken:
-        assert loop.time() < deadline
-        await asyncio.sleep(0.005)
-    assert loop.time() - t0 >= 0.28
+    assert short_s + await w.woken_by({"long"}) >= 0.28
     assert w.woken["long"] is False
     assert (s.count, s.held) == (0, {})
     s.notify("T", 0, 10)  # nothing left to wake
@@ -719,15 +722,10 @@ async def test_the_deadline_queue_does_not_keep_pulls_woken_long_ago() -> None:
 async def test_any_number_of_suspend_times_makes_few_deadline_queues_and_each_pull_still_ends() -> None:
     s = PullRequestHoldService()
     w = Waits(s)
-    loop = asyncio.get_running_loop()
-    t0 = loop.time()
     for i in range(250):  # 250 different suspend times, 1 ms apart
         assert w.hold(str(i), "T", i, 0, 0.001 * (i + 1))
     assert len(s._deadlines) == 3  # up to 0.1, 0.2 and 0.3 s
-    while len(w.woken) < 250:
-        assert loop.time() - t0 < 5
-        await asyncio.sleep(0.005)
-    assert loop.time() - t0 >= 0.25
+    assert await w.woken_by({str(i) for i in range(250)}) >= 0.25
     assert set(w.woken.values()) == {False}
     assert s.count == 0
 
