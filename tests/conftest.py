@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -25,15 +27,37 @@ def seed(request: pytest.FixtureRequest) -> int:
     return value
 
 
+def c_compiler() -> str | None:
+    """The C compiler that building Orbit's extensions would use (sysconfig's CC), if present."""
+    cc = (sysconfig.get_config_var("CC") or "cc").split()
+    return shutil.which(cc[0]) if cc else None
+
+
+PURE_PYTHON = bool(os.environ.get("ORBIT_PURE_PYTHON"))
+# The compiled twins are not expected here: switched off, or nothing could have built them.
+NO_COMPILED_TWINS = PURE_PYTHON or c_compiler() is None
+
+
+def compiled_missing(what: str) -> None:
+    """A test of a compiled twin found it absent: skip in the pure-Python run (ORBIT_PURE_PYTHON)
+    and where there is no C compiler; fail where there is one, since then the build failed and
+    the suite must not pass around it."""
+    if PURE_PYTHON:
+        pytest.skip("ORBIT_PURE_PYTHON is set")
+    if c_compiler() is None:
+        pytest.skip(f"{what} is not built (no C compiler here)")
+    pytest.fail(f"{what} is not built although a C compiler is present: the extension's build failed (setup.py)")
+
+
 @pytest.fixture(params=["compiled", "pure-python"])
 def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run a test against both twins of the write path's fast loops."""
     was = fastpath.COMPILED
-    if request.param == "compiled" and os.environ.get("ORBIT_PURE_PYTHON"):
+    if request.param == "compiled" and PURE_PYTHON:
         # the store's classes are the pure-Python twins (positions.py): no compiled appender
         pytest.skip("ORBIT_PURE_PYTHON is set")
     if request.param == "compiled" and not fastpath.use_compiled(True):
-        pytest.skip("the compiled fast path is not built here")
+        compiled_missing("the compiled fast path (data_plane.store._speedups)")
     if request.param == "pure-python":
         fastpath.use_compiled(False)
     try:
@@ -44,12 +68,14 @@ def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def speedups() -> ModuleType:
-    """The compiled store module (data_plane/store/_speedups.c); the test is skipped where it
-    is not built."""
+    """The compiled store module (data_plane/store/_speedups.c); see ``compiled_missing`` for
+    where it is not built."""
+    if PURE_PYTHON:
+        pytest.skip("ORBIT_PURE_PYTHON is set")
     try:
         from data_plane.store import _speedups  # type: ignore[attr-defined]
     except ImportError:
-        pytest.skip("data_plane.store._speedups is not built here")
+        compiled_missing("data_plane.store._speedups")
     module: ModuleType = _speedups
     return module
 

@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("data_plane.broker.broker")
-
 from sdk import IllegalMessageError, Message, MessageExt, MessageQueue, Producer, PullConsumer
 from sdk.admin import AdminClient
 from sdk.message import new_unique_id

@@ -1342,7 +1342,6 @@ async def test_sync_flush_keeps_every_acknowledged_message_through_kill_9(
 async def test_a_broker_registers_its_topics_with_the_name_server(
     start_namesrv: Callable[..., ServerProcess], start_broker: StartBroker, wires: Callable[..., Wire]
 ) -> None:
-    pytest.importorskip("data_plane.namesrv.server")
     ns = start_namesrv()
     b = start_broker(ns.address)
     w = wires(b.address)

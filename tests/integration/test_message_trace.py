@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("data_plane.broker.broker")
-
 from sdk import Message, MessageExt, Producer, PushConsumer, SendResult
 from sdk.admin import AdminClient
 from sdk.push_consumer import ConsumeResult

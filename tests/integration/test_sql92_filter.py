@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("data_plane.broker.broker")
-
 from data_plane.remoting import bodies
 from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import PULL_FLAG_SUBSCRIPTION, RequestCode, ResponseCode

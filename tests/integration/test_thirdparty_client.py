@@ -7,8 +7,8 @@ Two clients, both ctypes bindings over Apache's C++ client (each ships its own l
 * ``rocketmq-python-cvs==2.1.0.3`` (dev extra): the rocketmq-client-python 2.0 API over C++
   client 2.x, which sends SEND_MESSAGE_V2;
 * ``rocketmq==0.4.4``: C++ client 1.0.1, which sends SEND_MESSAGE with long field names. It
-  installs a package named ``rocketmq`` too, so it is pip-installed with ``--target`` into a
-  temporary directory at test time and put first on PYTHONPATH (skipped if that install fails).
+  installs a package named ``rocketmq`` too, so scripts/venv.sh installs it apart, from the
+  lock, into ``.venv/opt/rocketmq-0.4.4``, which these tests put first on PYTHONPATH.
 
 The client runs in a subprocess (tests/integration/thirdparty_client_script.py): its faults are
 segfaults and hangs, which a subprocess with a timeout turns into a test failure. Orbit's own
@@ -73,23 +73,15 @@ CVS = "rocketmq-python-cvs==2.1.0.3"
 OLD = "rocketmq==0.4.4"
 
 
+OLD_CLIENT_DIR = Path(sys.prefix) / "opt" / "rocketmq-0.4.4"  # where scripts/venv.sh dev installs it
+
+
 @pytest.fixture(scope="session")
-def old_client_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("rocketmq044")
-    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps"]
-    try:
-        r = subprocess.run(
-            [*pip, "--target", str(target), OLD],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        pytest.skip(f"pip install {OLD} took over 120 s")
-    if r.returncode != 0 or not (target / "rocketmq" / "librocketmq.so").exists():
-        pytest.skip(f"pip install {OLD} failed: {r.stderr[-2000:]}")
-    return target
+def old_client_path() -> Path:
+    assert (OLD_CLIENT_DIR / "rocketmq" / "librocketmq.so").exists(), (
+        f"{OLD} is not in {OLD_CLIENT_DIR}: scripts/venv.sh dev installs it from the lock"
+    )
+    return OLD_CLIENT_DIR
 
 
 @dataclass

@@ -368,7 +368,6 @@ async def test_a_stock_clients_commit_is_delivered_and_its_rollback_is_not(
 ) -> None:
     """The C++ client (PyPI rocketmq-python-cvs, via tests/integration/thirdparty_client_script.py):
     its half sends, END_TRANSACTION, and its checker answering CHECK_TRANSACTION_STATE."""
-    pytest.importorskip("rocketmq.client")
     start_broker(namesrv.address, *fast())
     topic = "tx-stock"
     decisions = {"c-0": "commit", "r-1": "rollback", "uc-2": "unknown-commit", "ur-3": "unknown-rollback"}

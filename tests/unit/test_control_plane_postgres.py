@@ -62,18 +62,18 @@ def test_a_broken_pg_config_is_skipped(tmp_path: Path) -> None:
 
 
 def test_without_system_binaries_the_pypi_package_is_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Discovery only: point the search at nothing and say the package is absent (install=False).
+    # Discovery only: point the search at nothing and say the package is absent.
     monkeypatch.setattr(postgres, "system_bin_dirs", list)
     monkeypatch.setattr(postgres, "PYPI_MODULE", "orbit_no_such_pg_package")
-    assert postgres.pypi_bin_dir(install=False) is None
-    with pytest.raises(EmbeddedPostgresError, match="no PostgreSQL binaries"):
-        postgres.find_bin_dir(install=False)
+    assert postgres.pypi_bin_dir() is None
+    with pytest.raises(EmbeddedPostgresError, match=r"no PostgreSQL binaries .*\(scripts/venv\.sh postgres\)"):
+        postgres.find_bin_dir()
     package = tmp_path / "site" / "orbit_fake_pg"
     fake_bin(package / "pginstall" / "bin")
     (package / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     monkeypatch.setattr(postgres, "PYPI_MODULE", "orbit_fake_pg")
-    assert postgres.find_bin_dir(install=False) == str(package / "pginstall" / "bin")
+    assert postgres.find_bin_dir() == str(package / "pginstall" / "bin")
 
 
 def test_the_fallback_data_dir_is_kept_by_its_data_dir_and_not_inherited_by_a_new_one(tmp_path: Path) -> None:

@@ -25,6 +25,7 @@ from data_plane.remoting.command import (
     py_decode_frame,
     py_frame_head,
 )
+from tests.conftest import compiled_missing
 
 Compiled = Callable[[Any, type], RemotingCommand | None]
 
@@ -34,7 +35,7 @@ def compiled() -> Compiled:
     try:
         from data_plane.remoting import _codec  # type: ignore[attr-defined]
     except ImportError:
-        pytest.skip("data_plane.remoting._codec is not built here")
+        compiled_missing("data_plane.remoting._codec")
     def fn(frame: Any, cls: type) -> RemotingCommand | None:
         got: RemotingCommand | None = _codec.decode_frame(frame, cls, BODY_VIEW_BYTES)
         return got
@@ -226,7 +227,7 @@ def frame_head() -> Callable[[RemotingCommand, int], bytes | None]:
     try:
         from data_plane.remoting import _codec  # type: ignore[attr-defined]
     except ImportError:
-        pytest.skip("data_plane.remoting._codec is not built here")
+        compiled_missing("data_plane.remoting._codec")
     fn: Callable[[RemotingCommand, int], bytes | None] = _codec.frame_head
     return fn
 

@@ -23,6 +23,7 @@ from data_plane.store.positions import (
     QueueOffsets,
     QueuePositions,
 )
+from tests.conftest import compiled_missing
 
 FILE_FIELDS = (
     "wrote_position",
@@ -40,7 +41,7 @@ def _mapped(tmp_path: Path) -> MappedFile:
 
 def test_the_compiled_bases_serve_when_the_store_is_compiled() -> None:
     if fastpath.speedups_module() is None:
-        pytest.skip("the compiled store is not built")
+        compiled_missing("the compiled store (data_plane.store._speedups)")
     assert FilePositions is not PyFilePositions
     assert QueuePositions is not PyQueuePositions
     assert issubclass(MappedFile, FilePositions)
@@ -69,7 +70,7 @@ def test_queue_offsets_read_and_set_like_a_dict_of_ints(kind: type) -> None:
 
 def test_compiled_queue_offsets_refuse_what_a_queue_offset_cannot_be() -> None:
     if QueueOffsets is dict:
-        pytest.skip("the compiled store is not built")
+        compiled_missing("the compiled store (data_plane.store._speedups)")
     offsets = QueueOffsets()
     offsets[("T", 0)] = 3
     with pytest.raises(TypeError, match="not removed"):  # an appender may hold its cell
@@ -141,7 +142,7 @@ def test_closing_lets_go_of_the_held_view_and_unmaps(tmp_path: Path) -> None:
 
 def test_units_go_through_the_held_view_and_without_it(make_store: Callable[..., MessageStore]) -> None:
     if QueuePositions is PyQueuePositions:
-        pytest.skip("the compiled store is not in use")
+        compiled_missing("the compiled store (data_plane.store._speedups)")
     store = make_store(consume_queue_units_per_file=1000)
 
     def append(i: int) -> None:
@@ -208,7 +209,7 @@ print(closed, got.status.name, [decode_record(m).body for m in got.messages], cq
 
 def test_a_file_closed_during_an_append_keeps_its_mapping_until_the_append_is_done(tmp_path: Path) -> None:
     if fastpath.speedups_module() is None:
-        pytest.skip("the compiled store is not built")
+        compiled_missing("the compiled store (data_plane.store._speedups)")
     root = str(Path(__file__).resolve().parents[2])
     script = CLOSE_DURING_APPEND.format(root=root, path=str(tmp_path / "store"))
     done = subprocess.run(

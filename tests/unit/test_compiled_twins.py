@@ -1,0 +1,43 @@
+"""Which twin serves: the compiled modules (data_plane/store/_speedups.c, data_plane/remoting/_codec.c)
+wherever a C compiler could build them, the pure-Python twins with ORBIT_PURE_PYTHON set.
+
+scripts/test runs the store, remoting and SDK codec tests a second time with ORBIT_PURE_PYTHON=1;
+where a compiler is present and an extension is missing, its build failed, and this fails the
+suite rather than letting the pure-Python twin pass in its place."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from data_plane.remoting import command
+from data_plane.store import fastpath, positions
+from tests.conftest import NO_COMPILED_TWINS, PURE_PYTHON
+
+pytestmark = pytest.mark.unit
+
+EXTENSIONS = ("data_plane.store._speedups", "data_plane.remoting._codec")
+
+
+@pytest.mark.skipif(NO_COMPILED_TWINS, reason="the compiled twins are switched off or cannot be built here")
+@pytest.mark.parametrize("name", EXTENSIONS)
+def test_with_a_compiler_every_extension_is_built_and_in_use(name: str) -> None:
+    module = importlib.import_module(name)  # ImportError: setup.py's optional build failed
+    assert module.__file__ is not None
+    assert module.__file__.endswith(".so")
+    assert fastpath.COMPILED
+    assert fastpath.speedups_module() is not None
+    assert command.compiled_decode_frame is not None
+    assert positions.FilePositions is not positions.PyFilePositions
+    assert positions.QueueOffsets is not dict
+
+
+@pytest.mark.skipif(not PURE_PYTHON, reason="ORBIT_PURE_PYTHON is not set")
+def test_with_orbit_pure_python_every_twin_is_the_python_one() -> None:
+    assert not fastpath.COMPILED
+    assert fastpath.speedups_module() is None
+    assert command.compiled_decode_frame is None
+    assert positions.FilePositions is positions.PyFilePositions
+    assert positions.QueuePositions is positions.PyQueuePositions
+    assert positions.QueueOffsets is dict
