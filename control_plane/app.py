@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from control_plane.auth import MAX_TOKEN_CHARS
 from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
 from control_plane.handlers import credentials, endpoints, fleet, groups, ha, public, tenants, topics, usage
 from control_plane.login_limiter import LoginLimiter
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 
     from data_plane.telemetry import Telemetry
 
+MAX_HEADER_VALUE_BYTES = 2 * MAX_TOKEN_CHARS
 ALL_ROUTES: list[Route] = [
     *public.ROUTES,
     *tenants.ROUTES,
@@ -62,8 +64,13 @@ def create_app(
         telemetry = owned = setup_telemetry("orbit-control-plane", exporter=parse_setting(settings.telemetry))
     if telemetry is not None and telemetry.enabled:
         middlewares.insert(0, telemetry_middleware(telemetry))  # outermost: sees the final status
-    # aiohttp's own limit sits above ours, so a body just past the limit gets our clear message.
-    app = web.Application(middlewares=middlewares, client_max_size=settings.json_body_limit_bytes + 1)
+    # aiohttp's own limits sit above ours, so a body or a bearer token just past the limit gets
+    # our clear message (aiohttp answers a header value past its limit before any middleware).
+    app = web.Application(
+        middlewares=middlewares,
+        client_max_size=settings.json_body_limit_bytes + 1,
+        handler_args={"max_field_size": MAX_HEADER_VALUE_BYTES},
+    )
     if owned is not None:
         tel = owned
 

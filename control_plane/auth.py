@@ -1,7 +1,10 @@
 """API authentication and authorization.
 
 Every API request but /healthz, /openapi.json, /.well-known/jwks.json and /oauth/token carries
-``Authorization: Bearer <jwt>`` minted by this control plane. Rules:
+``Authorization: Bearer <jwt>`` minted by this control plane. A missing header or another scheme
+is 401; a token that is not RFC 6750 token characters (``b64token``) or longer than
+``MAX_TOKEN_CHARS`` is a malformed request, 400 ``invalid_field`` naming ``Authorization``
+(never echoing the token); a well-formed token that does not verify is 401. Rules:
 
 - operator endpoints: role ``operator``;
 - ``/v1/tenants/{tenant}/...``: role ``operator``, or role ``tenant`` with ``tenant`` claim equal
@@ -26,17 +29,22 @@ from control_plane.principal import Principal
 from control_plane.request_body import Body
 
 MAX_TOKEN_CHARS = 8192
+B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 §2.1; a JWT is base64url parts and dots
 
 
 async def authenticate(request: web.Request) -> Principal:
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("an Authorization: Bearer <token> header is required")
     if len(token) > MAX_TOKEN_CHARS:
-        raise Unauthenticated("the bearer token is too long")
+        raise InvalidField("Authorization", f"the bearer token is longer than {MAX_TOKEN_CHARS} characters")
+    if not B64TOKEN.fullmatch(token):
+        reason = "the bearer token may hold only A-Z a-z 0-9 - . _ ~ + / and trailing = (RFC 6750)"
+        raise InvalidField("Authorization", reason)
     services = context.services(request)
-    principal = await services.tokens.verify(token.strip())
+    principal = await services.tokens.verify(token)
     return await services.credentials.check_current(principal)
 
 

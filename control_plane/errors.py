@@ -40,7 +40,7 @@ class MalformedJson(InvalidRequest):
 
 
 class InvalidField(InvalidRequest):
-    """One field of the body or the query string is missing or of the wrong shape."""
+    """One field of the body, the query string, the path or a header is missing or of the wrong shape."""
 
     code = "invalid_field"
 

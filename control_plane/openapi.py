@@ -51,6 +51,8 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.request_schema is not None:
         responses.setdefault("400", {"description": "malformed_json, invalid_request or invalid_field"})
         responses.setdefault("413", {"description": "payload_too_large"})
+    if route.auth in ("operator", "tenant", "broker"):
+        responses.setdefault("400", {"description": "invalid_field: a malformed Authorization header or parameter"})
     op: dict[str, Any] = {
         "summary": route.summary,
         "operationId": route.handler.__name__,

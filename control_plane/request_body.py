@@ -1,10 +1,14 @@
 """Reading request bodies: size limit, JSON parsing with clear errors, and typed field access.
 
-``read_json`` answers 413 ``payload_too_large`` past the limit and 400 ``malformed_json`` for
-anything that is not a JSON object; ``Body`` refuses unknown fields and checks each field's
-type, range and pattern (400 ``invalid_field`` naming the field). Free text may hold any
-printable character, quotes and semicolons included (SQL is always parameterized), but no
-control characters (PostgreSQL text cannot hold NUL).
+``read_json`` answers 413 ``payload_too_large`` past the limit, 400 ``malformed_json`` for
+anything that is not a JSON object and 400 ``invalid_field`` for a NUL character in any string
+or key at any depth (PostgreSQL text and jsonb cannot hold NUL); ``Body`` refuses unknown fields
+and checks each field's type, range and pattern (400 ``invalid_field`` naming the field). Free
+text may hold any printable character, quotes and semicolons included (SQL is always
+parameterized), but no control characters.
+
+An integer field's range is what its column holds: ``Body.integer`` defaults to PostgreSQL
+``integer`` (``INTEGER_MAX``); a field stored in a ``bigint`` column passes ``BIGINT_FIELD_MAX``.
 """
 
 from __future__ import annotations
@@ -21,6 +25,9 @@ from control_plane.errors import InvalidField, InvalidRequest, MalformedJson, Pa
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 MAX_TEXT_CHARS = 256
 ADDRESS = re.compile(r"^[A-Za-z0-9.\-\[\]:]{1,253}:\d{1,5}$")
+INTEGER_MAX = 2**31 - 1  # the largest PostgreSQL ``integer``
+BIGINT_FIELD_MAX = 2**62  # the bound of fields stored in ``bigint`` columns (which hold 2**63 - 1)
+COLUMN_MAX = {"integer": INTEGER_MAX, "bigint": BIGINT_FIELD_MAX}
 
 
 async def read_bytes(request: web.Request, *, limit_bytes: int) -> bytes:
@@ -45,7 +52,27 @@ async def read_json(request: web.Request, *, limit_bytes: int) -> dict[str, Any]
         raise MalformedJson(f"the request body is not valid JSON: {e}") from None
     if not isinstance(value, dict):
         raise MalformedJson(f"the request body must be a JSON object, not {type(value).__name__}")
+    refuse_nul(value)
     return value
+
+
+def refuse_nul(document: dict[str, Any]) -> None:
+    """InvalidField naming, by its path (``records[0].report_id``), a string or key holding NUL.
+    The walk keeps its own stack, so JSON nested deeper than Python's recursion limit is walked."""
+    stack: list[tuple[str, Any]] = [("", document)]
+    while stack:
+        where, value = stack.pop()
+        if isinstance(value, str):
+            if "\x00" in value:
+                raise InvalidField(where, "must not contain NUL characters")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                path = f"{where}.{key}" if where else key
+                if "\x00" in key:
+                    raise InvalidField(path, "names must not contain NUL characters")
+                stack.append((path, item))
+        elif isinstance(value, list):
+            stack.extend((f"{where}[{i}]", item) for i, item in enumerate(value))
 
 
 def check_text(field: str, value: str, *, max_chars: int = MAX_TEXT_CHARS) -> str:
@@ -97,7 +124,8 @@ class Body:
             raise InvalidField(name, f"must be one of {', '.join(choices)}")
         return str(value)
 
-    def integer(self, name: str, *, minimum: int = 0, maximum: int = 2**62, required: bool = False) -> int | None:
+    def integer(self, name: str, *, minimum: int = 0, maximum: int = INTEGER_MAX, required: bool = False) -> int | None:
+        """``maximum``: what the field's column holds (``integer`` unless the caller says otherwise)."""
         value = self._get(name, required)
         if value is None:
             return None
@@ -107,7 +135,7 @@ class Body:
             raise InvalidField(name, f"must be within {minimum}..{maximum}")
         return value
 
-    def required_integer(self, name: str, *, minimum: int = 0, maximum: int = 2**62) -> int:
+    def required_integer(self, name: str, *, minimum: int = 0, maximum: int = INTEGER_MAX) -> int:
         value = self.integer(name, minimum=minimum, maximum=maximum, required=True)
         assert value is not None
         return value

@@ -8,7 +8,7 @@ from aiohttp import web
 
 from control_plane import auth, context
 from control_plane.names import BROKER_GROUP_NAME
-from control_plane.request_body import ADDRESS
+from control_plane.request_body import ADDRESS, BIGINT_FIELD_MAX
 from control_plane.routes import Route, json_response
 
 HOST = re.compile(r"^[A-Za-z0-9.\-]{1,253}$")
@@ -28,8 +28,8 @@ async def create_group(request: web.Request) -> web.StreamResponse:
         namesrv_addrs=body.addresses("namesrv_addrs"),
         broker_addrs=body.addresses("broker_addrs"),
         max_queues=body.required_integer("max_queues", maximum=1_000_000),
-        max_msgs_per_s=body.required_integer("max_msgs_per_s"),
-        storage_bytes=body.required_integer("storage_bytes"),
+        max_msgs_per_s=body.required_integer("max_msgs_per_s", maximum=BIGINT_FIELD_MAX),
+        storage_bytes=body.required_integer("storage_bytes", maximum=BIGINT_FIELD_MAX),
     )
     return json_response(group, status=201)
 
@@ -55,8 +55,8 @@ async def update_group(request: web.Request) -> web.StreamResponse:
         namesrv_addrs=body.addresses("namesrv_addrs") if body.has("namesrv_addrs") else None,
         broker_addrs=body.addresses("broker_addrs") if body.has("broker_addrs") else None,
         max_queues=body.integer("max_queues", maximum=1_000_000),
-        max_msgs_per_s=body.integer("max_msgs_per_s"),
-        storage_bytes=body.integer("storage_bytes"),
+        max_msgs_per_s=body.integer("max_msgs_per_s", maximum=BIGINT_FIELD_MAX),
+        storage_bytes=body.integer("storage_bytes", maximum=BIGINT_FIELD_MAX),
         status=body.choice("status", ("active", "draining")),
     )
     return json_response(group)

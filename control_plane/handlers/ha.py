@@ -8,11 +8,11 @@ from aiohttp import web
 from control_plane import auth, context
 from control_plane.errors import InvalidField
 from control_plane.names import BROKER_GROUP_NAME
-from control_plane.request_body import ADDRESS
+from control_plane.request_body import ADDRESS, BIGINT_FIELD_MAX
 from control_plane.routes import Route, json_response
 from control_plane.services.ha import ROLES
 
-MAX_OFFSET = 2**62
+MAX_OFFSET = BIGINT_FIELD_MAX
 
 
 async def heartbeat(request: web.Request) -> web.StreamResponse:

@@ -1,21 +1,28 @@
 """Unauthenticated endpoints: health, the OpenAPI document, JWKS, and the OAuth token endpoint
-(client-credentials grant; errors in OAuth's own shape, RFC 6749 §5.2)."""
+(client-credentials grant; errors in OAuth's own shape, RFC 6749 §5.2).
+
+The token endpoint answers a malformed request 400 ``invalid_request`` naming the field: a
+malformed Basic Authorization header, or a client id or secret that is too long or holds control
+characters (PostgreSQL text cannot hold NUL); such a request counts as no failed login. Credentials
+that are well-formed but wrong are 401 ``invalid_client``."""
 
 from __future__ import annotations
 
 import base64
-import binascii
 from urllib.parse import parse_qsl
 
 import orjson
 from aiohttp import web
 
 from control_plane import context
-from control_plane.request_body import read_bytes
+from control_plane.errors import InvalidField
+from control_plane.request_body import check_text, read_bytes
 from control_plane.routes import Route, json_response
 from control_plane.services.credentials import InvalidClient
 
 NO_STORE = {"Cache-Control": "no-store", "Pragma": "no-cache"}
+MAX_CLIENT_ID_CHARS = 64
+MAX_CLIENT_SECRET_CHARS = 256
 
 
 async def healthz(request: web.Request) -> web.StreamResponse:
@@ -54,6 +61,21 @@ def _form(raw: bytes, content_type: str) -> dict[str, str] | None:
         return None
 
 
+def _client_credentials(request: web.Request, form: dict[str, str]) -> tuple[str, str]:
+    """The client id and secret, from HTTP Basic auth if given, else from the body; InvalidField
+    when either is malformed."""
+    client_id, client_secret = form.get("client_id", ""), form.get("client_secret", "")
+    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            client_id, _, client_secret = base64.b64decode(value, validate=True).decode().partition(":")
+        except ValueError:  # not ASCII, not base64 (binascii.Error) or not UTF-8 (UnicodeDecodeError)
+            raise InvalidField("Authorization", "malformed Basic credentials") from None
+    check_text("client_id", client_id, max_chars=MAX_CLIENT_ID_CHARS)
+    check_text("client_secret", client_secret, max_chars=MAX_CLIENT_SECRET_CHARS)
+    return client_id, client_secret
+
+
 async def token(request: web.Request) -> web.StreamResponse:
     services = context.services(request)
     raw = await read_bytes(request, limit_bytes=services.settings.json_body_limit_bytes)
@@ -62,14 +84,11 @@ async def token(request: web.Request) -> web.StreamResponse:
         return _oauth_error("invalid_request", "the body must be form-encoded or a JSON object of strings", 400)
     if form.get("grant_type") != "client_credentials":
         return _oauth_error("unsupported_grant_type", "only grant_type=client_credentials is supported", 400)
-    client_id, client_secret = form.get("client_id", ""), form.get("client_secret", "")
-    scheme, _, value = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "basic":
-        try:
-            client_id, _, client_secret = base64.b64decode(value, validate=True).decode().partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            return _oauth_error("invalid_client", "malformed Basic authorization", 401)
-    if not client_id or not client_secret or len(client_id) > 64 or len(client_secret) > 256:
+    try:
+        client_id, client_secret = _client_credentials(request, form)
+    except InvalidField as e:
+        return _oauth_error("invalid_request", e.message, 400)
+    if not client_id or not client_secret:
         return _oauth_error("invalid_client", "client id and secret are required", 401)
     limiter = request.app[context.LOGIN_LIMITER]
     address = request.remote or ""
@@ -94,8 +113,8 @@ TOKEN_REQUEST = {
     "description": "application/x-www-form-urlencoded (or JSON); client id and secret here or in HTTP Basic auth",
     "properties": {
         "grant_type": {"type": "string", "enum": ["client_credentials"]},
-        "client_id": {"type": "string"},
-        "client_secret": {"type": "string"},
+        "client_id": {"type": "string", "maxLength": MAX_CLIENT_ID_CHARS},
+        "client_secret": {"type": "string", "maxLength": MAX_CLIENT_SECRET_CHARS},
     },
     "required": ["grant_type"],
 }

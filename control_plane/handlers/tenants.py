@@ -8,15 +8,20 @@ from aiohttp import web
 from control_plane import auth, context
 from control_plane.errors import InvalidField
 from control_plane.names import PLAN_NAME, TENANT_ID
-from control_plane.repositories.plans import LIMIT_FIELDS
+from control_plane.repositories.plans import LIMIT_COLUMNS, LIMIT_FIELDS
+from control_plane.request_body import COLUMN_MAX
 from control_plane.routes import Route, json_response
 
 TENANT_ID_TEXT = f"a tenant id matching {TENANT_ID.pattern}"
-LIMITS_SCHEMA = {f: {"type": "integer", "minimum": 0} for f in LIMIT_FIELDS}
+# Each limit's range, for plans and overrides alike: from the plans columns' CHECK
+# (max_retention_hours >= 1, the others >= 0) up to what the column's type holds.
+LIMIT_RANGES = {f: (1 if f == "max_retention_hours" else 0, COLUMN_MAX[t]) for f, t in LIMIT_COLUMNS.items()}
+LIMITS_SCHEMA = {f: {"type": "integer", "minimum": lo, "maximum": hi} for f, (lo, hi) in LIMIT_RANGES.items()}
 
 
 def _plan_name(request: web.Request) -> str:
     return auth.path_name(request, "plan", PLAN_NAME)
+
 
 async def create_tenant(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
@@ -86,7 +91,7 @@ async def put_plan(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     name = _plan_name(request)
     body = await context.body(request, LIMIT_FIELDS)
-    limits = {f: body.required_integer(f, minimum=1 if f == "max_retention_hours" else 0) for f in LIMIT_FIELDS}
+    limits = {f: body.required_integer(f, minimum=lo, maximum=hi) for f, (lo, hi) in LIMIT_RANGES.items()}
     plan, created = await context.services(request).tenants.put_plan(name, limits)
     return json_response(plan, status=201 if created else 200)
 
@@ -100,7 +105,7 @@ async def put_quota(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     tenant_id = auth.tenant_id_of(request)
     body = await context.body(request, LIMIT_FIELDS)
-    overrides = {f: body.integer(f, minimum=1 if f == "max_retention_hours" else 0) for f in LIMIT_FIELDS}
+    overrides = {f: body.integer(f, minimum=lo, maximum=hi) for f, (lo, hi) in LIMIT_RANGES.items()}
     return json_response(await context.services(request).tenants.put_quota(tenant_id=tenant_id, overrides=overrides))
 
 
@@ -121,7 +126,7 @@ PLAN_SCHEMA = {"type": "object", "properties": LIMITS_SCHEMA, "required": list(L
 QUOTA_SCHEMA = {
     "type": "object",
     "description": "overrides replace the tenant's: a field left out or null falls back to the plan",
-    "properties": {f: {"type": ["integer", "null"], "minimum": 0} for f in LIMIT_FIELDS},
+    "properties": {f: {**schema, "type": ["integer", "null"]} for f, schema in LIMITS_SCHEMA.items()},
 }
 T = "/v1/tenants/{tenant}"
 ROUTES = [

@@ -12,28 +12,38 @@ from aiohttp import web
 from control_plane import auth, context
 from control_plane.errors import InvalidField
 from control_plane.names import BROKER_GROUP_NAME, TENANT_ID
-from control_plane.request_body import Body
+from control_plane.request_body import BIGINT_FIELD_MAX, Body
 from control_plane.routes import Route, json_response
 from control_plane.services.usage import MAX_RANGE, USAGE_FIELDS
 
 REPORT_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 MAX_RECORDS = 1000
 DEFAULT_RANGE = dt.timedelta(hours=24)
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9999, 1, 1, tzinfo=dt.UTC)
+MAX_EPOCH_MS = (LATEST - EARLIEST) // dt.timedelta(milliseconds=1)
 
 
 def parse_time(field: str, value: Any) -> dt.datetime:
-    """ISO 8601 text (UTC when no offset) or integer epoch milliseconds."""
+    """ISO 8601 text (UTC when no offset) or integer epoch milliseconds, from ``EARLIEST`` (the
+    Unix epoch) to ``LATEST``, which leaves room to compute a query's span."""
+    out_of_range = InvalidField(field, f"must be within {EARLIEST.isoformat()}..{LATEST.isoformat()}")
     if isinstance(value, int) and not isinstance(value, bool):
-        if not 0 <= value < 2**48:
-            raise InvalidField(field, "epoch milliseconds out of range")
-        return dt.datetime.fromtimestamp(value / 1000, dt.UTC)
+        if not 0 <= value <= MAX_EPOCH_MS:
+            raise InvalidField(field, f"epoch milliseconds must be within 0..{MAX_EPOCH_MS}")
+        return EARLIEST + dt.timedelta(milliseconds=value)
     if not isinstance(value, str):
         raise InvalidField(field, "must be an ISO 8601 time or epoch milliseconds")
     try:
         parsed = dt.datetime.fromisoformat(value)
+        parsed = parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
     except ValueError:
         raise InvalidField(field, "must be an ISO 8601 time such as 2024-05-01T12:00:00Z") from None
-    return parsed.replace(tzinfo=dt.UTC) if parsed.tzinfo is None else parsed.astimezone(dt.UTC)
+    except OverflowError:  # the offset moves it past year 1 or 9999
+        raise out_of_range from None
+    if not EARLIEST <= parsed <= LATEST:
+        raise out_of_range
+    return parsed
 
 
 def _record(i: int, item: Any) -> dict[str, Any]:
@@ -47,7 +57,7 @@ def _record(i: int, item: Any) -> dict[str, Any]:
         "minute": parse_time("minute", body.data.get("minute")).replace(second=0, microsecond=0),
     }
     for f in USAGE_FIELDS:
-        record[f] = body.integer(f) or 0
+        record[f] = body.integer(f, maximum=BIGINT_FIELD_MAX) or 0
     return record
 
 

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from control_plane.db import Connection, Record
 from control_plane.errors import PlanNotFound
 
-LIMIT_FIELDS: tuple[str, ...] = (
-    "publish_msgs_per_s",
-    "publish_bytes_per_s",
-    "consume_msgs_per_s",
-    "consume_bytes_per_s",
-    "max_topics",
-    "max_queues",
-    "storage_bytes",
-    "max_retention_hours",
-)
+# Each limit and its column's type, the same in plans and quota_overrides (0001_schema.sql);
+# the API bounds each field to what its column holds.
+LIMIT_COLUMNS: dict[str, Literal["integer", "bigint"]] = {
+    "publish_msgs_per_s": "bigint",
+    "publish_bytes_per_s": "bigint",
+    "consume_msgs_per_s": "bigint",
+    "consume_bytes_per_s": "bigint",
+    "max_topics": "integer",
+    "max_queues": "integer",
+    "storage_bytes": "bigint",
+    "max_retention_hours": "integer",
+}
+LIMIT_FIELDS: tuple[str, ...] = tuple(LIMIT_COLUMNS)
 _COLUMNS = ", ".join(LIMIT_FIELDS)
 
 

@@ -9,7 +9,7 @@ import pytest
 from control_plane.app import ALL_ROUTES
 from control_plane.errors import CODES, ControlPlaneError, InvalidField, InvalidRequest, QuotaExceeded, TopicNotFound
 from control_plane.openapi import build_document
-from control_plane.request_body import Body, check_text
+from control_plane.request_body import BIGINT_FIELD_MAX, INTEGER_MAX, Body, check_text, refuse_nul
 
 pytestmark = pytest.mark.unit
 
@@ -71,3 +71,16 @@ def test_free_text_takes_quotes_but_not_control_characters() -> None:
     for bad in ("a\x00b", "line\nbreak", "x" * 257):
         with pytest.raises(InvalidField):
             check_text("d", bad)
+
+
+def test_integers_are_bounded_by_their_column_and_nul_is_refused_at_any_depth() -> None:
+    body = Body({"n": INTEGER_MAX, "big": INTEGER_MAX + 1}, allowed=("n", "big"))
+    assert body.integer("n") == INTEGER_MAX  # the default bound is PostgreSQL integer's
+    with pytest.raises(InvalidField, match=r"'big': must be within 0\.\.2147483647"):
+        body.integer("big")
+    assert body.integer("big", maximum=BIGINT_FIELD_MAX) == INTEGER_MAX + 1
+    refuse_nul({"a": [{"b": "ok"}], "c": 1})
+    with pytest.raises(InvalidField, match=r"'a\[1\]\.b': must not contain NUL"):
+        refuse_nul({"a": [{"b": "ok"}, {"b": "x\x00"}]})
+    with pytest.raises(InvalidField, match="names must not contain NUL"):
+        refuse_nul({"a": {"k\x00": 1}})
