@@ -2,20 +2,35 @@
 
 Turns a broker group's ``DesiredState`` into what the reconciler sends — topics and groups in
 RocketMQ's terms, and the tenancy snapshot (credentials, tenant status, this group's quota
-share) for ORBIT_SYNC_TENANCY — and marks a topic active once its broker group holds it.
+share, the group's HA link secret) for ORBIT_SYNC_TENANCY — and marks a topic active once its
+broker group holds it.
+
+The HA link secret of a group (docs/ha.md, "The HA link") is derived, not stored:
+HMAC-SHA256(master key, "orbit-ha-link:" + group name). Every member of the group gets the same
+one, another group another, and it changes only with the master key.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import time
 from collections.abc import Sequence
 
 from control_plane.reconciler import BrokerTarget, DesiredBrokerState, tenancy_version
 from control_plane.services import Services
+from control_plane.settings import MasterKey
 
 # The rates a broker enforces (its share); storage is watched by the control plane.
 _RATES = ("publish_msgs_per_s", "publish_bytes_per_s", "consume_msgs_per_s", "consume_bytes_per_s")
 _TOKEN_MARGIN_S = 60.0
+HA_LINK_LABEL = b"orbit-ha-link:"
+
+
+def ha_link_secret(master_key: MasterKey, group: str) -> bytes:
+    """The HA link secret of broker group ``group`` (32 bytes)."""
+    return hmac.new(master_key.value, HA_LINK_LABEL + group.encode(), hashlib.sha256).digest()
 
 
 class ServicesStateSource:
@@ -34,7 +49,11 @@ class ServicesStateSource:
 
     async def broker_targets(self) -> list[BrokerTarget]:
         groups = await self.services.fleet.list_groups()
-        return [BrokerTarget(g["name"], tuple(g["broker_addrs"])) for g in groups if g.get("broker_addrs")]
+        return [
+            BrokerTarget(g["name"], tuple(g["broker_addrs"]), tuple(g.get("namesrv_addrs") or ()))
+            for g in groups
+            if g.get("broker_addrs")
+        ]
 
     async def desired_state(self, group: str) -> DesiredBrokerState:
         ds = await self.services.desired_state(group)
@@ -66,6 +85,7 @@ class ServicesStateSource:
                     }
                     for t in ds["tenants"]
                 ],
+                "ha_secret": base64.b64encode(ha_link_secret(self.services.settings.master_key, group)).decode(),
             },
         }
 

@@ -14,6 +14,11 @@ are managed: system topics (TBW102, …) and other unprefixed names are left alo
 snapshot (credentials, tenant status, quota shares) is sent whole every round; the broker keeps
 the last one on disk and serves with it while the control plane is down.
 
+After the groups, each name server that a broker group lists gets ORBIT_SYNC_TENANCY too: the
+access keys of the groups it serves (so it can check the ACL signatures of brokers' registrations
+and of stock clients' route lookups) and the fleet — each of those groups with its brokers'
+addresses, the only ones it accepts registrations for (data_plane/namesrv/guard.py).
+
 Every request carries the control plane's own operator token (``Authorization: Bearer …``).
 Rounds run every ``interval_s`` and at once after ``kick()`` (the API calls it after a change).
 """
@@ -38,6 +43,7 @@ from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
 from data_plane.tasks import cancel_all
 from data_plane.tenancy.namespace import NAME_PATTERN, SEPARATOR, TENANT_PATTERN
+from data_plane.tls import client_context_from_env
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +74,7 @@ class DesiredBrokerState(TypedDict):
 class BrokerTarget:
     group: str  # the broker group (RocketMQ broker name)
     addrs: tuple[str, ...]  # its masters' client addresses
+    namesrv_addrs: tuple[str, ...] = ()  # the name servers its brokers register with
 
 
 class StateSource(Protocol):
@@ -114,9 +121,10 @@ class Reconciler:
         self._token = token
         self.interval_s = interval_s
         self.timeout_ms = timeout_ms
-        self.client = RemotingClient()
+        self.client = RemotingClient(ssl_context=client_context_from_env())  # ORBIT_TLS_CA: brokers over TLS
         self.rounds = 0
         self.last_reports: list[GroupReport] = []
+        self.namesrv_errors: dict[str, str] = {}  # name server → why its last sync failed
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._round_lock = asyncio.Lock()
@@ -150,18 +158,21 @@ class Reconciler:
     async def reconcile_once(self) -> list[GroupReport]:
         async with self._round_lock:
             targets = await self.source.broker_targets()
-            reports = await asyncio.gather(*(self._reconcile_group(t) for t in targets))
+            desired: dict[str, DesiredBrokerState] = {}
+            reports = await asyncio.gather(*(self._reconcile_group(t, desired) for t in targets))
+            await self._reconcile_namesrvs(targets, desired)
             self.rounds += 1
             self.last_reports = list(reports)
             return self.last_reports
 
-    async def _reconcile_group(self, target: BrokerTarget) -> GroupReport:
+    async def _reconcile_group(self, target: BrokerTarget, seen: dict[str, DesiredBrokerState]) -> GroupReport:
         report = GroupReport(target.group)
         try:
             desired = await self.source.desired_state(target.group)
         except Exception as e:
             report.errors.append(f"desired state: {e}")
             return report
+        seen[target.group] = desired
         all_ok = bool(target.addrs)
         for addr in target.addrs:
             try:
@@ -237,6 +248,41 @@ class Reconciler:
         tenancy = desired["tenancy"]
         await self._call(addr, RemotingCommand(RequestCode.ORBIT_SYNC_TENANCY, body=orjson.dumps(tenancy)))
         report.tenancy_version = int(tenancy.get("version", 0))
+
+    async def _reconcile_namesrvs(
+        self, targets: Sequence[BrokerTarget], desired: dict[str, DesiredBrokerState]
+    ) -> None:
+        """Each name server gets the access keys and the fleet of the broker groups that list it."""
+        served: dict[str, list[BrokerTarget]] = {}
+        for t in targets:
+            for addr in t.namesrv_addrs:
+                served.setdefault(addr, []).append(t)
+
+        async def one(addr: str, groups: list[BrokerTarget]) -> None:
+            creds: dict[str, Any] = {}
+            version = 0
+            for t in groups:
+                tenancy = desired[t.group]["tenancy"] if t.group in desired else None
+                if tenancy is None:  # its desired state could not be read: try again next round
+                    self.namesrv_errors[addr] = f"no desired state for broker group {t.group}"
+                    return
+                version = max(version, int(tenancy.get("version", 0)))
+                for c in tenancy.get("credentials", []):
+                    creds[c["access_key"]] = c
+            snapshot = {
+                "version": version,
+                "credentials": list(creds.values()),
+                "fleet": {t.group: list(t.addrs) for t in groups},
+            }
+            try:
+                await self._call(addr, RemotingCommand(RequestCode.ORBIT_SYNC_TENANCY, body=orjson.dumps(snapshot)))
+            except (ReconcileError, RemotingError) as e:
+                self.namesrv_errors[addr] = str(e)
+                log.warning("syncing name server %s failed: %s", addr, e)
+            else:
+                self.namesrv_errors.pop(addr, None)
+
+        await asyncio.gather(*(one(a, g) for a, g in served.items()))
 
     # --- requests ---------------------------------------------------------------------------------
     async def _call(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:

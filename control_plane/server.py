@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Sequence
 
@@ -31,6 +32,7 @@ from aiohttp import web
 from control_plane.app import create_app
 from control_plane.postgres import DataDirUnreachable, EmbeddedPostgres, EmbeddedPostgresError, fallback_data_dir
 from control_plane.settings import Settings, SettingsError, write_private_file
+from data_plane.tls import ServerTls, TlsConfigError
 
 log = logging.getLogger("control_plane")
 
@@ -45,6 +47,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--token-lifetime-s", type=int, help="JWT lifetime in seconds (default 900)")
     p.add_argument("--reconcile-interval-s", type=float, help="reconciler round interval (default 5; 0 = off)")
     p.add_argument("--ready-file", help='written with {"url": ...} once serving')
+    p.add_argument("--tls-cert", help="serve HTTPS with this certificate chain (PEM; with --tls-key)")
+    p.add_argument("--tls-key", help="the certificate's private key (PEM)")
     p.add_argument(
         "--telemetry",
         choices=["none", "console", "otlp"],
@@ -53,17 +57,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-async def serve(settings: Settings, *, ready_file: str | None) -> None:
+async def serve(settings: Settings, *, ready_file: str | None, ssl_context: ssl.SSLContext | None = None) -> None:
     app = create_app(settings)
     runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, settings.listen_host, settings.listen_port)
+        site = web.TCPSite(runner, settings.listen_host, settings.listen_port, ssl_context=ssl_context)
         await site.start()
         server = site._server  # the bound port, when port 0 was asked for
         port = server.sockets[0].getsockname()[1] if isinstance(server, asyncio.Server) else settings.listen_port
         host = "127.0.0.1" if settings.listen_host in ("0.0.0.0", "::") else settings.listen_host
-        url = f"http://{host}:{port}"
+        url = f"{'https' if ssl_context is not None else 'http'}://{host}:{port}"
         log.info("control plane serving on %s", url)
         if ready_file:
             write_private_file(ready_file, orjson.dumps({"url": url}).decode() + "\n")
@@ -107,8 +111,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             reconcile_interval_s=args.reconcile_interval_s,
             telemetry=args.telemetry,
         )
-        asyncio.run(serve(settings, ready_file=args.ready_file))
-    except (SettingsError, EmbeddedPostgresError) as e:
+        if bool(args.tls_cert) != bool(args.tls_key):
+            raise TlsConfigError("--tls-cert and --tls-key go together")
+        tls = ServerTls("enforcing", args.tls_cert, args.tls_key) if args.tls_cert else ServerTls()
+        asyncio.run(serve(settings, ready_file=args.ready_file, ssl_context=tls.validate().context()))
+    except (SettingsError, EmbeddedPostgresError, TlsConfigError) as e:
         print(f"control plane: {e}", file=sys.stderr)
         return 2
     finally:

@@ -20,6 +20,8 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
+from data_plane.tls import client_context_from_env
+
 DEMO_TENANT = "demo"
 DEMO_TOPIC = "hello"
 DEMO_GROUP = "demo-consumers"
@@ -84,7 +86,7 @@ class ControlPlaneAPI:
     @staticmethod
     def _send(req: urllib.request.Request) -> tuple[int, Any]:
         try:
-            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S, context=client_context_from_env()) as resp:
                 raw = resp.read()
                 return resp.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:

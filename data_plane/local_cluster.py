@@ -33,6 +33,7 @@ from data_plane.dev_tenancy import (
     ensure_demo,
     operator_api,
 )
+from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, make_local_ca
 
 READY_TIMEOUT_S = 60.0
 
@@ -107,6 +108,11 @@ class LocalCluster:
     children: list[Child] = field(default_factory=list)
     control_plane_url: str = ""
     demo: Demo | None = None
+    # TLS everywhere (a local CA under <root>/tls): the name server and brokers in permissive mode
+    # (TLS and plain on one port: stock clients without TLS still connect), the control plane on HTTPS.
+    tls: bool = False
+    tls_files: dict[str, str] = field(default_factory=dict)
+    _env_before: str | None = None
 
     @property
     def run_dir(self) -> str:
@@ -116,6 +122,22 @@ class LocalCluster:
         try:
             tenancy_flags: list[str] = []
             api = None
+            ns_tls: list[str] = []
+            cp_tls: list[str] = []
+            if self.tls:
+                self.tls_files = make_local_ca(os.path.join(self.root, "tls"))
+                cert, key, ca = self.tls_files[CERT_FILE], self.tls_files[KEY_FILE], self.tls_files[CA_FILE]
+                # Children (and clients this process starts) verify the control plane's HTTPS and the
+                # servers by this CA (data_plane/tls.py) until the cluster stops.
+                self._env_before = os.environ.get("ORBIT_TLS_CA")
+                os.environ["ORBIT_TLS_CA"] = ca
+                ns_tls = ["--tls-mode", "permissive", "--tls-cert", cert, "--tls-key", key]
+                cp_tls = ["--tls-cert", cert, "--tls-key", key]
+                self.broker_flags = [
+                    *self.broker_flags,
+                    *("--set", "tls_mode=permissive", "--set", f"tls_cert_file={cert}"),
+                    *("--set", f"tls_key_file={key}", "--set", f"tls_ca_file={ca}"),
+                ]
             if self.tenancy:
                 cp_dir = os.path.join(self.root, "control-plane")
                 operator_file = os.path.join(cp_dir, "operator.json")
@@ -127,6 +149,7 @@ class LocalCluster:
                         "--data-dir", cp_dir,
                         "--bootstrap-credentials-file", operator_file,
                         "--reconcile-interval-s", "2",
+                        *cp_tls,
                     ],
                     self.run_dir,
                 )
@@ -140,7 +163,10 @@ class LocalCluster:
                     "--set", f"control_plane_url={self.control_plane_url}",
                     "--set", f"broker_credentials_file={broker_creds}",
                 ]
-            ns_args = ["--listen", f"{self.host}:{self.namesrv_port}", *(["--tenancy"] if self.tenancy else [])]
+            ns_args = ["--listen", f"{self.host}:{self.namesrv_port}", *ns_tls]
+            if self.tenancy:  # it checks credentials: the control plane's keys, and what its reconciler sends
+                ns_args += ["--tenancy", "--control-plane-url", self.control_plane_url,
+                            "--state-dir", os.path.join(self.root, "namesrv")]  # fmt: skip
             ns = spawn("namesrv", "namesrv", ns_args, self.run_dir)
             self.children.append(ns)
             members = [spawn("broker", name, self.broker_args(i, ns.address, tenancy_flags), self.run_dir)
@@ -200,6 +226,8 @@ class LocalCluster:
         if self.tenancy:
             out["control_plane"] = self.control_plane_url
             out["operator_credentials_file"] = os.path.join(self.root, "control-plane", "operator.json")
+        if self.tls:
+            out["tls_ca_file"] = self.tls_files[CA_FILE]
         if self.demo is not None:
             out["demo"] = {
                 "tenant": self.demo.tenant,
@@ -216,6 +244,11 @@ class LocalCluster:
         for c in reversed(self.children):
             c.stop()
         self.children.clear()
+        if self.tls:
+            if self._env_before is None:
+                os.environ.pop("ORBIT_TLS_CA", None)
+            else:
+                os.environ["ORBIT_TLS_CA"] = self._env_before
 
     def __enter__(self) -> LocalCluster:
         return self.start()

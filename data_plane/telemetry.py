@@ -546,3 +546,53 @@ def register_replication_lag(tel: Telemetry, lag: LagSource, *, broker_name: str
         "orbit.broker.replication.lag.seconds", callbacks=[observe(1)], unit="s",
         description="store-time gap between the master's newest record and the slave's",
     )  # fmt: skip
+
+
+def _register_counts(
+    tel: Telemetry, name: str, counts: Mapping[str, int], *, key: str, broker_name: str, unit: str, description: str
+) -> None:
+    """An observable counter ``name`` read from ``counts`` (label → count) when metrics are
+    collected, each count with its label as attribute ``key`` and the broker's name."""
+    if not tel.enabled or tel.meter_provider is None:
+        return
+    from opentelemetry.metrics import CallbackOptions, Observation
+
+    def callback(_options: CallbackOptions) -> list[Observation]:
+        return [Observation(n, {"orbit.broker.name": broker_name, key: label}) for label, n in list(counts.items())]
+
+    tel.meter.create_observable_counter(name, callbacks=[callback], unit=unit, description=description)
+
+
+# --- inbound limits (data_plane/remoting/limits.py) --------------------------------------------------
+def register_remoting_refusals(tel: Telemetry, refused: Mapping[str, int], *, broker_name: str) -> None:
+    """``orbit.remoting.refused`` ({connection}): the connections the server's inbound limits
+    closed, with the reason (the setting that refused them) as ``orbit.refusal.reason``."""
+    _register_counts(
+        tel, "orbit.remoting.refused", refused, key="orbit.refusal.reason", broker_name=broker_name,
+        unit="{connection}",
+        description="connections closed by the inbound limits (connections, incomplete frames), by reason",
+    )  # fmt: skip
+
+
+# --- forced deletions (data_plane/broker/forced_deletions.py) --------------------------------------
+def register_forced_deletions(tel: Telemetry, messages: Mapping[str, int], *, broker_name: str) -> None:
+    """``orbit.store.forced_deletion.messages`` ({message}): the messages the store deleted inside
+    their retention at the disk's emergency watermark, with the tenant as
+    ``messaging.rocketmq.namespace`` ("-" for topics outside every namespace)."""
+    _register_counts(
+        tel, "orbit.store.forced_deletion.messages", messages, key=ATTR_NAMESPACE, broker_name=broker_name,
+        unit="{message}",
+        description="messages deleted inside their retention at the disk's emergency watermark, by tenant",
+    )  # fmt: skip
+
+
+# --- the HA link's authentication (docs/ha.md, "The HA link") --------------------------------------
+def register_ha_link_refusals(tel: Telemetry, refused: Mapping[str, int], *, broker_name: str) -> None:
+    """``orbit.broker.ha.link.refused`` ({connection}): connections to the HA port that the link's
+    authentication refused, with the reason (``no_secret``, ``bad_proof``, ``auth_timeout``,
+    ``closed_in_auth``) as ``orbit.refusal.reason``."""
+    _register_counts(
+        tel, "orbit.broker.ha.link.refused", refused, key="orbit.refusal.reason", broker_name=broker_name,
+        unit="{connection}",
+        description="connections to the HA port refused by the link's authentication, by reason",
+    )  # fmt: skip

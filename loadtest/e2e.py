@@ -48,6 +48,7 @@ send latencies would otherwise show; the collector stays on for everything made 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import gc
 import multiprocessing
@@ -72,6 +73,7 @@ from loadtest.verdict import targets, verdict
 # 30,000/s), sleeping in between instead of spinning a core the broker needs. 500 µs against
 # 100 µs: the same p99 at 30,000/s, a third less of the publisher's CPU (docs/broker.md).
 TICK_US = 500
+TLS_RATIO_TARGET = 0.7  # TLS throughput against plain, each phase
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -97,6 +99,9 @@ class E2EOptions:
     # that hands freed memory back to its host, the first run after an idle spell otherwise
     # pays a host fault for each new page the phases use (docs/broker.md, "Cold memory").
     warm_memory_mb: int = 1024
+    # Every client connection over TLS (the broker and name server in permissive mode, with a local
+    # CA's certificate; clients verify it): what TLS costs, beside a plain run (``compare_tls``).
+    tls: bool = False
 
     @classmethod
     def quick(cls, directory: str | None = None) -> E2EOptions:
@@ -507,7 +512,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             # then reuse what this freed
             os.makedirs(root, exist_ok=True)
             result["machine"]["page_cache_write_before"] = page_cache_write(root, opts.warm_memory_mb)
-        with LocalCluster(root, namesrv_port=0, broker_port=0) as cluster:
+        with LocalCluster(root, namesrv_port=0, broker_port=0, tls=opts.tls) as cluster:
             ns = cluster.namesrv
             base["broker_pid"] = next(c.proc.pid for c in cluster.children if c.name.startswith("broker"))
             _create_topics(ns, ["bench", "bench-lat", "bench-e2e"], opts.queues)
@@ -548,6 +553,27 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     result["targets"] = targets()
     result["met"] = verdict(result)
     return result
+
+
+def compare_tls(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """The same run plain and over TLS, one after the other on fresh clusters, with each
+    throughput's TLS/plain ratio (``tls_vs_plain``; the target is 0.7 or more)."""
+    plain = run(dataclasses.replace(opts, tls=False), log)
+    log("the same over TLS")
+    over_tls = run(dataclasses.replace(opts, tls=True, directory=None), log)
+    ratios: dict[str, float | None] = {}
+    for phase in ("publish_batched", "publish_sync_16", "consume"):
+        a = (plain.get(phase) or {}).get("msgs_per_s")
+        b = (over_tls.get(phase) or {}).get("msgs_per_s")
+        ratios[phase] = round(b / a, 3) if a and b is not None else None
+    met = all(r is not None and r >= TLS_RATIO_TARGET for r in ratios.values())
+    return {
+        "plain": plain,
+        "tls": over_tls,
+        "tls_vs_plain": ratios,
+        "tls_target": TLS_RATIO_TARGET,
+        "tls_met": met,
+    }
 
 
 def _cpu_figures(rs: list[dict[str, Any]], msgs: int, clients: str) -> dict[str, float | None]:

@@ -126,7 +126,7 @@ have_hash="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
 extras="${1:-}"
 has_system_postgres || extras="${extras:+$extras,}postgres"
-[ "$have_hash" = "$hash" ] && extras="$have_extras${extras:+,$extras}"
+extras="$have_extras${extras:+,$extras}"  # extras add to those installed (the sync is exact)
 extras="$(tr ',' '\n' <<<"$extras" | sed '/^$/d' | sort -u | paste -sd, -)"
 [ "$have_hash" = "$hash" ] && [ "$have_extras" = "$extras" ] && exit 0
 
@@ -171,7 +171,6 @@ if [ -x "$venv/bin/uv" ]; then
 else
   echo "setting up .venv (first run, about a minute)…" >&2
 fi
-rm -f "$stamp"
 status=0
 install > "$log" 2>&1 || status=$?
 if [ "$status" -ne 0 ]; then

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +21,14 @@ from data_plane.remoting.codes import PERM_READ_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
 from data_plane.store.message import (
+    PROPERTY_UNIQ_KEY,
     TRANSACTION_TYPE_MASK,
     StoredMessage,
     decode_message_id,
     decode_record,
     encode_properties,
 )
+from data_plane.tls import client_context_from_env
 from sdk.client_instance import Credentials
 from sdk.errors import OrbitError
 
@@ -66,13 +70,37 @@ def decode_records(body: bytes) -> list[StoredMessage]:
     return out
 
 
+UNIQUE_KEY_QUERY_FLAG = "_UNIQUE_KEY_QUERY"  # QUERY_MESSAGE by a UNIQ_KEY (RocketMQ's MixAll.UNIQUE_MSG_QUERY_FLAG)
+_HEX = re.compile(r"[0-9A-Fa-f]+")
+
+
+def message_id_forms(msg_id: str) -> tuple[bool, bool]:
+    """Which message id formats ``msg_id`` has the shape of: ``(offset id, UNIQ_KEY)``. An offset
+    message id is 16 bytes (store IPv4 4, port 4, CommitLog offset 8); a producer's UNIQ_KEY is
+    16 bytes from an IPv4 client (IP 4, pid 2, per-process 4, time 4, counter 2) or 28 from an
+    IPv6 one; both are written as upper-case hex, so a 32-digit id has both shapes."""
+    if not _HEX.fullmatch(msg_id):
+        return False, False
+    return len(msg_id) == 32, len(msg_id) in (32, 56)
+
+
+def route_addrs(route: dict[str, Any]) -> set[str]:
+    """Every broker address (masters and slaves) a topic route lists."""
+    return {str(addr) for bd in route.get("brokerDatas", []) for addr in (bd.get("brokerAddrs") or {}).values()}
+
+
 class AdminClient:
     def __init__(
-        self, namesrv_addrs: str | Sequence[str], *, timeout_ms: int = 5000, credentials: Credentials | None = None
+        self,
+        namesrv_addrs: str | Sequence[str],
+        *,
+        timeout_ms: int = 5000,
+        credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         """``namesrv_addrs``: a list, or one string of ``;``-separated addresses (as the
-        producer and consumers take). ``credentials``: signs every request to a broker (see
-        sdk.credentials); name server requests go unsigned, as RocketMQ's do."""
+        producer and consumers take). ``credentials``: signs every request, to brokers and name
+        servers (those of a multi-tenant cluster check them; see sdk.credentials)."""
         if isinstance(namesrv_addrs, str):
             namesrv_addrs = [a.strip() for a in namesrv_addrs.split(";") if a.strip()]
         if not namesrv_addrs:
@@ -80,7 +108,8 @@ class AdminClient:
         self.namesrv_addrs = list(namesrv_addrs)
         self.timeout_ms = timeout_ms
         self.credentials = credentials
-        self.client = RemotingClient()
+        # TLS as the SDK's clients choose it: ``tls``, else ORBIT_TLS_CA / ORBIT_TLS, else plain.
+        self.client = RemotingClient(ssl_context=tls if tls is not None else client_context_from_env())
         self._ns = itertools.cycle(self.namesrv_addrs)
 
     async def close(self) -> None:
@@ -93,7 +122,7 @@ class AdminClient:
         await self.close()
 
     # --- plumbing -----------------------------------------------------------------------------
-    async def _call(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
+    async def _sign(self, cmd: RemotingCommand) -> RemotingCommand:
         creds = self.credentials
         if creds is not None:
             fresh = getattr(creds, "ensure_fresh", None)
@@ -103,6 +132,10 @@ class AdminClient:
             extra = creds(cmd)
             if extra:
                 cmd.ext_fields = {**(cmd.ext_fields or {}), **extra}
+        return cmd
+
+    async def _call(self, addr: str, cmd: RemotingCommand) -> RemotingCommand:
+        await self._sign(cmd)
         try:
             return await self.client.invoke(addr, cmd, self.timeout_ms)
         except RemotingError as e:
@@ -113,7 +146,7 @@ class AdminClient:
         for _ in range(len(self.namesrv_addrs)):
             addr = next(self._ns)
             try:
-                return await self.client.invoke(addr, cmd_factory(), self.timeout_ms)
+                return await self.client.invoke(addr, await self._sign(cmd_factory()), self.timeout_ms)
             except RemotingError as e:
                 last = e
         raise AdminError(f"no name server answered: {last}")
@@ -164,11 +197,19 @@ class AdminClient:
         return rows
 
     async def route(self, topic: str) -> dict[str, Any]:
+        route = await self.route_if_any(topic)
+        if route is None:
+            raise AdminError(f"topic {topic!r} does not exist")
+        return route
+
+    async def route_if_any(self, topic: str) -> dict[str, Any] | None:
+        """The topic's route, None when the name servers know no such topic; any other refusal
+        (no permission, …) raises AdminError."""
         r = await self._namesrv(
             lambda: RemotingCommand(RequestCode.GET_ROUTEINFO_BY_TOPIC, ext_fields={"topic": topic})
         )
         if r.code == ResponseCode.TOPIC_NOT_EXIST:
-            raise AdminError(f"topic {topic!r} does not exist")
+            return None
         return bodies.loads_object(self._ok(r, f"route of {topic}").body_bytes())
 
     @staticmethod
@@ -250,17 +291,94 @@ class AdminClient:
         return int((r.ext_fields or {}).get("offset", "0"))
 
     # --- messages ------------------------------------------------------------------------------
-    async def view_message(self, msg_id: str) -> StoredMessage:
-        """A message by its id (the store host and CommitLog offset it encodes)."""
-        try:
+    async def view_message(self, msg_id: str, topic: str | None = None) -> StoredMessage:
+        """A message by its id, in either of two formats that look alike (32 hex digits):
+
+        * an offset message id (store host IPv4 + port + CommitLog offset, what a broker returns
+          for a send): read with VIEW_MESSAGE_BY_ID from that store host, but only when the
+          name servers list it: a broker of ``topic``'s route, or without a topic any broker
+          registered with them (every broker is on the routes of its own system topics).
+        * a producer's message id (UNIQ_KEY: client IP, pid, a per-process part, time and a
+          counter; 56 digits from an IPv6 client): looked up by ``topic`` in the brokers'
+          indexes (``query_by_unique_key``).
+
+        The address an id encodes is never trusted on its own: a UNIQ_KEY decodes to some
+        address too (the client's IP and pid), and nothing connects to an address no route
+        lists. An offset id is tried first, as RocketMQ's ``viewMessage(topic, msgId)`` does;
+        with ``topic`` the unique-key lookup follows when it names no message of the topic.
+        Without ``topic`` an id that is not the offset id of a listed broker is an error that
+        asks for the topic."""
+        offset_id, unique_id = message_id_forms(msg_id)
+        if not (offset_id or unique_id):
+            raise AdminError(
+                f"{msg_id!r} is not a message id: neither an offset message id (32 hex digits) nor a "
+                "producer's message id (UNIQ_KEY, 32 or 56 hex digits)"
+            )
+        route = await self.route(topic) if topic is not None else None
+        tried = ""
+        if offset_id:
             ip, port, offset = decode_message_id(msg_id)
-        except ValueError as e:
-            raise AdminError(f"{msg_id!r} is not a message id: {e}") from None
-        r = await self._call(
-            f"{ip}:{port}", RemotingCommand(RequestCode.VIEW_MESSAGE_BY_ID, ext_fields={"offset": str(offset)})
-        )
-        self._ok(r, f"message {msg_id}")
-        return decode_records(r.body_bytes())[0]
+            addr = f"{ip}:{port}"
+            if addr in (route_addrs(route) if route is not None else await self.registered_addrs()):
+                m = await self._view_by_offset(addr, offset, msg_id)
+                if m is not None and (topic is None or m.topic == topic):
+                    return m
+                tried = f"{addr} has no message at CommitLog offset {offset}"
+        if topic is None:
+            where = tried or "it is not the offset message id of a broker the name servers list"
+            raise AdminError(
+                f"message {msg_id}: {where}; a producer's message id (UNIQ_KEY) is looked up by its "
+                "topic: give the topic (orbit message get --topic TOPIC)"
+            )
+        found = await self.query_by_unique_key(topic, msg_id) if unique_id else None
+        if found is None:
+            raise AdminError(f"no message of {topic} has the id {msg_id}")
+        return found
+
+    async def registered_addrs(self) -> set[str]:
+        """The address of every broker (masters and slaves) registered with the name servers."""
+        info = await self.cluster_info()
+        return {
+            str(addr)
+            for bd in (info.get("brokerAddrTable") or {}).values()
+            for addr in (bd.get("brokerAddrs") or {}).values()
+        }
+
+    async def _view_by_offset(self, addr: str, offset: int, msg_id: str) -> StoredMessage | None:
+        """The record at CommitLog ``offset`` of the broker at ``addr`` (which the caller found in
+        the routes); None when it has none there (or none this client may read: the broker does
+        not tell the two apart)."""
+        r = await self._call(addr, RemotingCommand(RequestCode.VIEW_MESSAGE_BY_ID, ext_fields={"offset": str(offset)}))
+        if r.code == ResponseCode.SYSTEM_ERROR:
+            return None
+        records = decode_records(self._ok(r, f"message {msg_id}").body_bytes())
+        return records[0] if records else None
+
+    async def query_by_unique_key(self, topic: str, unique_key: str) -> StoredMessage | None:
+        """The message of ``topic`` whose producer's id (UNIQ_KEY) is ``unique_key``, from the
+        index of every broker of the topic's route (QUERY_MESSAGE with ``_UNIQUE_KEY_QUERY``, as
+        RocketMQ's ``queryMessageByUniqKey``): the earliest stored when a retried send stored it
+        more than once; None when no broker has it. Records whose KEYS merely equal the id do
+        not count."""
+        best: StoredMessage | None = None
+        for addr in self._readers(await self.route(topic)).values():
+            ext = {
+                "topic": topic,
+                "key": unique_key,
+                "maxNum": "32",
+                "beginTimestamp": "0",
+                "endTimestamp": str(2**62),
+                UNIQUE_KEY_QUERY_FLAG: "true",
+            }
+            r = await self._call(addr, RemotingCommand(RequestCode.QUERY_MESSAGE, ext_fields=ext))
+            if r.code == ResponseCode.QUERY_NOT_FOUND:
+                continue
+            for m in decode_records(self._ok(r, f"query {unique_key}").body_bytes()):
+                if m.properties.get(PROPERTY_UNIQ_KEY) == unique_key and (
+                    best is None or m.store_timestamp < best.store_timestamp
+                ):
+                    best = m
+        return best
 
     async def query_by_key(self, topic: str, key: str, *, max_num: int = 32) -> list[StoredMessage]:
         route = await self.route(topic)
@@ -345,9 +463,8 @@ class AdminClient:
         from sdk.retry import dlq_topic
 
         topic = dlq_topic(group)
-        try:
-            route = await self.route(topic)
-        except AdminError:
+        route = await self.route_if_any(topic)
+        if route is None:
             return []
         out: list[StoredMessage] = []
         for name, addr, q in self._read_queues(route):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Protocol
@@ -35,6 +36,7 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors
 from data_plane.tasks import cancel_all
+from data_plane.tls import client_context_from_env
 from sdk import protocol
 from sdk.aio import wait_event
 from sdk.client_id import new_client_id
@@ -95,7 +97,12 @@ class ClientInstance:
         route_refresh_interval_ms: int = 30000,
         heartbeat_interval_ms: int = 30000,
         connect_timeout_ms: int = 3000,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
+        """``tls``: connect to name servers and brokers over TLS with this context (see
+        ``data_plane.tls.client_context``: it verifies the servers' certificates); None: TLS when
+        the environment asks for it (``ORBIT_TLS_CA=<CA file>``, or ``ORBIT_TLS=1`` for the
+        system's trust store), else plain TCP."""
         self.namesrv_addrs = _split_namesrv(namesrv_addrs)
         self.instance_name = instance_name
         self.client_id = new_client_id()
@@ -113,7 +120,8 @@ class ClientInstance:
         processors = Processors()
         processors.register(RequestCode.NOTIFY_CONSUMER_IDS_CHANGED, self._on_consumer_ids_changed)
         processors.register(RequestCode.CHECK_TRANSACTION_STATE, self._on_check_transaction_state)
-        self.remoting = RemotingClient(processors, connect_timeout_ms=connect_timeout_ms)
+        self.tls = tls if tls is not None else client_context_from_env()
+        self.remoting = RemotingClient(processors, connect_timeout_ms=connect_timeout_ms, ssl_context=self.tls)
         self.routes: dict[str, TopicRoute] = {}
         self._extra_brokers: dict[str, dict[int, str]] = {}  # brokers of borrowed (TBW102) routes
         self.producers: dict[str, ProducerMember] = {}
@@ -498,16 +506,17 @@ async def acquire_instance(
     *,
     instance_name: str = "DEFAULT",
     credentials: Credentials | TokenProvider | None = None,
+    tls: ssl.SSLContext | None = None,
     **options: int,
 ) -> ClientInstance:
     """The shared instance for these name servers, instance name and credentials hook on the
     running loop (created on first use); the caller must ``release`` it."""
     loop = asyncio.get_running_loop()
     table = _instances.setdefault(loop, {})
-    key = (_split_namesrv(namesrv_addrs), instance_name, id(credentials) if credentials else None)
+    key = (_split_namesrv(namesrv_addrs), instance_name, id(credentials) if credentials else None, id(tls))
     inst = table.get(key)
     if inst is None or inst.closed:
-        inst = ClientInstance(namesrv_addrs, instance_name=instance_name, credentials=credentials, **options)
+        inst = ClientInstance(namesrv_addrs, instance_name=instance_name, credentials=credentials, tls=tls, **options)
         table[key] = inst
 
         def forget(i: ClientInstance, key: tuple[object, ...] = key) -> None:

@@ -28,6 +28,7 @@ import contextlib
 import enum
 import logging
 import os
+import ssl
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Required, TypedDict, TypeVar
@@ -134,6 +135,7 @@ class ConsumerBase:
         request_timeout_ms: int = 3000,
         instance_name: str | None = None,
         credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
         offset_store_dir: str | os.PathLike[str] | None = None,
         check_crc: bool = True,
         telemetry: Telemetry | None = None,
@@ -174,6 +176,7 @@ class ConsumerBase:
         self.request_timeout_ms = request_timeout_ms
         self.instance_name = instance_name or "DEFAULT"
         self.credentials = credentials
+        self.tls = tls  # None: ORBIT_TLS_CA / ORBIT_TLS decide (sdk.client_instance.ClientInstance)
         self.offset_store_dir = offset_store_dir
         self.check_crc = check_crc
         # None unless on (sdk.telemetry): listener calls and polls check ``is None`` and nothing else.
@@ -253,6 +256,7 @@ class ConsumerBase:
             self.namesrv_addrs,
             instance_name=self.instance_name,
             credentials=self.credentials,
+            tls=self.tls,
             route_refresh_interval_ms=self.route_refresh_interval_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             request_timeout_ms=self.request_timeout_ms,

@@ -41,6 +41,7 @@ import orjson
 
 from data_plane.auth.signature import ACCESS_KEY, ONS_CHANNEL, SECURITY_TOKEN, SIGNATURE, sign
 from data_plane.remoting.command import RemotingCommand
+from data_plane.tls import http_ssl
 from sdk.errors import OrbitError
 
 log = logging.getLogger(__name__)
@@ -274,7 +275,7 @@ class ClientCredentials(_Refreshing):
 
     async def _request_token(self) -> tuple[str, float | None]:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=http_ssl()))
             self._own_session = True
         form = {"grant_type": "client_credentials"}
         if self.scope:

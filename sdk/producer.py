@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import ssl
 import time
 import zlib
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
@@ -218,6 +219,7 @@ class Producer:
         send_latency_fault_enable: bool = True,
         instance_name: str = "DEFAULT",
         credentials: Credentials | None = None,
+        tls: ssl.SSLContext | None = None,
         route_refresh_interval_ms: int = 30000,
         heartbeat_interval_ms: int = 30000,
         fault_clock_ms: Clock | None = None,
@@ -235,6 +237,7 @@ class Producer:
         self.max_message_bytes = max_message_bytes
         self.instance_name = instance_name
         self.credentials = credentials
+        self.tls = tls  # None: ORBIT_TLS_CA / ORBIT_TLS decide (sdk.client_instance.ClientInstance)
         self.route_refresh_interval_ms = route_refresh_interval_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.fault = MQFaultStrategy(enabled=send_latency_fault_enable, clock_ms=fault_clock_ms)
@@ -254,6 +257,7 @@ class Producer:
             self.namesrv_addrs,
             instance_name=self.instance_name,
             credentials=self.credentials,
+            tls=self.tls,
             route_refresh_interval_ms=self.route_refresh_interval_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
         )

@@ -59,7 +59,10 @@ class TaskClient:
 
     async def _open(self) -> ClientInstance:
         self.credentials = self.spec.sdk_credentials()
-        return ClientInstance(self._namesrv, credentials=self.credentials, request_timeout_ms=self._timeout_ms)
+        self.tls = self.spec.tls_context()
+        return ClientInstance(
+            self._namesrv, credentials=self.credentials, request_timeout_ms=self._timeout_ms, tls=self.tls
+        )
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:

@@ -19,12 +19,15 @@ Where credentials come from, first match wins:
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
+import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from data_plane.tls import client_context
 from sdk.client_instance import Credentials
 from sdk.credentials import AccessKeyCredentials, ClientCredentials, StaticToken, TokenProvider
 from spark_integration.errors import OrbitSparkError
@@ -79,6 +82,18 @@ class CredentialSpec:
     access_key: str | None = None
     provider: str | None = None  # "module:callable"
     secret: Secret | None = None  # client secret, secret key or token
+    # TLS to name servers and brokers: "" and False = the environment decides (ORBIT_TLS_CA /
+    # ORBIT_TLS, as in the SDK); a CA file, or True for the system's trust store (options tlsCaFile, tls).
+    tls_ca_file: str = ""
+    tls: bool = False
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """The SDK's ``tls=`` (made on the executor: an SSLContext does not pickle)."""
+        if self.tls_ca_file:
+            return client_context(ca_file=self.tls_ca_file)
+        if self.tls:
+            return client_context()
+        return None
 
     def describe(self) -> str:
         """Who we are, for error messages (never the secret)."""
@@ -143,8 +158,20 @@ def _pick(options: Mapping[str, str], env: Mapping[str, str], option: str, var: 
 
 
 def credentials_from(options: Mapping[str, str], env: Mapping[str, str] | None = None) -> CredentialSpec:
-    """The credentials that ``options`` (keys in lower case) or ``env`` name; clear errors when
-    they are incomplete. Options win over the environment, kind by kind."""
+    """The credentials that ``options`` (keys in lower case) or ``env`` name, with the TLS options
+    (``tls``: true | false, ``tlsCaFile``); clear errors when they are incomplete. Options win over
+    the environment, kind by kind."""
+    spec = _credentials(options, env)
+    tls = options.get("tls", "").strip().lower()
+    if tls not in ("", "true", "false"):
+        raise OrbitSparkError(f"tls must be true or false, got {options.get('tls')!r}")
+    ca_file = options.get("tlscafile", "")
+    if ca_file and not os.path.isfile(ca_file):
+        raise OrbitSparkError(f"tlsCaFile {ca_file!r} is not a readable file")
+    return dataclasses.replace(spec, tls_ca_file=ca_file, tls=tls == "true")
+
+
+def _credentials(options: Mapping[str, str], env: Mapping[str, str] | None) -> CredentialSpec:
     env = os.environ if env is None else env
     opt = {k: v for k, v in options.items() if v != ""}
     if any(k in opt for k in ("clientid", "clientsecret", "tokenurl")):

@@ -33,7 +33,7 @@ WRITE_OPTIONS = frozenset(
     }
 )  # fmt: skip
 CREDENTIAL_OPTIONS = frozenset(
-    {"clientid", "clientsecret", "tokenurl", "accesskey", "secretkey", "token", "tokenprovider"}
+    {"clientid", "clientsecret", "tokenurl", "accesskey", "secretkey", "token", "tokenprovider", "tls", "tlscafile"}
 )
 # RocketMQ's group name rule (plus the ``tenant%`` namespace separator).
 _GROUP_NAME = re.compile(r"[%|a-zA-Z0-9_-]{1,255}")

@@ -142,6 +142,7 @@ def write_partition(opts: WriteOptions, iterator: Iterator[Any]) -> WriteResult:
             opts.producer_group,
             namesrv_addrs=list(opts.namesrv),
             credentials=client.credentials,
+            tls=client.tls,
             send_timeout_ms=opts.send_timeout_ms,
             instance_name=f"orbit-spark-{partition_id}",
         )

@@ -205,11 +205,12 @@ class ControlPlaneHarness:
 
 @contextlib.asynccontextmanager
 async def serve_control_plane(
-    postgres_dsn: str, tmp_path: Path, *, telemetry: Telemetry | None = None
+    postgres_dsn: str, tmp_path: Path, *, telemetry: Telemetry | None = None, **changes: Any
 ) -> AsyncIterator[ControlPlaneHarness]:
     """The real app (``telemetry``: the caller's, else none) on 127.0.0.1 port 0 over the
-    database, with its operator logged in; stopped, and its pool closed, on exit."""
-    settings = make_settings(postgres_dsn, tmp_path)
+    database, with its operator logged in; stopped, and its pool closed, on exit. ``changes``
+    override settings (``reconcile_interval_s=0.5`` runs the reconciler)."""
+    settings = make_settings(postgres_dsn, tmp_path, **changes)
     pool = await db.create_pool(settings.database_url, min_size=1, max_size=settings.pool_max_size)
     runner: web.AppRunner | None = None
     try:

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 import orjson
 
 from control_plane import secret_hash
-from control_plane.db import Pool, Record
+from control_plane.db import Connection, Pool, Record
 from control_plane.errors import InvalidToken, TenantSuspended, Unauthenticated
 from control_plane.grants import Grant, GrantDict, default_grants, grants_from_json, grants_to_json
 from control_plane.names import OPERATOR_TENANT
@@ -51,6 +51,15 @@ class DecryptedCredential(TypedDict):
     status: str  # "active" | "revoked"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class MintedSecret:
+    """A credential not stored yet: its access key, its secret and the secret's scrypt hash."""
+
+    access_key: str
+    secret: str = dataclasses.field(repr=False)
+    secret_hash: str = dataclasses.field(repr=False)
+
+
 def new_access_key() -> str:
     return "AK" + base64.b32encode(os.urandom(15)).decode()[:20]
 
@@ -69,25 +78,47 @@ class CredentialService:
         self, *, tenant_id: str | None, role: Role, grants: list[Grant] | None = None, description: str = ""
     ) -> dict[str, Any]:
         """A new credential; the answer holds ``secret``, the only time it is ever shown."""
-        access_key = new_access_key()
-        secret = secrets.token_urlsafe(SECRET_BYTES)
-        hashed = await asyncio.to_thread(secret_hash.hash_secret, secret)
-        grants = (default_grants() if grants is None else grants) if role == "tenant" else []
+        minted = await self.mint()
         async with self.pool.acquire() as conn, conn.transaction():
             if tenant_id is not None:
                 await tenants_repo.get_tenant(conn, tenant_id=tenant_id)
-            row = await repo.insert_credential(
-                conn,
-                access_key=access_key,
-                tenant_id=tenant_id,
-                role=role,
-                secret_hash=hashed,
-                secret_sealed=self.sealer.seal(secret.encode(), context=_context(access_key)),
-                grants=list(grants_to_json(grants)),
-                description=description,
+            made = await self.insert(
+                conn, minted, tenant_id=tenant_id, role=role, grants=grants, description=description
             )
-        log.info("credential %s created (role %s, tenant %s)", access_key, role, tenant_id or OPERATOR_TENANT)
-        return {**jsonable(row), "secret": secret}
+        log.info("credential %s created (role %s, tenant %s)", minted.access_key, role, tenant_id or OPERATOR_TENANT)
+        return made
+
+    async def mint(self) -> MintedSecret:
+        """A new access key and secret with the secret's scrypt hash (slow: done in a thread, and
+        before any transaction so no row lock waits on it)."""
+        access_key = new_access_key()
+        secret = secrets.token_urlsafe(SECRET_BYTES)
+        return MintedSecret(access_key, secret, await asyncio.to_thread(secret_hash.hash_secret, secret))
+
+    async def insert(
+        self,
+        conn: Connection,
+        minted: MintedSecret,
+        *,
+        tenant_id: str | None,
+        role: Role,
+        grants: list[Grant] | None = None,
+        description: str = "",
+    ) -> dict[str, Any]:
+        """Store ``minted`` as a credential inside the caller's transaction (which logs it once
+        committed); the answer holds ``secret``, the only time it is ever shown."""
+        grants = (default_grants() if grants is None else grants) if role == "tenant" else []
+        row = await repo.insert_credential(
+            conn,
+            access_key=minted.access_key,
+            tenant_id=tenant_id,
+            role=role,
+            secret_hash=minted.secret_hash,
+            secret_sealed=self.sealer.seal(minted.secret.encode(), context=_context(minted.access_key)),
+            grants=list(grants_to_json(grants)),
+            description=description,
+        )
+        return {**jsonable(row), "secret": minted.secret}
 
     async def list_credentials(self, *, tenant_id: str | None) -> list[dict[str, Any]]:
         async with self.pool.acquire() as conn:

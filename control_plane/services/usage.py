@@ -10,7 +10,9 @@ from control_plane.repositories import tenants as tenants_repo
 from control_plane.repositories import usage as repo
 
 MAX_RANGE = {"minute": dt.timedelta(days=2), "hour": dt.timedelta(days=93)}
-USAGE_FIELDS = ("requests_4k", "bytes_in", "bytes_out", "stored_bytes")
+# forced_deleted_messages: messages a broker deleted inside their retention at its disk's emergency
+# watermark (docs/store.md, "Retention"); a counter like the first three.
+USAGE_FIELDS = ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "forced_deleted_messages")
 
 
 class UsageService:

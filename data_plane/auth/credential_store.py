@@ -6,7 +6,8 @@ is ignored, so replays are harmless. The store swaps its table in one assignment
 event loop never see half a snapshot) and persists it, so a restarted broker serves with its last
 known state while the control plane is away. Unknown, revoked and invalid keys are refused.
 
-The file is encrypted at rest (AES-256-GCM) with a key from a 0600 key file created when missing::
+The file is encrypted at rest (AES-256-GCM, ``SealedFile`` of data_plane/auth/files.py) with a key
+from a 0600 key file created when missing::
 
     ┌──────────────┬────────────┬────────────────────────────────────────────────┐
     │ "ORBCRED1" 8 │ nonce 12   │ AES-GCM(JSON CredentialSnapshot) + 16-byte tag │
@@ -21,21 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, TypedDict
 
 import orjson
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from data_plane.auth.files import load_or_create_key, write_atomic
+from data_plane.auth.files import SealedFile, SealedFileError
 from data_plane.auth.principal import AuthConfigError, GrantDict, Principal, parse_grants
 
 log = logging.getLogger(__name__)
 
 MAGIC: Final = b"ORBCRED1"
-NONCE_BYTES: Final = 12
 STATUS_ACTIVE: Final = "active"
 STATUS_REVOKED: Final = "revoked"
 
@@ -112,7 +109,7 @@ class CredentialStore:
         self.rejected: list[str] = []  # access keys of the last snapshot that were invalid
         self._table: dict[str, Credential] = {}
         self._entries: list[CredentialEntry] = []
-        self._aead: AESGCM | None = None
+        self._file = SealedFile(path, self.key_path, MAGIC) if path and self.key_path else None
 
     def __len__(self) -> int:
         return len(self._table)
@@ -176,46 +173,24 @@ class CredentialStore:
         return {"version": self.version, "credentials": list(self._entries)}
 
     # --- the file ----------------------------------------------------------------------------
-    def _cipher(self) -> AESGCM:
-        if self._aead is None:
-            assert self.key_path is not None
-            self._aead = AESGCM(load_or_create_key(self.key_path))
-        return self._aead
-
     def _persist(self, doc: CredentialSnapshot) -> None:
-        if self.path is None:
+        if self._file is None:
             return
-        nonce = os.urandom(NONCE_BYTES)
-        sealed = self._cipher().encrypt(nonce, orjson.dumps(doc), MAGIC)
         try:
-            write_atomic(self.path, MAGIC + nonce + sealed)
+            self._file.write(orjson.dumps(doc))
         except OSError as e:
             raise CredentialStoreError(f"cannot write credential store {self.path}: {e}") from e
 
     def load(self) -> bool:
         """Load the persisted snapshot; False when there is none or it cannot be used (logged)."""
-        if self.path is None:
+        if self._file is None:
             return False
         try:
-            with open(self.path, "rb") as f:
-                raw = f.read()
-        except FileNotFoundError:
+            plain = self._file.read()
+        except SealedFileError as e:
+            log.error("credential store: %s; starting empty", e)
             return False
-        except OSError as e:
-            log.error("cannot read credential store %s: %s; starting empty", self.path, e)
-            return False
-        if not raw.startswith(MAGIC) or len(raw) < len(MAGIC) + NONCE_BYTES + 16:
-            log.error("credential store %s is not an Orbit credential file; starting empty", self.path)
-            return False
-        nonce = raw[len(MAGIC) : len(MAGIC) + NONCE_BYTES]
-        try:
-            plain = self._cipher().decrypt(nonce, raw[len(MAGIC) + NONCE_BYTES :], MAGIC)
-        except InvalidTag:
-            log.error(
-                "credential store %s does not decrypt with key file %s (other key or tampered); starting empty",
-                self.path,
-                self.key_path,
-            )
+        if plain is None:
             return False
         try:
             doc = orjson.loads(plain)

@@ -37,6 +37,7 @@ from cryptography.hazmat.primitives.asymmetric.rsa import RSAPublicKey, RSAPubli
 
 from data_plane.auth.files import write_atomic
 from data_plane.tasks import cancel_all
+from data_plane.tls import http_ssl
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +217,10 @@ class JwksCache:
     async def _fetch_url(self) -> Mapping[str, Any]:
         assert self.url is not None
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s))
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.fetch_timeout_s),
+                connector=aiohttp.TCPConnector(ssl=http_ssl()),
+            )
         async with self._session.get(self.url, headers={"Accept": "application/json"}) as resp:
             if resp.status != 200:
                 raise JwksError(f"GET {self.url} answered HTTP {resp.status}")

@@ -163,6 +163,8 @@ def _unregister(cmd: RemotingCommand) -> Access:
 
 
 def _send_back(cmd: RemotingCommand) -> Access:
+    """Subscribe on the group and on ``originTopic`` when given. The header does not say what is
+    copied: the broker also checks the record at ``offset`` (data_plane/broker/send_back.py)."""
     ext = _ext(cmd)
     needs = [Need("group", ext.get("group", ""), SUBSCRIBE)]
     if ext.get("originTopic"):

@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from data_plane.auth.signature import ACCESS_KEY, SIGNATURE, sign
 from data_plane.broker import trace
 from data_plane.broker.admin import AdminProcessor
 from data_plane.broker.client_manager import ClientManager
@@ -50,7 +51,7 @@ from data_plane.broker.send import SendHandler, SendProcessor
 from data_plane.broker.send_back import SendBackProcessor
 from data_plane.broker.stall_watch import StallWatch
 from data_plane.broker.subscription_group import SubscriptionGroupManager
-from data_plane.broker.tenancy import BrokerTenancy
+from data_plane.broker.tenancy import BrokerTenancy, load_broker_credentials
 from data_plane.broker.topic_config import TopicConfigManager
 from data_plane.broker.trace import MessageTrace
 from data_plane.broker.transaction import TransactionalMessageService
@@ -65,6 +66,7 @@ from data_plane.remoting.server import Processors, RemotingServer
 from data_plane.store import MessageStore, fastpath
 from data_plane.store.message import Message
 from data_plane.tasks import cancel_all
+from data_plane.tls import client_context
 
 if TYPE_CHECKING:
     from data_plane.broker.failover import FailoverAgent
@@ -94,6 +96,8 @@ class Broker:
             answer_slice=config.answer_slice,
             max_inflight=config.max_requests_in_flight_per_connection,
             on_close=self._connection_closed,
+            limits=config.inbound_limits,
+            tls=config.server_tls,
         )
         conf_dir = os.path.join(config.store_dir, "config")
         self.topics = TopicConfigManager(
@@ -116,7 +120,18 @@ class Broker:
         self.schedule = Schedule(config)  # delayed and timed messages (started on a master)
         self.consumer_filter = ConsumerFilterManager(enabled=config.enable_property_filter)  # SQL92
         self.trace: MessageTrace | None = None  # set in start() when trace_enabled (trace.py)
-        self.namesrv_client = RemotingClient()
+        # From the address it serves on when that is one address (the one the fleet lists).
+        wildcard = config.listen_host in ("", "0.0.0.0", "::")
+        self.namesrv_client = RemotingClient(
+            local_host=None if wildcard else config.listen_host,
+            ssl_context=client_context(ca_file=config.tls_ca_file) if config.tls_ca_file else None,
+        )
+        # Registrations are signed (RocketMQ ACL) with this broker's credential when it has one:
+        # the name servers of a multi-tenant cluster take registrations from brokers only.
+        self._namesrv_credential: tuple[str, str] | None = None
+        if config.broker_credentials_file:
+            self._namesrv_credential = load_broker_credentials(config.broker_credentials_file)
+        self._registered: set[str] = set()  # name servers whose last registration was accepted
         self.store: MessageStore = None  # type: ignore[assignment]  # set in start(), once the port is known
         self.address = ""
         self.replication: Replication = None  # type: ignore[assignment]  # set in start()
@@ -242,10 +257,22 @@ class Broker:
             )
             self._owns_telemetry = True
         if self.telemetry.enabled:
-            from data_plane.telemetry import BrokerMetrics, register_replication_lag
+            from data_plane.telemetry import (
+                BrokerMetrics,
+                register_forced_deletions,
+                register_ha_link_refusals,
+                register_remoting_refusals,
+                register_replication_lag,
+            )
 
             self.metrics = BrokerMetrics(self.telemetry)
             register_replication_lag(self.telemetry, self.replication.lag, broker_name=cfg.broker_name)
+            register_remoting_refusals(self.telemetry, self.server.guard.refused, broker_name=cfg.broker_name)
+            register_ha_link_refusals(self.telemetry, self.replication.link_refused, broker_name=cfg.broker_name)
+            if self.tenancy is not None:
+                register_forced_deletions(
+                    self.telemetry, self.tenancy.forced_deletions.messages, broker_name=cfg.broker_name
+                )
             log.info("telemetry on (%s)", self.telemetry.exporter)
 
     def _register_processors(self) -> None:
@@ -411,6 +438,8 @@ class Broker:
             "getMessageTimesTotal": self.stats["get_msgs"],
             "getMessageSizeTotal": self.stats["get_bytes"],
             "connections": len(self.server.connections),
+            # closed by the inbound limits, by reason (remoting/limits.py): "refused.<setting>"
+            **{f"refused.{reason}": n for reason, n in self.server.refused.items()},
             "heldPullRequests": self.hold.count,
             "topicCount": len(self.topics.topics),
             "diskFull": st.disk_full,
@@ -427,6 +456,10 @@ class Broker:
         info.update(self.replication.runtime_info())
         if self.failover is not None:
             info.update(self.failover.runtime_info())
+        if self.tenancy is not None:  # messages deleted inside retention (forced_deletions.py)
+            info.update(self.tenancy.forced_deletions.runtime_info())
+        if self.tenancy is not None and self.tenancy.enabled:
+            info["authDenied"] = self.tenancy.auth.denied  # refused requests (authorizer and handlers)
         return {k: str(v) for k, v in info.items()}
 
     # --- name servers ---------------------------------------------------------------------------
@@ -452,16 +485,30 @@ class Broker:
             body=bodies.dumps(body),
         )
 
+    def _signed(self, cmd: RemotingCommand) -> RemotingCommand:
+        if self._namesrv_credential is not None:
+            access_key, secret = self._namesrv_credential
+            fields = {**(cmd.ext_fields or {}), ACCESS_KEY: access_key}
+            fields[SIGNATURE] = sign(fields, cmd.body_bytes(), secret)
+            cmd.ext_fields = fields
+        return cmd
+
     async def register_all(self) -> None:
         async def one(addr: str) -> None:
             try:
-                r = await self.namesrv_client.invoke(addr, self._register_request(), self.config.register_timeout_ms)
+                r = await self.namesrv_client.invoke(
+                    addr, self._signed(self._register_request()), self.config.register_timeout_ms
+                )
             except RemotingError as e:
+                self._registered.discard(addr)
                 log.warning("registering with name server %s failed: %s", addr, e)
                 return
             if r.code != ResponseCode.SUCCESS:
+                self._registered.discard(addr)
                 log.warning("name server %s refused the registration: %s %s", addr, r.code, r.remark)
-            elif self.replication.follows_namesrv:
+                return
+            self._registered.add(addr)
+            if self.replication.follows_namesrv:
                 ext = r.ext_fields or {}  # a slave learns its master here (RocketMQ's way)
                 self.replication.follow(ext.get("masterAddr", ""), ext.get("haServerAddr", ""))
 
@@ -480,7 +527,7 @@ class Broker:
                 },
             )
             with contextlib.suppress(RemotingError):
-                await self.namesrv_client.invoke(addr, cmd, 3000)
+                await self.namesrv_client.invoke(addr, self._signed(cmd), 3000)
 
     # --- periodic work ------------------------------------------------------------------------
     async def _register_loop(self) -> None:
@@ -489,9 +536,11 @@ class Broker:
             await asyncio.sleep(min(self.config.register_interval_s, 1.0))
             # A slave cut off from its master registers every second: the answer names the
             # master's (perhaps new) HA address.
+            # So does a broker that some name server has not accepted yet (refused, or down).
             rep = self.replication
             lost = rep.follows_namesrv and not rep.linked
-            if lost or time.monotonic() - last >= self.config.register_interval_s:
+            unregistered = len(self._registered) < len(self.config.namesrv_addrs)
+            if lost or unregistered or time.monotonic() - last >= self.config.register_interval_s:
                 last = time.monotonic()
                 await self.register_all()
 

@@ -23,7 +23,9 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
+from data_plane.remoting.limits import InboundLimits
 from data_plane.store.config import FlushDiskType, StoreConfig
+from data_plane.tls import ServerTls
 
 
 class BrokerRole(enum.Enum):
@@ -70,6 +72,25 @@ class BrokerConfig:
     # waits for it: CPython's default is 5,000 us. docs/broker.md, "GIL switch interval"
     gil_switch_interval_us: int = 500
     max_frame_bytes: int = 16 * 1024 * 1024
+    # --- Inbound limits (data_plane/remoting/limits.py): what peers can make the broker hold -----------
+    # Bytes all connections' incomplete frames may reserve (a frame reserves its size once its length
+    # prefix is in); the connection whose frame would pass it is closed.
+    max_partial_frame_bytes_total: int = 256 * 1024 * 1024
+    # A connection not yet proven (authenticated; with auth off: no complete frame yet) may send a
+    # frame this large; larger ones only within max_large_first_frame_bytes_total, shared by all
+    # unproven connections (0: refused), so a client whose first request is a big send still works.
+    max_first_frame_bytes: int = 1024 * 1024
+    max_large_first_frame_bytes_total: int = 32 * 1024 * 1024
+    frame_complete_timeout_ms: int = 30_000  # a frame's first to last byte; a trickling peer is closed
+    max_connections_per_address: int = 1_000  # from one source IP; past it a new connection is closed
+    max_connections_total: int = 10_000
+    # --- TLS (data_plane/tls.py): the client port's mode (disabled | permissive | enforcing; permissive
+    # serves TLS and plain TCP on one port) with its certificate chain and key (PEM); tls_ca_file, when
+    # set, is the CA this broker verifies name servers by, and it registers over TLS.
+    tls_mode: str = "disabled"
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_ca_file: str = ""
     # The answers to one read's requests leave in writes of at most this many frames (0: one
     # write a read), so a client pipelining on one connection starts on them early. docs/broker.md
     answer_slice: int = 4
@@ -142,6 +163,12 @@ class BrokerConfig:
     ha_sync_timeout_ms: int = 3_000
     # SYNC_MASTER: a slave further behind than this is "not available" (SLAVE_NOT_AVAILABLE at once).
     ha_max_gap_bytes: int = 256 * 1024 * 1024
+    # The HA link's secret (docs/ha.md, "The HA link"): a file only its owner may read (0600) that
+    # every member of the group shares, for groups without a control plane. "" = with auth on, the
+    # control plane's (sent with the tenancy sync); with auth off, an unauthenticated link.
+    ha_secret_file: str = ""
+    # How long a connecting peer has to complete the link's authentication before it is closed.
+    ha_auth_timeout_ms: int = 5_000
     # A master tells a consumer reading data no longer in memory to read from a slave next (seed
     # 7.15; the store's access_message_in_memory_max_ratio decides "in memory").
     slave_read_enable: bool = True
@@ -150,6 +177,21 @@ class BrokerConfig:
     failover_lease_s: float = 6.0  # a master that cannot renew within this stops accepting writes
     failover_check_interval_s: float = 1.0
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
+
+    @property
+    def server_tls(self) -> ServerTls:
+        return ServerTls(self.tls_mode, self.tls_cert_file, self.tls_key_file)  # type: ignore[arg-type]
+
+    @property
+    def inbound_limits(self) -> InboundLimits:
+        return InboundLimits(
+            max_partial_frame_bytes_total=self.max_partial_frame_bytes_total,
+            max_first_frame_bytes=self.max_first_frame_bytes,
+            max_large_first_frame_bytes_total=self.max_large_first_frame_bytes_total,
+            frame_complete_timeout_ms=self.frame_complete_timeout_ms,
+            max_connections_per_address=self.max_connections_per_address,
+            max_connections_total=self.max_connections_total,
+        )
 
     @property
     def listen_host(self) -> str:
@@ -187,6 +229,11 @@ class BrokerConfig:
             problems.append(f"broker_name {self.broker_name!r} is not a valid name")
         if self.broker_id < 0:
             problems.append("broker_id must be >= 0")
+        problems.extend(self.inbound_limits.problems(self.max_frame_bytes))
+        try:
+            self.server_tls.validate()
+        except ValueError as e:
+            problems.append(str(e))
         if not 0 <= self.answer_slice <= 4096:
             problems.append("answer_slice must be 0..4096 (0: one write for all of a read's answers)")
         if self.loop_stall_watch_ms != 0 and not 10 <= self.loop_stall_watch_ms <= 60_000:
@@ -203,6 +250,15 @@ class BrokerConfig:
             problems.append(f"ha_master_address {self.ha_master_address!r} is not host:port")
         if self.ha_sync_timeout_ms <= 0:
             problems.append("ha_sync_timeout_ms must be > 0")
+        if not 100 <= self.ha_auth_timeout_ms <= 60_000:
+            problems.append("ha_auth_timeout_ms must be 100..60000")
+        if self.ha_secret_file:
+            from data_plane.broker.ha_link import read_secret_file
+
+            try:
+                read_secret_file(self.ha_secret_file)
+            except ConfigError as e:
+                problems.append(str(e))
         if self.failover_enabled and not (self.control_plane_url and self.broker_credentials_file):
             problems.append("failover_enabled needs control_plane_url and broker_credentials_file (the leases)")
         if self.failover_lease_s <= 2 * self.failover_check_interval_s:

@@ -20,6 +20,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+from data_plane.tls import http_ssl
 import orjson
 
 from data_plane.broker.config import BrokerRole
@@ -51,7 +53,10 @@ class FailoverAgent:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=max(1.0, self.interval_s * 2)))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=max(1.0, self.interval_s * 2)),
+            connector=aiohttp.TCPConnector(ssl=http_ssl()),  # ORBIT_TLS_CA: the control plane's CA
+        )
         try:
             await self.beat()
         except FailoverError as e:

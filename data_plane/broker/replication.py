@@ -7,6 +7,12 @@
           consumer offsets, delay progress)
         ◀─ SLAVE_OFFSETS (offsets clients committed here while the master was away)
 
+The link authenticates both ends with the group's secret (``LinkSecret``, ha_link.py: an
+``ha_secret_file``, or with auth on the control plane's) before anything else; only authenticated
+slaves count for a SYNC_MASTER. With auth off and no ``ha_secret_file`` it is unauthenticated
+(the single-tenant, RocketMQ-compatible mode). A slave's SLAVE_OFFSETS are taken only for
+topics, queues and groups the master knows, each at most the queue's max offset here.
+
 A SYNC_MASTER answers a send only once a slave has acknowledged the bytes (``replicated``):
 PUT_OK, or FLUSH_SLAVE_TIMEOUT after ``ha_sync_timeout_ms``, or SLAVE_NOT_AVAILABLE at once when
 no slave is connected and near enough (RocketMQ's isSlaveOK). Never PUT_OK without a copy.
@@ -22,16 +28,19 @@ is not (or no longer) confirmed — a fenced old master refuses writes.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import os
 import shutil
+import time
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from data_plane.broker.config import BrokerRole
 from data_plane.broker.consumer_offset import TOPIC_GROUP_SEPARATOR
+from data_plane.broker.ha_link import LinkSecret
 from data_plane.broker.persisted import ConfigFile
 from data_plane.store.ha import HAClient, HAService
 from data_plane.store.status import PutMessageStatus
@@ -45,6 +54,9 @@ MASTER_ID = 0
 # The id a broker configured as master (id 0) registers with while it is a slave after a
 # failover; configured slave ids stay below it.
 DEMOTED_MASTER_ID = 100
+# A group name in a slave's offsets that this master may create (auto_create_subscription_group).
+MAX_GROUP_NAME_CHARS = 255
+OFFSETS_LOG_INTERVAL_S = 60.0
 
 
 def split_address(addr: str) -> tuple[str, int]:
@@ -80,6 +92,17 @@ class Replication:
         self._metadata_applied: bytes | None = None
         self._offsets_timer: asyncio.TimerHandle | None = None
         self._lock = asyncio.Lock()
+        # The link's secret, and the connections its authentication refused (by reason; kept
+        # across role changes, each of which makes a new HA service).
+        self.link = LinkSecret(cfg)
+        self.link.load()
+        self.link.on_change = self._link_secret_changed
+        self.link_refused: collections.Counter[str] = collections.Counter()
+        # Entries of slaves' offsets documents not taken (unknown topic, queue or group, a
+        # negative offset) and taken only up to the queue's max offset.
+        self.slave_offsets_ignored = 0
+        self.slave_offsets_clamped = 0
+        self._offsets_said_at = -OFFSETS_LOG_INTERVAL_S
 
     # --- what the rest of the broker looks at ----------------------------------------------------
     @property
@@ -147,6 +170,8 @@ class Replication:
             max_gap_not_in_sync_bytes=cfg.ha_max_gap_bytes,
             metadata=self.metadata,
             on_slave_offsets=self.on_slave_offsets,
+            auth=self.link.auth(),
+            refused=self.link_refused,
         )
         await self.service.start()
         adv = cfg.advertised_host or ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
@@ -164,9 +189,15 @@ class Replication:
             return
         host, port = split_address(self.master_ha_addr)
         self.client = HAClient(
-            self.broker.store, host, port, on_metadata=self.on_metadata, offsets_to_report=self.offsets_to_report
-        )
+            self.broker.store, host, port, on_metadata=self.on_metadata, offsets_to_report=self.offsets_to_report,
+            auth=self.link.auth(),
+        )  # fmt: skip
         self.client.start()
+
+    def _link_secret_changed(self) -> None:
+        """A slave waiting for the link's secret connects at once."""
+        if self.client is not None:
+            self.client.wake()
 
     async def _stop_client(self) -> None:
         if self.client is not None:
@@ -417,20 +448,68 @@ class Replication:
         return orjson.dumps({"offsetTable": self.local_offsets}, option=orjson.OPT_NON_STR_KEYS)
 
     def on_slave_offsets(self, raw: bytes) -> None:
-        """Offsets committed on a slave while this master was away: taken where they are ahead."""
+        """Offsets committed on a slave while this master was away (only an authenticated slave
+        reaches here): taken where they are ahead, for topics, queue ids and groups this master
+        knows, each at most the queue's max offset here — the slave's queues are copies of these,
+        so a larger offset is wrong, not ahead. Everything else is ignored, counted and logged."""
         try:
-            doc = orjson.loads(raw)
-            table = doc["offsetTable"]
-            offsets = self.broker.offsets
-            for key, queues in table.items():
-                topic, sep, group = str(key).partition(TOPIC_GROUP_SEPARATOR)
-                if not sep:
-                    continue
-                for q, o in queues.items():
-                    if int(o) > offsets.query(group, topic, int(q)):
-                        offsets.commit(group, topic, int(q), int(o))
-        except (orjson.JSONDecodeError, TypeError, ValueError, KeyError, AttributeError) as e:
+            table = orjson.loads(raw)["offsetTable"]
+            if not isinstance(table, dict):
+                raise TypeError("offsetTable is not an object")
+        except (orjson.JSONDecodeError, TypeError, KeyError) as e:
+            self.slave_offsets_ignored += 1
             log.error("ignoring a slave's offsets: %s", e)
+            return
+        ignored, clamped = self.apply_slave_offsets(table)
+        if ignored or clamped:
+            self.slave_offsets_ignored += ignored
+            self.slave_offsets_clamped += clamped
+            now = time.monotonic()
+            if now - self._offsets_said_at >= OFFSETS_LOG_INTERVAL_S:
+                self._offsets_said_at = now
+                log.warning(
+                    "a slave's offsets: %d entries ignored (unknown topic, queue or group, or negative), "
+                    "%d lowered to the queue's max offset (totals %d, %d; logged at most every %.0f s)",
+                    ignored, clamped, self.slave_offsets_ignored, self.slave_offsets_clamped,
+                    OFFSETS_LOG_INTERVAL_S,
+                )  # fmt: skip
+
+    def apply_slave_offsets(self, table: dict[str, Any]) -> tuple[int, int]:
+        """``on_slave_offsets``'s rule on a decoded ``offsetTable``: (entries ignored, entries
+        lowered to the queue's max offset)."""
+        b = self.broker
+        offsets = b.offsets
+        ignored = clamped = 0
+        for key, queues in table.items():
+            topic, sep, group = str(key).partition(TOPIC_GROUP_SEPARATOR)
+            tc = b.topics.get(topic) if sep else None
+            if not isinstance(queues, dict):
+                ignored += 1
+                continue
+            if tc is None or not self._knows_group(group, key):
+                ignored += len(queues)
+                continue
+            nqueues = max(_int(tc.get("readQueueNums")), _int(tc.get("writeQueueNums")))
+            for q_raw, o_raw in queues.items():
+                q, o = _int(q_raw, -1), _int(o_raw, -1)
+                if not 0 <= q < nqueues or o < 0:
+                    ignored += 1
+                    continue
+                top = b.store.max_offset_in_queue(topic, q)
+                if o > top:
+                    o = top
+                    clamped += 1
+                if o > offsets.query(group, topic, q):
+                    offsets.commit(group, topic, q, o)
+        return ignored, clamped
+
+    def _knows_group(self, group: str, key: str) -> bool:
+        """A subscription group of this master, one it holds offsets of, or — where groups are
+        created on first use (auto_create_subscription_group, auth off) — any plausible name."""
+        b = self.broker
+        if group in b.groups.groups or key in b.offsets.table:
+            return True
+        return b.groups.auto_create and 0 < len(group) <= MAX_GROUP_NAME_CHARS
 
     # --- figures ----------------------------------------------------------------------------------------
     def lag(self) -> tuple[int, float] | None:
@@ -449,6 +528,13 @@ class Replication:
 
     def runtime_info(self) -> dict[str, Any]:
         info: dict[str, Any] = {"haEpoch": self.epoch, "haFenced": self.fenced, "haRoleChanges": self.role_changes}
+        # How the link authenticates ("off", "ha_secret_file", "control plane", or waiting), and
+        # what it refused: connections by reason ("haLinkRefused.<reason>"), offsets entries.
+        info["haLinkAuth"] = self.link.status()
+        info["haLinkRefused"] = sum(self.link_refused.values())
+        info.update({f"haLinkRefused.{reason}": n for reason, n in self.link_refused.items()})
+        info["haSlaveOffsetsIgnored"] = self.slave_offsets_ignored
+        info["haSlaveOffsetsClamped"] = self.slave_offsets_clamped
         if self.service is not None:
             lags = self.service.lag()
             info["haServerAddr"] = self.ha_addr
@@ -463,7 +549,18 @@ class Replication:
             info["haMasterMaxOffset"] = c.master_max_offset
             info["haLagBytes"] = max(0, c.master_max_offset - self.broker.store.max_phy_offset()) if c.connected else -1
             info["haBytesReceived"] = c.bytes_received
+            info["haLinkAuthFailures"] = c.auth_failures
         return info
+
+
+def _int(value: Any, default: int = 0) -> int:
+    """A whole number from a JSON document, else ``default`` (a bool is not one)."""
+    if isinstance(value, bool):
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        return default
 
 
 def _ha_listen(setting: str, listen_host: str, configured_port: int, bound_port: int) -> tuple[str, int]:

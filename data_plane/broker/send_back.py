@@ -19,7 +19,11 @@ level 3 is the ladder's 10 s step: 10s 30s 1m 2m … 2h for retries 1 … 16 (th
 ``message_delay_level``). Both topics are created on demand with one queue: the retry topic
 read-write, the DLQ read-write too (RocketMQ makes it write-only; Orbit lets the group's
 principal and ``orbit dlq`` read it). With tenancy a group ``acme%g`` gets ``%RETRY%acme%g`` and
-``%DLQ%acme%g``, and only a record of the group's own tenant may be sent back.
+``%DLQ%acme%g``, and the record at ``offset``, not the header, decides what a send-back needs: a
+record of the group's own tenant, an ``originTopic`` (when given) that is the record's topic or
+its origin (``origin_topic``: a retry or DLQ record's RETRY_TOPIC), and the sender's subscribe
+on both — else NO_PERMISSION, logged and counted (``BrokerTenancy.refuse``). An offset thus
+copies into the group's retry topic only a message the sender could have pulled itself.
 
 The copy goes through the broker's registered SEND_MESSAGE handler, so everything a send does
 applies to it: the delay service's DELAY handling, SYNC_FLUSH durability before the answer, the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
+from data_plane.auth.request_access import SUBSCRIBE
 from data_plane.broker.topic_config import DLQ_GROUP_TOPIC_PREFIX, RETRY_GROUP_TOPIC_PREFIX
 from data_plane.broker.trace import DEAD_LETTERED, RETRIED
 from data_plane.remoting.codes import PERM_READ_WRITE, RequestCode, ResponseCode
@@ -51,6 +56,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from data_plane.broker.broker import Broker
+    from data_plane.broker.tenancy import BrokerTenancy
 
 # RocketMQ's MessageConst names.
 PROPERTY_RETRY_TOPIC: Final = "RETRY_TOPIC"
@@ -105,6 +111,20 @@ def copy_properties(rec: StoredMessage, *, delay_level: int | None) -> dict[str,
     return props
 
 
+def origin_topic(rec: StoredMessage) -> str:
+    """The topic a consumer of ``rec`` subscribed to: for a record on a retry or dead-letter topic
+    its ``RETRY_TOPIC`` (the topic the message was first sent to) when set, else its own topic.
+    A ``RETRY_TOPIC`` on a record of any other topic is the sender's and says nothing."""
+    if rec.topic.startswith((RETRY_GROUP_TOPIC_PREFIX, DLQ_GROUP_TOPIC_PREFIX)):
+        return rec.properties.get(PROPERTY_RETRY_TOPIC) or rec.topic
+    return rec.topic
+
+
+def _shown(name: str) -> str:
+    """A name read from a record or a header, quoted and cut for a remark or a log line (one line)."""
+    return repr(name[:255])
+
+
 class SendBackProcessor:
     __slots__ = ("broker",)
 
@@ -128,10 +148,11 @@ class SendBackProcessor:
         rec = broker.store.look_message_by_offset(offset)
         if rec is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
-        if broker.config.auth_enabled and tenant_of(rec.topic) != tenant_of(group):
-            return cmd.response(
-                ResponseCode.NO_PERMISSION, f"the message at offset {offset} is not in group {group}'s namespace"
-            )
+        tenancy = broker.tenancy
+        if tenancy is not None and tenancy.enabled:
+            refused = self._refused(conn, cmd, tenancy, rec, offset, group)
+            if refused is not None:
+                return refused
         max_times = header_max if header_max >= 0 else int(g.get("retryMaxTimes", DEFAULT_MAX_RECONSUME_TIMES))
         to_dlq = goes_to_dlq(rec.reconsume_times, max_times, requested_level)
         if to_dlq:
@@ -184,6 +205,39 @@ class SendBackProcessor:
         if answer is None or isinstance(answer, RemotingCommand):
             return self._answer(cmd, answer, event)
         return self._answer_later(cmd, answer, event)
+
+    def _refused(
+        self,
+        conn: Connection,
+        cmd: RemotingCommand,
+        tenancy: BrokerTenancy,
+        rec: StoredMessage,
+        offset: int,
+        group: str,
+    ) -> RemotingCommand | None:
+        """With authentication on, the record at ``offset`` decides what the send-back needs, not
+        the header: the record must be in the group's tenant; a given ``originTopic`` must be
+        the record's topic or its origin (``origin_topic``); and the principal must hold
+        subscribe on both (a retry or dead-letter topic is the group's subscribe). A refusal is
+        NO_PERMISSION, logged and counted by ``tenancy.refuse``; its remark does not name the
+        record's topic."""
+        origin = origin_topic(rec)
+        what = (
+            f"send-back to group {_shown(group)} of the message at offset {offset} "
+            f"(on {_shown(rec.topic)}, origin {_shown(origin)})"
+        )
+        if tenant_of(rec.topic) != tenant_of(group):
+            remark = f"the message at offset {offset} is not in group {group}'s namespace"
+            return tenancy.refuse(conn, cmd, remark, f"{what}: outside the group's namespace")
+        given = (cmd.ext_fields or {}).get("originTopic") or ""
+        if given and given not in (rec.topic, origin):
+            remark = f"originTopic {_shown(given)} is not the topic of the message at offset {offset}"
+            return tenancy.refuse(conn, cmd, remark, f"{what}: originTopic {_shown(given)} does not match it")
+        denial = tenancy.stored_topics_denial(cmd, dict.fromkeys((rec.topic, origin)), SUBSCRIBE)
+        if denial is not None:
+            remark = f"the message at offset {offset} is on a topic this credential may not subscribe to"
+            return tenancy.refuse(conn, cmd, remark, f"{what}: {denial}")
+        return None
 
     def _ensure_topic(self, topic: str) -> None:
         topics = self.broker.topics

@@ -22,12 +22,14 @@ import asyncio
 import logging
 import os
 import tomllib
-from collections.abc import Awaitable
-from typing import TYPE_CHECKING, Any, TypedDict
+from collections.abc import Awaitable, Iterable
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import orjson
 
 from data_plane.auth import UNCHECKED, AuthConfig, AuthError, Authorizer, CredentialEntry, Denial, Principal
+from data_plane.broker.forced_deletions import ForcedDeletions
+from data_plane.broker.ha_link import decode_ha_secret
 from data_plane.broker.persisted import ConfigFile
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
 from data_plane.remoting.codes import ResponseCode
@@ -66,6 +68,9 @@ class TenancySnapshot(TypedDict):
     credentials: list[CredentialEntry]
     tenants: list[TenantState]
     topic_retention_hours: dict[str, float]  # the retention each tenant topic was promised
+    # Base64 of the broker group's HA link secret (data_plane/broker/ha_link.py); kept sealed
+    # there, never in this snapshot's state file.
+    ha_secret: NotRequired[str]
 
 
 class TenancyError(ValueError):
@@ -106,7 +111,16 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
                 Limits.from_dict(limits)
             except (TypeError, ValueError) as e:
                 raise TenancyError(f"tenant {t['id']}: {e}") from None
-    return {"version": version, "credentials": creds, "tenants": tenants, "topic_retention_hours": retention}
+    snap: TenancySnapshot = {
+        "version": version, "credentials": creds, "tenants": tenants, "topic_retention_hours": retention
+    }  # fmt: skip
+    if (ha_secret := doc.get("ha_secret")) is not None:
+        try:
+            decode_ha_secret(ha_secret)
+        except ValueError as e:
+            raise TenancyError(str(e)) from None
+        snap["ha_secret"] = ha_secret
+    return snap
 
 
 def load_broker_credentials(path: str) -> tuple[str, str]:
@@ -161,6 +175,11 @@ class BrokerTenancy:
             period_ms=round(cfg.usage_roll_interval_s * 1000),
             publish=self.usage_topic.publish if self.usage_topic is not None else None,
         )
+        # Messages the store deleted inside retention (the disk's emergency watermark), per tenant;
+        # each tenant's share also goes into its usage records.
+        self.forced_deletions = ForcedDeletions(report=self.meter.record_forced_deletion)
+        if broker.store is not None:
+            broker.store.on_forced_deletion = self.forced_deletions
         self.reporter: UsageReporter | None = None
         self._token_source: ClientCredentials | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -345,6 +364,38 @@ class BrokerTenancy:
             return False
         return self.allows_stored_topic(cmd, topic, action)
 
+    def stored_topics_denial(self, cmd: RemotingCommand, topics: Iterable[str], action: str) -> str | None:
+        """For a handler that acts on a stored record the request names only by its CommitLog
+        offset: why the request's principal may not ``action`` every one of ``topics`` (the
+        record's), or None when it may (always None with authentication off)."""
+        if not self.enabled:
+            return None
+        try:
+            principal = self.auth.authenticate(cmd)  # before() accepted it: cached, no I/O
+        except AuthError as e:
+            return e.remark
+        for topic in topics:
+            d = self.auth.authorize_stored_topic(principal, topic, action)
+            if d is not None:
+                return d.remark
+        return None
+
+    def refuse(self, conn: Connection, cmd: RemotingCommand, remark: str, reason: str) -> RemotingCommand:
+        """NO_PERMISSION with ``remark``, for a refusal a handler decides itself once it has read
+        what the request names. Logged as one line (request code, source address, principal,
+        ``reason``, which may name what ``remark`` keeps from the client; no secret nor token)
+        and counted with the authorizer's refusals (``auth.denied``)."""
+        self.auth.denied += 1
+        try:
+            p = self.auth.authenticate(cmd)
+            who = f"{p.role} {p.subject!r}"
+            if p.role == "tenant":
+                who = f"credential {p.subject!r} of tenant {p.tenant!r}"
+        except AuthError:
+            who = "an unauthenticated client"
+        log.warning("refused request code %d from %s (%s): %s", cmd.code, conn.peer, who, reason)
+        return cmd.response(ResponseCode.NO_PERMISSION, remark)
+
     def before_pull(self, cmd: RemotingCommand, topic: str) -> RemotingCommand | None:
         tenant = tenant_of(topic)
         if tenant is None:
@@ -362,7 +413,17 @@ class BrokerTenancy:
 
     # --- the control plane's snapshot -----------------------------------------------------------------
     async def sync(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-        """ORBIT_SYNC_TENANCY: apply a whole snapshot (older versions are ignored)."""
+        """ORBIT_SYNC_TENANCY: apply a whole snapshot (older versions are ignored). Operators only
+        (the control plane's reconciler): a broker credential, which every broker host holds, may
+        not push credentials or the HA link's secret to other brokers."""
+        if self.enabled:
+            try:
+                principal = self.auth.authenticate(cmd)  # before() accepted it: cached, no I/O
+            except AuthError as e:
+                return self.refuse(conn, cmd, e.remark, "tenancy snapshot: authentication")
+            if principal.role != "operator":
+                why = "the tenancy snapshot comes from the control plane (operators only)"
+                return self.refuse(conn, cmd, why, f"tenancy snapshot from a {principal.role} credential")
         try:
             snap = parse_snapshot(cmd.body_bytes())
         except TenancyError as e:
@@ -377,6 +438,11 @@ class BrokerTenancy:
         except (ValueError, TypeError, KeyError) as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"credentials: {e}")
         self._apply_tenants(snap)
+        if "ha_secret" in snap and self.broker.replication is not None:
+            try:
+                await self.broker.replication.link.update(decode_ha_secret(snap["ha_secret"]))
+            except OSError as e:
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"cannot keep the HA link secret: {e.strerror}")
         doc = {
             "version": snap["version"],
             "tenants": snap["tenants"],
@@ -402,8 +468,9 @@ class BrokerTenancy:
         # Retention is per CommitLog file: keep files as long as the longest promise made here.
         store = self.broker.store
         if store is not None:
-            promised = snap["topic_retention_hours"].values()
-            store.retention_hours = max([store.config.file_reserved_time_hours, *promised])
+            promised = snap["topic_retention_hours"]
+            store.retention_hours = max([store.config.file_reserved_time_hours, *promised.values()])
+            store.topic_retention_hours = dict(promised)
         self.suspended = frozenset(suspended)
         self.version = snap["version"]
 

@@ -101,6 +101,14 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         opts = dataclasses.replace(opts, latency_first=True)
     if args.warm_memory_mb is not None:
         opts = dataclasses.replace(opts, warm_memory_mb=args.warm_memory_mb)
+    if args.tls:
+        try:
+            compared = e2e.compare_tls(opts, log=_log)
+        except e2e.BenchDirectoryError as e:
+            _log(f"orbit bench e2e: {e}")
+            return 2
+        print(_save(compared, args.out))
+        return 0
     if args.runs == 1:
         try:
             result = e2e.run(opts, log=_log)
@@ -205,6 +213,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="run the whole benchmark this many times, each on a fresh cluster, and print how many runs "
         "met each target with its median, lowest and highest figure (default 1: one run's JSON)",
+    )
+    e2e.add_argument(
+        "--tls",
+        action="store_true",
+        help="run it plain, then with every connection over TLS, and report each throughput's TLS/plain ratio",
     )
     e2e.add_argument("--out", help="also write the JSON here (with --runs: every run's full result too)")
     e2e.set_defaults(func=_bench_e2e)

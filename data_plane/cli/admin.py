@@ -190,8 +190,12 @@ def message_trace(args: argparse.Namespace) -> int:
 
 
 def message_get(args: argparse.Namespace) -> int:
+    """A message by id (``AdminClient.view_message``): an offset message id is read from its
+    store host only when the name servers list that broker; a producer's id (UNIQ_KEY) is looked
+    up by ``--topic`` in the brokers' indexes."""
+
     async def work(admin: AdminClient) -> int:
-        m = await admin.view_message(args.msg_id)
+        m = await admin.view_message(args.msg_id, args.topic)
         sys.stdout.write(orjson.dumps(message_dict(m), option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
 
@@ -403,8 +407,13 @@ def add_parsers(sub: Any) -> None:
 
     msg = sub.add_parser("message", help="look messages up")
     msub = msg.add_subparsers(dest="what", required=True)
-    p = common(msub.add_parser("get", help="a message by id"))
-    p.add_argument("msg_id")
+    p = common(msub.add_parser("get", help="a message by its offset message id, or by its id (UNIQ_KEY) and topic"))
+    p.add_argument("msg_id", help="the offset message id a send returned, or the producer's message id (UNIQ_KEY)")
+    p.add_argument(
+        "--topic",
+        help="the message's topic: needed for a producer's message id (UNIQ_KEY), which is looked up in "
+        "the topic's indexes; an offset message id is read only from a broker of the topic's route",
+    )
     p.set_defaults(func=message_get)
     p = common(msub.add_parser("query", help="messages of a topic by key"))
     p.add_argument("--topic", required=True)

@@ -61,6 +61,10 @@ def add_parser(sub: Any) -> None:
         "--broker-set", action="append", default=[], metavar="KEY=VALUE",
         help="a broker setting, e.g. usage_topic_enabled=true (the Spark metering pipeline's input)",
     )  # fmt: skip
+    up.add_argument(
+        "--tls", action="store_true",
+        help="TLS: a local CA under DIR/tls; name server and brokers take TLS and plain TCP, the control plane HTTPS",
+    )  # fmt: skip
     up.add_argument("--ready-file", help="write the endpoints here as JSON once serving")
     up.set_defaults(func=dev_up)
 
@@ -87,6 +91,7 @@ def dev_up(args: argparse.Namespace) -> int:
         tenancy=not args.no_tenancy,
         slaves=0 if args.single_broker else 1,
         control_plane_port=args.control_plane_port,
+        tls=args.tls,
     )
     try:
         cluster.start()
@@ -106,6 +111,10 @@ def dev_up(args: argparse.Namespace) -> int:
     print(f"  name server   {cluster.namesrv}")
     for name, addr in cluster.brokers.items():
         print(f"  {name:<13} {addr}")
+    if cluster.tls:
+        ca = cluster.tls_files["ca.pem"]
+        print(f"  TLS           CA {ca}: clients trust it with  export ORBIT_TLS_CA={ca}")
+        print("                (the SDK, CLI and Spark connector then connect over TLS and verify; curl --cacert)")
     print(f"  data          {cluster.root}")
     print(f"  logs          {cluster.run_dir}")
     demo = cluster.demo

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections.abc import Awaitable
 
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
-from data_plane.remoting.connection import Connection, Dispatch
+from data_plane.remoting.connection import Connection, Dispatch, TlsReader
 from data_plane.remoting.errors import RemotingConnectError, RemotingTimeoutError
 
 log = logging.getLogger(__name__)
@@ -29,8 +30,16 @@ class RemotingClient:
         connect_timeout_ms: int = 3000,
         max_frame_bytes: int = MAX_FRAME_BYTES,
         idle_timeout_s: float = 0,
+        local_host: str | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
+        """``local_host``: the local address connections are made from (None: the system's
+        choice) — a broker registers with name servers from the address it serves on, which is
+        the one the fleet lists for it. ``ssl_context``: connect over TLS, checking the server's
+        certificate and name as the context says (``data_plane.tls.client_context``)."""
         self.dispatch = dispatch
+        self.local_host = local_host
+        self.ssl_context = ssl_context
         self.connect_timeout_ms = connect_timeout_ms
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
@@ -57,24 +66,28 @@ class RemotingClient:
         try:
             host, port = split_addr(addr)
             try:
-                _, proto = await asyncio.wait_for(
+                conn = Connection(
+                    self.dispatch,
+                    max_frame_bytes=self.max_frame_bytes,
+                    idle_timeout_s=self.idle_timeout_s,
+                    on_close=lambda c: self._forget(addr, c),
+                )
+                await asyncio.wait_for(
                     loop.create_connection(
-                        lambda: Connection(
-                            self.dispatch,
-                            max_frame_bytes=self.max_frame_bytes,
-                            idle_timeout_s=self.idle_timeout_s,
-                            on_close=lambda c: self._forget(addr, c),
-                        ),
+                        (lambda: conn) if self.ssl_context is None else (lambda: TlsReader(conn)),
                         host,
                         port,
+                        local_addr=None if self.local_host is None else (self.local_host, 0),
+                        ssl=self.ssl_context,
+                        server_hostname=host if self.ssl_context is not None else None,
                     ),
                     self.connect_timeout_ms / 1000,
                 )
             except (OSError, TimeoutError) as e:
                 raise RemotingConnectError(addr, str(e) or type(e).__name__) from None
-            self._conns[addr] = proto
-            fut.set_result(proto)
-            return proto
+            self._conns[addr] = conn
+            fut.set_result(conn)
+            return conn
         except BaseException as e:
             if not fut.done():
                 fut.set_exception(e)

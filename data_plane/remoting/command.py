@@ -422,19 +422,30 @@ class FrameDecoder:
     keeps the rest; a length over ``max_frame_bytes`` or under 4 raises FrameError before
     anything of that frame is buffered. A frame spread over many reads keeps the reads as they
     are and is joined once, when its last byte arrives (one exact-size copy of that frame only:
-    the frames after it in the same read stay views of the read)."""
+    the frames after it in the same read stay views of the read).
 
-    __slots__ = ("_have", "_need", "_parts", "max_frame_bytes")
+    ``pending`` is, after each ``feed``, the size of the incomplete frame held (its length
+    prefix included: 4 while the prefix itself is cut) or 0 when nothing is held; it changes
+    only when a frame starts, learns its length or ends, which is what a server's inbound limits
+    (``limits.py``) look at, once a read."""
+
+    __slots__ = ("_have", "_need", "_parts", "max_frame_bytes", "pending")
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
         self._parts: list[Body] = []  # the reads holding the start of the next frame
         self._have = 0  # their bytes
         self._need = 0  # bytes the parts must hold before the next frame is complete
+        self.pending = 0  # _need while parts are held, else 0
         self.max_frame_bytes = max_frame_bytes
 
     @property
     def buffered(self) -> int:
         return self._have
+
+    def reset(self) -> None:
+        """Let go of the incomplete frame held (its connection is gone)."""
+        self._parts = []
+        self._have = self._need = self.pending = 0
 
     def _check(self, length: int) -> None:
         if length > self.max_frame_bytes:
@@ -476,5 +487,7 @@ class FrameDecoder:
         if pos < n:  # the start of the next frame: its length is checked above when it has one
             self._parts.append(mv[pos:])
             self._have = n - pos
-            self._need = 4 + unpack(mv, pos)[0] if n - pos >= 4 else 4
+            self._need = self.pending = 4 + unpack(mv, pos)[0] if n - pos >= 4 else 4
+        else:
+            self.pending = 0
         return frames

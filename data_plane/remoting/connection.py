@@ -28,6 +28,12 @@ answer (by ``opaque``) and the outgoing buffer; the codec (``command``) never to
   requests leave the front of their queue as new ones arrive. No timer is made per request.
 * Back-pressure (server side): while the peer does not read what we write (the transport's buffer is over its
   high-water mark), we stop reading from it, so a stalled client cannot make us buffer without end.
+* Inbound limits (server side, ``guard``: ``limits.py``): the connection is counted by source
+  address as it opens (or closed at once), and an incomplete frame reserves its size when its
+  length prefix is in (or the connection is closed). The check runs once a read, on the decoder's
+  ``pending`` (a few integer comparisons); the guard is asked only when a frame starts, learns
+  its length or ends. ``proven`` (see limits.py) is set by the first complete frame when
+  ``prove_on_frame``, else by the server's ``before`` check letting a request through.
 """
 
 from __future__ import annotations
@@ -49,6 +55,7 @@ from data_plane.remoting.command import (
     Body,
     FrameDecoder,
     FrameError,
+    FrameTooLarge,
     RemotingCommand,
     compiled_decode_frame,
     compiled_frame_head,
@@ -61,6 +68,8 @@ from data_plane.remoting.errors import (
     RemotingTimeoutError,
     RemotingTooMuchRequestError,
 )
+from data_plane.remoting.limits import FRAME_COMPLETE_TIMEOUT, MALFORMED_FRAME, InboundGuard
+from data_plane.remoting.limits import MAX_FRAME_BYTES as REFUSED_FRAME_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +101,9 @@ _frame_head = compiled_frame_head
 ANSWER_SLICE = 4
 
 
+TLS_READ_BUFFER_BYTES = 256 * 1024  # what TlsReader decrypts into at most, a read
+
+
 class Connection(asyncio.Protocol):
     def __init__(
         self,
@@ -105,6 +117,8 @@ class Connection(asyncio.Protocol):
         before_write: Callable[[], object] | None = None,
         answer_slice: int = ANSWER_SLICE,
         frame_handler: FrameHandler | None = None,
+        guard: InboundGuard | None = None,
+        prove_on_frame: bool = True,
     ) -> None:
         self.dispatch = dispatch
         self.frame_handler = frame_handler
@@ -136,20 +150,45 @@ class Connection(asyncio.Protocol):
         self._out: list[Body] = []
         self._out_frames = 0  # frames in _out
         self._flush_scheduled = False
+        self._join_all = False  # TLS: one buffer a flush (connection_made)
         self._in_read = False
         self._write_paused = False
         self._last_active = self.loop.time()
         self._idle_timer: asyncio.TimerHandle | None = None
+        # Inbound limits (server side): see limits.py.
+        self.guard = guard
+        self.proven = False  # authenticated, or (prove_on_frame) sent one complete frame
+        self.prove_on_frame = prove_on_frame
+        self.address = ""  # the peer's host, as the guard counts it
+        self._admitted = False  # counted by the guard (closing uncounts it)
+        self.partial_since = 0.0  # loop time the incomplete frame held began (its deadline's start)
+        self._partial_need = 0  # decoder.pending when last accounted (0: no incomplete frame)
+        self._partial_bytes = 0  # bytes reserved for it
+        self._partial_unproven = False  # reserved while not proven
 
     # --- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
+        # Over TLS every piece written becomes a TLS record of its own (a header, a MAC and a pass
+        # through the SSL object each): what one flush writes goes as one buffer instead.
+        self._join_all = transport.get_extra_info("ssl_object") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        guard = self.guard
+        if guard is not None:
+            address = str(peer[0]) if isinstance(peer, tuple) else str(peer)
+            refused = guard.admit(address)
+            if refused is not None:
+                guard.refuse(refused, self.peer, f"{guard.per_address.get(address, 0)} connections from {address}, "
+                             f"{guard.connections} in all")  # fmt: skip
+                self.abort()
+                return
+            self.address = address
+            self._admitted = True
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER)  # type: ignore[attr-defined]
         if self.idle_timeout_s > 0:
             self._idle_timer = self.loop.call_later(self.idle_timeout_s, self._check_idle)
@@ -159,9 +198,18 @@ class Connection(asyncio.Protocol):
         try:
             frames = self.decoder.feed(data)
         except FrameError as e:
-            log.warning("closing %s: %s", self.peer, e)
-            self.abort()
+            self._refuse_frame(e)
             return
+        if self.guard is not None:
+            if frames and not self.proven and self.prove_on_frame:
+                self.proven = True
+            pending = self.decoder.pending
+            # Only when an incomplete frame starts, learns its length or ends (a frame completed
+            # in this read and another one began: a new frame, even of the same size).
+            if (pending != self._partial_need or (frames and pending)) and not self._partial_changed(
+                pending, bool(frames)
+            ):
+                return
         self._in_read = True
         slice_at = self.answer_slice
         fast = self.frame_handler
@@ -187,8 +235,7 @@ class Connection(asyncio.Protocol):
                     if cmd is None:
                         cmd = decode_frame(frame)
                 except FrameError as e:
-                    log.warning("closing %s: malformed frame: %s", self.peer, e)
-                    self.abort()
+                    self._refuse_frame(e)
                     return
                 if cmd.flag & FLAG_RESPONSE:  # (is_response): the answer to one of our requests
                     entry = self._pending.pop(cmd.opaque, None)
@@ -203,9 +250,80 @@ class Connection(asyncio.Protocol):
         if self._out:
             self._flush()
 
+    def _refuse_frame(self, e: FrameError) -> None:
+        """Close the connection over a frame the decoder refused (too large, malformed)."""
+        if self.guard is None:
+            log.warning("closing %s: %s", self.peer, e)
+        else:
+            too_large = isinstance(e, FrameTooLarge)
+            self.guard.refuse(REFUSED_FRAME_BYTES if too_large else MALFORMED_FRAME, self.peer,
+                              str(e) if too_large else f"malformed frame: {e}")  # fmt: skip
+        self.abort()
+
+    def _partial_changed(self, pending: int, frames_done: bool) -> bool:
+        """Account the incomplete frame held now (``pending``: the decoder's) in place of the
+        one accounted before; False when the guard refuses it (the connection is then closed)."""
+        guard = self.guard
+        assert guard is not None
+        same_frame = self._partial_need != 0 and not frames_done  # its cut length prefix came in
+        if self._partial_need:
+            guard.release(self._partial_bytes, self._partial_unproven)
+            self._partial_need = self._partial_bytes = 0
+            if not same_frame:
+                guard.partial.discard(self)
+        if not pending:
+            return True
+        nbytes = pending - 4  # the frame's length field (0 while it is cut)
+        unproven = not self.proven
+        refused = guard.reserve(nbytes, unproven)
+        if refused is not None:
+            guard.partial.discard(self)
+            detail = (
+                f"a frame of {nbytes} bytes; {guard.partial_bytes} bytes of incomplete frames held, "
+                f"{guard.large_first_bytes} of them large first frames"
+            )
+            guard.refuse(refused, self.peer, detail)
+            self.abort()
+            return False
+        self._partial_need = pending
+        self._partial_bytes = nbytes
+        self._partial_unproven = unproven
+        if not same_frame:
+            self.partial_since = self._last_active
+            guard.partial.add(self)
+        return True
+
+    def expire_partial(self, now: float, timeout_s: float) -> None:
+        """The deadline sweep's check (server side): close the connection when its incomplete
+        frame began more than ``timeout_s`` ago. While we do not read from it (back-pressure)
+        the clock starts again: the peer cannot complete a frame we do not read."""
+        if self._write_paused:
+            self.partial_since = now
+            return
+        guard = self.guard
+        if now - self.partial_since >= timeout_s and guard is not None and not self.closed:
+            guard.partial.discard(self)  # refused once (its reservation goes with the connection)
+            guard.refuse(
+                FRAME_COMPLETE_TIMEOUT,
+                self.peer,
+                f"a frame of {self._partial_bytes} bytes incomplete after {now - self.partial_since:.1f} s "
+                f"({self.decoder.buffered} bytes in)",
+            )
+            self.abort()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.closed_event.set()
+        guard = self.guard
+        if guard is not None:
+            if self._partial_need:
+                guard.release(self._partial_bytes, self._partial_unproven)
+                self._partial_need = self._partial_bytes = 0
+            guard.partial.discard(self)
+            if self._admitted:
+                self._admitted = False
+                guard.gone(self.address)
+        self.decoder.reset()
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self._expiry is not None:
@@ -330,7 +448,7 @@ class Connection(asyncio.Protocol):
         total = 0
         for b in out:
             total += len(b)
-        if total <= _JOIN_BELOW_BYTES:
+        if total <= _JOIN_BELOW_BYTES or self._join_all:
             self.transport.write(b"".join(out))  # the network write: one copy beats one syscall per piece
         else:
             self.transport.writelines(out)  # the network write: large bodies (pulls) go uncopied
@@ -482,3 +600,37 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None and not self.closed:
             self.transport.abort()
+
+
+class TlsReader(asyncio.BufferedProtocol):
+    """A connection's protocol over TLS: the SSL transport decrypts into one buffer this keeps
+    (``TLS_READ_BUFFER_BYTES``) instead of a new bytes object of its read size each time, and
+    the decrypted bytes go to the ``Connection`` as ``data_received`` would hand them."""
+
+    __slots__ = ("_buffer", "_view", "conn")
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._buffer = bytearray(TLS_READ_BUFFER_BYTES)
+        self._view = memoryview(self._buffer)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.conn.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.conn.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.conn.resume_writing()
+
+    def eof_received(self) -> bool | None:
+        return self.conn.eof_received()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.data_received(self._view[:nbytes].tobytes())

@@ -1,17 +1,44 @@
-"""RemotingServer: accepts connections and hands their requests to a ``Processors`` table."""
+"""RemotingServer: accepts connections and hands their requests to a ``Processors`` table.
+
+Every server enforces ``InboundLimits`` (``limits.py``; the defaults unless given): connections
+per source address and in all, the bytes incomplete frames may hold, what a connection not yet
+proven may send, and the deadline for a frame to complete, swept by one timer per server. What it
+refused is counted by reason in ``refused``. A request ``Processors.before`` lets through proves
+its connection (authenticated); without a ``before`` check a connection is proven by its first
+complete frame.
+
+TLS (``data_plane/tls.py``): ``enforcing`` serves TLS only; ``permissive`` serves TLS and plain
+TCP on one port, telling them apart by each connection's first byte (read with MSG_PEEK before
+the connection is handed to asyncio, so nothing is consumed): 0x16 opens a TLS handshake record.
+A peer has ``TLS_SNIFF_TIMEOUT_S`` to send that byte and ``TLS_HANDSHAKE_TIMEOUT_S`` to finish the
+handshake; connections waiting for their first byte count against ``max_connections_total``.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import socket
 from collections.abc import Awaitable, Callable
 
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
-from data_plane.remoting.connection import ANSWER_SLICE, IDLE_TIMEOUT_S, MAX_INFLIGHT, Connection, FrameHandler
+from data_plane.remoting.connection import (
+    ANSWER_SLICE,
+    IDLE_TIMEOUT_S,
+    MAX_INFLIGHT,
+    Connection,
+    FrameHandler,
+    TlsReader,
+)
+from data_plane.remoting.limits import InboundGuard, InboundLimits
+from data_plane.tls import TLS_RECORD_HANDSHAKE, ServerTls
 
 log = logging.getLogger(__name__)
+
+TLS_SNIFF_TIMEOUT_S = 10.0
+TLS_HANDSHAKE_TIMEOUT_S = 10.0
 
 Handler = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
 # Runs ahead of every handler: None lets the request through, a command answers instead, an
@@ -21,7 +48,8 @@ Before = Callable[[Connection, RemotingCommand], "RemotingCommand | Awaitable[Re
 
 class Processors:
     """Request code → handler. Unknown codes get REQUEST_CODE_NOT_SUPPORTED and the connection
-    stays open. ``before`` runs ahead of every handler (authentication) and may answer instead.
+    stays open. ``before`` runs ahead of every handler (authentication) and may answer instead;
+    a request it lets through proves its connection (``Connection.proven``: limits.py).
     ``frame_handler`` (``Connection.frame_handler``) answers some requests straight from their
     frames ahead of the table; connections made while ``before`` is set do without it, since it
     would pass by the check."""
@@ -50,6 +78,7 @@ class Processors:
                 if isinstance(refused, RemotingCommand):
                     return refused
                 return _decide_later(refused, handler, conn, cmd)
+            conn.proven = True
         return handler(conn, cmd)
 
 
@@ -59,6 +88,7 @@ async def _decide_later(
     refused = await pending
     if refused is not None:
         return refused
+    conn.proven = True
     answer = handler(conn, cmd)
     if answer is None or isinstance(answer, RemotingCommand):
         return answer
@@ -77,8 +107,16 @@ class RemotingServer:
         answer_slice: int = ANSWER_SLICE,
         max_inflight: int = MAX_INFLIGHT,
         on_close: Callable[[Connection], None] | None = None,
+        limits: InboundLimits | None = None,
+        tls: ServerTls | None = None,
     ) -> None:
         self.processors = processors
+        self.tls = (tls or ServerTls()).validate()
+        self._ssl = self.tls.context()
+        self._listen_sock: socket.socket | None = None  # permissive: our own accept loop
+        self._accept_task: asyncio.Task[None] | None = None
+        self._sniffing: set[asyncio.Task[None]] = set()
+        self.tls_connections = 0  # permissive: connections served over TLS (the rest are plain)
         # Passed to every new Connection (see there); the broker sets it once its store runs.
         self.before_write: Callable[[], object] | None = None
         self.host = host
@@ -90,6 +128,27 @@ class RemotingServer:
         self.connections: set[Connection] = set()
         self._on_close_hook = on_close
         self._server: asyncio.base_events.Server | None = None
+        self.limits = limits or InboundLimits()
+        problems = self.limits.problems(max_frame_bytes)
+        if problems:
+            raise ValueError("; ".join(problems))
+        self.guard = InboundGuard(self.limits)
+        self._sweep_timer: asyncio.TimerHandle | None = None
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Connections closed by the inbound limits (and refused frames), by reason."""
+        return dict(self.guard.refused)
+
+    def _sweep(self) -> None:
+        """Close the connections whose incomplete frame is past ``frame_complete_timeout_ms``."""
+        loop = asyncio.get_running_loop()
+        timeout_s = self.limits.frame_complete_timeout_ms / 1000
+        if self.guard.partial:
+            now = loop.time()
+            for conn in list(self.guard.partial):
+                conn.expire_partial(now, timeout_s)
+        self._sweep_timer = loop.call_later(min(1.0, timeout_s / 4), self._sweep)
 
     def _closed(self, conn: Connection) -> None:
         self.connections.discard(conn)
@@ -107,37 +166,137 @@ class RemotingServer:
             before_write=self.before_write,
             answer_slice=self.answer_slice,
             frame_handler=self.processors.frame_path(),
+            guard=self.guard,
+            prove_on_frame=self.processors.before is None,
         )
         self.connections.add(conn)
         return conn
+
+    def _make_tls(self) -> TlsReader:
+        return TlsReader(self._make())
 
     async def start(self, *, serving: bool = True) -> None:
         """Bind (port 0 picks a free port, read back into ``port``) and, with ``serving``,
         accept connections; otherwise call ``start_serving`` once the handlers are ready."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            self._make, self.host, self.port, reuse_address=True, backlog=1024, start_serving=serving
-        )
-        self.port = self._server.sockets[0].getsockname()[1]
+        if self.tls.mode == "permissive":
+            family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+            sock = socket.create_server((self.host, self.port), family=family, backlog=1024)
+            sock.setblocking(False)
+            self._listen_sock = sock
+            self.port = sock.getsockname()[1]
+            if serving:
+                await self.start_serving()
+        else:
+            self._server = await loop.create_server(
+                self._make if self._ssl is None else self._make_tls,
+                self.host,
+                self.port,
+                reuse_address=True,
+                backlog=1024,
+                start_serving=serving,
+                ssl=self._ssl,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if self._ssl is not None else None,
+            )
+            self.port = self._server.sockets[0].getsockname()[1]
+        if self._sweep_timer is None:
+            self._sweep()
 
     async def start_serving(self) -> None:
+        if self._listen_sock is not None:
+            if self._accept_task is None:
+                self._accept_task = asyncio.get_running_loop().create_task(
+                    self._accept_loop(self._listen_sock), name=f"remoting-accept-{self.port}"
+                )
+            return
         assert self._server is not None
         await self._server.start_serving()
+
+    # --- permissive TLS: TLS and plain TCP on one port --------------------------------------------------
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _addr = await loop.sock_accept(listener)
+            except OSError as e:  # EMFILE and the like: back off instead of spinning
+                log.warning("accepting a connection failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._sniffing) + len(self.connections) >= self.limits.max_connections_total:
+                self.guard.refused["max_connections_total"] += 1
+                sock.close()
+                continue
+            task = loop.create_task(self._sniff(sock))
+            self._sniffing.add(task)
+            task.add_done_callback(self._sniffing.discard)
+
+    async def _sniff(self, sock: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        sock.setblocking(False)
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def ready() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(sock.fileno(), ready)
+        try:
+            await asyncio.wait_for(readable, TLS_SNIFF_TIMEOUT_S)
+            first = sock.recv(1, socket.MSG_PEEK)
+        except (TimeoutError, OSError, asyncio.CancelledError):
+            loop.remove_reader(sock.fileno())
+            sock.close()
+            return
+        loop.remove_reader(sock.fileno())
+        if not first:
+            sock.close()
+            return
+        use_tls = first[0] == TLS_RECORD_HANDSHAKE
+        try:
+            await loop.connect_accepted_socket(
+                self._make_tls if use_tls else self._make,
+                sock,
+                ssl=self._ssl if use_tls else None,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if use_tls else None,
+            )
+        except (OSError, TimeoutError) as e:  # a failed TLS handshake
+            log.info("a connection's TLS handshake failed: %s", e)
+            sock.close()
+            return
+        if use_tls:
+            self.tls_connections += 1
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     async def close(self, grace_s: float = 1.0) -> None:
+        if self._sweep_timer is not None:
+            self._sweep_timer.cancel()
+            self._sweep_timer = None
+        if self._listen_sock is not None:
+            tasks = [t for t in (self._accept_task, *self._sniffing) if t is not None]
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+            self._accept_task = None
+            self._listen_sock.close()
+            self._listen_sock = None
+            await self._close_connections(grace_s)
         if self._server is not None:
             self._server.close()
-            conns = list(self.connections)
-            for conn in conns:
-                conn.close()
-            # close() waits for our answers to be read; a peer that never reads is dropped.
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*(c.closed_event.wait() for c in conns)), grace_s)
-            for conn in conns:
-                conn.abort()
+            await self._close_connections(grace_s)
             await self._server.wait_closed()
             self._server = None
+
+    async def _close_connections(self, grace_s: float) -> None:
+        conns = list(self.connections)
+        for conn in conns:
+            conn.close()
+        # close() waits for our answers to be read; a peer that never reads is dropped.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.gather(*(c.closed_event.wait() for c in conns)), grace_s)
+        for conn in conns:
+            conn.abort()

@@ -3,7 +3,8 @@
 Every size carries its unit in its name (``_bytes``, ``_ms``, ``_hours``, ``_ratio``). The
 defaults are RocketMQ 4.x's (seed 001 §7 and ``MessageStoreConfig``): 1 GiB CommitLog files,
 300,000 ConsumeQueue units a file, 4 MiB messages, 72 h retention, asynchronous flush every
-500 ms or 4 dirty pages, a full flush every 10 s.
+500 ms or 4 dirty pages, a full flush every 10 s — except the disk watermarks, whose order is
+Orbit's: writes are refused (90 %) before any file inside retention may be deleted (95 %).
 """
 
 from __future__ import annotations
@@ -83,13 +84,25 @@ class StoreConfig:
     release_flushed_pages: bool = True
     release_keep_bytes: int = 16 * 1024 * 1024
     os_page_cache_busy_timeout_ms: int = 1_000
-    # --- Retention ---------------------------------------------------------------------------
+    # --- Retention (retention.py; docs/store.md, "Retention") ---------------------------------
+    # A CommitLog file goes once its newest message is older than this (raised at run time to
+    # the longest retention any hosted topic was promised: ``MessageStore.retention_hours``).
     file_reserved_time_hours: float = 72.0
+    # Disk pressure: at or above it, every file past retention goes at once (no batch limit).
     disk_max_used_space_ratio: float = 0.75
-    disk_space_clean_forcibly_ratio: float = 0.85
+    # At or above it, puts are refused with DISK_FULL (and a reason) until use drops below it.
     disk_space_warning_level_ratio: float = 0.90
-    delete_files_batch_max: int = 10
+    # The emergency watermark: at or above it, the oldest files go whatever their age, one at a
+    # time, until use is below it; messages so deleted inside their topic's retention are counted
+    # per topic and reported (``MessageStore.on_forced_deletion``). 1.0 = only a disk with no
+    # byte left.
+    disk_space_clean_forcibly_ratio: float = 0.95
+    delete_files_batch_max: int = 10  # files past retention deleted a round below the pressure mark
     clean_resource_interval_ms: int = 10_000
+    # Test hook: when set, the disk-usage reading is the ratio (0.0-1.0) written in this file,
+    # read again every round, instead of the filesystem's (an unreadable file falls back to the
+    # filesystem's). Lets a test drive the watermarks of a real broker process.
+    disk_usage_override_file: str = ""
     # --- Reads -------------------------------------------------------------------------------
     # Data further behind the write point than this is taken to be out of the page cache: a
     # master then suggests reading from a slave (seed 7.15). 0 = 40% of physical memory
@@ -125,11 +138,15 @@ class StoreConfig:
             problems.append("index_hash_slots must be >= 1 and index_max_entries >= 2")
         if not (
             0 < self.disk_max_used_space_ratio
-            <= self.disk_space_clean_forcibly_ratio
             <= self.disk_space_warning_level_ratio
+            <= self.disk_space_clean_forcibly_ratio
             <= 1.0
         ):
-            problems.append("disk ratios must satisfy 0 < max_used <= clean_forcibly <= warning <= 1")
+            # Writes are refused before any message inside its retention may be deleted.
+            problems.append(
+                "disk ratios must satisfy 0 < disk_max_used_space_ratio <= disk_space_warning_level_ratio"
+                " <= disk_space_clean_forcibly_ratio <= 1"
+            )
         if problems:
             raise ValueError("invalid StoreConfig: " + "; ".join(problems))
 

@@ -115,11 +115,21 @@ class MessageStore:
         disk_usage_ratio: Callable[[str], float] | None = None,
     ) -> None:
         self.config = config
-        # CommitLog files older than this go (file_reserved_time_hours, raised by the broker to the
-        # longest retention any topic it hosts was promised: retention is per file, not per topic).
+        # CommitLog files whose newest message is older than this go (file_reserved_time_hours,
+        # raised by the broker to the longest retention any topic it hosts was promised:
+        # retention is per file, not per topic). See ``retention``.
         self.retention_hours = config.file_reserved_time_hours
+        # The retention each topic was promised (set by the broker); a topic missing here has
+        # file_reserved_time_hours. Counts what a deletion at the emergency watermark took early.
+        self.topic_retention_hours: dict[str, float] = {}
+        # Told of every CommitLog file deleted inside retention (the emergency watermark), after
+        # the deletion, on the thread running ``clean_once``.
+        self.on_forced_deletion: Callable[[retention.ForcedDeletion], object] | None = None
         self.hot_data_bytes = config.hot_data_bytes or retention.memory_for_hot_data_bytes()
         self.clock_ms = clock_ms
+        # The disk-usage probe: given, else the override file's (a test hook), else statvfs.
+        if disk_usage_ratio is None and config.disk_usage_override_file:
+            disk_usage_ratio = retention.disk_usage_from_file(config.disk_usage_override_file)
         self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
         os.makedirs(config.store_path, exist_ok=True)
         self._allocator = (
@@ -139,6 +149,7 @@ class MessageStore:
         self._index_flushed_at = -float("inf")  # time.monotonic() of the last IndexFile flush
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.disk_full = False
+        self.disk_full_reason = retention.DISK_FULL_REASON  # what a refused put is told
         # Set by a broker that is not (or no longer) its group's master: every writer of this
         # store (sends, schedule re-puts, transaction checks, trace, usage) is refused in one place.
         # append_raw (replication) is not affected.
@@ -435,7 +446,7 @@ class MessageStore:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is not running")
         if self.fenced:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="not the master: writes fenced")
-        return PutMessageResult(PutMessageStatus.DISK_FULL, reason="disk is full; writes resume when space returns")
+        return PutMessageResult(PutMessageStatus.DISK_FULL, reason=self.disk_full_reason)
 
     def append(self, msgs: Sequence[Message]) -> tuple[PutMessageResult, int]:
         """Append and dispatch ``msgs`` as one batch (one topic and queue id, as RocketMQ's
@@ -978,9 +989,10 @@ class MessageStore:
 
     # --- retention -------------------------------------------------------------------------
     def clean_once(self, now_s: float | None = None) -> retention.CleanReport:
-        """Delete expired files, watch the disk, resume writes when room returns. Run it on the
-        thread that reads (the broker's loop): see ``retention``."""
-        return retention.clean_once(self, time.time() if now_s is None else now_s)
+        """Delete files past retention, watch the disk, resume writes when room returns. Run it
+        on the thread that reads (the broker's loop): see ``retention``. ``now_s`` defaults to
+        the store's clock (the one store timestamps come from)."""
+        return retention.clean_once(self, self.clock_ms() / 1000 if now_s is None else now_s)
 
     async def run_maintenance(self) -> None:
         """Run ``clean_once`` every ``clean_resource_interval_ms`` until cancelled."""

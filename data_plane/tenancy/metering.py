@@ -7,6 +7,8 @@ additions):
     bytes_in      bytes received (a send's messages)
     bytes_out     bytes returned (a pull's messages)
     stored_bytes  a gauge the broker sets periodically (``set_stored_bytes``), not a sum
+    forced_deleted_messages  messages the store deleted inside their retention at the disk's
+                  emergency watermark (``record_forced_deletion``); in a record only when not 0
 
 The caller drives time: ``roll(now_ms)`` with a wall clock. The counters gathered since the last
 roll belong to the open minute; when ``now_ms`` is in a later minute they become one
@@ -34,7 +36,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TypedDict
+from typing import NotRequired, TypedDict
 
 from data_plane.tenancy.usage_spool import SpoolStatus, UsageSpool
 
@@ -55,6 +57,7 @@ class UsageRecord(TypedDict):
     bytes_in: int
     bytes_out: int
     stored_bytes: int
+    forced_deleted_messages: NotRequired[int]  # present when not 0
 
 
 def request_units(nbytes: int) -> int:
@@ -75,12 +78,13 @@ def wall_ms() -> int:
 
 
 class _Counters:
-    __slots__ = ("bytes_in", "bytes_out", "requests_4k")
+    __slots__ = ("bytes_in", "bytes_out", "forced_deleted_messages", "requests_4k")
 
     def __init__(self) -> None:
         self.requests_4k = 0
         self.bytes_in = 0
         self.bytes_out = 0
+        self.forced_deleted_messages = 0
 
 
 class UsageMeter:
@@ -128,6 +132,13 @@ class UsageMeter:
         c.bytes_in += nbytes_in
         c.bytes_out += nbytes_out
 
+    # --- messages lost to the disk's emergency watermark -------------------------------------------
+    def record_forced_deletion(self, tenant: str, messages: int) -> None:
+        c = self._counters.get(tenant)
+        if c is None:
+            c = self._counters[tenant] = _Counters()
+        c.forced_deleted_messages += messages
+
     # --- the storage gauge ----------------------------------------------------------------------
     def set_stored_bytes(self, tenant: str, nbytes: int) -> None:
         if nbytes > 0:
@@ -165,18 +176,19 @@ class UsageMeter:
         records: list[UsageRecord] = []
         for tenant in sorted(counters.keys() | self._stored.keys()):
             c = counters.get(tenant)
-            records.append(
-                {
-                    "report_id": report_id(self.broker, closed, tenant),
-                    "broker": self.broker,
-                    "tenant": tenant,
-                    "minute": closed,
-                    "requests_4k": c.requests_4k if c else 0,
-                    "bytes_in": c.bytes_in if c else 0,
-                    "bytes_out": c.bytes_out if c else 0,
-                    "stored_bytes": self._stored.get(tenant, 0),
-                }
-            )
+            record: UsageRecord = {
+                "report_id": report_id(self.broker, closed, tenant),
+                "broker": self.broker,
+                "tenant": tenant,
+                "minute": closed,
+                "requests_4k": c.requests_4k if c else 0,
+                "bytes_in": c.bytes_in if c else 0,
+                "bytes_out": c.bytes_out if c else 0,
+                "stored_bytes": self._stored.get(tenant, 0),
+            }
+            if c is not None and c.forced_deleted_messages:
+                record["forced_deleted_messages"] = c.forced_deleted_messages
+            records.append(record)
         if records:
             self._last_minute = closed
         return records
@@ -190,6 +202,7 @@ class UsageMeter:
             c.requests_4k += r["requests_4k"]
             c.bytes_in += r["bytes_in"]
             c.bytes_out += r["bytes_out"]
+            c.forced_deleted_messages += r.get("forced_deleted_messages", 0)
 
     async def roll_and_spool(self, now_ms: int | None = None) -> int:
         """``roll`` and append the records to the spool (fsync on a worker thread). How many

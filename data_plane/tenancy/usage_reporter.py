@@ -29,6 +29,7 @@ import aiohttp
 import orjson
 
 from data_plane.tenancy.usage_spool import SpoolBatch, UsageSpool
+from data_plane.tls import http_ssl
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ class UsageReporter:
         except Exception as e:
             raise ReportError(f"no token: {e!r}") from e
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=http_ssl()))
         body = orjson.dumps({"records": batch.records})
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         try:

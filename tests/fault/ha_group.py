@@ -1,11 +1,13 @@
 """A broker group for the failover tests: the real control plane (its leases in a real
-PostgreSQL), a name server, and a master and a slave process with failover on; plus a steady
-load of SDK producers and a push consumer, recording what was acknowledged and consumed."""
+PostgreSQL), a name server, and a master and a slave process with failover on, their HA link
+authenticated by a shared ha_secret_file; plus a steady load of SDK producers and a push
+consumer, recording what was acknowledged and consumed."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ class HaGroup:
     credentials_file: Path
     role: str
     flush: str
+    secret_file: Path
     members: dict[int, ServerProcess] = field(default_factory=dict)
     admin: AdminClient | None = None
 
@@ -54,6 +57,7 @@ class HaGroup:
             "--set", f"control_plane_url={self.cp.url}",
             "--set", f"broker_credentials_file={self.credentials_file}",
             "--set", "register_interval_s=2",
+            "--set", f"ha_secret_file={self.secret_file}",
         ]  # fmt: skip
 
     async def start(self, member: int) -> ServerProcess:
@@ -87,7 +91,10 @@ async def new_group(
     creds = tmp / "broker-credentials.json"
     creds.write_bytes(orjson.dumps({"access_key": made.body["access_key"], "secret": made.body["secret"]}))
     os.chmod(creds, 0o600)
-    g = HaGroup(cp, namesrv, start_broker, tmp, creds, role, flush)
+    secret_file = tmp / "ha.secret"
+    secret_file.write_text(secrets.token_urlsafe(32))
+    os.chmod(secret_file, 0o600)
+    g = HaGroup(cp, namesrv, start_broker, tmp, creds, role, flush, secret_file)
     g.admin = AdminClient(namesrv.address)
     await g.start(0)
     await g.wait_role(0, role)

@@ -3,8 +3,8 @@
 The promise: a full disk gets a clear status (DISK_FULL, with a reason) — no exception, no
 crash, no SIGBUS; the store stays consistent and readable; writes resume once space returns
 (``clean_once``) and a restart recovers everything. And retention, driven by the filesystem's
-real usage: over the watermarks ``clean_once`` deletes the oldest CommitLog files, over the
-warning level writes are refused until usage drops.
+real usage: under pressure only files past retention go, over the write watermark writes are
+refused until usage drops, and only past the emergency watermark do files inside retention go.
 
 A restart while the disk is still full runs in a child process (this module, run as a script),
 so that a SIGBUS fails the test instead of killing the test run.
@@ -39,6 +39,7 @@ from data_plane.store import (
 )
 from data_plane.store.mapped_file import offset_to_file_name
 from data_plane.store.message import decode_record
+from data_plane.store.retention import ForcedDeletion
 
 pytestmark = pytest.mark.fault
 
@@ -340,12 +341,14 @@ SMALL_FILE_BYTES = 256 * 1024  # 1/32 of the filesystem: usage moves in small, c
 
 
 def watermark_config(store_path: Path, **changes: Any) -> StoreConfig:
+    """Watermarks low enough for an 8 MiB filesystem: pressure at 50 %, writes refused at 60 %,
+    the emergency watermark at 70 %; 1 h retention."""
     base: dict[str, Any] = {
         "commit_log_file_size_bytes": SMALL_FILE_BYTES,
         "preallocate_next_file": False,
         "disk_max_used_space_ratio": 0.5,
-        "disk_space_clean_forcibly_ratio": 0.6,
-        "disk_space_warning_level_ratio": 0.9,
+        "disk_space_warning_level_ratio": 0.6,
+        "disk_space_clean_forcibly_ratio": 0.7,
         "file_reserved_time_hours": 1.0,
     }
     base.update(changes)
@@ -400,35 +403,47 @@ def check_after_retention(store: MessageStore, written: Written) -> None:
                 assert r.next_begin_offset == start
 
 
-def test_over_the_clean_forcibly_watermark_the_oldest_files_go_until_usage_is_under_the_max(
+def test_past_the_emergency_watermark_the_oldest_files_go_until_usage_is_under_it_and_are_reported(
     tmpfs: Path, open_store: Callable[[StoreConfig], MessageStore], seed: int
 ) -> None:
     rng = random.Random(seed)
     store = open_store(watermark_config(tmpfs / "store"))
+    forced: list[ForcedDeletion] = []
+    store.on_forced_deletion = forced.append
     written: Written = []
     put_files(store, rng, 10, written)
     assert usage(tmpfs) < 0.5
     report = store.clean_once()
-    assert report.commit_log_files_deleted == 0, "young files under the watermark must stay"
+    assert report.commit_log_files_deleted == 0, "young files under the watermarks must stay"
     assert store.min_phy_offset() == 0
 
-    fill(tmpfs / "filler", int(FS_BYTES * rng.uniform(0.26, 0.34)))  # usage 66 %..74 %
-    assert usage(tmpfs) >= 0.6
+    filler = tmpfs / "filler"
+    fill(filler, int(FS_BYTES * rng.uniform(0.20, 0.26)))  # usage 74 %..80 %
+    assert usage(tmpfs) >= 0.7
     report = store.clean_once()
     after = usage(tmpfs)
     assert report.commit_log_files_deleted >= 1
-    assert after < 0.5, f"clean_once left the disk {after:.0%} used"
-    assert report.disk_usage_ratio < 0.5
+    assert after < 0.7, f"clean_once left the disk {after:.0%} used"
+    assert report.disk_usage_ratio < 0.7
     # ... and it stopped as soon as usage was under the watermark.
-    assert after + SMALL_FILE_BYTES / FS_BYTES >= 0.5, f"{report.commit_log_files_deleted} files went, more than needed"
+    assert after + SMALL_FILE_BYTES / FS_BYTES >= 0.7, f"{report.commit_log_files_deleted} files went, more than needed"
     assert store.min_phy_offset() == report.commit_log_files_deleted * SMALL_FILE_BYTES
-    assert not report.disk_full
+    # Every file that went was inside retention: counted per topic, and told.
+    assert len(report.forced) == report.commit_log_files_deleted
+    assert forced == report.forced
+    gone = [m for msg_id, m in written if decode_message_id(msg_id)[2] < store.min_phy_offset()]
+    assert sum(f.messages for f in report.forced) == len(gone)
+    for topic in TOPICS:
+        assert sum(f.messages_in_retention.get(topic, 0) for f in report.forced) == sum(m.topic == topic for m in gone)
+    assert report.disk_full, "still past the write watermark"
     check_after_retention(store, written)
+    filler.unlink()
+    assert not store.clean_once().disk_full
     put_files(store, rng, store.max_phy_offset() // SMALL_FILE_BYTES + 2, written)
     check_after_retention(store, written)
 
 
-def test_between_the_watermarks_a_batch_goes_whatever_its_age_and_under_them_only_expired_files(
+def test_under_pressure_only_files_past_retention_go_and_below_it_a_batch_at_a_time(
     tmpfs: Path, open_store: Callable[[StoreConfig], MessageStore], seed: int
 ) -> None:
     rng = random.Random(seed)
@@ -437,23 +452,27 @@ def test_between_the_watermarks_a_batch_goes_whatever_its_age_and_under_them_onl
     put_files(store, rng, 10, written)
     assert usage(tmpfs) < 0.5
     assert store.clean_once(now_s=time.time()).commit_log_files_deleted == 0
-    # Under the watermark, files older than file_reserved_time_hours go, a batch at a time.
+    # Under the pressure watermark, files past retention go, a batch at a time.
     report = store.clean_once(now_s=time.time() + 2 * 3600)
     assert report.commit_log_files_deleted == 3
     assert store.min_phy_offset() == 3 * SMALL_FILE_BYTES
     check_after_retention(store, written)
 
-    # Between disk_max_used_space_ratio and the forcible one: a batch goes, young as it is.
+    # Under pressure, files inside retention stay, whatever the use ...
     fill(tmpfs / "filler", int(FS_BYTES * rng.uniform(0.42, 0.48)))  # usage 52 %..58 %
     assert 0.5 <= usage(tmpfs) < 0.6
     report = store.clean_once(now_s=time.time())
-    assert report.commit_log_files_deleted == 3
-    assert store.min_phy_offset() == 6 * SMALL_FILE_BYTES
+    assert report.commit_log_files_deleted == 0
     assert not report.disk_full
+    # ... and every file past retention goes in one round (all but the one being written).
+    files = len(store.commit_log.mfq.files)
+    report = store.clean_once(now_s=time.time() + 2 * 3600)
+    assert report.commit_log_files_deleted == files - 1
+    assert report.forced == []
     check_after_retention(store, written)
 
 
-def test_over_the_warning_level_puts_are_refused_until_usage_drops(
+def test_over_the_write_watermark_puts_are_refused_nothing_inside_retention_goes_until_usage_drops(
     tmpfs: Path, open_store: Callable[[StoreConfig], MessageStore], seed: int
 ) -> None:
     rng = random.Random(seed)
@@ -461,17 +480,18 @@ def test_over_the_warning_level_puts_are_refused_until_usage_drops(
     written: Written = []
     put_files(store, rng, 3, written)
     filler = tmpfs / "filler"
-    # Usage 97 %..99.5 %: still over 90 % once every file but the last is gone (2 x 3.1 %).
-    fill(filler, int(FS_BYTES * rng.uniform(0.005, 0.03)))
+    fill(filler, int(FS_BYTES * rng.uniform(0.32, 0.38)))  # usage 62 %..68 %
+    assert 0.6 <= usage(tmpfs) < 0.7
     report = store.clean_once()
-    assert report.disk_full, f"{report.disk_usage_ratio:.0%} used is over the 90 % warning level"
-    assert report.commit_log_files_deleted == 2, "over the forcible watermark every file but the last goes"
+    assert report.disk_full, f"{report.disk_usage_ratio:.0%} used is over the 60 % write watermark"
+    assert report.commit_log_files_deleted == 0, "under the emergency watermark nothing inside retention goes"
     end = store.max_phy_offset()
     for _ in range(3):
         r = put(store, random_message(rng, -1))
         assert r.status is PutMessageStatus.DISK_FULL, r
-        assert r.reason
+        assert "disk_space_warning_level_ratio" in r.reason
     assert store.max_phy_offset() == end
+    assert store.min_phy_offset() == 0
     check_after_retention(store, written)
 
     filler.unlink()

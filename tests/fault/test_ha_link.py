@@ -1,11 +1,14 @@
 """A cut replication link (a TCP proxy between slave and master that this test controls): a
 SYNC_MASTER answers FLUSH_SLAVE_TIMEOUT / SLAVE_NOT_AVAILABLE within its timeout instead of
-hanging — never SEND_OK without a copy — and sends are SEND_OK again once the link heals."""
+hanging — never SEND_OK without a copy — and sends are SEND_OK again once the link heals (the
+link authenticated by a shared ha_secret_file, through the proxy and again after the cut)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import secrets
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,9 +90,12 @@ class LinkProxy:
 async def test_a_cut_link_gets_a_timely_refusal_and_heals(
     namesrv: ServerProcess, start_broker: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
+    secret_file = tmp_path / "ha.secret"
+    secret_file.write_text(secrets.token_urlsafe(32))
+    os.chmod(secret_file, 0o600)
     master = await asyncio.to_thread(
         start_broker, namesrv.address, "--role", "SYNC_MASTER", "--set", "ha_listen=127.0.0.1:0",
-        "--set", f"ha_sync_timeout_ms={SYNC_TIMEOUT_MS}",
+        "--set", f"ha_sync_timeout_ms={SYNC_TIMEOUT_MS}", "--set", f"ha_secret_file={secret_file}",
     )  # fmt: skip
     admin = AdminClient(namesrv.address)
     proxy: LinkProxy | None = None
@@ -99,7 +105,8 @@ async def test_a_cut_link_gets_a_timely_refusal_and_heals(
         await proxy.start()
         slave = await asyncio.to_thread(
             start_broker, namesrv.address, "--role", "SLAVE", "--broker-id", "1",
-            "--set", f"ha_master_address=127.0.0.1:{proxy.port}", store_dir=tmp_path / "stores" / "slave",
+            "--set", f"ha_master_address=127.0.0.1:{proxy.port}", "--set", f"ha_secret_file={secret_file}",
+            store_dir=tmp_path / "stores" / "slave",
         )  # fmt: skip
 
         async def linked() -> bool:

@@ -34,7 +34,7 @@ NO_DISK_POLICY = [
     "--store-set",
     "disk_max_used_space_ratio=0.99",
     "--store-set",
-    "disk_space_clean_forcibly_ratio=0.99",
+    "disk_space_clean_forcibly_ratio=1.0",
     "--store-set",
     "disk_space_warning_level_ratio=1.0",
 ]

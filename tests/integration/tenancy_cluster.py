@@ -35,6 +35,7 @@ from aiohttp import web
 from control_plane import db
 from control_plane.app import create_app
 from control_plane.context import RECONCILER
+from control_plane.postgres import free_port
 from control_plane.reconciler import Reconciler
 from control_plane.services import Services
 from control_plane.settings import Settings
@@ -111,7 +112,7 @@ class TenancyCluster:
 
     async def reconciled(self, rounds: int = 2, timeout_s: float = 15.0) -> None:
         """Wait until ``rounds`` whole reconcile rounds started after this call (kicking one now)
-        and the last one reached the broker without errors."""
+        and the last one reached the broker and the name server without errors."""
         rec = self.reconciler
         start = rec.rounds
         rec.kick()
@@ -120,7 +121,8 @@ class TenancyCluster:
             if rec.rounds < start + rounds:
                 rec.kick()
                 return False
-            return all(not r.errors and r.tenancy_version for r in rec.last_reports) and bool(rec.last_reports)
+            synced = all(not r.errors and r.tenancy_version for r in rec.last_reports) and bool(rec.last_reports)
+            return synced and not rec.namesrv_errors
 
         await until(done, "reconcile rounds without errors", timeout_s=timeout_s)
 
@@ -227,15 +229,21 @@ class TenancyCluster:
         await self.wire.close()
 
 
+def tenancy_namesrv_flags(control_plane_url: str, state_dir: Path) -> list[str]:
+    """``orbit namesrv`` flags of a multi-tenant cluster's name server."""
+    return ["--tenancy", "--control-plane-url", control_plane_url, "--state-dir", str(state_dir)]
+
+
 @pytest_asyncio.fixture(name="tenancy")
 async def tenancy_fixture(
     postgres_dsn: str,
     tmp_path: Path,
-    namesrv: ServerProcess,
+    start_namesrv: Callable[..., ServerProcess],
     start_broker: Callable[..., ServerProcess],
 ) -> AsyncIterator[TenancyCluster]:
-    """Control plane (reconciling every 0.5 s) + name server + one authenticating broker,
-    registered as broker group ``broker-a`` with its real address."""
+    """Control plane (reconciling every 0.5 s) + a multi-tenant name server (checking credentials
+    against the control plane's keys and the access keys and fleet its reconciler sends) + one
+    authenticating broker, registered as broker group ``broker-a`` with its real address."""
     settings = make_settings(postgres_dsn, tmp_path, reconcile_interval_s=RECONCILE_INTERVAL_S)
     pool = await db.create_pool(settings.database_url, min_size=1, max_size=settings.pool_max_size)
     cluster: TenancyCluster | None = None
@@ -244,7 +252,9 @@ async def tenancy_fixture(
         await services.start()
         async with aiohttp.ClientSession() as session:
             harness = ControlPlaneHarness.of_operator("", settings, services, session)
-            cluster = TenancyCluster(harness, settings, services, namesrv, tmp_path, start_broker)
+            cp_port = free_port()  # the name server is told the control plane's URL before it serves
+            namesrv = start_namesrv(*tenancy_namesrv_flags(f"http://127.0.0.1:{cp_port}", tmp_path / "namesrv-state"))
+            cluster = TenancyCluster(harness, settings, services, namesrv, tmp_path, start_broker, port=cp_port)
             await cluster.start_control_plane()
             await harness.log_in_operator()
             made = await harness.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})

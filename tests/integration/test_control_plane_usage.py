@@ -36,8 +36,8 @@ async def test_usage_is_ingested_once_per_report_id_and_aggregated(control_plane
     batch = [
         record("a-1", "2026-05-01T10:00:00Z"),
         record("a-2", "2026-05-01T10:00:30Z", stored_bytes=6000),  # same minute: counters add, storage peaks
-        record("b-1", "2026-05-01T10:00:00Z", broker="broker-b", stored_bytes=1000),
-        record("a-3", "2026-05-01T10:59:00Z", stored_bytes=9000),
+        record("b-1", "2026-05-01T10:00:00Z", broker="broker-b", stored_bytes=1000, forced_deleted_messages=5),
+        record("a-3", "2026-05-01T10:59:00Z", stored_bytes=9000, forced_deleted_messages=7),
         record("a-4", "2026-05-01T11:05:00Z"),
         record("x-1", "2026-05-01T10:00:00Z", tenant="beta", requests_4k=999),
     ]
@@ -54,18 +54,25 @@ async def test_usage_is_ingested_once_per_report_id_and_aggregated(control_plane
     assert minutes.status == 200
     rows = {b["start"]: b for b in minutes.body["buckets"]}
     ten = rows["2026-05-01T10:00:00+00:00"]
-    assert (ten["requests_4k"], ten["bytes_in"], ten["stored_bytes"]) == (
+    assert (ten["requests_4k"], ten["bytes_in"], ten["stored_bytes"], ten["forced_deleted_messages"]) == (
         30,
         3000,
         7000,
-    )  # a: max(5000, 6000) + b: 1000
+        5,
+    )  # a: max(5000, 6000) + b: 1000; a record without forced_deleted_messages counts 0
     assert len(rows) == 4
     hours = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=hour", token=acme)
     buckets = hours.body["buckets"]
     assert [b["start"] for b in buckets] == ["2026-05-01T10:00:00+00:00", "2026-05-01T11:00:00+00:00"]
     assert (buckets[0]["requests_4k"], buckets[0]["bytes_out"], buckets[0]["stored_bytes"]) == (40, 8000, 9000)
     assert (buckets[1]["requests_4k"], buckets[1]["stored_bytes"]) == (20, 5000)
-    assert hours.body["totals"] == {"requests_4k": 60, "bytes_in": 6000, "bytes_out": 12000, "stored_bytes_max": 9000}
+    assert hours.body["totals"] == {
+        "requests_4k": 60,
+        "bytes_in": 6000,
+        "bytes_out": 12000,
+        "forced_deleted_messages": 12,
+        "stored_bytes_max": 9000,
+    }
     beta_usage = await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)
     assert beta_usage.body["totals"]["requests_4k"] == 999
     assert (await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=acme)).status == 403

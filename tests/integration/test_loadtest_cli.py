@@ -44,7 +44,7 @@ reserve_ahead_bytes = 0
 index_hash_slots = 65536
 index_max_entries = 262144
 disk_max_used_space_ratio = 0.99
-disk_space_clean_forcibly_ratio = 0.99
+disk_space_clean_forcibly_ratio = 1.0
 disk_space_warning_level_ratio = 1.0
 """
 

@@ -20,19 +20,20 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from sdk.admin import AdminClient
 from sdk.credentials import StaticToken
 from tests.integration.ssh_server import SshServer, ssh_server
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
-    control_plane_fixture,
     postgres_dsn_fixture,
     postgres_server_fixture,
+    serve_control_plane,
 )
 from tests.terraform_support import Terraform, module_source, terraform_fixture  # noqa: F401
 
@@ -46,7 +47,7 @@ SMALL_STORE = {
     "index_hash_slots": 65536,
     "index_max_entries": 262144,
     "disk_max_used_space_ratio": 0.99,
-    "disk_space_clean_forcibly_ratio": 0.99,
+    "disk_space_clean_forcibly_ratio": 1.0,
     "disk_space_warning_level_ratio": 1.0,
 }
 
@@ -102,6 +103,8 @@ module "name_server" {
   hosts       = [{ host = "{ns_host}" }]
   listen_host = null
   listen_port = {ns_port}
+  control_plane_url = var.control_plane_url
+  state_dir     = "{tmp}/namesrv-state"
   ssh           = local.ssh
   bootstrap_env = local.env
   staging_dir   = "{tmp}/staging"
@@ -195,6 +198,14 @@ def run_script(script: str, path: Path, *, sysroot: Path, stage: Path) -> str:
 def exec_start(unit: Path) -> list[str]:
     line = next(x for x in unit.read_text().splitlines() if x.startswith("ExecStart="))
     return shlex.split(line.removeprefix("ExecStart="))
+
+
+@pytest_asyncio.fixture(name="control_plane")
+async def reconciling_control_plane(postgres_dsn: str, tmp_path: Path) -> AsyncIterator[ControlPlaneHarness]:
+    """The control plane with its reconciler: the name servers (multi-tenant) take the brokers'
+    registrations once it has sent them the fleet and the access keys."""
+    async with serve_control_plane(postgres_dsn, tmp_path, reconcile_interval_s=0.5) as harness:
+        yield harness
 
 
 @pytest.fixture

@@ -31,8 +31,9 @@ def test_defaults_are_rocketmq_defaults(tmp_path: Path) -> None:
     assert cfg.max_topic_length == 127
     assert cfg.max_properties_size_bytes == 32767
     assert cfg.disk_max_used_space_ratio == 0.75
-    assert cfg.disk_space_clean_forcibly_ratio == 0.85
     assert cfg.disk_space_warning_level_ratio == 0.90
+    assert cfg.disk_space_clean_forcibly_ratio == 0.95  # Orbit's: refuse writes before deleting in retention
+    assert cfg.disk_usage_override_file == ""
     assert cfg.store_port == 10911
     assert PAGE_SIZE_BYTES == 4096
 
@@ -80,9 +81,10 @@ def test_the_small_test_geometry_is_valid(tmp_path: Path) -> None:
         ({"index_hash_slots": 0}, "index_hash_slots"),
         ({"index_max_entries": 1}, "index_max_entries"),
         ({"disk_max_used_space_ratio": 0.0}, "disk ratios"),
-        ({"disk_max_used_space_ratio": 0.9, "disk_space_clean_forcibly_ratio": 0.85}, "disk ratios"),
-        ({"disk_space_clean_forcibly_ratio": 0.95}, "disk ratios"),
-        ({"disk_space_warning_level_ratio": 1.01}, "disk ratios"),
+        ({"disk_max_used_space_ratio": 0.92}, "disk ratios"),
+        ({"disk_space_clean_forcibly_ratio": 0.85}, "disk ratios"),  # would delete in retention before refusing
+        ({"disk_space_warning_level_ratio": 0.96}, "disk ratios"),
+        ({"disk_space_clean_forcibly_ratio": 1.01}, "disk ratios"),
         ({"populate_ahead_bytes": -1}, "populate_ahead_bytes"),
         ({"populate_ahead_bytes": GiB + 1}, "populate_ahead_bytes"),
     ],

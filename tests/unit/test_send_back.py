@@ -12,6 +12,7 @@ from data_plane.broker.send_back import (
     copy_properties,
     dlq_topic,
     goes_to_dlq,
+    origin_topic,
     retry_delay_level,
     retry_topic,
 )
@@ -53,6 +54,16 @@ def test_a_message_goes_to_the_dlq_when_out_of_retries_or_when_the_client_asks()
     assert goes_to_dlq(16, 16, 0)
     assert goes_to_dlq(0, 0, 0)
     assert goes_to_dlq(0, 16, -1)
+
+
+def test_the_origin_of_a_retry_or_dlq_record_is_its_retry_topic_property_and_of_any_other_its_topic() -> None:
+    # What a send-back's authorization checks besides the record's own topic (send_back._refused).
+    assert origin_topic(stored("%RETRY%acme%g1", RETRY_TOPIC="acme%orders")) == "acme%orders"
+    assert origin_topic(stored("%DLQ%acme%g1", RETRY_TOPIC="acme%orders")) == "acme%orders"
+    assert origin_topic(stored("%RETRY%acme%g1")) == "%RETRY%acme%g1"
+    assert origin_topic(stored("%DLQ%acme%g1", RETRY_TOPIC="")) == "%DLQ%acme%g1"
+    # On a plain topic the property is whatever the sender wrote: the record's topic decides.
+    assert origin_topic(stored("acme%orders", RETRY_TOPIC="acme%secret")) == "acme%orders"
 
 
 def test_a_first_failure_records_the_original_topic_and_message_id() -> None:

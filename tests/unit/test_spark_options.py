@@ -4,9 +4,12 @@ back-off when throttled — without Spark or a cluster."""
 from __future__ import annotations
 
 import pickle
+import ssl
+from pathlib import Path
 
 import pytest
 
+from data_plane.tls import make_local_ca
 from spark_integration.credentials import Secret, credentials_from, options_from_conf
 from spark_integration.errors import OrbitSparkError
 from spark_integration.options import EARLIEST, LATEST, ReadOptions, WriteOptions
@@ -79,3 +82,20 @@ def test_write_options() -> None:
     assert w.batch_size == 10
     with pytest.raises(OrbitSparkError, match="unknown write option"):
         WriteOptions.parse({**NS, "startingOffsets": "earliest"}, env={})
+
+
+def test_tls_options_travel_with_the_credentials_and_make_a_verifying_context(tmp_path: Path) -> None:
+    files = make_local_ca(str(tmp_path / "ca"))
+    opts = ReadOptions.parse({"namesrv": "h:9876", "topic": "t", "tlsCaFile": files["ca.pem"]})
+    spec = pickle.loads(pickle.dumps(opts.credentials))  # as executors get it
+    assert spec.tls_ca_file == files["ca.pem"]
+    ctx = spec.tls_context()
+    assert ctx is not None
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+    assert ctx.check_hostname
+    assert credentials_from({"tls": "true"}, env={}).tls_context() is not None
+    assert credentials_from({}, env={}).tls_context() is None  # the SDK's default: the environment
+    with pytest.raises(OrbitSparkError, match="tls must be true or false"):
+        credentials_from({"tls": "maybe"}, env={})
+    with pytest.raises(OrbitSparkError, match=r"tlsCaFile .* is not a readable file"):
+        credentials_from({"tlscafile": str(tmp_path / "missing.pem")}, env={})

@@ -1,7 +1,9 @@
 """HAService: the master's side of replication (RocketMQ's HAService + HAConnection).
 
     slave ──connect──▶ HAService (own port) ──▶ one _SlaveConnection per slave:
-                          reader task: HANDSHAKE → reply; then REPORT frames → acked offset
+                          reader task: CHALLENGE → SLAVE_PROOF checked → MASTER_PROOF
+                                       (or AUTH_NONE without ``auth``); HANDSHAKE → reply;
+                                       only then a slave (``connections``); REPORT frames → acked offset
                           push task:   DATA frames of CommitLog bytes from the agreed offset,
                                        ≤ chunk_bytes each, never crossing a CommitLog file
 
@@ -9,6 +11,12 @@
 waiters sit in a heap ordered by offset; each REPORT that raises the best acknowledged offset
 resolves every waiter at or below it in one pass (one wake-up per ack, not per waiter). One
 timer sweeps expired waiters (False).
+
+With ``auth`` (a ``LinkAuth``: the broker group and its secret) a peer is a slave only once it
+proved it holds the secret (protocol.py); a refusal closes the connection, is counted in
+``refused`` by reason and logged as one line naming the peer (at most ``LOG_BURST`` lines a
+reason every ``LOG_WINDOW_S``, then one line counting the rest). Without ``auth`` the link is
+unauthenticated (the broker's single-tenant mode without ``ha_secret_file``).
 
 Everything runs on the event loop that owns the store (the broker's): reads of the mapping
 and appends never race.
@@ -29,6 +37,8 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from data_plane.store.ha.protocol import (
+    AUTH_HMAC,
+    AUTH_NONE,
     CANDIDATE,
     DATA_HEADER,
     HANDSHAKE_HEAD,
@@ -43,14 +53,48 @@ from data_plane.store.ha.protocol import (
     REPLY_STREAM,
     REPORT,
     SLAVE_OFFSETS,
+    SLAVE_PROOF,
     VERSION,
+    LinkAuth,
     ProtocolError,
+    check_slave_proof,
+    encode_challenge,
+    new_nonce,
 )
 from data_plane.store.message_store import MessageStore
 
 log = logging.getLogger(__name__)
 
 _SAMPLES = 4096
+
+# Refusal reasons (``HAService.refused`` keys, the ``orbit.broker.ha.link.refused`` metric).
+REFUSED_NO_SECRET = "no_secret"  # this master has no secret yet: it takes no slave
+REFUSED_BAD_PROOF = "bad_proof"  # a proof made with another secret or group, or a replayed one
+REFUSED_TIMEOUT = "auth_timeout"  # no proof within the deadline
+REFUSED_CLOSED = "closed_in_auth"  # the peer closed the connection before its proof
+LOG_WINDOW_S = 10.0
+LOG_BURST = 20
+
+
+class _RefusalLog:
+    """One warning a refusal, at most ``LOG_BURST`` a reason every ``LOG_WINDOW_S``, then one
+    line counting the rest: a flood of bad peers cannot flood the log."""
+
+    def __init__(self) -> None:
+        self._windows: dict[str, tuple[float, int]] = {}
+
+    def __call__(self, reason: str, peer: str, detail: str) -> None:
+        now = time.monotonic()
+        start, lines = self._windows.get(reason, (now, 0))
+        if now - start >= LOG_WINDOW_S:
+            if lines > LOG_BURST:
+                log.warning("… %d more HA connections refused (%s) in the last %.0f s",
+                            lines - LOG_BURST, reason, now - start)  # fmt: skip
+            start, lines = now, 0
+        lines += 1
+        self._windows[reason] = (start, lines)
+        if lines <= LOG_BURST:
+            log.warning("HA link: refused %s (%s): %s", peer, reason, detail)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,8 +129,12 @@ class _SlaveConnection:
     async def run(self) -> None:
         push: asyncio.Task[None] | None = None
         try:
+            if not await self._authenticate():
+                return
             start = await self._handshake()
             self.next_offset = start
+            # A slave from now on: what SYNC_MASTER sends wait for, and what notify() wakes.
+            self.service.connections.add(self)
             push = asyncio.create_task(self._push(), name=f"ha-push-{self.peer}")
             # A push task that ends (an error) ends the connection: it must not stay counted as
             # a slave that SYNC_MASTER sends could wait for.
@@ -119,6 +167,43 @@ class _SlaveConnection:
             self.writer.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.writer.wait_closed(), 5)
+
+    # --- authentication ---------------------------------------------------------------------
+    async def _authenticate(self) -> bool:
+        """The link's authentication (protocol.py): True once the peer proved it holds the
+        group's secret, or at once on an unauthenticated link (no ``auth``); False after a
+        refusal (counted and logged; the caller closes the connection)."""
+        service = self.service
+        auth = service.auth
+        nonce = new_nonce()
+        if auth is None:
+            self.writer.write(encode_challenge(AUTH_NONE, nonce))
+            await self.writer.drain()
+            return True
+        secret = service.current_secret(auth)
+        if secret is None:
+            service.refuse(self.peer, REFUSED_NO_SECRET, "this master has no HA link secret yet")
+            return False
+        try:
+            async with asyncio.timeout(auth.timeout_ms / 1000):
+                self.writer.write(encode_challenge(AUTH_HMAC, nonce))
+                await self.writer.drain()
+                checked = check_slave_proof(secret, auth.group, nonce, await self.reader.readexactly(SLAVE_PROOF.size))
+                if checked is None:
+                    service.refuse(
+                        self.peer, REFUSED_BAD_PROOF, f"its proof is not one of a member of group {auth.group!r}"
+                    )
+                    return False
+                self.writer.write(checked[1])
+                await self.writer.drain()
+        except TimeoutError:
+            service.refuse(self.peer, REFUSED_TIMEOUT, f"no proof within {auth.timeout_ms} ms")
+            return False
+        except asyncio.IncompleteReadError:
+            service.refuse(self.peer, REFUSED_CLOSED, "closed the connection before its proof")
+            return False
+        log.info("HA slave %s authenticated for group %s", self.peer, auth.group)
+        return True
 
     # --- handshake -------------------------------------------------------------------------
     async def _handshake(self) -> int:
@@ -231,6 +316,8 @@ class HAService:
         metadata: Callable[[], bytes | None] | None = None,
         metadata_interval_ms: int = 1_000,
         on_slave_offsets: Callable[[bytes], None] | None = None,
+        auth: LinkAuth | None = None,
+        refused: collections.Counter[str] | None = None,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be 1..{MAX_CHUNK_BYTES}")
@@ -247,6 +334,13 @@ class HAService:
         self.metadata_interval_s = metadata_interval_ms / 1000
         self.on_slave_offsets = on_slave_offsets
         self.metadata_version = 0
+        # None: an unauthenticated link. Refusals by reason (a caller's counter outlives this
+        # service: a broker whose role changes makes a new one).
+        self.auth = auth
+        self.refused: collections.Counter[str] = refused if refused is not None else collections.Counter()
+        self._refusal_log = _RefusalLog()
+        self._no_secret_logged = False
+        # Authenticated slaves past their handshake, the only ones SYNC_MASTER sends count on.
         self.connections: set[_SlaveConnection] = set()
         self.max_acked_offset = -1  # best offset any slave has acknowledged (this master's run)
         self._server: asyncio.Server | None = None
@@ -277,7 +371,6 @@ class HAService:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         conn = _SlaveConnection(self, reader, writer)
-        self.connections.add(conn)
         task = asyncio.current_task()
         if task is not None:
             self._tasks.add(task)
@@ -289,6 +382,24 @@ class HAService:
             self.connections.discard(conn)
             if task is not None:
                 self._tasks.discard(task)
+
+    # --- refusals -------------------------------------------------------------------------
+    def refuse(self, peer: str, reason: str, detail: str) -> None:
+        """Count and log (rate-limited) a connection refused by the link's authentication."""
+        self.refused[reason] += 1
+        self._refusal_log(reason, peer, detail)
+
+    def current_secret(self, auth: LinkAuth) -> bytes | None:
+        """The group's secret now. Without one every slave is refused: said once, until one
+        arrives."""
+        secret = auth.secret()
+        if secret is None and not self._no_secret_logged:
+            log.error(
+                "HA link of group %s: no secret yet, so no slave is accepted until one arrives "
+                "(ha_secret_file, or the control plane's tenancy sync)", auth.group,
+            )  # fmt: skip
+        self._no_secret_logged = secret is None
+        return secret
 
     # --- where a slave starts --------------------------------------------------------------
     def decide_start(self, slave_max: int, candidates: list[tuple[int, int, int]]) -> tuple[int, int]:

@@ -1,12 +1,18 @@
 """HAClient: the slave's side of replication (RocketMQ's HAClient).
 
-    connect ─▶ HANDSHAKE (max offset + its last records' CRCs) ─▶ reply
+    connect ─▶ CHALLENGE ─▶ SLAVE_PROOF ─▶ MASTER_PROOF checked (with ``auth``; AUTH_NONE without)
+            ─▶ HANDSHAKE (max offset + its last records' CRCs) ─▶ reply
        RETRY(o):  truncate to o, handshake again          (diverged: walk back)
        STREAM(o): truncate to o if longer, then
                   DATA frames ─▶ MessageStore.append_raw (the store's dispatcher builds the
                   ConsumeQueues and IndexFiles) ─▶ REPORT after each frame and every
                   report_interval_ms
     connection lost / master down ─▶ reconnect with exponential backoff
+
+With ``auth`` (a ``LinkAuth``) the slave takes nothing from a master that has not proved it
+holds the group's secret, refuses one that offers an unauthenticated link, and does not connect
+at all while it has no secret (said once; ``wake()`` when one arrives). Without ``auth`` it
+follows a master that offers an unauthenticated link only.
 
 Runs on the event loop that owns the slave's store.
 """
@@ -23,9 +29,13 @@ from collections.abc import Callable
 from crc32c import crc32c
 
 from data_plane.store.ha.protocol import (
+    AUTH_NONE,
+    AUTH_TIMEOUT_MS,
+    CHALLENGE,
     DATA_HEADER,
     HANDSHAKE_REPLY,
     LENGTH,
+    MASTER_PROOF,
     MAX_CANDIDATES,
     MAX_CHUNK_BYTES,
     MAX_DOCUMENT_BYTES,
@@ -34,8 +44,14 @@ from data_plane.store.ha.protocol import (
     REPLY_STREAM,
     REPORT,
     SLAVE_OFFSETS,
+    LinkAuth,
+    LinkAuthError,
     ProtocolError,
+    check_master_proof,
+    decode_challenge,
     encode_handshake,
+    encode_slave_proof,
+    new_nonce,
 )
 from data_plane.store.message_store import MessageStore
 from data_plane.tasks import cancel_all
@@ -84,6 +100,7 @@ class HAClient:
         idle_timeout_ms: int = 20_000,
         on_metadata: Callable[[bytes], None] | None = None,
         offsets_to_report: Callable[[], bytes | None] | None = None,
+        auth: LinkAuth | None = None,
     ) -> None:
         self.store = store
         self.master_host = master_host
@@ -97,6 +114,8 @@ class HAClient:
         # every report for consumer offsets committed here to send back (None: nothing).
         self.on_metadata = on_metadata
         self.offsets_to_report = offsets_to_report
+        self.auth = auth
+        self.auth_failures = 0  # sessions ended by the link's authentication
         self.connected = False
         self.master_max_offset = -1
         self.bytes_received = 0
@@ -107,6 +126,8 @@ class HAClient:
         self._writer: asyncio.StreamWriter | None = None
         self._position = 0  # the end of what the current session received
         self._stopping = False
+        self._wake = asyncio.Event()
+        self._said = ""  # the last authentication problem logged as a warning
 
     def start(self) -> None:
         self._stopping = False
@@ -128,9 +149,34 @@ class HAClient:
         if self._writer is not None:
             self._writer.close()
 
+    def wake(self) -> None:
+        """Connect now rather than after the current backoff (the link's secret arrived)."""
+        self._wake.set()
+
+    async def _pause(self, ms: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), ms / 1000)
+        self._wake.clear()
+
+    def _auth_problem(self, message: str) -> None:
+        """A warning the first time, and when the problem changes; the same again only at info."""
+        self.auth_failures += 1
+        log.log(logging.WARNING if message != self._said else logging.INFO, "HA link to %s:%d: %s",
+                self.master_host, self.master_port, message)  # fmt: skip
+        self._said = message
+
     async def _run(self) -> None:
         backoff = self.reconnect_initial_ms
         while not self._stopping:
+            if self.auth is not None and self.auth.secret() is None:
+                if self._said != "no secret":
+                    log.warning(
+                        "HA link of group %s: no secret yet, not connecting to the master until one arrives "
+                        "(ha_secret_file, or the control plane's tenancy sync)", self.auth.group,
+                    )  # fmt: skip
+                    self._said = "no secret"
+                await self._pause(self.reconnect_max_ms)
+                continue
             try:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(self.master_host, self.master_port), self.connect_timeout_ms / 1000
@@ -143,6 +189,8 @@ class HAClient:
                 chunks_before = self.chunks_received
                 try:
                     await self._session(reader, writer)
+                except LinkAuthError as e:
+                    self._auth_problem(str(e))
                 except (asyncio.IncompleteReadError, ConnectionError, ProtocolError, OSError, TimeoutError) as e:
                     log.info("HA connection to %s:%d lost: %s", self.master_host, self.master_port, e or type(e))
                 except Exception:
@@ -155,12 +203,53 @@ class HAClient:
                     writer.close()
                     with contextlib.suppress(Exception):
                         await writer.wait_closed()
-            await asyncio.sleep(backoff / 1000)
+            await self._pause(backoff)
             backoff = min(backoff * 2, self.reconnect_max_ms)
+
+    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The link's authentication (protocol.py): returns once the master proved it holds the
+        group's secret (or, without ``auth``, offered an unauthenticated link); LinkAuthError
+        otherwise."""
+        auth = self.auth
+        timeout_ms = auth.timeout_ms if auth is not None else AUTH_TIMEOUT_MS
+        try:
+            async with asyncio.timeout(timeout_ms / 1000):
+                mode, master_nonce = decode_challenge(await reader.readexactly(CHALLENGE.size))
+                if mode == AUTH_NONE:
+                    if auth is not None:
+                        raise LinkAuthError("the master offers an unauthenticated link; this slave requires one")
+                    return
+                if auth is None:
+                    raise LinkAuthError(
+                        "the master requires an authenticated link and this slave has no secret "
+                        "(ha_secret_file, or auth_enabled with the control plane)"
+                    )
+                secret = auth.secret()
+                if secret is None:
+                    raise LinkAuthError("no secret yet")
+                slave_nonce = new_nonce()
+                writer.write(encode_slave_proof(secret, auth.group, master_nonce, slave_nonce))
+                await writer.drain()
+                try:
+                    frame = await reader.readexactly(MASTER_PROOF.size)
+                except asyncio.IncompleteReadError:
+                    raise LinkAuthError(
+                        f"the master refused this slave's proof (another secret, or not group {auth.group!r})"
+                    ) from None
+                if not check_master_proof(secret, auth.group, master_nonce, slave_nonce, frame):
+                    raise LinkAuthError(f"the master's proof is wrong: not a master of group {auth.group!r}")
+        except TimeoutError:
+            raise LinkAuthError(f"authentication not done within {timeout_ms} ms") from None
+        except asyncio.IncompleteReadError:
+            raise LinkAuthError("the master closed the link before its challenge (it may have no secret yet)") from None
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         store = self.store
         idle_s = self.idle_timeout_ms / 1000
+        await self._authenticate(reader, writer)
+        if self._said:
+            log.info("HA link to %s:%d authenticated", self.master_host, self.master_port)
+            self._said = ""
         while True:  # handshake until the master says where to stream from
             writer.write(encode_handshake(store.max_phy_offset(), last_records(store)))
             await writer.drain()

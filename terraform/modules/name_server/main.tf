@@ -16,6 +16,8 @@ locals {
   units = { for s in local.servers : s.key => templatefile("${path.module}/templates/namesrv.service.tftpl", {
     listen            = s.listen
     tenancy           = var.tenancy
+    control_plane_url = var.control_plane_url
+    state_dir         = var.state_dir
     extra_args        = var.extra_args
     orbit_user        = var.orbit_user
     runtime_directory = local.runtime_directory
@@ -39,7 +41,7 @@ module "bootstrap" {
   install_command = var.install_command
   staging_dir     = var.staging_dir
   start_timeout_s = 60
-  orbit_dirs      = local.runtime_directory == "" ? [var.run_dir] : []
+  orbit_dirs      = concat(local.runtime_directory == "" ? [var.run_dir] : [], var.tenancy ? [var.state_dir] : [])
   files           = [{ path = "${var.unit_dir}/${local.unit}", mode = "0644", content = local.units[each.key] }]
   services        = [{ unit = local.unit, ready_file = local.ready_file }]
 }

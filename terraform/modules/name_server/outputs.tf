@@ -1,6 +1,10 @@
 output "endpoints" {
   description = "Name server addresses (host:port), for brokers' namesrv_addrs and clients."
   value       = [for s in local.servers : s.endpoint]
+  precondition {
+    condition     = !var.tenancy || var.control_plane_url != ""
+    error_message = "A multi-tenant name server (tenancy = true) checks credentials: it needs control_plane_url."
+  }
 }
 
 output "namesrv_addr" {

@@ -23,9 +23,21 @@ variable "listen_port" {
 }
 
 variable "tenancy" {
-  description = "Multi-tenant cluster (orbit namesrv --tenancy): the topic list leaves tenants' topics out."
+  description = "Multi-tenant cluster (orbit namesrv --tenancy): every request needs a credential, checked against the control plane's keys and the access keys and fleet its reconciler sends."
   type        = bool
   default     = true
+}
+
+variable "control_plane_url" {
+  description = "The control plane (its JWKS verifies tokens); required with tenancy."
+  type        = string
+  default     = ""
+}
+
+variable "state_dir" {
+  description = "Where a multi-tenant name server keeps the access keys (encrypted) and the fleet the control plane sends, across restarts."
+  type        = string
+  default     = "/var/lib/orbit/namesrv"
 }
 
 variable "extra_args" {

@@ -5,7 +5,8 @@ module "name_server" {
   source = "../name_server"
 
   hosts           = var.name_server_hosts
-  tenancy         = var.control_plane_url != ""
+  tenancy           = var.control_plane_url != ""
+  control_plane_url = var.control_plane_url
   orbit_package   = var.orbit_package
   install_command = var.install_command
   ssh             = var.ssh
