@@ -30,7 +30,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-
 TlsMode = Literal["disabled", "permissive", "enforcing"]
 TLS_MODES: Final[tuple[str, ...]] = ("disabled", "permissive", "enforcing")
 TLS_RECORD_HANDSHAKE: Final = 0x16  # the first byte of a TLS ClientHello record

@@ -20,12 +20,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
-
-from data_plane.tls import http_ssl
 import orjson
 
 from data_plane.broker.config import BrokerRole
 from data_plane.tasks import cancel_all
+from data_plane.tls import http_ssl
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker

@@ -23,8 +23,8 @@ The fleet and the access keys come from the control plane's reconciler (ORBIT_SY
 name server's state directory (the access keys encrypted, as on brokers), so a restarted name
 server checks registrations at once. Until the first snapshot, registrations are refused (the
 brokers retry every second). Every refusal is counted by reason (``refused``) and logged as one
-line with the source address, at most ``LOG_BURST`` lines a reason every ``LOG_WINDOW_S``; no
-token, signature or secret is logged.
+line with the source address (``data_plane/refusal_log.py``: rate-limited per reason); no token,
+signature or secret is logged.
 """
 
 from __future__ import annotations
@@ -35,15 +35,15 @@ import ipaddress
 import logging
 import os
 import socket
-import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, Final
 
 import orjson
 
 from data_plane.auth import Authorizer, CredentialEntry, Denial, Principal
 from data_plane.auth.files import write_atomic
+from data_plane.refusal_log import RefusalLog
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
@@ -51,8 +51,6 @@ from data_plane.remoting.connection import Connection
 log = logging.getLogger(__name__)
 
 FLEET_FILE: Final = "fleet.json"
-LOG_WINDOW_S: Final = 10.0
-LOG_BURST: Final = 20
 MAX_FLEET_GROUPS: Final = 10_000
 MAX_GROUP_ADDRS: Final = 64
 MAX_NAME_LENGTH: Final = 255
@@ -110,8 +108,7 @@ class NamesrvGuard:
         self.fleet: dict[str, frozenset[str]] = {}  # group → the broker addresses listed
         self.fleet_hosts: dict[str, frozenset[str]] = {}  # group → hosts they may register from
         self.refused: Counter[str] = Counter()  # reason → refusals
-        self._log_window: dict[str, tuple[float, int]] = {}
-        self._clock: Callable[[], float] = time.monotonic
+        self._log = RefusalLog(log, "requests refused", counts=self.refused)
 
     # --- life cycle ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -202,17 +199,7 @@ class NamesrvGuard:
         return None
 
     def _refuse(self, conn: Connection, cmd: RemotingCommand, reason: str, remark: str) -> RemotingCommand:
-        self.refused[reason] += 1
-        now = self._clock()
-        start, lines = self._log_window.get(reason, (now, 0))
-        if now - start >= LOG_WINDOW_S:
-            if lines > LOG_BURST:
-                log.warning("… %d more %s refusals in the last %.0f s", lines - LOG_BURST, reason, now - start)
-            start, lines = now, 0
-        lines += 1
-        self._log_window[reason] = (start, lines)
-        if lines <= LOG_BURST:
-            log.warning("refused request %d from %s (%s): %s", cmd.code, conn.peer, reason, remark)
+        self._log(reason, "refused request %d from %s (%s): %s", cmd.code, conn.peer, reason, remark)
         return cmd.response(ResponseCode.NO_PERMISSION, remark)
 
     # --- ORBIT_SYNC_TENANCY -----------------------------------------------------------------------------

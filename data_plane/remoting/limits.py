@@ -32,8 +32,8 @@ the cost is a few integer operations a read, never work per byte:
 
 Every refusal closes the connection (abort), is counted in ``refused`` under its reason — the name
 of the setting that refused it; ``max_frame_bytes`` and ``malformed_frame`` count the frames the
-decoder refuses — and is logged as one line with the source address, at most ``LOG_BURST`` lines
-a reason every ``LOG_WINDOW_S`` and then one line counting the rest, so a flood cannot flood the log.
+decoder refuses — and is logged as one line with the source address, rate-limited per reason
+(``data_plane/refusal_log.py``), so a flood cannot flood the log.
 """
 
 from __future__ import annotations
@@ -47,13 +47,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from data_plane.refusal_log import RefusalLog
+
 if TYPE_CHECKING:
     from data_plane.remoting.connection import Connection
 
 log = logging.getLogger(__name__)
-
-LOG_WINDOW_S: Final = 10.0
-LOG_BURST: Final = 20
 
 # Refusal reasons: the setting that refused (``refused`` keys, the ``orbit.remoting.refused`` metric).
 MAX_CONNECTIONS_TOTAL: Final = "max_connections_total"
@@ -133,7 +132,7 @@ class InboundGuard:
 
     __slots__ = (
         "_clock",
-        "_log_window",
+        "_log",
         "connections",
         "large_first_bytes",
         "limits",
@@ -151,7 +150,7 @@ class InboundGuard:
         self.large_first_bytes = 0  # of which: unproven connections' frames over max_first_frame_bytes
         self.partial: set[Connection] = set()
         self.refused: Counter[str] = Counter()
-        self._log_window: dict[str, tuple[float, int]] = {}
+        self._log = RefusalLog(log, "connections closed", counts=self.refused, clock=clock)
         self._clock = clock
 
     # --- connections ---------------------------------------------------------------------------
@@ -199,15 +198,4 @@ class InboundGuard:
     # --- refusals ------------------------------------------------------------------------------
     def refuse(self, reason: str, peer: str, detail: str) -> None:
         """Count a refusal and log it (one line naming ``peer``), rate-limited per reason."""
-        self.refused[reason] += 1
-        now = self._clock()
-        start, lines = self._log_window.get(reason, (now, 0))
-        if now - start >= LOG_WINDOW_S:
-            if lines > LOG_BURST:
-                more = lines - LOG_BURST
-                log.warning("… %d more connections closed (%s) in the last %.0f s", more, reason, now - start)
-            start, lines = now, 0
-        lines += 1
-        self._log_window[reason] = (start, lines)
-        if lines <= LOG_BURST:
-            log.warning("closing connection from %s (%s): %s", peer, reason, detail)
+        self._log(reason, "closing connection from %s (%s): %s", peer, reason, detail)

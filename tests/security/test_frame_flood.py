@@ -29,11 +29,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from data_plane.refusal_log import LOG_BURST
 from data_plane.remoting import bodies
 from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand, decode_frame, encode_bytes
-from data_plane.remoting.limits import LOG_BURST
 from sdk import Message, MessageQueue, Producer, PullConsumer
 from tests.integration.conftest import ServerProcess
 from tests.integration.helpers import until

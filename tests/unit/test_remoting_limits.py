@@ -12,12 +12,11 @@ from typing import Any
 
 import pytest
 
+from data_plane.refusal_log import LOG_BURST, LOG_WINDOW_S
 from data_plane.remoting.command import FrameDecoder, RemotingCommand, encode_bytes
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.limits import (
     FRAME_COMPLETE_TIMEOUT,
-    LOG_BURST,
-    LOG_WINDOW_S,
     MAX_CONNECTIONS_PER_ADDRESS,
     MAX_CONNECTIONS_TOTAL,
     MAX_FIRST_FRAME_BYTES,

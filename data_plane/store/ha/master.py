@@ -14,8 +14,8 @@ timer sweeps expired waiters (False).
 
 With ``auth`` (a ``LinkAuth``: the broker group and its secret) a peer is a slave only once it
 proved it holds the secret (protocol.py); a refusal closes the connection, is counted in
-``refused`` by reason and logged as one line naming the peer (at most ``LOG_BURST`` lines a
-reason every ``LOG_WINDOW_S``, then one line counting the rest). Without ``auth`` the link is
+``refused`` by reason and logged as one line naming the peer (``data_plane/refusal_log.py``:
+rate-limited per reason). Without ``auth`` the link is
 unauthenticated (the broker's single-tenant mode without ``ha_secret_file``).
 
 Everything runs on the event loop that owns the store (the broker's): reads of the mapping
@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
+from data_plane.refusal_log import RefusalLog
 from data_plane.store.ha.protocol import (
     AUTH_HMAC,
     AUTH_NONE,
@@ -72,31 +73,6 @@ REFUSED_NO_SECRET = "no_secret"  # this master has no secret yet: it takes no sl
 REFUSED_BAD_PROOF = "bad_proof"  # a proof made with another secret or group, or a replayed one
 REFUSED_TIMEOUT = "auth_timeout"  # no proof within the deadline
 REFUSED_CLOSED = "closed_in_auth"  # the peer closed the connection before its proof
-LOG_WINDOW_S = 10.0
-LOG_BURST = 20
-
-
-class _RefusalLog:
-    """One warning a refusal, at most ``LOG_BURST`` a reason every ``LOG_WINDOW_S``, then one
-    line counting the rest: a flood of bad peers cannot flood the log."""
-
-    def __init__(self) -> None:
-        self._windows: dict[str, tuple[float, int]] = {}
-
-    def __call__(self, reason: str, peer: str, detail: str) -> None:
-        now = time.monotonic()
-        start, lines = self._windows.get(reason, (now, 0))
-        if now - start >= LOG_WINDOW_S:
-            if lines > LOG_BURST:
-                log.warning("… %d more HA connections refused (%s) in the last %.0f s",
-                            lines - LOG_BURST, reason, now - start)  # fmt: skip
-            start, lines = now, 0
-        lines += 1
-        self._windows[reason] = (start, lines)
-        if lines <= LOG_BURST:
-            log.warning("HA link: refused %s (%s): %s", peer, reason, detail)
-
-
 @dataclass(frozen=True, slots=True)
 class SlaveLag:
     """Replication lag of one connected slave, as the master sees it."""
@@ -338,7 +314,7 @@ class HAService:
         # service: a broker whose role changes makes a new one).
         self.auth = auth
         self.refused: collections.Counter[str] = refused if refused is not None else collections.Counter()
-        self._refusal_log = _RefusalLog()
+        self._refusal_log = RefusalLog(log, "HA connections refused", counts=self.refused)
         self._no_secret_logged = False
         # Authenticated slaves past their handshake, the only ones SYNC_MASTER sends count on.
         self.connections: set[_SlaveConnection] = set()
@@ -386,8 +362,7 @@ class HAService:
     # --- refusals -------------------------------------------------------------------------
     def refuse(self, peer: str, reason: str, detail: str) -> None:
         """Count and log (rate-limited) a connection refused by the link's authentication."""
-        self.refused[reason] += 1
-        self._refusal_log(reason, peer, detail)
+        self._refusal_log(reason, "HA link: refused %s (%s): %s", peer, reason, detail)
 
     def current_secret(self, auth: LinkAuth) -> bytes | None:
         """The group's secret now. Without one every slave is refused: said once, until one
