@@ -112,6 +112,12 @@ class BrokerGroupNotFound(NotFound):
     code = "broker_group_not_found"
 
 
+class BrokerHostNotFound(NotFound):
+    """The host is not the host part of any of the broker group's ``broker_addrs``."""
+
+    code = "broker_host_not_found"
+
+
 # --- 409 / 422: state says no ------------------------------------------------------------------
 class Conflict(ControlPlaneError):
     code = "conflict"

@@ -1,4 +1,5 @@
-"""Operators: the broker fleet — broker groups with capacity, and their hosts."""
+"""Operators: the broker fleet — broker groups with capacity, their hosts, and each host's broker
+credential (issued, rotated and revoked here; the secret is in the issuing answer only)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from control_plane.request_body import ADDRESS, BIGINT_FIELD_MAX
 from control_plane.routes import Route, json_response
 
 HOST = re.compile(r"^[A-Za-z0-9.\-]{1,253}$")
+ADDR_HOST = re.compile(r"^[A-Za-z0-9.\-:]{1,253}$")  # the host of a broker address: a name, IPv4 or IPv6
 
 
 def _group_name(request: web.Request) -> str:
@@ -73,6 +75,28 @@ async def add_host(request: web.Request) -> web.StreamResponse:
         address=body.name("address", ADDRESS, what="HOST:PORT"),
     )
     return json_response(host, status=201)
+
+
+async def list_hosts(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    hosts = await context.services(request).fleet.list_host_credentials(broker_group=_group_name(request))
+    return json_response({"hosts": hosts})
+
+
+async def issue_host_credential(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    made = await context.services(request).fleet.issue_host_credential(
+        broker_group=_group_name(request), host=auth.path_name(request, "host", ADDR_HOST)
+    )
+    return json_response(made, status=201, headers={"Cache-Control": "no-store"})
+
+
+async def revoke_host_credential(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    revoked = await context.services(request).fleet.revoke_host_credential(
+        broker_group=_group_name(request), host=auth.path_name(request, "host", ADDR_HOST)
+    )
+    return json_response(revoked)
 
 
 ADDRS = {"type": "array", "items": {"type": "string", "description": "HOST:PORT"}, "maxItems": 16}
@@ -140,5 +164,40 @@ ROUTES = [
         "fleet",
         request_schema=HOST_SCHEMA,
         responses={201: "created"},
+    ),
+    Route(
+        "GET",
+        G + "/{group}/hosts",
+        list_hosts,
+        "List the hosts of the group's broker_addrs with their broker credential's access key, status and "
+        "times (never the secret)",
+        "operator",
+        "fleet",
+        responses={200: "OK", 404: "broker_group_not_found"},
+    ),
+    Route(
+        "POST",
+        G + "/{group}/hosts/{host}/credential",
+        issue_host_credential,
+        "Issue the host's broker credential (the secret is shown in this answer only); the host's previous "
+        "one is revoked",
+        "operator",
+        "fleet",
+        responses={
+            201: "created, with secret",
+            404: "broker_group_not_found, or broker_host_not_found: the host is on none of the group's broker_addrs",
+        },
+    ),
+    Route(
+        "DELETE",
+        G + "/{group}/hosts/{host}/credential",
+        revoke_host_credential,
+        "Revoke the host's broker credential",
+        "operator",
+        "fleet",
+        responses={
+            200: "revoked",
+            404: "broker_group_not_found, broker_host_not_found, or credential_not_found: the host has none",
+        },
     ),
 ]

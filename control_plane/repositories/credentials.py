@@ -95,6 +95,17 @@ async def revoke(conn: Connection, *, tenant_id: str | None, access_key: str) ->
     return row
 
 
+async def revoke_operator_and_broker(conn: Connection, *, access_keys: list[str]) -> list[Record]:
+    """Revoke these operator or broker credentials (tenant credentials are left alone) and forget
+    their sealed secrets; already revoked ones keep their ``revoked_at``."""
+    return await conn.fetch(
+        f"""UPDATE credentials SET status = 'revoked', secret_sealed = NULL,
+                   revoked_at = COALESCE(revoked_at, now())
+            WHERE access_key = ANY($1::text[]) AND tenant_id IS NULL RETURNING {PUBLIC_COLUMNS}""",
+        access_keys,
+    )
+
+
 async def revoke_all_of_tenant(conn: Connection, *, tenant_id: str) -> None:
     await conn.execute(
         """UPDATE credentials SET status = 'revoked', secret_sealed = NULL, revoked_at = COALESCE(revoked_at, now())

@@ -50,6 +50,14 @@ async def get_broker_group(conn: Connection, name: str) -> Record:
     return row
 
 
+async def lock_broker_group(conn: Connection, *, name: str) -> Record:
+    """The group's name and broker_addrs, its row locked until the transaction ends."""
+    row = await conn.fetchrow("SELECT name, broker_addrs FROM broker_groups WHERE name = $1 FOR UPDATE", name)
+    if row is None:
+        raise _not_found(name)
+    return row
+
+
 async def list_broker_groups(conn: Connection) -> list[Record]:
     return await conn.fetch(_WITH_USED + " ORDER BY g.name")
 

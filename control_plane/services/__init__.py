@@ -57,7 +57,7 @@ class Services:
             tokens=tokens,
             credentials=credentials,
             tenants=TenantService(pool),
-            fleet=FleetService(pool),
+            fleet=FleetService(pool, credentials),
             topics=TopicService(pool),
             groups=GroupService(pool),
             usage=UsageService(pool),

@@ -89,6 +89,11 @@ resource "orbit_quota" "acme" {
   max_topics = 20
 }
 
+resource "orbit_broker_host_credential" "broker" {
+  broker_group = "broker-a"
+  host         = "127.0.0.1"
+}
+
 data "orbit_endpoints" "this" {}
 
 data "orbit_topic" "orders" {
@@ -103,6 +108,11 @@ output "orders_queues" { value = data.orbit_topic.orders.queue_count }
 output "app_access_key" { value = orbit_credential.app.access_key }
 output "app_secret" {
   value     = orbit_credential.app.secret
+  sensitive = true
+}
+output "broker_access_key" { value = orbit_broker_host_credential.broker.access_key }
+output "broker_secret" {
+  value     = orbit_broker_host_credential.broker.secret
   sensitive = true
 }
 """
@@ -224,6 +234,12 @@ async def test_provider_manages_tenant_resources_on_real_brokers(
     assert cp.operator_secret not in state
     quota = await cp.call("GET", "/v1/tenants/acme/quota", operator=True)
     assert quota.body["overrides"] == {"max_topics": 20}
+    # the broker host's own credential: bound to the host, and it logs in
+    broker_hosts = (await cp.call("GET", "/v1/fleet/broker-groups/broker-a/hosts", operator=True)).body["hosts"]
+    assert [(h["host"], h["access_key"], h["status"]) for h in broker_hosts] == [
+        ("127.0.0.1", out["broker_access_key"], "active")
+    ]
+    await cp.token_for(out["broker_access_key"], out["broker_secret"])
 
     # --- a change ----------------------------------------------------------------------------------
     write_config(root, retention=48, max_retries=7)
@@ -280,6 +296,8 @@ async def test_provider_manages_tenant_resources_on_real_brokers(
     await run("destroy", "-auto-approve", "-input=false")
     assert (await cp.call("GET", "/v1/tenants/acme", operator=True)).status == 404
     assert not (root / "secrets/filed.json").exists()
+    broker_hosts = (await cp.call("GET", "/v1/fleet/broker-groups/broker-a/hosts", operator=True)).body["hosts"]
+    assert [(h["access_key"], h["status"]) for h in broker_hosts] == [(out["broker_access_key"], "revoked")]
 
     async def gone_from_broker() -> bool:
         topics, groups = await tenancy.broker_topics(), await tenancy.broker_groups()
@@ -291,6 +309,7 @@ async def test_provider_manages_tenant_resources_on_real_brokers(
         assert cp.operator_secret not in text
         assert filed["secret"] not in text
         assert out["app_secret"] not in text  # a sensitive attribute and output: never printed
+        assert out["broker_secret"] not in text
 
 
 async def test_tenant_resources_example_validates_with_the_installed_provider(

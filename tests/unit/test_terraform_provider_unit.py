@@ -16,7 +16,16 @@ from orbit_provider import VERSION, mirror
 from orbit_provider.client import ApiError, _decode_claims
 from orbit_provider.data_sources import DATA_SOURCES
 from orbit_provider.provider import ConfigurationError, OrbitProvider
-from orbit_provider.resources import RESOURCES, Acl, ConsumerGroup, Credential, Quota, Tenant, Topic
+from orbit_provider.resources import (
+    RESOURCES,
+    Acl,
+    BrokerHostCredential,
+    ConsumerGroup,
+    Credential,
+    Quota,
+    Tenant,
+    Topic,
+)
 from tf.iface import PlanContext
 from tf.types import Unknown
 from tf.utils import Diagnostics
@@ -62,6 +71,14 @@ CREDENTIAL: dict[str, Any] = {
 }
 QUOTA = {"tenant_id": "acme", "plan": "standard", "overrides": {"max_topics": 20}, "effective": {"max_topics": 20}}
 TENANT = {"id": "acme", "display_name": "ACME", "plan": "standard", "status": "active", "created_at": "x"}
+BROKER_HOST = {
+    "host": "10.0.0.1",
+    "broker_addrs": ["10.0.0.1:10911"],
+    "access_key": "AKABCDEFGHIJKLMNOPQRST",
+    "status": "active",
+    "created_at": "2026-01-01T00:00:00+00:00",
+    "revoked_at": None,
+}
 
 STATES: dict[type[Any], dict[str, Any]] = {
     Tenant: Tenant._state(TENANT),
@@ -70,6 +87,7 @@ STATES: dict[type[Any], dict[str, Any]] = {
     Credential: Credential._state(CREDENTIAL, secret=None, secret_file=None),
     Acl: Acl._state("acme", "AKX", [{"resource": "topic", "pattern": "*", "actions": ["subscribe", "publish"]}]),
     Quota: Quota._state(QUOTA),
+    BrokerHostCredential: BrokerHostCredential._state("broker-a", BROKER_HOST, secret=None),
 }
 
 
@@ -77,6 +95,7 @@ def test_every_resource_is_covered() -> None:
     assert set(STATES) == set(RESOURCES)
     assert sorted("orbit_" + r.get_name() for r in RESOURCES) == [
         "orbit_acl",
+        "orbit_broker_host_credential",
         "orbit_consumer_group",
         "orbit_credential",
         "orbit_quota",
@@ -98,9 +117,10 @@ def test_states_are_whole_objects_of_the_schema(resource: Any) -> None:
 
 
 def test_secrets_are_sensitive() -> None:
-    credential = {a.name: a for a in Credential.get_schema().attributes}
-    assert credential["secret"].sensitive
-    assert credential["secret"].computed
+    for resource in (Credential, BrokerHostCredential):
+        credential = {a.name: a for a in resource.get_schema().attributes}
+        assert credential["secret"].sensitive
+        assert credential["secret"].computed
     provider = {a.name: a for a in OrbitProvider().get_provider_schema(Diagnostics()).attributes}
     assert provider["client_secret"].sensitive
 

@@ -1,5 +1,5 @@
 """The provider's resources: orbit_tenant, orbit_topic, orbit_consumer_group, orbit_credential,
-orbit_acl and orbit_quota.
+orbit_acl, orbit_quota and orbit_broker_host_credential.
 
 Every operation goes to the control plane's API; an error answer becomes a Terraform diagnostic
 carrying the API's code and message. ``read`` answers what the API holds now, so a change made
@@ -790,4 +790,101 @@ class Quota(OrbitResource):
         return None if got is None else self._state(got)
 
 
-RESOURCES: tuple[type[OrbitResource], ...] = (Tenant, Topic, ConsumerGroup, Credential, Acl, Quota)
+# --- orbit_broker_host_credential -----------------------------------------------------------------
+class BrokerHostCredential(OrbitResource):
+    """The broker credential of one host of a broker group (operator credential): the host is the
+    host part of one of the group's broker_addrs. Made by issuing (which revokes the host's previous
+    credential), destroyed by revoking — only while it is still the host's current credential, so
+    destroying a replaced one revokes nothing. A credential that is no longer the host's active one
+    (revoked or rotated outside Terraform, or its host left broker_addrs) is planned to be made
+    again. The secret is known only from the apply that made it."""
+
+    name = "broker_host_credential"
+
+    @classmethod
+    def get_schema(cls) -> Schema:
+        return Schema(
+            description="The broker credential of one host of a broker group (needs an operator credential); "
+            "feed it to the host's broker_credentials_file.",
+            attributes=[
+                _id("broker_group/host."),
+                attr("broker_group", types.String(), "The broker group.", required=True, replace=True),
+                attr(
+                    "host",
+                    types.String(),
+                    "The host: the host part of one of the group's broker_addrs (10.0.0.1, or fd00::2 of "
+                    "[fd00::2]:10911).",
+                    required=True,
+                    replace=True,
+                ),
+                attr("access_key", types.String(), "The access key (client id).", computed=True),
+                attr(
+                    "secret",
+                    types.String(),
+                    "The secret, known only from the apply that made the credential (null when imported).",
+                    computed=True,
+                    sensitive=True,
+                ),
+                attr("status", types.String(), "active (a revoked or replaced credential is gone).", computed=True),
+                attr("created_at", types.String(), "When it was made (ISO 8601).", computed=True),
+            ],
+        )
+
+    @staticmethod
+    def _state(broker_group: str, h: dict[str, Any], *, secret: Any) -> State:
+        return {
+            "id": f"{broker_group}/{h['host']}",
+            "broker_group": broker_group,
+            "host": h["host"],
+            "access_key": h["access_key"],
+            "secret": secret,
+            "status": h["status"],
+            "created_at": h["created_at"],
+        }
+
+    def _path(self, broker_group: str, host: str) -> str:
+        return f"/v1/fleet/broker-groups/{quote(broker_group)}/hosts/{quote(host)}/credential"
+
+    def _current(self, broker_group: str, host: str) -> dict[str, Any] | None:
+        """The host's entry when it has an active credential."""
+        listed = self.api.get_or_none(f"/v1/fleet/broker-groups/{quote(broker_group)}/hosts")
+        for h in (listed or {}).get("hosts", []):
+            if h["host"] == host and h["status"] == "active":
+                return dict(h)
+        return None
+
+    def _create(self, diags: Diagnostics, planned: State) -> State | None:
+        _status, made = self.api.call("POST", self._path(planned["broker_group"], planned["host"]))
+        return self._state(planned["broker_group"], made, secret=made.pop("secret"))
+
+    def _read(self, current: State) -> State | None:
+        got = self._current(current["broker_group"], current["host"])
+        if got is None or got["access_key"] != current["access_key"]:
+            return None
+        return self._state(current["broker_group"], got, secret=current.get("secret"))
+
+    def _update(self, diags: Diagnostics, current: State, planned: State) -> State | None:
+        return {**current, **{k: v for k, v in planned.items() if known(v)}}  # nothing changes in place
+
+    def _delete(self, current: State) -> None:
+        got = self._current(current["broker_group"], current["host"])
+        if got is not None and got["access_key"] == current["access_key"]:
+            _delete_quietly(self.api, self._path(current["broker_group"], current["host"]))
+
+    def _import(self, id: str) -> State | None:
+        broker_group, sep, host = id.partition("/")
+        if not sep or not broker_group or not host:
+            raise ConfigurationError(f"import id {id!r} is not broker_group/host")
+        got = self._current(broker_group, host)
+        return None if got is None else self._state(broker_group, got, secret=None)
+
+
+RESOURCES: tuple[type[OrbitResource], ...] = (
+    Tenant,
+    Topic,
+    ConsumerGroup,
+    Credential,
+    Acl,
+    Quota,
+    BrokerHostCredential,
+)
