@@ -596,3 +596,14 @@ def register_ha_link_refusals(tel: Telemetry, refused: Mapping[str, int], *, bro
         unit="{connection}",
         description="connections to the HA port refused by the link's authentication, by reason",
     )  # fmt: skip
+
+
+# --- the broker's authorization (data_plane/broker/tenancy.py) -----------------------------------
+def register_auth_refusals(tel: Telemetry, refused: Mapping[str, int], *, broker_name: str) -> None:
+    """``orbit.broker.auth.refused`` ({request}): requests refused for their credentials
+    (``credentials``), their grants (``permission``) or the stored record they name
+    (``stored_record``), as ``orbit.refusal.reason``."""
+    _register_counts(
+        tel, "orbit.broker.auth.refused", refused, key="orbit.refusal.reason", broker_name=broker_name,
+        unit="{request}", description="requests refused by authentication or authorization, by reason",
+    )  # fmt: skip

@@ -259,6 +259,7 @@ class Broker:
         if self.telemetry.enabled:
             from data_plane.telemetry import (
                 BrokerMetrics,
+                register_auth_refusals,
                 register_forced_deletions,
                 register_ha_link_refusals,
                 register_remoting_refusals,
@@ -269,6 +270,8 @@ class Broker:
             register_replication_lag(self.telemetry, self.replication.lag, broker_name=cfg.broker_name)
             register_remoting_refusals(self.telemetry, self.server.guard.refused, broker_name=cfg.broker_name)
             register_ha_link_refusals(self.telemetry, self.replication.link_refused, broker_name=cfg.broker_name)
+            if self.tenancy is not None and self.tenancy.enabled:
+                register_auth_refusals(self.telemetry, self.tenancy.refusals.counts, broker_name=cfg.broker_name)
             if self.tenancy is not None:
                 register_forced_deletions(
                     self.telemetry, self.tenancy.forced_deletions.messages, broker_name=cfg.broker_name
@@ -460,6 +463,7 @@ class Broker:
             info.update(self.tenancy.forced_deletions.runtime_info())
         if self.tenancy is not None and self.tenancy.enabled:
             info["authDenied"] = self.tenancy.auth.denied  # refused requests (authorizer and handlers)
+            info.update({f"refused.auth.{r}": n for r, n in self.tenancy.refusals.counts.items()})
         return {k: str(v) for k, v in info.items()}
 
     # --- name servers ---------------------------------------------------------------------------

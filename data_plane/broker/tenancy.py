@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import tomllib
 from collections.abc import Awaitable, Iterable
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
@@ -32,6 +33,7 @@ from data_plane.broker.forced_deletions import ForcedDeletions
 from data_plane.broker.ha_link import decode_ha_secret
 from data_plane.broker.persisted import ConfigFile
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
+from data_plane.refusal_log import RefusalLog
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
@@ -51,6 +53,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _STATUSES = ("active", "suspended")
+# Denials that failed authentication (who is asking), as against authorization (what they may do).
+_AUTHENTICATION_REMARKS = re.compile(r"no credentials|token|signature|access key|Authorization|credential", re.I)
 STORAGE_SAMPLES = 8  # ConsumeQueue units sampled a queue to estimate its bytes
 
 
@@ -169,6 +173,9 @@ class BrokerTenancy:
         self.spool = UsageSpool(os.path.join(cfg.store_dir, "usage"))
         # The usage topic (masters only): records also go to ORBIT_SYS_USAGE for the Spark pipeline.
         self.usage_topic = UsageTopic(broker.store) if cfg.usage_topic_enabled and cfg.is_master else None
+        # Every refusal: one log line with the source address (rate-limited per reason), counted by
+        # reason (runtime info "refused.auth.<reason>", the orbit.broker.auth.refused metric).
+        self.refusals = RefusalLog(log, "requests refused")
         self.meter = UsageMeter(
             cfg.broker_name,
             spool=self.spool,
@@ -242,15 +249,20 @@ class BrokerTenancy:
         if isinstance(r, Principal):
             return self._admit(conn, r, cmd)
         if isinstance(r, Denial):
-            return r.response(cmd)
+            return self._denied(conn, cmd, r)
         return self._admit_later(conn, r, cmd)
+
+    def _denied(self, conn: Connection, cmd: RemotingCommand, d: Denial) -> RemotingCommand:
+        reason = "credentials" if _AUTHENTICATION_REMARKS.search(d.remark) else "permission"
+        self.refusals(reason, "refused request code %d from %s (%s): %s", cmd.code, conn.peer, reason, d.remark)
+        return d.response(cmd)
 
     async def _admit_later(
         self, conn: Connection, pending: Awaitable[Principal | Denial], cmd: RemotingCommand
     ) -> RemotingCommand | None:
         r = await pending
         if isinstance(r, Denial):
-            return r.response(cmd)
+            return self._denied(conn, cmd, r)
         return self._admit(conn, r, cmd)
 
     def _admit(self, conn: Connection, principal: Principal, cmd: RemotingCommand) -> RemotingCommand | None:
@@ -393,7 +405,7 @@ class BrokerTenancy:
                 who = f"credential {p.subject!r} of tenant {p.tenant!r}"
         except AuthError:
             who = "an unauthenticated client"
-        log.warning("refused request code %d from %s (%s): %s", cmd.code, conn.peer, who, reason)
+        self.refusals("stored_record", "refused request code %d from %s (%s): %s", cmd.code, conn.peer, who, reason)
         return cmd.response(ResponseCode.NO_PERMISSION, remark)
 
     def before_pull(self, cmd: RemotingCommand, topic: str) -> RemotingCommand | None:
