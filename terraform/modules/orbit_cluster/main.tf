@@ -4,13 +4,13 @@
 module "name_server" {
   source = "../name_server"
 
-  hosts           = var.name_server_hosts
+  hosts             = var.name_server_hosts
   tenancy           = var.control_plane_url != ""
   control_plane_url = var.control_plane_url
-  orbit_package   = var.orbit_package
-  install_command = var.install_command
-  ssh             = var.ssh
-  provision       = var.provision
+  orbit_package     = var.orbit_package
+  install_command   = var.install_command
+  ssh               = var.ssh
+  provision         = var.provision
 }
 
 module "broker_group" {
