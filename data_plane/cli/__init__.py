@@ -103,7 +103,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         opts = dataclasses.replace(opts, warm_memory_mb=args.warm_memory_mb)
     if args.tls:
         try:
-            compared = e2e.compare_tls(opts, log=_log)
+            compared = e2e.compare_tls(opts, log=_log, pairs=args.runs)
         except e2e.BenchDirectoryError as e:
             _log(f"orbit bench e2e: {e}")
             return 2
@@ -217,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     e2e.add_argument(
         "--tls",
         action="store_true",
-        help="run it plain, then with every connection over TLS, and report each throughput's TLS/plain ratio",
+        help="run it plain, then with every connection over TLS, and report each throughput's TLS/plain ratio "
+        "(with --runs N: N such pairs, the order alternating, and the median ratios)",
     )
     e2e.add_argument("--out", help="also write the JSON here (with --runs: every run's full result too)")
     e2e.set_defaults(func=_bench_e2e)

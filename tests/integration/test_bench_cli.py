@@ -367,3 +367,20 @@ def test_bench_refuses_a_figure_out_of_range(bench: str, flag: str, value: str) 
     assert flag in proc.stderr, proc.stderr
     assert value in proc.stderr, proc.stderr
     assert proc.stdout == ""
+
+
+def test_bench_e2e_tls_runs_it_plain_and_over_tls_and_reports_each_ratio() -> None:
+    """``--tls``: the run plain and over TLS (the clients verifying the local CA), each
+    throughput's TLS/plain ratio, and whether every ratio met the 0.7 target."""
+    printed = json.loads(orbit_bench("e2e", "--quick", "--seconds", "1", "--tls", "--warm-memory-mb", "0"))
+    (pair,) = printed["pairs"]
+    assert pair["plain"]["options"]["tls"] is False
+    assert pair["tls"]["options"]["tls"] is True
+    for phase in ("publish_batched", "publish_sync_16", "consume"):
+        plain, tls = pair["plain"][phase]["msgs_per_s"], pair["tls"][phase]["msgs_per_s"]
+        positive(plain, phase)
+        positive(tls, phase)
+        assert pair["tls_vs_plain"][phase] == round(tls / plain, 3)
+        assert printed["tls_vs_plain"][phase] == pair["tls_vs_plain"][phase]  # the median of one pair
+    assert printed["tls_target"] == 0.7
+    assert printed["tls_met"] == all(r >= 0.7 for r in printed["tls_vs_plain"].values())
