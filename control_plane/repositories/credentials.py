@@ -132,9 +132,13 @@ async def count_active_operators(conn: Connection) -> int:
 
 async def sealed_secrets(conn: Connection, *, tenant_ids: list[str]) -> list[Record]:
     """For desired state: the given tenants' credentials plus every operator and broker
-    credential, with the sealed secret."""
+    credential, with the sealed secret, and for a broker credential bound to one host of a broker
+    group (broker_host_credentials) that group and host (``bound_group``, ``bound_host``)."""
     return await conn.fetch(
-        f"""SELECT {PUBLIC_COLUMNS}, secret_sealed FROM credentials
-            WHERE tenant_id = ANY($1::text[]) OR tenant_id IS NULL ORDER BY access_key""",
+        f"""SELECT c.*, h.broker_group AS bound_group, h.host AS bound_host
+            FROM (SELECT {PUBLIC_COLUMNS}, secret_sealed FROM credentials
+                  WHERE tenant_id = ANY($1::text[]) OR tenant_id IS NULL) c
+            LEFT JOIN broker_host_credentials h USING (access_key)
+            ORDER BY access_key""",
         tenant_ids,
     )

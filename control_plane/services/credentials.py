@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import os
 import secrets
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 import orjson
 
@@ -49,6 +49,10 @@ class DecryptedCredential(TypedDict):
     grants: list[GrantDict]
     secret: str  # "" once revoked
     status: str  # "active" | "revoked"
+    # A broker credential bound to one host of one broker group: name servers take its
+    # registrations from that host, for that group, only.
+    broker_group: NotRequired[str]
+    host: NotRequired[str]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -192,7 +196,7 @@ class CredentialService:
     def decrypt(self, row: Record) -> DecryptedCredential:
         sealed = row["secret_sealed"]
         secret = "" if sealed is None else self.sealer.open(bytes(sealed), context=_context(row["access_key"])).decode()
-        return {
+        out: DecryptedCredential = {
             "access_key": row["access_key"],
             "tenant": row["tenant_id"] or OPERATOR_TENANT,
             "role": row["role"],
@@ -200,6 +204,10 @@ class CredentialService:
             "secret": secret if row["status"] == "active" else "",
             "status": row["status"],
         }
+        if row.get("bound_host") is not None:  # (rows of sealed_secrets only)
+            out["broker_group"] = row["bound_group"]
+            out["host"] = row["bound_host"]
+        return out
 
     async def decrypted_credentials(self, *, tenant_ids: list[str]) -> list[DecryptedCredential]:
         """For the reconciler only, never served over HTTP: the tenants' credentials and every

@@ -11,6 +11,9 @@ of a multi-tenant cluster (``orbit namesrv --tenancy``) checks every request bef
     REGISTER_BROKER (103)         a credential of role broker, from a host the fleet lists for that
                                   broker group, with a brokerAddr on such a host (clients are
                                   never routed off the fleet's hosts; the port may change)
+                                  (a credential the control plane bound to one host of
+                                  one group — per-host broker credentials — registers only
+                                  that group, from that host)
     UNREGISTER_BROKER (104)       the same, or an operator
     GET_ROUTEINFO_BY_TOPIC (105)  a credential of the topic's tenant (any grant), an operator or a
                                   broker; TBW102: any credential
@@ -100,6 +103,14 @@ def resolve_hosts(addrs: Iterable[str]) -> frozenset[str]:
     return frozenset(hosts)
 
 
+def _resolve(
+    fleet: Mapping[str, tuple[str, ...]], bound: Mapping[str, tuple[str, str]]
+) -> tuple[dict[str, frozenset[str]], dict[str, tuple[str, frozenset[str]]]]:
+    """Each group's hosts, and each bound credential's group and host addresses (blocking)."""
+    by_host = {h: resolve_hosts([f"[{h}]:0" if ":" in h else f"{h}:0"]) for _g, h in bound.values()}
+    return {g: resolve_hosts(a) for g, a in fleet.items()}, {ak: (g, by_host[h]) for ak, (g, h) in bound.items()}
+
+
 class NamesrvGuard:
     def __init__(self, auth: Authorizer, *, state_dir: str | None = None) -> None:
         self.auth = auth
@@ -107,6 +118,9 @@ class NamesrvGuard:
         self.version = -1
         self.fleet: dict[str, frozenset[str]] = {}  # group → the broker addresses listed
         self.fleet_hosts: dict[str, frozenset[str]] = {}  # group → hosts they may register from
+        # A broker credential bound to one host of one group (the control plane's per-host
+        # credentials): access key → (group, the host's addresses).
+        self.bindings: dict[str, tuple[str, frozenset[str]]] = {}
         self.refused: Counter[str] = Counter()  # reason → refusals
         self._log = RefusalLog(log, "requests refused", counts=self.refused)
 
@@ -131,12 +145,14 @@ class NamesrvGuard:
                 doc = orjson.loads(f.read())
             fleet = parse_fleet(doc.get("fleet"))
             version = int(doc.get("version", -1))
+            bound = {str(ak): (str(g), str(h)) for ak, (g, h) in (doc.get("bindings") or {}).items()}
         except FileNotFoundError:
             return
         except (OSError, ValueError, AttributeError, TypeError) as e:
             log.warning("the kept fleet %s is not usable (%s): registrations wait for the control plane", path, e)
             return
-        self._set_fleet(fleet, {g: resolve_hosts(a) for g, a in fleet.items()}, version)
+        hosts, self.bindings = _resolve(fleet, bound)
+        self._set_fleet(fleet, hosts, version)
 
     def _set_fleet(
         self, fleet: Mapping[str, tuple[str, ...]], hosts: dict[str, frozenset[str]], version: int
@@ -169,15 +185,30 @@ class NamesrvGuard:
         if code == RequestCode.REGISTER_BROKER:
             if principal.role != "broker":
                 return self._refuse(conn, cmd, "role", "registering a broker takes a broker credential")
-            return self._check_fleet(conn, cmd)
+            return self._check_binding(conn, cmd, principal) or self._check_fleet(conn, cmd)
         if code == RequestCode.UNREGISTER_BROKER:
             if principal.role == "operator":
                 return None
             if principal.role != "broker":
                 return self._refuse(conn, cmd, "role", "unregistering a broker takes a broker or operator credential")
-            return self._check_fleet(conn, cmd)
+            return self._check_binding(conn, cmd, principal) or self._check_fleet(conn, cmd)
         if code == RequestCode.ORBIT_SYNC_TENANCY and principal.role != "operator":
             return self._refuse(conn, cmd, "role", "the tenancy snapshot comes from the control plane (operators)")
+        return None
+
+    def _check_binding(self, conn: Connection, cmd: RemotingCommand, principal: Principal) -> RemotingCommand | None:
+        """A credential bound to one host of one group registers that group, from that host."""
+        bound = self.bindings.get(principal.subject)
+        if bound is None:
+            return None
+        group, hosts = bound
+        asked = (cmd.ext_fields or {}).get("brokerName", "")
+        if asked != group:
+            why = f"this credential is bound to broker group {group!r}, not {asked[:80]!r}"
+            return self._refuse(conn, cmd, "binding", why)
+        host = _host(conn.peer)
+        if host not in hosts:
+            return self._refuse(conn, cmd, "binding", f"this credential is bound to another host than {host}")
         return None
 
     def _check_fleet(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | None:
@@ -227,10 +258,19 @@ class NamesrvGuard:
                 await store.apply(entries, version)
             except (ValueError, TypeError, KeyError) as e:
                 return cmd.response(ResponseCode.SYSTEM_ERROR, f"credentials: {e}")
-        hosts = await asyncio.to_thread(lambda: {g: resolve_hosts(a) for g, a in fleet.items()})
+        bound = {
+            str(c["access_key"]): (str(c["broker_group"]), str(c["host"]))
+            for c in creds
+            if isinstance(c, dict) and isinstance(c.get("host"), str) and isinstance(c.get("broker_group"), str)
+        }
+
+        hosts, bindings = await asyncio.to_thread(_resolve, fleet, bound)
         self._set_fleet(fleet, hosts, version)
+        self.bindings = bindings
         path = self._fleet_path()
         if path is not None:
-            data = orjson.dumps({"version": version, "fleet": {g: list(a) for g, a in fleet.items()}})
+            data = orjson.dumps(
+                {"version": version, "fleet": {g: list(a) for g, a in fleet.items()}, "bindings": bound}
+            )
             await asyncio.to_thread(write_atomic, path, data)
         return cmd.response(ResponseCode.SUCCESS)

@@ -16,7 +16,7 @@ from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand, decode_frame, encode_bytes
 from sdk.credentials import AccessKeyCredentials
-from tests.integration.tenancy_cluster import GROUP, TenancyCluster, Tenant, tenancy_fixture  # noqa: F401
+from tests.integration.tenancy_cluster import GROUP, TenancyCluster, Tenant, tenancy_fixture, until  # noqa: F401
 from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.asyncio]
@@ -225,3 +225,47 @@ async def test_cluster_info_the_topic_list_and_the_snapshot_are_operators_only(t
     assert r.code == ResponseCode.NO_PERMISSION, r.remark
     assert "operators only" in (r.remark or "")
     await tenancy.reconciled(rounds=1)  # the control plane's own snapshots still apply
+
+
+async def test_a_credential_bound_to_a_host_registers_only_its_group_from_its_host(tenancy: TenancyCluster) -> None:
+    """Per-host broker credentials: the fleet would let 127.0.0.1 register either group, but a
+    credential bound to broker-a's host 127.0.0.2 registers neither from 127.0.0.1, nor broker-b."""
+    _acme, real = await victim(tenancy)
+    ns = tenancy.namesrv.address
+    cp = tenancy.cp
+    other = await cp.call(
+        "POST", "/v1/fleet/broker-groups", operator=True,
+        json={"name": "broker-b", "namesrv_addrs": [ns], "broker_addrs": ["127.0.0.1:1"], "max_queues": 10,
+              "max_msgs_per_s": 1000, "storage_bytes": 1 << 30},
+    )  # fmt: skip
+    assert other.status == 201, other.body
+    patched = await cp.call(
+        "PATCH", f"/v1/fleet/broker-groups/{GROUP}", operator=True, json={"broker_addrs": [real, "127.0.0.2:1"]}
+    )
+    assert patched.status == 200, patched.body
+    made = await cp.call("POST", f"/v1/fleet/broker-groups/{GROUP}/hosts/127.0.0.2/credential", operator=True)
+    assert made.status == 201, made.body
+    ak, secret = made.body["access_key"], made.body["secret"]
+    # Two rounds after the credential was issued, the name server has it and its binding (the
+    # groups' fake brokers do not answer, so the groups' own rounds report errors).
+    rec = tenancy.reconciler
+    start = rec.rounds
+
+    def synced() -> bool:
+        rec.kick()
+        return rec.rounds >= start + 2 and not rec.namesrv_errors
+
+    await until(synced, "two reconcile rounds reaching the name server")
+    # From 127.0.0.1, a host the fleet lists for both groups: refused, it is not the credential's host.
+    r = await ask(ns, signed(register("acme%orders", broker_addr="127.0.0.1:2", broker_id=2), ak, secret))
+    assert r.code == ResponseCode.NO_PERMISSION
+    assert "bound to another host" in (r.remark or "")
+    # From its own host, for another group: refused.
+    r = await ask_from("127.0.0.2", ns, signed(register("acme%orders", broker_name="broker-b"), ak, secret))
+    assert r.code == ResponseCode.NO_PERMISSION
+    assert "bound to broker group" in (r.remark or "")
+    # From its own host, for its group: taken.
+    r = await ask_from(
+        "127.0.0.2", ns, signed(register("acme%orders", broker_addr="127.0.0.2:1", broker_id=3), ak, secret)
+    )
+    assert r.code == ResponseCode.SUCCESS, r.remark  # (its route goes with its connection, closed here)
