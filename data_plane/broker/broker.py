@@ -184,6 +184,8 @@ class Broker:
             await self.schedule.start(self.store, self.hold.notify)
         if self.config.auth_enabled:
             self.processors.before = self.tenancy.before
+        if self.tenancy is not None and self.config.quota_throttle_max_ms > 0:
+            self.server.on_flow_control = self.tenancy.throttle
         self._start_telemetry()
         self.trace = trace.install(self)
         self.transactions = TransactionalMessageService.for_broker(self)
@@ -463,6 +465,8 @@ class Broker:
             info.update(self.tenancy.forced_deletions.runtime_info())
         if self.tenancy is not None and self.tenancy.enabled:
             info["authDenied"] = self.tenancy.auth.denied  # refused requests (authorizer and handlers)
+        if self.tenancy is not None:
+            info["quotaThrottles"] = self.tenancy.throttled  # connections paused for a retry-after
             info.update({f"refused.auth.{r}": n for r, n in self.tenancy.refusals.counts.items()})
         return {k: str(v) for k, v in info.items()}
 

@@ -87,6 +87,10 @@ class BrokerConfig:
     # --- TLS (data_plane/tls.py): the client port's mode (disabled | permissive | enforcing; permissive
     # serves TLS and plain TCP on one port) with its certificate chain and key (PEM); tls_ca_file, when
     # set, is the CA this broker verifies name servers by, and it registers over TLS.
+    # A connection answered FLOW_CONTROL (its tenant over quota) is not read again until the
+    # answer's retry-after has passed, at most this long (0: answered, never throttled): a flood
+    # then costs the broker nothing beyond the socket buffers.
+    quota_throttle_max_ms: int = 1_000
     tls_mode: str = "disabled"
     tls_cert_file: str = ""
     tls_key_file: str = ""
@@ -250,6 +254,8 @@ class BrokerConfig:
             problems.append(f"ha_master_address {self.ha_master_address!r} is not host:port")
         if self.ha_sync_timeout_ms <= 0:
             problems.append("ha_sync_timeout_ms must be > 0")
+        if not 0 <= self.quota_throttle_max_ms <= 60_000:
+            problems.append("quota_throttle_max_ms must be 0..60000")
         if not 100 <= self.ha_auth_timeout_ms <= 60_000:
             problems.append("ha_auth_timeout_ms must be 100..60000")
         if self.ha_secret_file:

@@ -41,7 +41,7 @@ from data_plane.store.message import Message, RecordError, parse_record
 from data_plane.tasks import cancel_all
 from data_plane.tenancy.metering import UsageMeter
 from data_plane.tenancy.namespace import parse_wire_name, tenant_of
-from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark
+from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark, parse_retry_after_ms
 from data_plane.tenancy.usage_reporter import UsageReporter
 from data_plane.tenancy.usage_spool import UsageSpool
 from data_plane.tenancy.usage_topic import UsageTopic
@@ -176,6 +176,7 @@ class BrokerTenancy:
         # Every refusal: one log line with the source address (rate-limited per reason), counted by
         # reason (runtime info "refused.auth.<reason>", the orbit.broker.auth.refused metric).
         self.refusals = RefusalLog(log, "requests refused")
+        self.throttled = 0  # connections paused for their tenant's retry-after (throttle)
         self.meter = UsageMeter(
             cfg.broker_name,
             spool=self.spool,
@@ -349,6 +350,15 @@ class BrokerTenancy:
         if tenant in self.over_storage:
             return cmd.response(ResponseCode.FLOW_CONTROL, self._storage_remark(tenant))
         return None
+
+    def throttle(self, conn: Connection, response: RemotingCommand) -> None:
+        """A FLOW_CONTROL answer was written on ``conn``: stop reading it until the answer's
+        retry-after (the tenant's bucket, so every connection of the tenant resumes on the same
+        schedule), at most ``quota_throttle_max_ms``."""
+        wait_ms = parse_retry_after_ms(response.remark)
+        if wait_ms:
+            conn.throttle(min(wait_ms, self.broker.config.quota_throttle_max_ms) / 1000)
+            self.throttled += 1
 
     def _publish_quota(self, cmd: RemotingCommand, tenant: str, n: int, nbytes: int) -> RemotingCommand | None:
         wait_ms = self.quotas.acquire_publish(tenant, n, nbytes)

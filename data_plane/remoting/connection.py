@@ -119,8 +119,15 @@ class Connection(asyncio.Protocol):
         frame_handler: FrameHandler | None = None,
         guard: InboundGuard | None = None,
         prove_on_frame: bool = True,
+        on_flow_control: Callable[[Connection, RemotingCommand], None] | None = None,
     ) -> None:
         self.dispatch = dispatch
+        # Called with each FLOW_CONTROL answer this connection writes (the broker throttles a
+        # client over its quota: ``throttle``).
+        self.on_flow_control = on_flow_control
+        self._throttled_until = 0.0  # loop time reading resumes, past a throttle
+        self._throttle_timer: asyncio.TimerHandle | None = None
+        self.throttles = 0
         self.frame_handler = frame_handler
         self.answer_slice = answer_slice if answer_slice > 0 else 1 << 62
         self.before_write = before_write
@@ -324,6 +331,9 @@ class Connection(asyncio.Protocol):
                 self._admitted = False
                 guard.gone(self.address)
         self.decoder.reset()
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
         if self._idle_timer is not None:
             self._idle_timer.cancel()
         if self._expiry is not None:
@@ -346,8 +356,36 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        if self.transport is not None and self.server_side and not self.closed:
+        throttled = self._throttle_timer is not None
+        if self.transport is not None and self.server_side and not self.closed and not throttled:
             self.transport.resume_reading()
+
+    # --- throttling (a client over its quota) ------------------------------------------------
+    def throttle(self, delay_s: float) -> None:
+        """Stop reading the peer for ``delay_s``: what it sends meanwhile waits in the socket
+        buffers and costs this side nothing (Kafka's quota throttling). Reading resumes on time,
+        or once the peer reads our answers again if it stopped. A longer throttle extends a
+        shorter one; a shorter one changes nothing."""
+        if self.closed or self.transport is None or delay_s <= 0:
+            return
+        until = self.loop.time() + delay_s
+        if until <= self._throttled_until:
+            return
+        self._throttled_until = until
+        self.throttles += 1
+        self.transport.pause_reading()
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+        self._throttle_timer = self.loop.call_at(until, self._end_throttle)
+
+    def _end_throttle(self) -> None:
+        self._throttle_timer = None
+        if self.transport is not None and not self.closed and not self._write_paused:
+            self.transport.resume_reading()
+
+    @property
+    def throttled(self) -> bool:
+        return self._throttle_timer is not None
 
     # --- requests from the peer -------------------------------------------------------------
     def _on_request(self, cmd: RemotingCommand) -> None:
@@ -380,9 +418,11 @@ class Connection(asyncio.Protocol):
             head = _frame_head(r, 0) if r.body is None and _frame_head is not None else None
             if head is None:
                 self.send(r)
-                return
-            self._out.append(head)
-            self._out_frames += 1
+            else:
+                self._out.append(head)
+                self._out_frames += 1
+            if r.code == ResponseCode.FLOW_CONTROL and self.on_flow_control is not None:
+                self.on_flow_control(self, r)
             return
         if isinstance(r, RemotingCommand):
             self._answer(cmd, r)
@@ -419,6 +459,8 @@ class Connection(asyncio.Protocol):
             return
         response.opaque = request.opaque
         self.send(response)
+        if response.code == ResponseCode.FLOW_CONTROL and self.on_flow_control is not None:
+            self.on_flow_control(self, response)
 
     # --- writing ----------------------------------------------------------------------------
     def send(self, cmd: RemotingCommand) -> None:

@@ -119,6 +119,8 @@ class RemotingServer:
         self.tls_connections = 0  # permissive: connections served over TLS (the rest are plain)
         # Passed to every new Connection (see there); the broker sets it once its store runs.
         self.before_write: Callable[[], object] | None = None
+        # Passed to every new Connection: called with each FLOW_CONTROL answer (the broker's throttle).
+        self.on_flow_control: Callable[[Connection, RemotingCommand], None] | None = None
         self.host = host
         self.port = port
         self.max_frame_bytes = max_frame_bytes
@@ -164,6 +166,7 @@ class RemotingServer:
             on_close=self._closed,
             server_side=True,
             before_write=self.before_write,
+            on_flow_control=self.on_flow_control,
             answer_slice=self.answer_slice,
             frame_handler=self.processors.frame_path(),
             guard=self.guard,
