@@ -6,7 +6,10 @@ group and its hosts with a real control plane (the module's local-exec registrat
 rendered bootstrap script runs in dry-run mode (files written, machine-changing commands printed),
 and the name server and both brokers are started from the command lines of the systemd units the
 scripts wrote, with the TOML configuration and credential file they wrote — they must serve, and
-both brokers must register with the name server."""
+both brokers must register with the name server. Once with one shared broker credential, once with
+``per_host_credentials``: the module registers the group first and the control plane issues each
+host its own credential, bound to its address (the name server refuses a bound credential's
+registration from another host)."""
 
 from __future__ import annotations
 
@@ -77,6 +80,7 @@ variable "operator_client_secret" {
 }
 variable "broker_credentials" {
   type      = object({ access_key = string, secret = string })
+  default   = null
   sensitive = true
 }
 variable "ssh_private_key" {
@@ -126,6 +130,7 @@ module "broker_group" {
   namesrv_addrs          = module.name_server.endpoints
   control_plane_url      = var.control_plane_url
   broker_credentials     = var.broker_credentials
+  per_host_credentials   = {per_host}
   operator_client_id     = var.operator_client_id
   operator_client_secret = var.operator_client_secret
   capacity               = { max_queues = 500, max_msgs_per_s = 20000, storage_bytes = 1073741824 }
@@ -151,7 +156,7 @@ output "broker_scripts" { value = module.broker_group.bootstrap_scripts }
 """
 
 
-def render_root(root: Path, tmp: Path, ports: dict[str, int], ssh: SshServer) -> None:
+def render_root(root: Path, tmp: Path, ports: dict[str, int], ssh: SshServer, *, per_host: bool) -> None:
     text = ROOT_MODULE
     values = {
         "ns_source": module_source(root, "name_server"),
@@ -167,6 +172,7 @@ def render_root(root: Path, tmp: Path, ports: dict[str, int], ssh: SshServer) ->
         "store_settings": json.dumps(SMALL_STORE).replace(":", " = "),
         "ssh_port": str(ssh.port),
         "ssh_host_key": ssh.host_public_key,
+        "per_host": json.dumps(per_host),
     }
     for key, value in values.items():
         text = text.replace("{" + key + "}", value)
@@ -239,14 +245,16 @@ def serve_from_unit(
     return info
 
 
+@pytest.mark.parametrize("per_host", [False, True], ids=["shared_credential", "per_host_credentials"])
 async def test_sync_master_and_slave_provisioned_over_ssh_start_and_register(
     terraform: Terraform,
     control_plane: ControlPlaneHarness,
     tmp_path: Path,
     servers: list[subprocess.Popen[bytes]],
+    per_host: bool,
 ) -> None:
     async with contextlib.AsyncExitStack() as stack:
-        await provision_and_start(terraform, control_plane, tmp_path, servers, stack)
+        await provision_and_start(terraform, control_plane, tmp_path, servers, stack, per_host=per_host)
 
 
 async def provision_and_start(
@@ -255,33 +263,48 @@ async def provision_and_start(
     tmp_path: Path,
     servers: list[subprocess.Popen[bytes]],
     stack: contextlib.AsyncExitStack,
+    *,
+    per_host: bool,
 ) -> None:
     made = await cp.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
     assert made.status == 201, made.body
-    broker_cred = {"access_key": made.body["access_key"], "secret": made.body["secret"]}
+    shared_cred = {"access_key": made.body["access_key"], "secret": made.body["secret"]}
     ports = {"namesrv": free_port(NAMESRV_HOST), "broker": free_port(MASTER_HOST, SLAVE_HOST)}
     ports["ha"] = free_port(MASTER_HOST)
     root, tmp = tmp_path / "root", tmp_path / "hosts"
     ssh = await stack.enter_async_context(ssh_server())
-    render_root(root, tmp, ports, ssh)
+    render_root(root, tmp, ports, ssh, per_host=per_host)
     env = {
         "TF_VAR_ssh_private_key": ssh.client_private_key,
         "TF_VAR_control_plane_url": cp.url,
         "TF_VAR_operator_client_id": cp.operator_access_key,
         "TF_VAR_operator_client_secret": cp.operator_secret,
-        "TF_VAR_broker_credentials": json.dumps(broker_cred),
     }
+    if not per_host:
+        env["TF_VAR_broker_credentials"] = json.dumps(shared_cred)
 
     # --- terraform: provision the "hosts" over SSH, register the group with the control plane ------
     await terraform.arun(root, "init", "-input=false")
     # one host at a time: every "host" is this machine, with one staging directory
     applied = await terraform.arun(root, "apply", "-auto-approve", "-input=false", "-parallelism=1", env=env)
-    assert broker_cred["secret"] not in applied.stdout + applied.stderr
-    assert cp.operator_secret not in applied.stdout + applied.stderr
     out = terraform.outputs(root)
     state_text = (root / "terraform.tfstate").read_text()
-    assert broker_cred["secret"] not in state_text
-    assert cp.operator_secret not in state_text
+    # each host's credential file as the bootstrap left it (0600): the shared one, or the host's own
+    cred_names = {k: f"broker-a-{k}.credentials.json" if per_host else "broker-a.credentials.json" for k in ("0", "1")}
+    cred_files = {k: tmp / "etc" / name for k, name in cred_names.items()}
+    creds = {k: json.loads(f.read_text()) for k, f in cred_files.items()}
+    for f in cred_files.values():
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600
+    if per_host:
+        assert creds["0"]["access_key"] != creds["1"]["access_key"]
+        assert shared_cred["access_key"] not in (creds["0"]["access_key"], creds["1"]["access_key"])
+        # issued into local files only until their upload
+        assert not list((root / ".terraform/orbit-credentials").iterdir())
+    else:
+        assert creds == {"0": shared_cred, "1": shared_cred}
+    for secret in {c["secret"] for c in creds.values()} | {cp.operator_secret}:
+        assert secret not in applied.stdout + applied.stderr
+        assert secret not in state_text
 
     master_addr, slave_addr = f"{MASTER_HOST}:{ports['broker']}", f"{SLAVE_HOST}:{ports['broker']}"
     assert out["namesrv_endpoints"] == [f"{NAMESRV_HOST}:{ports['namesrv']}"]
@@ -289,8 +312,9 @@ async def provision_and_start(
     assert out["broker_group"]["slaves"] == [slave_addr]
     assert out["broker_group"]["ha_address"] == f"{MASTER_HOST}:{ports['ha']}"
     assert [b["role"] for b in out["brokers"]] == ["SYNC_MASTER", "SLAVE"]
-    for config in out["broker_configs"].values():
-        assert broker_cred["secret"] not in config
+    for key, config in out["broker_configs"].items():
+        assert creds[key]["secret"] not in config
+        assert f'broker_credentials_file = "{cred_files[key]}"' in config
 
     group = await cp.call("GET", "/v1/fleet/broker-groups/broker-a", operator=True)
     assert group.status == 200, group.body
@@ -299,6 +323,16 @@ async def provision_and_start(
     assert group.body["max_queues"] == 500
     hosts = {h["broker_id"]: (h["host"], h["address"]) for h in group.body["hosts"]}
     assert hosts == {0: ("master-host", master_addr), 1: ("slave-host", slave_addr)}
+    bound = await cp.call("GET", "/v1/fleet/broker-groups/broker-a/hosts", operator=True)
+    assert bound.status == 200, bound.body
+    listed = {h["host"]: (h["status"], h["access_key"]) for h in bound.body["hosts"]}
+    if per_host:
+        assert listed == {
+            MASTER_HOST: ("active", creds["0"]["access_key"]),
+            SLAVE_HOST: ("active", creds["1"]["access_key"]),
+        }
+    else:
+        assert listed == {MASTER_HOST: ("none", None), SLAVE_HOST: ("none", None)}
 
     # --- what the provisioners did over SSH: upload (SCP), then the script, then clean up ----------
     # remote-exec uploads its inline commands as a script and runs that
@@ -307,15 +341,12 @@ async def provision_and_start(
     assert len(inline) == 3, ssh.commands  # the name server and both brokers
     assert all(run_line in text for text in inline)
     uploaded = {path for path, _d in ssh.uploads}
-    assert {f"{tmp}/staging/bootstrap.sh", f"{tmp}/staging/broker-a.credentials.json"} <= uploaded
+    assert {f"{tmp}/staging/bootstrap.sh", *(f"{tmp}/staging/{name}" for name in cred_names.values())} <= uploaded
     assert not (tmp / "staging").exists()
     for key in ("0", "1"):
         assert (tmp / f"etc/broker-a-{key}.toml").read_text() == out["broker_configs"][key]
         assert (tmp / f"units/orbit-broker-broker-a-{key}.service").read_text() == out["systemd_units"][key]
     assert (tmp / "units/orbit-namesrv.service").exists()
-    cred_file = tmp / "etc/broker-a.credentials.json"
-    assert json.loads(cred_file.read_text()) == broker_cred
-    assert stat.S_IMODE(cred_file.stat().st_mode) == 0o600
     fstab = (tmp / "sysroot/etc/fstab").read_text()
     assert fstab.count(f"/dev/nvme9n1 {tmp}/stores xfs defaults,noatime,nodiratime 0 2") == 1
 
@@ -326,7 +357,7 @@ async def provision_and_start(
     assert "+ systemctl restart orbit-namesrv.service" in ns_cmds
     assert "mkfs" not in ns_cmds
     for key in ("0", "1"):
-        (stage / "broker-a.credentials.json").write_text(json.dumps(broker_cred))
+        (stage / cred_names[key]).write_text(json.dumps(creds[key]))
         script = out["broker_scripts"][key]
         cmds = run_script(script, tmp_path / f"broker-{key}.sh", sysroot=sysroot / key, stage=stage)
         assert "+ mkfs.xfs -f -L orbit-data /dev/nvme9n1" in cmds
@@ -345,8 +376,8 @@ async def provision_and_start(
         # a second run changes nothing it should not (fstab keeps one line)
         run_script(script, tmp_path / f"broker-{key}.sh", sysroot=sysroot / key, stage=stage)
         assert (sysroot / key / "etc/fstab").read_text() == fstab
-    assert json.loads(cred_file.read_text()) == broker_cred
-    assert not (stage / "broker-a.credentials.json").exists()
+    assert {k: json.loads(f.read_text()) for k, f in cred_files.items()} == creds
+    assert not list(stage.iterdir())
 
     # --- the servers, from the units' own command lines -------------------------------------------
     ns = await asyncio.to_thread(

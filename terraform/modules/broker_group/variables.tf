@@ -104,13 +104,19 @@ variable "control_plane_url" {
 }
 
 variable "broker_credentials" {
-  description = "The brokers' own credential (role broker; e.g. an orbit_credential with role = \"broker\"): uploaded to each host as a 0600 file, never put in the rendered files. Needed with a control plane."
+  description = "The brokers' own credential (role broker; e.g. an orbit_credential with role = \"broker\"): uploaded to each host as a 0600 file, never put in the rendered files. Needed with a control plane unless per_host_credentials."
   type = object({
     access_key = string
     secret     = string
   })
   default   = null
   sensitive = true
+}
+
+variable "per_host_credentials" {
+  description = "Give each host its own broker credential: the group is registered first, then the control plane issues each host a credential bound to it (POST /v1/fleet/broker-groups/{group}/hosts/{host}/credential, rotated whenever the host is provisioned) that is uploaded as the host's 0600 file. Needs register and operator_client_id/secret; broker_credentials is then unused. false: every host gets broker_credentials."
+  type        = bool
+  default     = false
 }
 
 variable "register" {

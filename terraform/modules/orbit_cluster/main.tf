@@ -27,6 +27,7 @@ module "broker_group" {
   namesrv_addrs          = module.name_server.endpoints
   control_plane_url      = var.control_plane_url
   broker_credentials     = var.broker_credentials
+  per_host_credentials   = var.per_host_credentials
   register               = var.control_plane_url != ""
   operator_client_id     = var.operator_client_id
   operator_client_secret = var.operator_client_secret

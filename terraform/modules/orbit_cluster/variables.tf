@@ -48,13 +48,19 @@ variable "control_plane_url" {
 }
 
 variable "broker_credentials" {
-  description = "The brokers' credential (role broker), uploaded to each broker host as a 0600 file."
+  description = "The brokers' credential (role broker), uploaded to each broker host as a 0600 file (unused with per_host_credentials)."
   type = object({
     access_key = string
     secret     = string
   })
   default   = null
   sensitive = true
+}
+
+variable "per_host_credentials" {
+  description = "Each broker host gets its own credential from the control plane instead of broker_credentials (see the broker_group module)."
+  type        = bool
+  default     = false
 }
 
 variable "operator_client_id" {
