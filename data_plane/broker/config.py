@@ -89,8 +89,10 @@ class BrokerConfig:
     # set, is the CA this broker verifies name servers by, and it registers over TLS.
     # A connection answered FLOW_CONTROL (its tenant over quota) is not read again until the
     # answer's retry-after has passed, at most this long (0: answered, never throttled): a flood
-    # then costs the broker nothing beyond the socket buffers.
-    quota_throttle_max_ms: int = 1_000
+    # then costs the broker nothing beyond the socket buffers. Off by default: a client that
+    # keeps sending while throttled (the SDK does) has its requests wait in the socket and time
+    # out (docs/quotas_and_metering.md).
+    quota_throttle_max_ms: int = 0
     tls_mode: str = "disabled"
     tls_cert_file: str = ""
     tls_key_file: str = ""

@@ -39,6 +39,8 @@ async def read_answer(reader: asyncio.StreamReader, timeout_s: float = 10) -> Re
 
 
 async def test_a_connection_answered_flow_control_is_not_read_until_its_retry_after(tenancy: TenancyCluster) -> None:
+    await tenancy.stop_broker()
+    await tenancy.start_broker("--set", "quota_throttle_max_ms=1000")
     acme = await tenancy.new_tenant("acme")
     reply = await tenancy.cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"publish_msgs_per_s": LIMIT})
     assert reply.status == 200, reply.body
