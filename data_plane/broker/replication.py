@@ -33,6 +33,7 @@ import contextlib
 import logging
 import os
 import shutil
+import ssl
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +45,7 @@ from data_plane.broker.ha_link import LinkSecret
 from data_plane.broker.persisted import ConfigFile
 from data_plane.store.ha import HAClient, HAService
 from data_plane.store.status import PutMessageStatus
+from data_plane.tls import client_context
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
@@ -172,6 +174,7 @@ class Replication:
             on_slave_offsets=self.on_slave_offsets,
             auth=self.link.auth(),
             refused=self.link_refused,
+            ssl_context=cfg.server_tls.context(),  # the broker's certificate, TLS only, when tls_mode is on
         )
         await self.service.start()
         adv = cfg.advertised_host or ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
@@ -191,8 +194,17 @@ class Replication:
         self.client = HAClient(
             self.broker.store, host, port, on_metadata=self.on_metadata, offsets_to_report=self.offsets_to_report,
             auth=self.link.auth(),
+            ssl_context=self._ha_client_tls(),
         )  # fmt: skip
         self.client.start()
+
+    def _ha_client_tls(self) -> ssl.SSLContext | None:
+        """TLS to the master's HA port when this group's brokers serve TLS (tls_mode), verified
+        by tls_ca_file (BrokerConfig requires it then)."""
+        cfg = self.broker.config
+        if cfg.tls_mode == "disabled":
+            return None
+        return client_context(ca_file=cfg.tls_ca_file or None)
 
     def _link_secret_changed(self) -> None:
         """A slave waiting for the link's secret connects at once."""

@@ -6,14 +6,17 @@ on the permissive ports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +29,7 @@ from data_plane.remoting.command import RemotingCommand, encode_bytes
 from data_plane.remoting.errors import RemotingError
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, client_context, make_local_ca
 from sdk import Message, Producer
+from sdk.admin import AdminClient
 from tests.integration.helpers import orbit, start_dev_up
 
 if TYPE_CHECKING:
@@ -151,3 +155,49 @@ def test_dev_up_tls_serves_the_cli_over_verified_tls_and_plain_clients_beside_it
     finally:
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
+
+
+@pytest.mark.asyncio
+async def test_the_ha_link_runs_over_tls_and_a_plain_peer_gets_nothing(
+    ca: dict[str, str],
+    tmp_path: Path,
+    start_namesrv: Callable[..., ServerProcess],
+    start_broker: Callable[..., ServerProcess],
+) -> None:
+    """With tls_mode on, a group's HA port serves TLS only with the broker's certificate and the
+    slave verifies it (tls_ca_file): the log replicates (a SYNC_MASTER answers SEND_OK), while a
+    plain peer's handshake frame is answered with nothing of the log."""
+    secret_file = tmp_path / "ha.secret"
+    secret_file.write_text("a-shared-secret-of-the-group-0123456789\n")
+    secret_file.chmod(0o600)
+    ns = start_namesrv(*tls_flags("enforcing", ca)).address
+    common = [*broker_tls("enforcing", ca), "--set", "ha_listen=127.0.0.1:0", "--set", f"ha_secret_file={secret_file}"]
+    master = start_broker(ns, "--role", "SYNC_MASTER", *common)
+    start_broker(ns, "--role", "SLAVE", "--broker-id", "1", *common, store_dir=tmp_path / "stores" / "slave")
+    ctx = client_context(ca_file=ca[CA_FILE])
+    admin = AdminClient(ns, tls=ctx)
+    try:
+        ha_host, _, ha_port = (await admin.broker_status(master.address))["haServerAddr"].rpartition(":")
+        async with Producer("ha-tls", namesrv_addrs=ns, tls=ctx, send_timeout_ms=10_000) as producer:
+            await producer.create_topic("HaTls", queue_nums=1)
+            deadline = time.monotonic() + 30
+            while True:  # until the slave has linked (over TLS) and acknowledges
+                status = (await producer.send(Message("HaTls", b"replicated"))).status
+                if status.name == "SEND_OK":
+                    break
+                assert time.monotonic() < deadline, status
+                await asyncio.sleep(0.2)
+    finally:
+        await admin.close()
+    reader, writer = await asyncio.open_connection(ha_host, int(ha_port))
+    try:
+        writer.write(struct.pack(">IIqI", 0x4F524841, 2, 0, 0))  # an Orbit HA handshake, in the clear
+        got = b""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(5):
+                while chunk := await reader.read(65536):
+                    got += chunk
+        assert b"replicated" not in got
+        assert not got.startswith(b"ORH")  # no challenge in the clear: at most a TLS alert
+    finally:
+        writer.close()

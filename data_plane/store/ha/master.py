@@ -30,6 +30,7 @@ import contextlib
 import heapq
 import itertools
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -294,6 +295,7 @@ class HAService:
         on_slave_offsets: Callable[[bytes], None] | None = None,
         auth: LinkAuth | None = None,
         refused: collections.Counter[str] | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be 1..{MAX_CHUNK_BYTES}")
@@ -313,6 +315,7 @@ class HAService:
         # None: an unauthenticated link. Refusals by reason (a caller's counter outlives this
         # service: a broker whose role changes makes a new one).
         self.auth = auth
+        self.ssl_context = ssl_context  # TLS only on the HA port when given (members are ours)
         self.refused: collections.Counter[str] = refused if refused is not None else collections.Counter()
         self._refusal_log = RefusalLog(log, "HA connections refused", counts=self.refused)
         self._no_secret_logged = False
@@ -329,7 +332,10 @@ class HAService:
 
     # --- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self.port, ssl=self.ssl_context,
+            ssl_handshake_timeout=10.0 if self.ssl_context is not None else None,
+        )  # fmt: skip
         sock = self._server.sockets[0]
         self.port = sock.getsockname()[1]
         log.info("HA service listening on %s:%d", self.host, self.port)

@@ -23,6 +23,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import ssl
 import time
 from collections.abc import Callable
 
@@ -101,6 +102,7 @@ class HAClient:
         on_metadata: Callable[[bytes], None] | None = None,
         offsets_to_report: Callable[[], bytes | None] | None = None,
         auth: LinkAuth | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.store = store
         self.master_host = master_host
@@ -115,6 +117,7 @@ class HAClient:
         self.on_metadata = on_metadata
         self.offsets_to_report = offsets_to_report
         self.auth = auth
+        self.ssl_context = ssl_context  # TLS to the master's HA port, verifying it, when given
         self.auth_failures = 0  # sessions ended by the link's authentication
         self.connected = False
         self.master_max_offset = -1
@@ -179,7 +182,11 @@ class HAClient:
                 continue
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.master_host, self.master_port), self.connect_timeout_ms / 1000
+                    asyncio.open_connection(
+                        self.master_host, self.master_port, ssl=self.ssl_context,
+                        server_hostname=self.master_host if self.ssl_context is not None else None,
+                    ),
+                    self.connect_timeout_ms / 1000,
                 )
             except (OSError, TimeoutError) as e:
                 log.info("HA master %s:%d unreachable: %s", self.master_host, self.master_port, e)
