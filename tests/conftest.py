@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -78,6 +79,22 @@ def speedups() -> ModuleType:
         compiled_missing("data_plane.store._speedups")
     module: ModuleType = _speedups
     return module
+
+
+def counter_points(reader: Any, name: str, key: str, *, broker_name: str = "broker-a") -> dict[str, int]:
+    """The data points of the observable counter ``name`` an ``InMemoryMetricReader`` collects
+    now, by their ``key`` attribute (each asserted to carry ``broker_name``)."""
+    data = reader.get_metrics_data()
+    out: dict[str, int] = {}
+    for rm in data.resource_metrics if data is not None else ():
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                assert metric.name == name
+                for point in metric.data.data_points:
+                    attrs = dict(point.attributes or {})
+                    assert attrs["orbit.broker.name"] == broker_name
+                    out[str(attrs[key])] = int(point.value)
+    return out
 
 
 class ManualClock:

@@ -13,6 +13,7 @@ from data_plane.broker.forced_deletions import SYSTEM, ForcedDeletions
 from data_plane.store.retention import ForcedDeletion
 from data_plane.telemetry import register_forced_deletions, setup_telemetry
 from data_plane.tenancy.metering import MINUTE_MS, UsageMeter
+from tests.conftest import counter_points
 
 pytestmark = pytest.mark.unit
 
@@ -78,18 +79,7 @@ def test_the_metric_reads_the_ledger_at_collection() -> None:
     register_forced_deletions(t, ledger.messages, broker_name="broker-a")
 
     def points() -> dict[str, int]:
-        data = reader.get_metrics_data()
-        out: dict[str, int] = {}
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    assert metric.name == "orbit.store.forced_deletion.messages"
-                    assert metric.unit == "{message}"
-                    for p in metric.data.data_points:
-                        attrs = dict(p.attributes or {})
-                        assert attrs["orbit.broker.name"] == "broker-a"
-                        out[str(attrs["messaging.rocketmq.namespace"])] = int(p.value)  # type: ignore[union-attr]
-        return out
+        return counter_points(reader, "orbit.store.forced_deletion.messages", "messaging.rocketmq.namespace")
 
     assert points() == {}
     ledger(ForcedDeletion("f0", 0, None, 0.96, {"acme%orders": 10, "globex%events": 1}))

@@ -44,6 +44,7 @@ from data_plane.store.ha.protocol import (
     new_nonce,
     slave_proof,
 )
+from tests.conftest import counter_points
 
 SECRET = b"s3cret-of-broker-a-0123456789abcdef"
 GROUP = "broker-a"
@@ -329,17 +330,7 @@ def test_the_refusal_counter_reports_each_reason_at_collection() -> None:
     register_ha_link_refusals(t, refused, broker_name="broker-a")
 
     def counts() -> dict[str, int]:
-        data = reader.get_metrics_data()
-        out: dict[str, int] = {}
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    assert metric.name == "orbit.broker.ha.link.refused"
-                    for p in metric.data.data_points:
-                        attrs = dict(p.attributes or {})
-                        assert attrs["orbit.broker.name"] == "broker-a"
-                        out[str(attrs["orbit.refusal.reason"])] = int(p.value)  # type: ignore[union-attr]
-        return out
+        return counter_points(reader, "orbit.broker.ha.link.refused", "orbit.refusal.reason")
 
     assert counts() == {}
     refused["bad_proof"] += 2

@@ -24,6 +24,7 @@ from data_plane.remoting.limits import (
     InboundGuard,
     InboundLimits,
 )
+from tests.conftest import counter_points
 
 pytestmark = pytest.mark.unit
 
@@ -318,17 +319,7 @@ def test_the_refusal_counter_reports_each_reason_at_collection() -> None:
     register_remoting_refusals(t, guard.refused, broker_name="broker-a")
 
     def counts() -> dict[str, int]:
-        data = reader.get_metrics_data()
-        out: dict[str, int] = {}
-        for rm in data.resource_metrics if data is not None else ():
-            for sm in rm.scope_metrics:
-                for metric in sm.metrics:
-                    assert metric.name == "orbit.remoting.refused"
-                    for p in metric.data.data_points:
-                        attrs = dict(p.attributes or {})
-                        assert attrs["orbit.broker.name"] == "broker-a"
-                        out[str(attrs["orbit.refusal.reason"])] = int(p.value)  # type: ignore[union-attr]
-        return out
+        return counter_points(reader, "orbit.remoting.refused", "orbit.refusal.reason")
 
     assert counts() == {}
     guard.refuse(MAX_CONNECTIONS_PER_ADDRESS, "10.0.0.1:1", "full")
