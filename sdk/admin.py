@@ -34,7 +34,16 @@ from sdk.errors import OrbitError
 
 
 class AdminError(OrbitError):
-    """An admin operation failed; the message says where and why."""
+    """An admin operation failed; the message says where and why. ``code``: the server's
+    response code when a server refused it (NO_PERMISSION 16, …), else None."""
+
+    def __init__(self, message: str = "", *, remark: str = "", addr: str = "", code: int | None = None) -> None:
+        super().__init__(message, remark=remark, addr=addr)
+        self.code = code
+
+    @property
+    def not_permitted(self) -> bool:
+        return self.code == ResponseCode.NO_PERMISSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +163,7 @@ class AdminClient:
     @staticmethod
     def _ok(r: RemotingCommand, what: str, *codes: int) -> RemotingCommand:
         if r.code not in (ResponseCode.SUCCESS, *codes):
-            raise AdminError(f"{what}: code {r.code}: {r.remark or ''}")
+            raise AdminError(f"{what}: code {r.code}: {r.remark or ''}", remark=r.remark or "", code=r.code)
         return r
 
     # --- cluster ------------------------------------------------------------------------------
@@ -184,16 +193,23 @@ class AdminClient:
         return {str(k): str(v) for k, v in table.items()}
 
     async def cluster_status(self) -> list[dict[str, Any]]:
-        """Every registered broker with its runtime figures (None where it does not answer)."""
+        """Every registered broker with its runtime figures: ``status`` None where it does not
+        answer, ``refused`` the remark where it refuses (these are operators' figures)."""
         info = await self.cluster_info()
         rows: list[dict[str, Any]] = []
         for name, bd in sorted((info.get("brokerAddrTable") or {}).items()):
             for bid, addr in sorted((bd.get("brokerAddrs") or {}).items(), key=lambda kv: int(kv[0])):
+                status: dict[str, str] | None = None
+                refused: str | None = None
                 try:
-                    status: dict[str, str] | None = await self.broker_status(addr)
-                except (AdminError, OrbitError):
-                    status = None
-                rows.append({"broker_name": name, "broker_id": int(bid), "addr": addr, "status": status})
+                    status = await self.broker_status(addr)
+                except AdminError as e:
+                    if e.not_permitted:
+                        refused = e.remark or "not permitted"
+                except OrbitError:
+                    pass
+                rows.append({"broker_name": name, "broker_id": int(bid), "addr": addr, "status": status,
+                             "refused": refused})  # fmt: skip
         return rows
 
     async def route(self, topic: str) -> dict[str, Any]:

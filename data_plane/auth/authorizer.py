@@ -205,7 +205,7 @@ class Authorizer:
         except BodyError as e:
             return _deny(f"cannot authorize request code {cmd.code}: {e}")
         if access.privileged:
-            return _deny(f"request code {cmd.code} is for operators only")
+            return _deny(f"request code {cmd.code} is for operators only, not a tenant credential")
         if access.deferred is not None and not self.deferred_checks:
             return _deny(f"request code {cmd.code} names no topic and is not open to tenants here")
         for need in access.needs:

@@ -216,11 +216,26 @@ def message_query(args: argparse.Namespace) -> int:
 
 
 # --- groups -------------------------------------------------------------------------------------
+def _whose(remark: str) -> str:
+    """The kind of credential a refusal names: a tenant's, or none at all."""
+    if "no credentials" in remark:
+        return "no credentials"
+    return "tenant credential" if "tenant" in remark else "this credential"
+
+
 def cluster_status(args: argparse.Namespace) -> int:
     """Each broker's role, epoch, CommitLog end and replication lag (docs/ha.md)."""
 
+    from sdk.admin import AdminError
+
     async def work(admin: AdminClient) -> int:
-        rows = await admin.cluster_status()
+        try:
+            rows = await admin.cluster_status()
+        except AdminError as e:
+            if not e.not_permitted:
+                raise
+            print(f"orbit cluster status: not permitted ({_whose(e.remark)}; operators only)", file=sys.stderr)
+            return 2
         if args.json:
             _out(args, {"brokers": rows}, "")
             return 0
@@ -229,9 +244,14 @@ def cluster_status(args: argparse.Namespace) -> int:
         for r in rows:
             st = r["status"]
             if st is None:
-                print(f"{r['broker_name']:<16} {r['broker_id']:>3} {r['addr']:<22} (not answering)")
+                why = "(not answering)"
+                if r.get("refused") is not None:
+                    why = f"not permitted ({_whose(r['refused'])}; operators only)"
+                print(f"{r['broker_name']:<16} {r['broker_id']:>3} {r['addr']:<22} {why}")
                 continue
-            role = st.get("brokerRole", "?") + (" (fenced)" if st.get("haFenced") == "True" else "")
+            role = st.get("brokerRole", "?")
+            if st.get("haFenced") == "True" and role != "SLAVE":  # a slave does not write anyway
+                role += " (fenced)"
             print(f"{r['broker_name']:<16} {r['broker_id']:>3} {r['addr']:<22} {role:<13} {st.get('haEpoch', '0'):>5} "
                   f"{st.get('commitLogMaxOffset', '?'):>14} {st.get('haLagBytes', '-'):>10} "
                   f"{st.get('haLagSeconds', '-'):>7}")  # fmt: skip

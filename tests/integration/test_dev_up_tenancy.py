@@ -57,6 +57,17 @@ def test_dev_up_serves_a_demo_tenant_whose_printed_credentials_work(tmp_path: Pa
         assert other.returncode != 0
         assert "code 16" in other.stderr
 
+        # Cluster status is operators' business: a tenant is told so; an operator sees the master
+        # and its slave, the slave not marked fenced.
+        status = orbit(env, "cluster", "status")
+        assert status.returncode == 2, status.stdout + status.stderr
+        assert "not permitted (tenant credential; operators only)" in status.stderr
+        operator = dict(base, ORBIT_CREDENTIALS_FILE=info["operator_credentials_file"])
+        table = orbit(operator, "cluster", "status")
+        assert table.returncode == 0, table.stderr
+        rows = [line.split() for line in table.stdout.splitlines()[1:]]
+        assert {(r[0], r[1], r[3]) for r in rows} == {("broker-a", "0", "SYNC_MASTER"), ("broker-a", "1", "SLAVE")}
+        assert "(fenced)" not in table.stdout
         # The same credential logs in to the control plane (OAuth client credentials).
         import base64
         import urllib.parse

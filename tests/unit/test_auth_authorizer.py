@@ -176,7 +176,8 @@ def test_operators_and_brokers_may_make_every_request(auth: Authorizer, case: st
 @pytest.mark.parametrize("code", [*PRIVILEGED_CODES, 9999])
 def test_listing_cluster_and_internal_codes_are_for_operators_only(auth: Authorizer, code: int) -> None:
     d = auth.authorize(full("acme"), cmd(code, topic="acme%orders"))
-    assert d == Denial(ResponseCode.NO_PERMISSION, f"request code {code} is for operators only")
+    remark = f"request code {code} is for operators only, not a tenant credential"
+    assert d == Denial(ResponseCode.NO_PERMISSION, remark)
     assert auth.authorize(OPERATOR, cmd(code)) is None
 
 
