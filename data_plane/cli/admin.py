@@ -340,6 +340,7 @@ def produce(args: argparse.Namespace) -> int:
 
 def consume(args: argparse.Namespace) -> int:
     from sdk import PullConsumer
+    from sdk.errors import ConnectionFailedError
 
     async def go() -> int:
         consumer = PullConsumer(
@@ -350,6 +351,15 @@ def consume(args: argparse.Namespace) -> int:
         )
         consumer.subscribe(args.topic, args.expression)
         await consumer.start()
+        try:
+            # No name server, or no route: one line and a non-zero exit, not a quiet timeout.
+            await consumer.fetch_queues(args.topic)
+        except ConnectionFailedError as e:
+            await consumer.shutdown()
+            raise ConnectionFailedError(f"no name server answered ({_namesrv(args)}): {e}") from None
+        except BaseException:
+            await consumer.shutdown()
+            raise
         got = 0
         deadline = time.monotonic() + args.timeout_s
         try:
@@ -422,7 +432,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--expression", default="*", help="tag expression, e.g. 'TagA || TagB'")
     p.add_argument("--earliest", action="store_true", help="a new group starts at the oldest message")
     p.add_argument("--max", type=int, default=2**62, help="stop after this many messages")
-    p.add_argument("--timeout-s", type=float, default=10.0, help="stop after this many seconds")
+    p.add_argument("--timeout-s", type=float, default=10.0, help="stop after this many seconds (default 10)")
     p.set_defaults(func=consume)
 
     msg = sub.add_parser("message", help="look messages up")

@@ -164,6 +164,7 @@ def test_topic_produce_consume_message_and_group_commands(
         (("message", "get", "not-a-message-id"), "not a message id"),
         (("message", "query", "--topic", "no-such-topic", "--key", "k"), "does not exist"),
         (("group", "progress", "g", "--topic", "no-such-topic"), "does not exist"),
+        (("consume", "--topic", "no-such-topic", "--timeout-s", "3"), "no route for topic 'no-such-topic'"),
     ],
 )
 def test_failures_print_one_clear_line_and_exit_non_zero(
@@ -182,10 +183,11 @@ def test_an_unreachable_name_server_is_a_clear_error() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nobody listens there
-    r = orbit(f"127.0.0.1:{port}", "topic", "list")
-    assert r.returncode != 0
-    assert "name server" in r.stderr
-    assert "Traceback" not in r.stderr
+    for args in (("topic", "list"), ("consume", "--topic", "orders", "--timeout-s", "3")):
+        r = orbit(f"127.0.0.1:{port}", *args)
+        assert r.returncode != 0, args
+        assert "name server" in r.stderr, (args, r.stderr)
+        assert "Traceback" not in r.stderr
 
 
 def test_a_bad_broker_setting_exits_with_a_clear_error(tmp_path: Path) -> None:
