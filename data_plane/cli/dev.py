@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -39,6 +40,27 @@ def _print_demo(namesrv: str, url: str, demo: Demo) -> None:
     print(f"  creds = ClientCredentials('{demo.access_key}', '<secret>', '{url}/oauth/token')")
     print(f"  Producer('my-producer', namesrv_addrs='{namesrv}', credentials=creds)")
     print("Stock RocketMQ client (ACL signature): AccessKey / SecretKey above, name server as above.")
+
+
+_PORT_FLAGS = (("control-plane", "--control-plane-port"), ("namesrv", "--namesrv-port"), ("broker", "--broker-port"))
+_IN_USE = re.compile(r"address already in use|Address already in use", re.I)
+_BIND = re.compile(r"\('[^']*', (\d+)\)")  # asyncio's "bind on address ('127.0.0.1', 9876)"
+
+
+def port_in_use(error: str) -> str | None:
+    """One line naming the flag to change, when a child could not start because its port is
+    taken ("namesrv did not start; the end of …log: … address already in use"), else None."""
+    in_use = _IN_USE.search(error)
+    if in_use is None:
+        return None
+    child = error.split(" ", 1)[0]
+    flag = next((f for prefix, f in _PORT_FLAGS if child.startswith(prefix)), None)
+    if flag is None:
+        return None
+    found = _BIND.search(error, max(0, in_use.start() - 200))
+    port = found.group(1) if found else ""
+    where = f"port {port}" if port else "its port"
+    return f"{where} of {child} is in use: choose another with {flag} (0 picks a free one)"
 
 
 def add_parser(sub: Any) -> None:
@@ -96,7 +118,7 @@ def dev_up(args: argparse.Namespace) -> int:
     try:
         cluster.start()
     except (ClusterError, BootstrapError) as e:
-        print(f"orbit dev up: {e}", file=sys.stderr)
+        print(f"orbit dev up: {port_in_use(str(e)) or e}", file=sys.stderr)
         return 1
     endpoints = cluster.endpoints()
     if args.ready_file:

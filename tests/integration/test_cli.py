@@ -212,3 +212,21 @@ def test_a_bad_broker_setting_exits_with_a_clear_error(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "default_topic_queue_nums" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_dev_up_with_a_port_in_use_says_which_flag_to_change_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = subprocess.run(
+            [sys.executable, "-m", "data_plane.cli", "dev", "up", "--no-tenancy", "--dir", str(tmp_path / "data"),
+             "--namesrv-port", str(port), "--broker-port", "0"],
+            capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"orbit dev up: port {port} of namesrv is in use: choose another with --namesrv-port (0 picks a free one)"
+    ]
