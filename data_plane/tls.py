@@ -23,12 +23,11 @@ import ipaddress
 import os
 import ssl
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+if TYPE_CHECKING:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.asymmetric import ec
 
 TlsMode = Literal["disabled", "permissive", "enforcing"]
 TLS_MODES: Final[tuple[str, ...]] = ("disabled", "permissive", "enforcing")
@@ -107,6 +106,8 @@ def http_ssl() -> ssl.SSLContext | bool:
 
 
 def _write_key(path: str, key: ec.EllipticCurvePrivateKey) -> None:
+    from cryptography.hazmat.primitives import serialization
+
     from data_plane.auth.files import write_atomic  # (data_plane.auth imports this module)
 
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
@@ -114,6 +115,9 @@ def _write_key(path: str, key: ec.EllipticCurvePrivateKey) -> None:
 
 
 def _name(common_name: str) -> x509.Name:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
     return x509.Name(
         [x509.NameAttribute(NameOID.ORGANIZATION_NAME, "Orbit"), x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     )
@@ -122,6 +126,12 @@ def _name(common_name: str) -> x509.Name:
 def make_local_ca(directory: str, *, days: int = 825, now: dt.datetime | None = None) -> dict[str, str]:
     """A CA and a server certificate for this machine's loopback names in ``directory`` (made
     once; kept while they are valid for another day). Returns the four files' paths."""
+    # Imported here: clients and servers import this module for their TLS contexts only.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID
+
     from data_plane.auth.files import write_atomic  # (data_plane.auth imports this module)
 
     paths = {name: os.path.join(directory, name) for name in (CA_FILE, CA_KEY_FILE, CERT_FILE, KEY_FILE)}

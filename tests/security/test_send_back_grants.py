@@ -34,6 +34,7 @@ from tests.integration.tenancy_cluster import (
     tenancy_fixture,  # noqa: F401
     until,
 )
+from tests.integration.test_tenancy_e2e_refusals import pull_cmd
 from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture  # noqa: F401
 
 pytestmark = [pytest.mark.asyncio]
@@ -104,17 +105,7 @@ async def accepted(tenancy: TenancyCluster, cmd: RemotingCommand, token: str) ->
 
 async def pull(tenancy: TenancyCluster, topic: str, token: str) -> list[MessageExt]:
     """Everything in queue 0 of ``topic``, read as group g1."""
-    cmd = protocol.pull_request(
-        group=G1,
-        mq=MessageQueue(topic, GROUP, 0),
-        offset=0,
-        max_nums=32,
-        subscription="*",
-        sub_version=0,
-        suspend_timeout_ms=0,
-        suspend=False,
-    )
-    resp = await tenancy.invoke(cmd, token=token)
+    resp = await tenancy.invoke(pull_cmd(topic, G1), token=token)
     assert resp.code in (ResponseCode.SUCCESS, ResponseCode.PULL_NOT_FOUND), (resp.code, resp.remark)
     return protocol.parse_pull_response(resp, GROUP).messages
 
