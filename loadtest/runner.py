@@ -133,6 +133,7 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
                 warmup_s=case.warmup_s,
                 duration_s=case.duration_s,
                 seed=seed * 1000 + i,
+                nice=case.tenants.noisy_nice if tenant is not None and case.tenants and i % len(tenants) == 0 else 0,
             )
         )
     return jobs

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
 import struct
 import time
@@ -55,6 +56,7 @@ class ProducerJob:
     warmup_s: float
     duration_s: float
     seed: int
+    nice: int = 0  # added to the process's niceness before it starts
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,6 +116,8 @@ async def _poll(cond: Callable[[], bool], every_s: float = 0.02) -> None:
 
 def producer_main(job: ProducerJob, q: Any, start_wall: Any) -> None:
     try:
+        if job.nice:
+            os.nice(job.nice)
         q.put(("done", "producer", job.index, _run(_produce(job, q, start_wall))))
     except BaseException:
         q.put(("failed", "producer", job.index, traceback.format_exc()))

@@ -50,6 +50,7 @@ from sdk.errors import (
     from_remoting,
 )
 from sdk.message import DEFAULT_TOPIC, MessageQueue
+from sdk.pacer import Pacer
 from sdk.route import MASTER_ID, TopicRoute, parse_route
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ class ClientInstance:
         self.namesrv_addrs = _split_namesrv(namesrv_addrs)
         self.instance_name = instance_name
         self.client_id = new_client_id()
+        self.pacer = Pacer()  # sends to brokers that said the tenant is over quota (sdk/pacer.py)
         self.credentials: Credentials | None = as_hook(credentials)
         self._ensure_fresh: EnsureFresh | None = getattr(self.credentials, "ensure_fresh", None)
         # A bearer token's fields while it can go as it is (sdk.credentials): the send path lays

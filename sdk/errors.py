@@ -26,6 +26,7 @@ from data_plane.remoting.errors import (
 )
 
 _RETRY_AFTER = re.compile(r"retry-after-ms=(\d{1,9})")
+_QUOTA_RATE = re.compile(r"quota-msgs-per-s=([0-9]{1,9}(?:\.[0-9]{1,6})?)")
 
 
 class OrbitError(Exception):
@@ -135,11 +136,30 @@ class FlowControlError(BrokerError):
     code = ResponseCode.FLOW_CONTROL
     retriable = True
     DEFAULT_RETRY_AFTER_MS = 100
+    local = False  # raised by the client's pacer (nothing was sent), not answered by a broker
 
     @property
     def retry_after_ms(self) -> int:
         m = _RETRY_AFTER.search(self.remark)
         return int(m.group(1)) if m else self.DEFAULT_RETRY_AFTER_MS
+
+    @property
+    def quota_msgs_per_s(self) -> float | None:
+        """The tenant's publish rate on the broker, when its answer names it."""
+        m = _QUOTA_RATE.search(self.remark)
+        return float(m.group(1)) if m else None
+
+    @classmethod
+    def held_back(cls, addr: str) -> FlowControlError:
+        """The client's own refusal: the pace of ``addr`` (sdk/pacer.py) has no slot for the
+        send before its deadline, so it was not sent."""
+        remark = (
+            f"[TOO_MANY_REQUESTS] held back by the client: broker {addr} paces this tenant's sends "
+            "to its quota and has no slot for this one within send_timeout_ms"
+        )
+        e = cls(remark, remark=remark, addr=addr)
+        e.local = True
+        return e
 
 
 class RequestCodeNotSupportedError(BrokerError):

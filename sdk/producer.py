@@ -70,6 +70,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+# FLOW_CONTROL answers one send takes before it fails: each one paces the client's sends to the
+# broker (sdk/pacer.py), so the next attempt waits its slot instead of coming straight back.
+MAX_FLOW_CONTROL_RETRIES = 3
 QueueSelector = Callable[[Sequence[MessageQueue], Message], MessageQueue]
 
 
@@ -408,7 +411,7 @@ class Producer:
         info = cached[1]
         mq = self.fault.select(info, None)
         addr = info.masters.get(mq.broker_name)
-        if addr is None:
+        if addr is None or inst.pacer.paced(addr):
             return None
         uid = new_unique_id()
         born_ms = _now_ms()
@@ -531,7 +534,9 @@ class Producer:
                 body=body,
             )
 
-        return await self._send(msgs[0].topic, msgs[0], build, ",".join(uids), sharding_key, queue_selector)
+        return await self._send(
+            msgs[0].topic, msgs[0], build, ",".join(uids), sharding_key, queue_selector, n_msgs=len(msgs)
+        )
 
     async def _send_batch_traced(
         self,
@@ -584,6 +589,7 @@ class Producer:
         queue_selector: QueueSelector | None,
         *,
         failed: tuple[MessageQueue, OrbitError, float] | None = None,
+        n_msgs: int = 1,
     ) -> SendResult:
         """Send what ``build(queue)`` makes — ``msg`` itself when ``build`` is None — with the
         retries and fault strategy of every send. ``failed``: a first attempt already made
@@ -599,6 +605,8 @@ class Producer:
         last_error: OrbitError | None = None
         refresh = False
         attempt = 0
+        flow_controlled = 0
+        addr: str | None = None
         while attempt <= self.retry_times:
             if failed is not None:
                 mq = failed[0]
@@ -628,6 +636,8 @@ class Producer:
                     raise error  # the attempt send_async made: its failure is handled below
                 if addr is None:
                     addr = inst.cached_master_addr(mq) or await inst.broker_addr(mq, master_only=True)
+                if inst.pacer.paced(addr):
+                    await self._paced(inst, addr, deadline, n_msgs)
                 answer: Awaitable[RemotingCommand]
                 if build is not None:
                     answer = inst.invoke_raw(addr, build(mq), remaining_ms)
@@ -645,8 +655,17 @@ class Producer:
                     raise from_remoting(e) from e
                 result = protocol.parse_send_response(resp, mq, msg_id, addr)
             except FlowControlError as e:
-                # Over quota: not the broker's fault and not an attempt used up; wait as told.
+                # Over quota: not the broker's fault and not an attempt used up. The pacer holds
+                # this and the client's other sends to the broker to the tenant's rate there.
+                if e.local:
+                    raise
                 last_error = e
+                if addr is not None and e.quota_msgs_per_s:  # a rate to pace to (not a full disk)
+                    inst.pacer.refused(addr, loop.time(), e.retry_after_ms, e.quota_msgs_per_s, begin)
+                    flow_controlled += 1
+                    if flow_controlled > MAX_FLOW_CONTROL_RETRIES:
+                        raise
+                    continue
                 wait_s = min(e.retry_after_ms / 1000, deadline - loop.time())
                 if wait_s <= 0:
                     break
@@ -661,6 +680,8 @@ class Producer:
                 last_error = e
                 refresh = e.invalid_metadata
                 continue
+            if flow_controlled and addr is not None:
+                inst.pacer.granted(addr)
             if fault.tolerance.items or loop.time() - begin >= _FAST_ANSWER_S:
                 fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=False)
             return result
@@ -670,6 +691,17 @@ class Producer:
             f"send to {topic!r} did not succeed within send_timeout_ms={self.send_timeout_ms}"
             + (f" (last error: {last_error})" if last_error else "")
         )
+
+    @staticmethod
+    async def _paced(inst: ClientInstance, addr: str, deadline: float, n_msgs: int) -> None:
+        """Wait for this send's slot in the pace of a broker that refused the tenant's sends
+        (sdk/pacer.py); FlowControlError, nothing sent, when the slot is past the deadline."""
+        loop = asyncio.get_running_loop()
+        wait_s = inst.pacer.slot(addr, loop.time(), deadline, n_msgs)
+        if wait_s is None:
+            raise FlowControlError.held_back(addr)
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
 
     # --- administration ---------------------------------------------------------------------------------
     async def create_topic(self, topic: str, *, queue_nums: int = 4, perm: int = 6) -> list[str]:

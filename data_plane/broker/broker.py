@@ -184,6 +184,7 @@ class Broker:
             await self.schedule.start(self.store, self.hold.notify)
         if self.config.auth_enabled:
             self.processors.before = self.tenancy.before
+            self.processors.checked_frame_handler = self.tenancy.refuse_send_early
         if self.tenancy is not None and self.config.quota_throttle_max_ms > 0:
             self.server.on_flow_control = self.tenancy.throttle
         self._start_telemetry()
@@ -467,6 +468,7 @@ class Broker:
             info["authDenied"] = self.tenancy.auth.denied  # refused requests (authorizer and handlers)
         if self.tenancy is not None:
             info["quotaThrottles"] = self.tenancy.throttled  # connections paused for a retry-after
+            info["quotaEarlyRefusals"] = self.tenancy.early_refusals  # sends refused off their frames
             info.update({f"refused.auth.{r}": n for r, n in self.tenancy.refusals.counts.items()})
         return {k: str(v) for k, v in info.items()}
 

@@ -35,8 +35,9 @@ from data_plane.broker.persisted import ConfigFile
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
 from data_plane.refusal_log import RefusalLog
 from data_plane.remoting.codes import ResponseCode
-from data_plane.remoting.command import RemotingCommand
+from data_plane.remoting.command import Body, RemotingCommand
 from data_plane.remoting.connection import Connection
+from data_plane.remoting.send_frame import flow_control_frame, send_fields
 from data_plane.store.message import Message, RecordError, parse_record
 from data_plane.tasks import cancel_all
 from data_plane.tenancy.metering import UsageMeter
@@ -177,6 +178,7 @@ class BrokerTenancy:
         # reason (runtime info "refused.auth.<reason>", the orbit.broker.auth.refused metric).
         self.refusals = RefusalLog(log, "requests refused")
         self.throttled = 0  # connections paused for their tenant's retry-after (throttle)
+        self.early_refusals = 0  # sends refused off their frames (refuse_send_early)
         self.meter = UsageMeter(
             cfg.broker_name,
             spool=self.spool,
@@ -363,8 +365,38 @@ class BrokerTenancy:
     def _publish_quota(self, cmd: RemotingCommand, tenant: str, n: int, nbytes: int) -> RemotingCommand | None:
         wait_ms = self.quotas.acquire_publish(tenant, n, nbytes)
         if wait_ms:
-            return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "publish", wait_ms))
+            return cmd.response(ResponseCode.FLOW_CONTROL, self._publish_remark(tenant, wait_ms))
         return None
+
+    def _publish_remark(self, tenant: str, wait_ms: int) -> str:
+        limits = self.quotas.limits_of(tenant)
+        return flow_control_remark(tenant, "publish", wait_ms, limits.publish_msgs_per_s if limits else None)
+
+    def refuse_send_early(self, conn: Connection, frame: Body) -> bytes | None:
+        """The frame path of a connection under tenancy (``Connection.frame_handler``): a single
+        send (SEND_MESSAGE_V2) to a topic of the tenant this connection authenticated as, while
+        that tenant is over its publish quota here, is answered FLOW_CONTROL straight from its
+        frame — no command object, no authentication, nothing stored — and the connection is
+        throttled as any refusal throttles it. Refusing needs no proof of who asks: the answer
+        grants nothing. Anything else (None) takes the command path, which checks everything."""
+        tenant = conn.attrs.get("tenant")
+        if tenant is None:
+            return None
+        f = send_fields(frame, 0)
+        if f is None:
+            return None
+        topic = f[2]
+        if not topic.startswith(tenant) or tenant_of(topic) != tenant:
+            return None
+        wait_ms = self.quotas.refuse_publish(tenant, 1, len(f[9]))
+        if not wait_ms:
+            return None
+        self.early_refusals += 1
+        throttle_ms = self.broker.config.quota_throttle_max_ms
+        if throttle_ms > 0:
+            conn.throttle(min(wait_ms, throttle_ms) / 1000)
+            self.throttled += 1
+        return flow_control_frame(f[1], f[0], self._publish_remark(tenant, wait_ms))
 
     def allows_stored_topic(self, cmd: RemotingCommand, topic: str, action: str) -> bool:
         """For the deferred codes (END_TRANSACTION: publish, VIEW_MESSAGE_BY_ID: subscribe): may the

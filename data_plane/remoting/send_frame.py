@@ -29,7 +29,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from data_plane.remoting.codes import RequestCode
+import orjson
+
+from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import (
     FRAME_PREFIX,
     SERIALIZE_JSON,
@@ -101,6 +103,16 @@ def py_send_ok_frame(
     """The whole frame of SUCCESS for one message stored at ``wrote_offset`` (the twin of
     ``_codec.send_ok_frame``)."""
     header = SEND_OK_HEADER % (version, opaque, host_hex, wrote_offset, queue_id, queue_offset)
+    return FRAME_PREFIX.pack(4 + len(header), len(header)) + header
+
+
+def flow_control_frame(version: int, opaque: int, remark: str) -> bytes:
+    """The whole frame of a FLOW_CONTROL (215) answer to a send read off its frame (the quota's
+    early refusal: ``BrokerTenancy.refuse_send_early``)."""
+    header = orjson.dumps({
+        "code": ResponseCode.FLOW_CONTROL, "language": "JAVA", "version": version, "opaque": opaque, "flag": 1,
+        "serializeTypeCurrentRPC": "JSON", "remark": remark,
+    })  # fmt: skip
     return FRAME_PREFIX.pack(4 + len(header), len(header)) + header
 
 

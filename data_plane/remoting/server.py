@@ -58,10 +58,12 @@ class Processors:
         self.handlers: dict[int, Handler] = {}
         self.before: Before | None = None
         self.frame_handler: FrameHandler | None = None
+        self.checked_frame_handler: FrameHandler | None = None
 
     def frame_path(self) -> FrameHandler | None:
-        """The frame handler for a new connection: none while ``before`` checks every request."""
-        return self.frame_handler if self.before is None else None
+        """The frame handler for a new connection: while ``before`` checks every request, only
+        ``checked_frame_handler`` (it may refuse straight from a frame, never serve one)."""
+        return self.frame_handler if self.before is None else self.checked_frame_handler
 
     def register(self, code: int, handler: Handler) -> None:
         self.handlers[int(code)] = handler

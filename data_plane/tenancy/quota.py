@@ -63,16 +63,20 @@ REMARK_PREFIX = "[TOO_MANY_REQUESTS]"
 BLOCKED_RETRY_AFTER_MS = 1000
 _BLOCKED_WAIT_S = (BLOCKED_RETRY_AFTER_MS - 0.5) / 1000.0  # rounds up (floor + 1) to the constant
 _RETRY_AFTER = re.compile(r"retry-after-ms=(\d{1,9})")
+_QUOTA_RATE = re.compile(r"quota-msgs-per-s=([0-9]{1,9}(?:\.[0-9]{1,6})?)")
 _INF = math.inf
 
 QuotaKind = Literal["publish", "consume"]
 
 
-def flow_control_remark(tenant: str, kind: QuotaKind, retry_after_ms: int) -> str:
-    """The remark of a FLOW_CONTROL (215) answer; ``parse_retry_after_ms`` reads it back."""
+def flow_control_remark(tenant: str, kind: QuotaKind, retry_after_ms: int, msgs_per_s: float | None = None) -> str:
+    """The remark of a FLOW_CONTROL (215) answer; ``parse_retry_after_ms`` reads it back, and
+    ``parse_quota_msgs_per_s`` the tenant's rate on this broker when it is given (clients pace
+    themselves to it: sdk/pacer.py)."""
+    rate = f", quota-msgs-per-s={f'{msgs_per_s:.3f}'.rstrip('0').rstrip('.')}" if msgs_per_s else ""
     return (
         f"{REMARK_PREFIX} tenant {tenant!r} is over its {kind} quota on this broker, "
-        f"retry-after-ms={retry_after_ms}"
+        f"retry-after-ms={retry_after_ms}{rate}"
     )
 
 
@@ -82,6 +86,14 @@ def parse_retry_after_ms(remark: str | None) -> int | None:
         return None
     m = _RETRY_AFTER.search(remark)
     return int(m.group(1)) if m else None
+
+
+def parse_quota_msgs_per_s(remark: str | None) -> float | None:
+    """The ``quota-msgs-per-s=<rate>`` of a remark, or None when it carries none."""
+    if not remark:
+        return None
+    m = _QUOTA_RATE.search(remark)
+    return float(m.group(1)) if m else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,9 +173,10 @@ class _Pair:
             t = self.b_tokens + dt * self.b_rate
             self.b_tokens = t if t < self.b_cap else self.b_cap
 
-    def acquire(self, now: float, msgs: int, nbytes: int, stagger: bool = False) -> float:
+    def acquire(self, now: float, msgs: int, nbytes: int, stagger: bool = False, take: bool = True) -> float:
         """0.0 when granted (the tokens are taken), else the seconds until it would be (with
-        ``stagger``: until the next slot not promised to an earlier refused request)."""
+        ``stagger``: until the next slot not promised to an earlier refused request).
+        ``take=False``: a grant takes nothing (the caller only learns that it would be granted)."""
         dt = now - self.stamp
         if dt > 0.0:
             self.stamp = now
@@ -176,8 +189,9 @@ class _Pair:
         m_need = msgs if msgs < self.m_cap else self.m_cap
         b_need = nbytes if nbytes < self.b_cap else self.b_cap
         if mt >= m_need and bt >= b_need:
-            self.m_tokens = mt - msgs
-            self.b_tokens = bt - nbytes
+            if take:
+                self.m_tokens = mt - msgs
+                self.b_tokens = bt - nbytes
             return 0.0
         wait = max(_wait_s(mt, m_need, self.m_rate), _wait_s(bt, b_need, self.b_rate))
         if not stagger:
@@ -326,6 +340,20 @@ class QuotaManager:
     def acquire_publish(self, tenant: str, msgs: int, nbytes: int) -> int:
         """0 when the send may go ahead (tokens taken), else the retry-after in ms (nothing taken)."""
         return self._acquire(tenant, msgs, nbytes, True)
+
+    def refuse_publish(self, tenant: str, msgs: int, nbytes: int) -> int:
+        """The frame path's early look (``BrokerTenancy.refuse_send_early``): the retry-after in
+        ms when ``acquire_publish`` would refuse this send now — the refusal is made, its slot
+        promised, exactly as ``acquire_publish`` makes it — else 0 with nothing taken (the send
+        then meets ``acquire_publish`` on its way). A tenant with no state yet is 0: it has not
+        sent here lately, so it is not over its quota."""
+        st = self._states.get(tenant)
+        if st is None:
+            return 0
+        now = self._clock()
+        st.seen = now
+        w = st.publish.acquire(now, msgs, nbytes, self._stagger, take=False)
+        return 0 if w == 0.0 else _to_ms(w)
 
     def acquire_consume(self, tenant: str, msgs: int, nbytes: int) -> int:
         """As ``acquire_publish`` for pulls; ``acquire_consume(tenant, 0, 0)`` asks only whether

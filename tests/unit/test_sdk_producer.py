@@ -18,6 +18,7 @@ from data_plane.store.message import decode_properties
 from sdk import errors
 from sdk.fault import TopicPublishQueues
 from sdk.message import Message, MessageQueue, SendStatus
+from sdk.pacer import Pacer
 from sdk.producer import Producer, select_by_sharding_key
 from sdk.route import TopicRoute
 from tests.conftest import ManualClock
@@ -59,6 +60,7 @@ class FakeInstance:
         self.oneway: list[tuple[str, RemotingCommand]] = []
         self.refreshes = 0
         self.routes: dict[str, TopicRoute] = {}  # no cached routes: every send asks publish_route
+        self.pacer = Pacer()
 
     def cached_master_addr(self, mq: MessageQueue) -> str | None:
         return None
@@ -455,3 +457,40 @@ async def test_a_producer_that_is_not_started_says_so() -> None:
         await p.send(Message("T", b"x"))
     with pytest.raises(errors.IllegalArgumentError):
         Producer("", namesrv_addrs="h:1")
+
+
+@pytest.mark.asyncio
+async def test_a_refusal_with_a_rate_paces_the_following_sends_and_a_slot_past_the_deadline_fails_unsent() -> None:
+    """broker-a refuses the first send with a retry-after and the tenant's rate (20 msgs/s): the
+    client's next sends go no faster than that, and one whose slot is past its send timeout
+    fails at once without a request."""
+    refusals = [1]
+
+    def answer(addr: str, cmd: RemotingCommand) -> RemotingCommand:
+        if refusals and refusals.pop():
+            return RemotingCommand(
+                ResponseCode.FLOW_CONTROL, flag=FLAG_RESPONSE,
+                remark="[TOO_MANY_REQUESTS] tenant 't' is over its publish quota on this broker, "
+                "retry-after-ms=50, quota-msgs-per-s=20",
+            )  # fmt: skip
+        return _ok(addr, cmd)
+
+    fake = FakeInstance(answer, route=_route(per_broker=1))
+    p = _producer(fake, send_timeout_ms=400)
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    sent = [await p.send(Message("T", b"x"), queue_selector=lambda qs, m: qs[0]) for _ in range(4)]
+    took = loop.time() - began
+    assert len(sent) == 4
+    # the refused one after 50 ms (+ up to 5 ms of jitter), then a slot every 50 ms (20 msgs/s)
+    assert took >= 0.05 + 3 * 0.05 - 0.005, took
+    assert len(fake.sent) == 5  # four sends and the one refusal
+    # The pace is full for the next ~0.4 s: a burst of sends with a 400 ms timeout finds no slot
+    # for most of them, which fail at once with nothing sent.
+    results = await asyncio.gather(
+        *(p.send(Message("T", b"y"), queue_selector=lambda qs, m: qs[0]) for _ in range(20)), return_exceptions=True
+    )
+    held = [r for r in results if isinstance(r, errors.FlowControlError)]
+    assert held
+    assert all(e.local for e in held)
+    assert len(fake.sent) == 5 + 20 - len(held)

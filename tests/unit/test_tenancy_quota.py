@@ -356,3 +356,35 @@ def test_the_sdks_flow_control_error_reads_the_brokers_remark() -> None:
 )
 def test_the_tenant_of_a_resource_is_its_namespace(resource: str, tenant: str | None) -> None:
     assert tenant_of(resource) == tenant
+
+
+# --- the frame path's early look and the remark's rate -------------------------------------------
+def test_refuse_publish_refuses_as_acquire_would_and_takes_nothing_from_a_grant() -> None:
+    clock = Clock()
+    q = manager(clock, stagger_refusals=True)
+    q.set_limits("t", Limits(publish_msgs_per_s=100))
+    assert q.refuse_publish("t", 1, 10) == 0  # no state yet: not over its quota
+    assert q.acquire_publish("t", 100, 1000) == 0  # the whole burst taken
+    first = q.refuse_publish("t", 1, 10)
+    assert first == 11  # 10 ms for one token at 100/s, rounded up
+    # A refusal made early promises its slot as acquire_publish's would: the next one waits behind it.
+    assert q.acquire_publish("t", 1, 10) == 21
+    clock.advance_ms(50)
+    tokens = q.tokens("t")
+    assert tokens is not None
+    held = tokens["publish_msgs"]
+    assert q.refuse_publish("t", 1, 10) == 0  # five tokens back: it would be granted...
+    tokens = q.tokens("t")
+    assert tokens is not None
+    assert tokens["publish_msgs"] == held
+
+
+def test_the_remark_names_the_rate_a_client_paces_itself_to() -> None:
+    from data_plane.tenancy.quota import parse_quota_msgs_per_s
+
+    remark = flow_control_remark("acme", "publish", 12, 1000.0)
+    assert parse_retry_after_ms(remark) == 12
+    assert parse_quota_msgs_per_s(remark) == 1000.0
+    assert parse_quota_msgs_per_s(flow_control_remark("acme", "publish", 12, 2.5)) == 2.5
+    assert parse_quota_msgs_per_s(flow_control_remark("acme", "publish", 12)) is None
+    assert "e+" not in flow_control_remark("acme", "publish", 1, 5_000_000.0)
