@@ -82,6 +82,8 @@ class ServicesStateSource:
                         "status": t["status"],
                         "limits": {k: t["quota"][k] for k in _RATES},  # type: ignore[literal-required]
                         "storage_bytes": t["quota"]["storage_bytes"],
+                        "max_connections": t["quota"]["max_connections"],
+                        "max_inflight_requests": t["quota"]["max_inflight_requests"],
                     }
                     for t in ds["tenants"]
                 ],

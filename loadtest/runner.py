@@ -105,6 +105,8 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
     jobs = []
     for i in range(case.producers):
         tenant = tenants[i % len(tenants)] if tenants else None
+        noisy = tenant is not None and i % len(tenants) == 0
+        noisy_connections = case.tenants.noisy_connections if case.tenants else 0
         pspec, topics = (tenant.spec, tenant.topics) if tenant else (spec, topic_names(case))
         segments: tuple[tuple[float, float, float], ...] = ()
         if case.open_loop:
@@ -125,7 +127,7 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
                 topics=topics,
                 message_bytes=case.message_bytes,
                 batch=case.batch,
-                connections=case.connections,
+                connections=noisy_connections if noisy and noisy_connections else case.connections,
                 in_flight=case.in_flight,
                 ordered=case.ordered,
                 keys=case.keys,
@@ -133,7 +135,7 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
                 warmup_s=case.warmup_s,
                 duration_s=case.duration_s,
                 seed=seed * 1000 + i,
-                nice=case.tenants.noisy_nice if tenant is not None and case.tenants and i % len(tenants) == 0 else 0,
+                nice=case.tenants.noisy_nice if noisy and case.tenants else 0,
             )
         )
     return jobs

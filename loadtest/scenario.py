@@ -57,6 +57,7 @@ class Tenants:
     # The niceness of tenant 0's producer processes: its clients stand in for hosts of their own,
     # so on a shared machine their own CPU does not slow the broker and the quiet tenants' clients.
     noisy_nice: int = 0
+    noisy_connections: int = 0  # connections (client instances) of each of tenant 0's producers; 0: ``connections``
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,8 +137,9 @@ TENANT_FIELDS = {
     "publish_quota_msgs_per_s": ("int", 1, 10_000_000),
     "noisy_rate_msgs_per_s": ("float", 1, 10_000_000),
     "noisy_nice": ("int", 0, 19),
+    "noisy_connections": ("int", 0, 10_000),
 }
-TENANT_OPTIONAL = {"noisy_nice"}
+TENANT_OPTIONAL = {"noisy_nice", "noisy_connections"}
 TOP_ONLY = {"name", "description", "peers", "variants"}
 
 

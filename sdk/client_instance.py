@@ -50,7 +50,7 @@ from sdk.errors import (
     from_remoting,
 )
 from sdk.message import DEFAULT_TOPIC, MessageQueue
-from sdk.pacer import Pacer
+from sdk.pacer import shared_pacer
 from sdk.route import MASTER_ID, TopicRoute, parse_route
 
 log = logging.getLogger(__name__)
@@ -107,8 +107,11 @@ class ClientInstance:
         self.namesrv_addrs = _split_namesrv(namesrv_addrs)
         self.instance_name = instance_name
         self.client_id = new_client_id()
-        self.pacer = Pacer()  # sends to brokers that said the tenant is over quota (sdk/pacer.py)
         self.credentials: Credentials | None = as_hook(credentials)
+        # Sends to brokers that said the tenant is over quota (sdk/pacer.py), shared by the
+        # process's clients of this credential.
+        who = getattr(credentials, "client_id", None) or getattr(credentials, "access_key", None)
+        self.pacer = shared_pacer(who if isinstance(who, str) else None)
         self._ensure_fresh: EnsureFresh | None = getattr(self.credentials, "ensure_fresh", None)
         # A bearer token's fields while it can go as it is (sdk.credentials): the send path lays
         # them into its frames, as text made once a token (send_connection).

@@ -18,12 +18,15 @@ holds back what the client would send beyond the quota, in the client:
     a second with no send waiting   ─▶ the pace is dropped: sends go at once again
 
 The jitter (up to a tenth of the retry-after) keeps the clients a broker refused together from
-coming back together. Not thread-safe: one event loop (the ClientInstance's) uses it.
+coming back together. The client instances of one process that use one credential share a pacer
+(``shared_pacer``): a process holding many connections for a tenant paces them together, to the
+tenant's rate, instead of each to the whole rate. Meant for one event loop at a time.
 """
 
 from __future__ import annotations
 
 import random
+import weakref
 from dataclasses import dataclass
 from typing import Final
 
@@ -43,7 +46,7 @@ class Pace:
 
 
 class Pacer:
-    __slots__ = ("_paces", "_rng", "refusals", "waits")
+    __slots__ = ("__weakref__", "_paces", "_rng", "refusals", "waits")
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._paces: dict[str, Pace] = {}
@@ -97,3 +100,17 @@ class Pacer:
         if at > now:
             self.waits += 1
         return at - now
+
+
+_SHARED: weakref.WeakValueDictionary[str, Pacer] = weakref.WeakValueDictionary()
+
+
+def shared_pacer(credential: str | None) -> Pacer:
+    """The pacer of the process's clients that use ``credential`` (an access key or OAuth client
+    id); a pacer of its own when None (no credential: no tenant to pace)."""
+    if credential is None:
+        return Pacer()
+    pacer = _SHARED.get(credential)
+    if pacer is None:
+        pacer = _SHARED[credential] = Pacer()
+    return pacer

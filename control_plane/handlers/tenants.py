@@ -8,7 +8,7 @@ from aiohttp import web
 from control_plane import auth, context
 from control_plane.errors import InvalidField
 from control_plane.names import PLAN_NAME, TENANT_ID
-from control_plane.repositories.plans import LIMIT_COLUMNS, LIMIT_FIELDS
+from control_plane.repositories.plans import LIMIT_COLUMNS, LIMIT_FIELDS, PLAN_DEFAULTS
 from control_plane.request_body import COLUMN_MAX
 from control_plane.routes import Route, json_response
 
@@ -91,7 +91,11 @@ async def put_plan(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     name = _plan_name(request)
     body = await context.body(request, LIMIT_FIELDS)
-    limits = {f: body.required_integer(f, minimum=lo, maximum=hi) for f, (lo, hi) in LIMIT_RANGES.items()}
+    given = {
+        f: body.integer(f, minimum=lo, maximum=hi, required=f not in PLAN_DEFAULTS)
+        for f, (lo, hi) in LIMIT_RANGES.items()
+    }
+    limits = {f: PLAN_DEFAULTS[f] if v is None else v for f, v in given.items()}
     plan, created = await context.services(request).tenants.put_plan(name, limits)
     return json_response(plan, status=201 if created else 200)
 
@@ -122,7 +126,13 @@ TENANT_PATCH = {
     "type": "object",
     "properties": {"display_name": {"type": "string", "maxLength": 256}, "plan": {"type": "string"}},
 }
-PLAN_SCHEMA = {"type": "object", "properties": LIMITS_SCHEMA, "required": list(LIMIT_FIELDS)}
+PLAN_SCHEMA = {
+    "type": "object",
+    "properties": {
+        f: {**v, "default": PLAN_DEFAULTS[f]} if f in PLAN_DEFAULTS else v for f, v in LIMITS_SCHEMA.items()
+    },
+    "required": [f for f in LIMIT_FIELDS if f not in PLAN_DEFAULTS],
+}
 QUOTA_SCHEMA = {
     "type": "object",
     "description": "overrides replace the tenant's: a field left out or null falls back to the plan",

@@ -18,7 +18,11 @@ LIMIT_COLUMNS: dict[str, Literal["integer", "bigint"]] = {
     "max_queues": "integer",
     "storage_bytes": "bigint",
     "max_retention_hours": "integer",
+    "max_connections": "integer",  # to one broker (0002's plans got them in 0007)
+    "max_inflight_requests": "integer",  # on one broker
 }
+# What a plan written without them gets (PUT /v1/plans/{plan} from before 0007 keeps working).
+PLAN_DEFAULTS: dict[str, int] = {"max_connections": 1000, "max_inflight_requests": 10000}
 LIMIT_FIELDS: tuple[str, ...] = tuple(LIMIT_COLUMNS)
 _COLUMNS = ", ".join(LIMIT_FIELDS)
 

@@ -55,6 +55,8 @@ class QuotaShare(TypedDict):
     consume_msgs_per_s: int
     consume_bytes_per_s: int
     storage_bytes: int
+    max_connections: int  # to each broker: the whole limit, not a share
+    max_inflight_requests: int
 
 
 class DesiredTenant(TypedDict):
@@ -124,6 +126,8 @@ class DesiredStateService:
                 "consume_msgs_per_s": math.ceil(r["consume_msgs_per_s"] / n),
                 "consume_bytes_per_s": math.ceil(r["consume_bytes_per_s"] / n),
                 "storage_bytes": math.ceil(r["storage_bytes"] / n),
+                "max_connections": int(r["max_connections"]),
+                "max_inflight_requests": int(r["max_inflight_requests"]),
             }
             tenants.append({"id": r["tenant_id"], "status": r["status"], "broker_group_count": n, "quota": share})
         return {

@@ -64,6 +64,8 @@ class TenantState(TypedDict, total=False):
     status: str  # "active" | "suspended"
     limits: dict[str, float | None] | None  # this broker's share; None = no limit
     storage_bytes: int | None  # this broker's share of the tenant's storage quota; None = no limit
+    max_connections: int  # connections the tenant may hold to this broker (0: no limit)
+    max_inflight_requests: int  # its requests in flight here, over all its connections (0: no limit)
 
 
 class TenancySnapshot(TypedDict):
@@ -108,6 +110,10 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
         storage = t.get("storage_bytes")
         if storage is not None and (not isinstance(storage, int) or isinstance(storage, bool) or storage < 0):
             raise TenancyError(f"tenant {t['id']}: storage_bytes must be a non-negative integer or null")
+        for name in ("max_connections", "max_inflight_requests"):
+            v = t.get(name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 2**31 - 1):
+                raise TenancyError(f"tenant {t['id']}: {name} must be an integer 0..2147483647 or absent")
         limits = t.get("limits")
         if limits is not None:
             if not isinstance(limits, dict):
@@ -195,6 +201,12 @@ class BrokerTenancy:
         self._tasks: list[asyncio.Task[None]] = []
         self.max_connections = cfg.max_connections_per_tenant
         self.connections: dict[str, int] = {}  # tenant -> connections counted for it
+        # Per tenant, its plan's limits here (else the broker's max_connections_per_tenant, and no
+        # in-flight limit), and the requests in flight over its connections: [count, limit], a
+        # cell each of its connections shares (Connection.tenant_load).
+        self.tenant_max_connections: dict[str, int] = {}
+        self.tenant_load: dict[str, list[int]] = {}
+        self.tenant_inflight_limits: dict[str, int] = {}
 
     @property
     def token_source(self) -> ClientCredentials | None:
@@ -286,7 +298,9 @@ class BrokerTenancy:
         if conn.closed:  # gone while its credential was being checked: nothing to count
             return None
         held = self.connections.get(tenant, 0)
-        if self.max_connections and held >= self.max_connections:
+        # The tenant's plan limit, within the broker's own (max_connections_per_tenant); 0 is none.
+        most = min((n for n in (self.tenant_max_connections.get(tenant, 0), self.max_connections) if n), default=0)
+        if most and held >= most:
             log.warning("tenant %s: refusing connection %s, it holds %d (max_connections_per_tenant)",
                         tenant, conn.peer, held)  # fmt: skip
             asyncio.get_running_loop().call_soon(conn.close)  # after the answer is written
@@ -296,6 +310,10 @@ class BrokerTenancy:
             )
         conn.attrs["tenant"] = tenant
         self.connections[tenant] = held + 1
+        cell = self.tenant_load.get(tenant)
+        if cell is None:
+            cell = self.tenant_load[tenant] = [0, self.tenant_inflight_limits.get(tenant, 0), 0]
+        conn.tenant_load = cell
         return None
 
     def connection_closed(self, conn: Connection) -> None:
@@ -307,6 +325,9 @@ class BrokerTenancy:
             self.connections[tenant] = left
         else:
             self.connections.pop(tenant, None)
+            cell = self.tenant_load.get(tenant)
+            if cell is not None and cell[0] <= 0:
+                del self.tenant_load[tenant]
 
     # --- sends and pulls ------------------------------------------------------------------------------
     def before_put(self, conn: Connection, cmd: RemotingCommand, msgs: list[Message]) -> RemotingCommand | None:
@@ -519,6 +540,14 @@ class BrokerTenancy:
                 storage[t["id"]] = cap
         self.quotas.replace_limits(limits)
         self.storage_limits = storage
+        self.tenant_max_connections = {
+            t["id"]: t["max_connections"] for t in snap["tenants"] if t.get("max_connections") is not None
+        }
+        self.tenant_inflight_limits = {
+            t["id"]: t["max_inflight_requests"] for t in snap["tenants"] if t.get("max_inflight_requests") is not None
+        }
+        for tenant, cell in self.tenant_load.items():
+            cell[1] = self.tenant_inflight_limits.get(tenant, 0)
         # Retention is per CommitLog file: keep files as long as the longest promise made here.
         store = self.broker.store
         if store is not None:
@@ -560,8 +589,12 @@ class BrokerTenancy:
         self.stored = stored
         over = {t for t, cap in self.storage_limits.items() if stored.get(t, 0) >= cap}
         for t in over - self.over_storage:
-            log.warning("tenant %s is over its storage quota here (%d of %d bytes): sends refused", t, stored.get(t, 0),
-                        self.storage_limits[t])
+            log.warning(
+                "tenant %s is over its storage quota here (%d of %d bytes): sends refused",
+                t,
+                stored.get(t, 0),
+                self.storage_limits[t],
+            )
         self.over_storage = frozenset(over)
         return stored
 

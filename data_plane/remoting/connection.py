@@ -84,6 +84,7 @@ class Waiter(Protocol):
 
     def set_exception(self, exception: BaseException, /) -> None: ...
 
+
 Dispatch = Callable[["Connection", RemotingCommand], "RemotingCommand | Awaitable[RemotingCommand | None] | None"]
 # Handles a request straight from its frame's bytes and returns its answer's whole frame, or
 # None (nothing done) to leave the frame to the command path: decode, then dispatch.
@@ -145,6 +146,9 @@ class Connection(asyncio.Protocol):
         self.closed_event = asyncio.Event()
         self.inflight = 0  # awaitable requests being handled, ``parked`` ones included
         self.parked = 0  # of those, the ones waiting for an event (``park``)
+        # [requests in flight, their limit (0: none), refusals]: a cell the connections of one
+        # tenant share (set by the layer above once the connection is known to be the tenant's).
+        self.tenant_load: list[int] | None = None
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
         self._pending: dict[int, tuple[Waiter, int]] = {}  # opaque -> (its future or waiter, code)
         # Per timeout (ms): (deadline, opaque) in the order sent, i.e. by deadline. Never the
@@ -398,6 +402,15 @@ class Connection(asyncio.Protocol):
         if self.inflight - self.parked >= self.max_inflight:
             self._answer(cmd, cmd.response(ResponseCode.SYSTEM_BUSY, "too many requests in flight on this connection"))
             return
+        load = self.tenant_load
+        if load is not None and load[1] and load[0] >= load[1]:
+            load[2] += 1
+            self._answer(cmd, cmd.response(
+                ResponseCode.SYSTEM_BUSY,
+                f"this tenant has {load[0]} requests in flight on this broker, the most its plan allows "
+                "(max_inflight_requests): wait for answers before sending more",
+            ))  # fmt: skip
+            return
         try:
             r = dispatch(self, cmd)
         except HeaderError as e:
@@ -428,6 +441,8 @@ class Connection(asyncio.Protocol):
             self._answer(cmd, r)
             return
         self.inflight += 1
+        if self.tenant_load is not None:
+            self.tenant_load[0] += 1
         task: asyncio.Future[RemotingCommand | None] = asyncio.ensure_future(r)
         task.add_done_callback(functools.partial(self._finish, cmd))
 
@@ -441,6 +456,8 @@ class Connection(asyncio.Protocol):
 
     def _finish(self, cmd: RemotingCommand, task: asyncio.Future[RemotingCommand | None]) -> None:
         self.inflight -= 1
+        if self.tenant_load is not None:
+            self.tenant_load[0] -= 1
         if task.cancelled():
             return
         e = task.exception()

@@ -102,6 +102,12 @@ async def test_plans_are_seeded_replaced_and_overridden_per_tenant(control_plane
     replaced = await cp.call("PUT", "/v1/plans/tiny", operator=True, json={**limits, "max_topics": 2})
     assert replaced.status == 200
     assert replaced.body["max_topics"] == 2
+    with_per_broker = await cp.call(
+        "PUT", "/v1/plans/tiny", operator=True, json={**limits, "max_topics": 2, "max_connections": 7}
+    )
+    assert (with_per_broker.body["max_connections"], with_per_broker.body["max_inflight_requests"]) == (7, 10000)
+    replaced = await cp.call("PUT", "/v1/plans/tiny", operator=True, json={**limits, "max_topics": 2})
+    assert replaced.body["max_connections"] == 1000
     partial = await cp.call("PUT", "/v1/plans/tiny", operator=True, json={"max_topics": 3})
     assert partial.status == 400
     assert partial.body["error"]["code"] == "invalid_field"
@@ -109,7 +115,9 @@ async def test_plans_are_seeded_replaced_and_overridden_per_tenant(control_plane
     quota = await cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"max_topics": 5, "storage_bytes": 7})
     assert quota.status == 200
     assert quota.body["overrides"] == {"max_topics": 5, "storage_bytes": 7}
-    assert quota.body["effective"] == {**limits, "max_topics": 5, "storage_bytes": 7}
+    # (a plan written without the per-broker limits gets their defaults)
+    defaults = {"max_connections": 1000, "max_inflight_requests": 10000}
+    assert quota.body["effective"] == {**limits, **defaults, "max_topics": 5, "storage_bytes": 7}
     cleared = await cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"max_topics": None})
     assert cleared.body["effective"]["max_topics"] == 2
     assert cleared.body["overrides"] == {}

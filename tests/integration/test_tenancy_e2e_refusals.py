@@ -5,6 +5,7 @@ through the control plane's API and reach the broker through the reconciler."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import time
@@ -277,3 +278,57 @@ async def test_a_tenant_past_its_connection_limit_is_refused_and_others_are_not(
                 return (await send(tenancy, again, acme)).code == ResponseCode.SUCCESS
 
         await until(new_one_admitted, "a new connection of acme's once one was closed")
+
+
+async def test_the_plans_connection_and_in_flight_limits_reach_the_broker(tenancy: TenancyCluster) -> None:
+    """A tenant's quota override of ``max_connections`` and ``max_inflight_requests`` is what the
+    broker enforces: a connection past the first limit is refused and closed, a request past the
+    second (long-polling pulls held on an empty queue count while held) answered SYSTEM_BUSY;
+    another tenant's requests on the same broker are not counted with it."""
+    acme = await tenancy.new_tenant("acme")
+    beta = await tenancy.new_tenant("beta")
+    for t in (acme, beta):
+        await tenancy.create_topic(t, "orders")
+        await tenancy.create_group(t, "g")
+    reply = await tenancy.cp.call(
+        "PUT", "/v1/tenants/acme/quota", operator=True, json={"max_connections": 2, "max_inflight_requests": 3}
+    )
+    assert reply.status == 200, reply.body
+    assert reply.body["effective"]["max_connections"] == 2
+    await tenancy.reconciled(rounds=2)
+
+    def held_pull(tenant: Tenant, queue_id: int) -> RemotingCommand:
+        cmd = protocol.pull_request(
+            group=f"{tenant.id}%g", mq=MessageQueue(f"{tenant.id}%orders", "broker-a", queue_id), offset=0,
+            max_nums=1, subscription="*", sub_version=0, suspend_timeout_ms=8000, commit_offset=0, suspend=True,
+        )  # fmt: skip
+        cmd.ext_fields = {**(cmd.ext_fields or {}), "Authorization": f"Bearer {tenant.token}"}
+        return cmd
+
+    async with own_connection() as a1, own_connection() as a2, own_connection() as a3, own_connection() as b1:
+        assert (await send(tenancy, a1, acme)).code == ResponseCode.SUCCESS
+        assert (await send(tenancy, a2, acme)).code == ResponseCode.SUCCESS
+        third = await send(tenancy, a3, acme)
+        assert third.code == ResponseCode.SYSTEM_BUSY, (third.code, third.remark)
+        assert "holds 2 connections" in (third.remark or "")
+        # Pulls held on acme's empty queues (its sends went to queue 0) over its two connections.
+        # A connection's requests are handled in order: a send's answer there means the pulls
+        # before it are held.
+        held = [
+            asyncio.ensure_future(c.invoke(tenancy.broker_addr, held_pull(acme, q), 15_000))
+            for c, q in ((a1, 1), (a2, 2))
+        ]
+        assert (await send(tenancy, a1, acme)).code == ResponseCode.SUCCESS
+        assert (await send(tenancy, a2, acme)).code == ResponseCode.SUCCESS
+        held.append(asyncio.ensure_future(a1.invoke(tenancy.broker_addr, held_pull(acme, 3), 15_000)))
+        busy = await send(tenancy, a1, acme)  # three in flight: this one would be the fourth
+        assert busy.code == ResponseCode.SYSTEM_BUSY, (busy.code, busy.remark)
+        assert "max_inflight_requests" in (busy.remark or "")
+        assert not any(h.done() for h in held)
+        # beta's pull on the same broker is held as usual, and beta's sends are taken: acme's
+        # requests in flight are not beta's.
+        other = asyncio.ensure_future(b1.invoke(tenancy.broker_addr, held_pull(beta, 1), 15_000))
+        assert (await send(tenancy, b1, beta)).code == ResponseCode.SUCCESS
+        assert not other.done()
+        for h in [*held, other]:
+            h.cancel()

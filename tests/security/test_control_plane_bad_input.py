@@ -39,7 +39,13 @@ VALID_LIMITS = {
     "storage_bytes": 10,
     "max_retention_hours": 24,
 }
-INTEGER_LIMITS = ("max_topics", "max_queues", "max_retention_hours")  # `integer` columns
+INTEGER_LIMITS = (
+    "max_topics",
+    "max_queues",
+    "max_retention_hours",
+    "max_connections",
+    "max_inflight_requests",
+)  # `integer` columns
 BIGINT_LIMITS = tuple(f for f in VALID_LIMITS if f not in INTEGER_LIMITS)  # `bigint` columns
 
 

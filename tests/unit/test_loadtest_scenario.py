@@ -152,7 +152,10 @@ def test_the_shipped_files_say_what_they_promise() -> None:
         assert noisy.tenants is not None
         assert noisy.tenants.noisy_nice == baseline.tenants.noisy_nice  # the same machine, only the rate differs
         factors.append(noisy.tenants.noisy_rate_msgs_per_s / noisy.tenants.publish_quota_msgs_per_s)
-    assert factors == [4.0, 20.0]
+    assert factors == [4.0, 20.0, 4.0]
+    storm = floods[-1].tenants
+    assert storm is not None
+    assert storm.noisy_connections == 500
     assert sc.load("backlog").cases[0].consumers_start_after_msgs > 0
     assert sc.load("ordered").cases[0].ordered
     assert set(sc.load("steady").peers) == {"nats", "redis"}

@@ -108,3 +108,20 @@ def test_the_flow_control_error_reads_the_brokers_rate_and_marks_the_clients_own
     assert own.local
     assert A in str(own)
     assert own.quota_msgs_per_s is None
+
+
+def test_the_clients_of_one_credential_share_a_pacer() -> None:
+    from sdk.client_instance import ClientInstance
+    from sdk.credentials import AccessKeyCredentials
+
+    creds = AccessKeyCredentials("ak-1", "secret")
+    one = ClientInstance("127.0.0.1:9876", instance_name="a", credentials=creds)
+    two = ClientInstance("127.0.0.1:9876", instance_name="b", credentials=AccessKeyCredentials("ak-1", "secret"))
+    other = ClientInstance("127.0.0.1:9876", instance_name="c", credentials=AccessKeyCredentials("ak-2", "secret"))
+    anonymous = ClientInstance("127.0.0.1:9876", instance_name="d")
+    assert one.pacer is two.pacer
+    assert other.pacer is not one.pacer
+    assert anonymous.pacer is not ClientInstance("127.0.0.1:9876", instance_name="e").pacer
+    one.pacer.refused(A, 0.0, 10, 100.0)
+    assert two.pacer.paced(A)
+    assert not other.pacer.paced(A)

@@ -44,6 +44,8 @@ LIMIT_FIELDS = (
     "max_queues",
     "storage_bytes",
     "max_retention_hours",
+    "max_connections",
+    "max_inflight_requests",
 )
 
 
