@@ -7,14 +7,16 @@ back with the others — the broker reads, checks and refuses most of a flood. T
 holds back what the client would send beyond the quota, in the client:
 
     refused (retry-after w, rate r) ─▶ the broker's pace: first slot now + w (+ jitter), then one
-                                       slot every 1/r s per message
+                                       slot every 1/(0.97 r) s per message (a little under the
+                                       quota, so the tenant's bucket refills rather than hovers
+                                       at empty, where any late wake-up is refused)
     every send to that broker       ─▶ takes the next slot and waits for it; a slot past the
                                        send's deadline fails it at once (FlowControlError), with
                                        nothing sent
-    refused again while paced       ─▶ the pace halves (another client of the tenant shares the
-                                       quota) — once for the sends made before the last change,
-                                       which were all on their way under the old pace; each send
-                                       granted while paced wins back 1/64 of r
+    refused again while paced       ─▶ the pace drops by a quarter (another client of the tenant
+                                       shares the quota) — once for the sends made before the last
+                                       change, which were all on their way under the old pace;
+                                       each send granted while paced wins back 1/32 of r
     a second with no send waiting   ─▶ the pace is dropped: sends go at once again
 
 The jitter (up to a tenth of the retry-after) keeps the clients a broker refused together from
@@ -31,8 +33,10 @@ from dataclasses import dataclass
 from typing import Final
 
 IDLE_S: Final = 1.0  # a pace whose slots have fallen this far behind is dropped
+HEADROOM: Final = 0.97  # of the broker's rate: the pace at most
+DECREASE: Final = 0.75  # the pace, times this, when a send made under it is refused
 MIN_SHARE: Final = 1 / 16  # the pace never goes below this share of the broker's rate
-RECOVER: Final = 1 / 64  # of the broker's rate, won back by each send granted while paced
+RECOVER: Final = 1 / 32  # of the broker's rate, won back by each send granted while paced
 JITTER: Final = 0.1  # of the retry-after, at most, added to the first slot
 DEFAULT_RATE: Final = 100.0  # msgs/s, when the broker's answer names no rate
 
@@ -42,7 +46,7 @@ class Pace:
     rate: float  # msgs/s this client sends to the broker now
     quota: float  # the tenant's rate on the broker, as it said
     next_slot: float  # loop time of the next free slot
-    changed: float  # loop time the pace was set or last halved
+    changed: float  # loop time the pace was set or last lowered
 
 
 class Pacer:
@@ -67,20 +71,20 @@ class Pacer:
         first = now + retry_after_ms / 1000 * (1 + JITTER * self._rng.random())
         pace = self._paces.get(addr)
         if pace is None:
-            self._paces[addr] = Pace(quota, quota, first, now)
+            self._paces[addr] = Pace(quota * HEADROOM, quota, first, now)
             return
         pace.quota = quota
         if (now if sent is None else sent) >= pace.changed:
-            pace.rate = max(pace.rate / 2, quota * MIN_SHARE)
+            pace.rate = max(pace.rate * DECREASE, quota * MIN_SHARE)
             pace.changed = now
-        pace.rate = min(pace.rate, quota)
+        pace.rate = min(pace.rate, quota * HEADROOM)
         pace.next_slot = max(pace.next_slot, first)
 
     def granted(self, addr: str) -> None:
         """A send to ``addr`` was taken while paced."""
         pace = self._paces.get(addr)
-        if pace is not None and pace.rate < pace.quota:
-            pace.rate = min(pace.quota, pace.rate + pace.quota * RECOVER)
+        if pace is not None and pace.rate < pace.quota * HEADROOM:
+            pace.rate = min(pace.quota * HEADROOM, pace.rate + pace.quota * RECOVER)
 
     def slot(self, addr: str, now: float, deadline: float, msgs: int = 1) -> float | None:
         """Seconds until a send of ``msgs`` messages to ``addr`` may go (0.0: at once), the slot

@@ -30,6 +30,7 @@ from control_plane.repositories import tenants as tenants_repo
 from control_plane.sealing import Sealer
 from control_plane.services.tokens import TokenService
 from control_plane.settings import write_private_file
+from control_plane.verified_secrets import VerifiedSecrets
 
 log = logging.getLogger(__name__)
 SECRET_BYTES = 32  # token_urlsafe(32): 43 url-safe characters
@@ -77,6 +78,7 @@ class CredentialService:
         self.pool = pool
         self.sealer = sealer
         self.tokens = tokens
+        self.verified = VerifiedSecrets()
 
     async def create(
         self, *, tenant_id: str | None, role: Role, grants: list[Grant] | None = None, description: str = ""
@@ -148,7 +150,10 @@ class CredentialService:
         """Client-credentials grant: a JWT and its lifetime, or InvalidClient."""
         row = await repo.get_for_login(self.pool, access_key)
         stored = secret_hash.DUMMY_HASH if row is None else str(row["secret_hash"])
-        ok = await asyncio.to_thread(secret_hash.verify_secret, secret, stored)
+        if row is None:
+            ok = await asyncio.to_thread(secret_hash.verify_secret, secret, stored)  # (as long as a wrong secret)
+        else:
+            ok = await self.verified.check(secret, stored)
         if row is None or not ok or row["status"] != "active":
             raise InvalidClient("unknown client, wrong secret, or revoked credential")
         if row["role"] == "tenant" and row["tenant_status"] != "active":

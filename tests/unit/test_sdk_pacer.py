@@ -7,7 +7,7 @@ import random
 import pytest
 
 from sdk.errors import FlowControlError
-from sdk.pacer import DEFAULT_RATE, IDLE_S, MIN_SHARE, Pacer
+from sdk.pacer import DECREASE, DEFAULT_RATE, HEADROOM, IDLE_S, MIN_SHARE, Pacer
 
 pytestmark = pytest.mark.unit
 
@@ -34,10 +34,11 @@ def test_after_a_refusal_sends_take_slots_at_the_quotas_rate() -> None:
         assert w is not None
         gaps.append(w - prev)
         prev = w
-    assert all(g == pytest.approx(0.001) for g in gaps)  # 1,000 msgs/s: one slot a millisecond
+    # 1,000 msgs/s: a slot every 1/970 s (a little under the quota)
+    assert all(g == pytest.approx(1 / (1000 * HEADROOM)) for g in gaps)
     batch = p.slot(A, 10.0, 13.0, msgs=32)
     assert batch is not None
-    assert p.slot(A, 10.0, 13.0) == pytest.approx(batch + 0.032)
+    assert p.slot(A, 10.0, 13.0) == pytest.approx(batch + 32 / (1000 * HEADROOM))
 
 
 def test_a_slot_past_the_deadline_is_refused_at_once_and_not_taken() -> None:
@@ -57,15 +58,15 @@ def test_sends_already_on_their_way_when_the_pace_was_set_do_not_slow_it() -> No
     a, b = p.slot(A, 1.01, 9.0), p.slot(A, 1.01, 9.0)
     assert a is not None
     assert b is not None
-    assert b - a == pytest.approx(0.001)
+    assert b - a == pytest.approx(1 / (1000 * HEADROOM))
     p.refused(A, 1.02, 1, 1000.0, sent=1.011)  # one sent under the pace: another client shares the quota
     c, d = p.slot(A, 1.03, 9.0), p.slot(A, 1.03, 9.0)
     assert c is not None
     assert d is not None
-    assert d - c == pytest.approx(0.002)
+    assert d - c == pytest.approx(1 / (1000 * HEADROOM * DECREASE))
 
 
-def test_refused_again_halves_the_pace_down_to_a_floor_and_grants_win_it_back() -> None:
+def test_refused_again_lowers_the_pace_down_to_a_floor_and_grants_win_it_back() -> None:
     p = Pacer(random.Random(3))
     p.refused(A, 0.0, 1, 1000.0)
     for i in range(10):
@@ -75,13 +76,13 @@ def test_refused_again_halves_the_pace_down_to_a_floor_and_grants_win_it_back() 
     assert w1 is not None
     assert w2 is not None
     assert w2 - w1 == pytest.approx(1 / (1000.0 * MIN_SHARE))  # never slower than the floor
-    for _ in range(200):
+    for _ in range(100):
         p.granted(A)
     w3 = p.slot(A, 0.0, 100.0)
     w4 = p.slot(A, 0.0, 100.0)
     assert w3 is not None
     assert w4 is not None
-    assert w4 - w3 == pytest.approx(0.001)  # back to the quota, not past it
+    assert w4 - w3 == pytest.approx(1 / (1000 * HEADROOM))  # back to the pace, not past it
 
 
 def test_an_idle_pace_is_dropped() -> None:
@@ -98,7 +99,7 @@ def test_a_refusal_without_a_rate_paces_at_the_default() -> None:
     a, b = p.slot(A, 0.0, 5.0), p.slot(A, 0.0, 5.0)
     assert a is not None
     assert b is not None
-    assert b - a == pytest.approx(1 / DEFAULT_RATE)
+    assert b - a == pytest.approx(1 / (DEFAULT_RATE * HEADROOM))
 
 
 def test_the_flow_control_error_reads_the_brokers_rate_and_marks_the_clients_own() -> None:
