@@ -148,6 +148,7 @@ def _consumer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any]) -> list
         jobs.append(
             ConsumerJob(
                 index=i,
+                tenant=tenant.tenant if tenant else None,
                 spec=tenant.spec if tenant else spec,
                 groups=tenant.groups if tenant else group_names(case),
                 topics=tenant.topics if tenant else topic_names(case),
@@ -339,6 +340,10 @@ def _case_result(
             t: {"noisy": t == tenant_name(0), **publish_summary([p for p in prods if p["tenant"] == t], case)}
             for t in sorted({p["tenant"] for p in prods})
         }
+        for t, summary in out["tenants"].items():  # each tenant's own consumers: its end-to-end latency
+            mine = [c for c in cons if c.get("tenant") == t]
+            if mine:
+                summary["consume"] = consume_summary(mine, case, expected=summary["acked"] * case.consumer_groups)
     if case.consumers_start_after_msgs and consumers_started is not None:
         out["backlog"] = backlog_summary(out["timeline"], consumers_started - start, case)
     return out

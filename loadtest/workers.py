@@ -62,6 +62,7 @@ class ProducerJob:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumerJob:
     index: int
+    tenant: str | None
     spec: dict[str, Any]
     groups: list[str]
     topics: list[str]
@@ -339,6 +340,7 @@ async def _consume(job: ConsumerJob, q: Any, start_wall: Any, start_evt: Any, st
     stop_ticks.set()
     await ticker
     return {
+        "tenant": job.tenant,
         "consumed": sum(per_group.values()),
         "per_group": per_group,
         "started_wall_s": started,
