@@ -74,7 +74,7 @@ class Pacer:
             self._paces[addr] = Pace(quota * HEADROOM, quota, first, now)
             return
         pace.quota = quota
-        if (now if sent is None else sent) >= pace.changed:
+        if (now if sent is None else sent) > pace.changed:
             pace.rate = max(pace.rate * DECREASE, quota * MIN_SHARE)
             pace.changed = now
         pace.rate = min(pace.rate, quota * HEADROOM)
