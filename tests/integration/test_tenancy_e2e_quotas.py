@@ -321,10 +321,11 @@ async def test_a_flooding_tenant_does_not_slow_another_tenant_down(tenancy: Tena
         f"{cpu['flood'] / spent['flood']:.0%} during the flood"
     )
     assert stats["acked"] > PUBLISH_LIMIT * 2
-    # The median within 20 %; the p90 within 2x, which a herd of refused requests broke (4-6x,
-    # before refusals were staggered).
+    # The median and the p90 within 20 % and 30 %: the flood's excess waits in acme's own client
+    # (sdk/pacer.py) and what reaches the broker is refused off its frame. Before refusals were
+    # staggered a herd of refused requests made the p90 4-6x; before the client paced itself, up to 2x.
     assert m1 <= m0 * 1.2, (m0, m1)
-    assert p1 <= p0 * 2.0, (p0, p1)
+    assert p1 <= p0 * 1.3, (p0, p1)
 
 
 # --- the product change behind the isolation (no processes) ------------------------------------
