@@ -312,7 +312,7 @@ class BrokerTenancy:
         self.connections[tenant] = held + 1
         cell = self.tenant_load.get(tenant)
         if cell is None:
-            cell = self.tenant_load[tenant] = [0, self.tenant_inflight_limits.get(tenant, 0), 0]
+            cell = self.tenant_load[tenant] = [0, self.tenant_inflight_limits.get(tenant, 0)]
         conn.tenant_load = cell
         return None
 
@@ -380,7 +380,13 @@ class BrokerTenancy:
         schedule), at most ``quota_throttle_max_ms``."""
         wait_ms = parse_retry_after_ms(response.remark)
         if wait_ms:
-            conn.throttle(min(wait_ms, self.broker.config.quota_throttle_max_ms) / 1000)
+            self._throttle(conn, wait_ms)
+
+    def _throttle(self, conn: Connection, wait_ms: int) -> None:
+        """Stop reading ``conn`` for ``wait_ms``, at most ``quota_throttle_max_ms`` (0: never)."""
+        most_ms = self.broker.config.quota_throttle_max_ms
+        if most_ms > 0:
+            conn.throttle(min(wait_ms, most_ms) / 1000)
             self.throttled += 1
 
     def _publish_quota(self, cmd: RemotingCommand, tenant: str, n: int, nbytes: int) -> RemotingCommand | None:
@@ -413,10 +419,7 @@ class BrokerTenancy:
         if not wait_ms:
             return None
         self.early_refusals += 1
-        throttle_ms = self.broker.config.quota_throttle_max_ms
-        if throttle_ms > 0:
-            conn.throttle(min(wait_ms, throttle_ms) / 1000)
-            self.throttled += 1
+        self._throttle(conn, wait_ms)
         return flow_control_frame(f[1], f[0], self._publish_remark(tenant, wait_ms))
 
     def allows_stored_topic(self, cmd: RemotingCommand, topic: str, action: str) -> bool:

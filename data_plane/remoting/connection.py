@@ -146,7 +146,7 @@ class Connection(asyncio.Protocol):
         self.closed_event = asyncio.Event()
         self.inflight = 0  # awaitable requests being handled, ``parked`` ones included
         self.parked = 0  # of those, the ones waiting for an event (``park``)
-        # [requests in flight, their limit (0: none), refusals]: a cell the connections of one
+        # [requests in flight, their limit (0: none)]: a cell the connections of one
         # tenant share (set by the layer above once the connection is known to be the tenant's).
         self.tenant_load: list[int] | None = None
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
@@ -404,7 +404,6 @@ class Connection(asyncio.Protocol):
             return
         load = self.tenant_load
         if load is not None and load[1] and load[0] >= load[1]:
-            load[2] += 1
             self._answer(cmd, cmd.response(
                 ResponseCode.SYSTEM_BUSY,
                 f"this tenant has {load[0]} requests in flight on this broker, the most its plan allows "
