@@ -98,6 +98,8 @@ class LocalCluster:
     host: str = "127.0.0.1"
     namesrv_port: int = 9876
     broker_port: int = 10911
+    # The first slave's port (the next ones 10 apart); None: the master's port + 10, 0: free ports.
+    slave_port: int | None = None
     flush: str = "ASYNC_FLUSH"
     broker_flags: list[str] = field(default_factory=list)
     tenancy: bool = False
@@ -184,9 +186,15 @@ class LocalCluster:
     def broker_names(self) -> list[str]:
         return ["broker-a", *(f"broker-a-s{i}" for i in range(1, self.slaves + 1))]
 
+    def member_port(self, member: int) -> int:
+        """The port broker group member ``member`` (0: the master) listens on (0: a free one)."""
+        if member == 0 or self.slave_port is None:
+            return self.broker_port + 10 * member if self.broker_port else 0
+        return self.slave_port + 10 * (member - 1) if self.slave_port else 0
+
     def broker_args(self, member: int, namesrv: str, tenancy_flags: list[str]) -> list[str]:
         """``orbit broker`` flags of member 0 (the master) or slave ``member``."""
-        port = self.broker_port + 10 * member if self.broker_port else 0
+        port = self.member_port(member)
         store_dir = os.path.join(self.root, self.broker_names[member])
         args = [
             "--listen", f"{self.host}:{port}",
@@ -199,7 +207,7 @@ class LocalCluster:
         if self.slaves:
             role = "SLAVE" if member else self.master_role
             args += ["--role", role, "--broker-id", str(member)]
-            if not self.broker_port:
+            if not port:
                 args += ["--set", f"ha_listen={self.host}:0"]
             if self.tenancy and self.failover:
                 args += ["--set", "failover_enabled=true"]

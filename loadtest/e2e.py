@@ -32,7 +32,7 @@ taking a host fault a page (docs/broker.md, "Cold memory").
 
 ``--latency-first`` runs the synchronous and half-peak phases first, on a fresh broker, then
 the batched and consume ones: after the batched phase's 4-5 GB the same open-loop phase's p99
-was several times higher on the project's VM, for a cause not established — not a write-back
+was several times higher on a 2-core virtual machine, for a cause not established — not a write-back
 backlog, which is gone by then (docs/broker.md, "Stalls of the broker's event loop").
 
 Latencies are HdrHistograms (1 µs .. 60 s, 3 significant digits), merged over processes; a
@@ -473,7 +473,7 @@ def _phase_half_peak(
         # The broker's event-loop stalls of 50 ms or more while the phase ran (stall_watch.py;
         # the broker's log has each one's stacks).
         "broker_loop_stalls": stalls,
-        # How late the publisher's own wake-ups sent what was due (a process the VM or the
+        # How late the publisher's own wake-ups sent what was due (a process the hypervisor or the
         # other process kept off a core shows here, not in the broker's stalls).
         "publisher_lateness": {"max_ms": alone["late_max_ms"], "wakeups_over_5ms": alone["wakeups_late_over_5ms"]},
         "with_consumer": {
@@ -509,7 +509,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     try:
         if opts.warm_memory_mb > 0:
             log(f"warming memory: {4 * opts.warm_memory_mb} MiB of page cache written and freed")
-            # how fast new memory came before the phases (slow: the VM's was cold); the phases
+            # how fast new memory came before the phases (slow: the machine's was cold); the phases
             # then reuse what this freed
             os.makedirs(root, exist_ok=True)
             result["machine"]["page_cache_write_before"] = page_cache_write(root, opts.warm_memory_mb)
@@ -544,7 +544,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             for n, phase in enumerate(phases, 1):
                 log(f"phase {n}:")
                 phase()
-        # What the VM gave this hour (its speed drifts 2-3x between hours): measured after the phases, so
+        # What the machine gave this hour (its speed drifts 2-3x between hours): measured after the phases, so
         # that the probe's page-cache writes do not change what the broker finds.
         result["machine"]["python_loop_ns"] = python_loop_ns()
         result["machine"]["page_cache_write"] = page_cache_write(root, 64)

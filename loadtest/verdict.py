@@ -80,7 +80,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "failed_runs": sum("error" in r for r in results),  # runs that ended in an error: all missed
         "all_met_runs": sum(verdict(r)["all"] for r in results),
         "targets": per_target,
-        # the VM's speed during each run (a Python loop iteration, ns; lower is faster)
+        # the machine's speed during each run (a Python loop iteration, ns; lower is faster)
         "python_loop_ns": loop_ns,
     }
 
@@ -93,7 +93,7 @@ def missed(result: dict[str, Any]) -> str:
 
 
 def brief(result: dict[str, Any]) -> dict[str, Any]:
-    """One run in a line: its target figures, what it met, and the VM's speed then (and the
+    """One run in a line: its target figures, what it met, and the machine's speed then (and the
     error it ended in, if it did)."""
     out = {
         "figures": {t.name: t.figure(result) for t in TARGETS},

@@ -304,7 +304,7 @@ class ClientInstance:
         if route is None:
             route = await self.fetch_route(topic)
         if route is None:
-            raise RouteNotFoundError(topic, "unknown to the name servers")
+            raise RouteNotFoundError(topic, missing=True)
         return route
 
     async def publish_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
@@ -326,7 +326,7 @@ class ClientInstance:
                 return borrowed
         if route is not None:
             raise RouteNotFoundError(topic, "no broker takes writes for it")
-        raise RouteNotFoundError(topic, "unknown to the name servers, and no broker auto-creates topics")
+        raise RouteNotFoundError(topic, missing=True)  # (and no broker auto-creates topics)
 
     def _remember_broker(self, name: str, addrs: dict[int, str]) -> None:
         self._extra_brokers[name] = addrs

@@ -73,9 +73,23 @@ class RouteNotFoundError(OrbitError):
     retriable = True
     invalid_metadata = True
 
-    def __init__(self, topic: str, detail: str = "") -> None:
-        super().__init__(f"no route for topic {topic!r}{': ' + detail if detail else ''}")
+    def __init__(self, topic: str, detail: str = "", *, missing: bool = False) -> None:
+        if missing:  # the name servers do not know it: most often a typo, or not created yet
+            text = f"no route for topic {topic!r}: topic {topic!r} does not exist; {create_topic_hint(topic)}"
+        else:
+            text = f"no route for topic {topic!r}{': ' + detail if detail else ''}"
+        super().__init__(text)
         self.topic = topic
+        self.missing = missing
+
+
+def create_topic_hint(topic: str) -> str:
+    """How a topic that does not exist is created: a tenant's (``tenant%name``) through the
+    control plane's API, any topic with the CLI."""
+    tenant, sep, _ = topic.partition("%")
+    if sep and tenant:
+        return f"create it with the API (POST /v1/tenants/{tenant}/topics) or `orbit topic create`"
+    return "create it with `orbit topic create`"
 
 
 class BrokerNotFoundError(OrbitError):

@@ -42,7 +42,12 @@ def _print_demo(namesrv: str, url: str, demo: Demo) -> None:
     print("Stock RocketMQ client (ACL signature): AccessKey / SecretKey above, name server as above.")
 
 
-_PORT_FLAGS = (("control-plane", "--control-plane-port"), ("namesrv", "--namesrv-port"), ("broker", "--broker-port"))
+_PORT_FLAGS = (
+    ("control-plane", "--control-plane-port"),
+    ("namesrv", "--namesrv-port"),
+    ("broker-a-s", "--slave-port"),  # (before "broker": a slave's name starts like the master's)
+    ("broker", "--broker-port"),
+)
 _IN_USE = re.compile(r"address already in use|Address already in use", re.I)
 _BIND = re.compile(r"\('[^']*', (\d+)\)")  # asyncio's "bind on address ('127.0.0.1', 9876)"
 
@@ -63,25 +68,53 @@ def port_in_use(error: str) -> str | None:
     return f"{where} of {child} is in use: choose another with {flag} (0 picks a free one)"
 
 
+DEV_DESCRIPTION = """\
+The local development cluster, every part a process on this machine:
+  - the control plane (HTTP API, OpenAPI at /openapi.json) on an embedded PostgreSQL,
+    with an operator credential and a demo tenant (its credential printed once it is up);
+  - a name server;
+  - broker group broker-a: a SYNC_MASTER and a slave replicating it, with failover through
+    the control plane (--single-broker: one broker; --no-tenancy: no control plane, no
+    credentials).
+State lives under --dir, so a second `dev up` finds its topics and messages again."""
+
+
 def add_parser(sub: Any) -> None:
-    dev = sub.add_parser("dev", help="the local development cluster")
-    dev_sub = dev.add_subparsers(dest="what", required=True)
-    up = dev_sub.add_parser("up", help="run a name server and a broker until Ctrl-C")
-    up.add_argument("--dir", default="orbit-data", help="where all state lives (default ./orbit-data)")
-    up.add_argument("--host", default="127.0.0.1", help="interface to listen on")
-    up.add_argument("--namesrv-port", type=int, default=9876, help="0 picks a free port")
-    up.add_argument("--broker-port", type=int, default=10911, help="0 picks a free port")
-    up.add_argument("--control-plane-port", type=int, default=8080, help="0 picks a free port")
+    fmt = argparse.RawDescriptionHelpFormatter
+    dev = sub.add_parser("dev", help="the local development cluster", description=DEV_DESCRIPTION, formatter_class=fmt)
+    dev_sub = dev.add_subparsers(dest="what", required=True, metavar="{up}")
+    up = dev_sub.add_parser(
+        "up", help="run the control plane, a name server and a broker group (master + slave) until Ctrl-C",
+        description=DEV_DESCRIPTION, formatter_class=fmt,
+    )  # fmt: skip
+    up.add_argument("--dir", default="orbit-data", help="where all state lives (default: ./orbit-data)")
+    up.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1)")
+    up.add_argument("--namesrv-port", type=int, default=9876, help="name server port (default: 9876; 0: a free port)")
+    up.add_argument("--broker-port", type=int, default=10911, help="master's port (default: 10911; 0: a free port)")
+    up.add_argument(
+        "--slave-port", type=int, default=None,
+        help="slave's port (default: the master's + 10, so 10921; 0: a free port)",
+    )  # fmt: skip
+    up.add_argument(
+        "--control-plane-port", type=int, default=8080, help="control plane's HTTP port (default: 8080; 0: a free port)"
+    )
     up.add_argument("--no-tenancy", action="store_true", help="no control plane: an open broker, no credentials")
-    up.add_argument("--flush", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH")
+    up.add_argument(
+        "--flush", choices=["ASYNC_FLUSH", "SYNC_FLUSH"], default="ASYNC_FLUSH",
+        help="when the CommitLog is forced to disk: in the background, or before a send is answered "
+        "(default: ASYNC_FLUSH)",
+    )  # fmt: skip
     up.add_argument(
         "--single-broker", action="store_true",
         help="one broker instead of a broker group of a SYNC_MASTER and a slave",
     )  # fmt: skip
-    up.add_argument("--store-set", action="append", default=[], metavar="KEY=VALUE", help="a broker store setting")
+    up.add_argument(
+        "--store-set", action="append", default=[], metavar="KEY=VALUE",
+        help="a broker store setting, e.g. commit_log_file_size_bytes=67108864 (repeatable)",
+    )  # fmt: skip
     up.add_argument(
         "--broker-set", action="append", default=[], metavar="KEY=VALUE",
-        help="a broker setting, e.g. usage_topic_enabled=true (the Spark metering pipeline's input)",
+        help="a broker setting, e.g. usage_topic_enabled=true (the Spark metering pipeline's input; repeatable)",
     )  # fmt: skip
     up.add_argument(
         "--tls", action="store_true",
@@ -105,6 +138,7 @@ def dev_up(args: argparse.Namespace) -> int:
         host=args.host,
         namesrv_port=args.namesrv_port,
         broker_port=args.broker_port,
+        slave_port=args.slave_port,
         flush=args.flush,
         broker_flags=[
             *(f for kv in args.store_set for f in ("--store-set", kv)),

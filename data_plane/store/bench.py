@@ -1,7 +1,7 @@
 """``orbit bench store``: the store's throughput and memory figures, printed as JSON.
 
 Every figure comes from this run on this machine; each is the median of ``repeats`` runs
-(3 by default; ``runs_msgs_per_s`` keeps them all — runs on the project's VM vary a lot). Before
+(3 by default; ``runs_msgs_per_s`` keeps them all — runs on a shared virtual machine vary a lot). Before
 each timed run the dirty pages of earlier ones are written back (``os.sync``, not timed), so no
 run pays for its predecessor's write-back:
 
@@ -13,7 +13,7 @@ run pays for its predecessor's write-back:
   reporting), a page the guest has not used lately costs a host fault, and the rate falls from
   GiB/s to a few hundred MiB/s once recently freed memory is used up;
 * ``machine.python_loop_ns``: how long a simple CPython loop iteration takes (best of three),
-  the other speed the VM varies on;
+  the other speed a virtual machine varies on;
 * ``append_single`` / ``append_batch32``: 1 KiB messages with TAGS and UNIQ_KEY properties (what
   a stock RocketMQ producer sends), ASYNC_FLUSH, in-process, ConsumeQueue and index included;
 * ``read_sequential``: every message back through ``get_message`` (32 a call);
@@ -99,7 +99,7 @@ def _measure_interleaved(
     runs: dict[str, Run], repeats: int, settle: Callable[[], None] = os.sync
 ) -> dict[str, dict[str, Any]]:
     """Time each of ``runs`` ``repeats`` times, alternating between them (each in turn first and
-    last) so that the machine's drift (large on this project's VM) hits all of them alike. Each
+    last) so that the machine's drift (large on a shared virtual machine) hits all of them alike. Each
     figure is the median run; every run's rate is kept. ``settle`` runs before each run, untimed: by default everything
     written so far goes to disk, so that no run pays for the write-back of the one before."""
     samples: dict[str, list[tuple[float, int, float, int]]] = {name: [] for name in runs}
@@ -181,7 +181,7 @@ def page_cache_write(directory: str, megabytes: int) -> dict[str, float]:
 
 
 def python_loop_ns(iterations: int = 2_000_000) -> float:
-    """Nanoseconds a simple CPython loop iteration takes now: the VM's speed drifts 2-3x
+    """Nanoseconds a simple CPython loop iteration takes now: a shared virtual machine's speed can drift 2-3x
     between hours, and a figure means little without it (the store's figures follow it)."""
     best = float("inf")
     for _ in range(3):

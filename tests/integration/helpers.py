@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import inspect
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -103,6 +104,19 @@ def orbit(
         env=env,
         timeout=timeout_s,
     )
+
+
+def stop_dev_up(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C for ``orbit dev up`` (started by ``start_dev_up``), and its end awaited."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+    else:
+        proc.communicate()
 
 
 def start_dev_up(

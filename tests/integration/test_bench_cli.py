@@ -135,7 +135,7 @@ def test_bench_store_prints_and_writes_every_figure(tmp_path: Path) -> None:
     assert printed["schema"] == written["schema"] == "orbit.bench.store/1"
     check_figures(printed)
     check_figures(written)
-    positive(printed["machine"]["python_loop_ns"], "machine.python_loop_ns")  # the VM's speed this hour
+    positive(printed["machine"]["python_loop_ns"], "machine.python_loop_ns")  # the machine's speed this hour
 
     # The file has the RSS samples too, taken while writing up to the amount asked for.
     samples = written["rss"]["samples"]
@@ -224,7 +224,7 @@ def test_bench_e2e_prints_and_writes_every_figure(
             seconds = result["options"]["seconds"]
             per_msg_share = positive(us, f"half_peak.cpu_us_per_msg.{who}") * measured / 1e6 / seconds
             assert per_msg_share == pytest.approx(share, rel=0.3, abs=0.03), (who, us, share, measured)
-    # The VM's speed this hour, beside the figures it bounds.
+    # The machine's speed this hour, beside the figures it bounds.
     positive(result["machine"]["python_loop_ns"], "machine.python_loop_ns")
     positive(result["machine"]["page_cache_write"]["mb_per_s"], "machine.page_cache_write.mb_per_s")
     consume = result["consume"]

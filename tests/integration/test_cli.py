@@ -4,6 +4,7 @@ group commands work through the name server and fail with one clear line and a n
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -39,15 +40,7 @@ def dev_cluster(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], dict[st
     try:
         yield proc, info
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-        else:
-            proc.communicate()
+        helpers.stop_dev_up(proc)
 
 
 def test_dev_up_prints_its_endpoints_and_stops_cleanly_on_ctrl_c(
@@ -165,6 +158,11 @@ def test_topic_produce_consume_message_and_group_commands(
         (("message", "query", "--topic", "no-such-topic", "--key", "k"), "does not exist"),
         (("group", "progress", "g", "--topic", "no-such-topic"), "does not exist"),
         (("consume", "--topic", "no-such-topic", "--timeout-s", "3"), "no route for topic 'no-such-topic'"),
+        (
+            ("consume", "--topic", "demo%helo", "--timeout-s", "3"),
+            "topic 'demo%helo' does not exist; create it with the API (POST /v1/tenants/demo/topics) or "
+            "`orbit topic create`",
+        ),
     ],
 )
 def test_failures_print_one_clear_line_and_exit_non_zero(
@@ -214,7 +212,8 @@ def test_a_bad_broker_setting_exits_with_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in r.stderr
 
 
-def test_dev_up_with_a_port_in_use_says_which_flag_to_change_in_one_line(tmp_path: Path) -> None:
+def dev_up_with_a_taken_port(tmp_path: Path, *flags: str) -> tuple[int, subprocess.CompletedProcess[str]]:
+    """``orbit dev up --no-tenancy`` with ``flags``, in which ``PORT`` is a port another socket holds."""
     import socket
 
     with socket.socket() as taken:
@@ -223,10 +222,47 @@ def test_dev_up_with_a_port_in_use_says_which_flag_to_change_in_one_line(tmp_pat
         port = taken.getsockname()[1]
         r = subprocess.run(
             [sys.executable, "-m", "data_plane.cli", "dev", "up", "--no-tenancy", "--dir", str(tmp_path / "data"),
-             "--namesrv-port", str(port), "--broker-port", "0"],
+             *(str(port) if f == "PORT" else f for f in flags)],
             capture_output=True, text=True, timeout=120, check=False,
         )  # fmt: skip
+    return port, r
+
+
+def test_dev_up_with_a_port_in_use_says_which_flag_to_change_in_one_line(tmp_path: Path) -> None:
+    port, r = dev_up_with_a_taken_port(tmp_path, "--namesrv-port", "PORT", "--broker-port", "0")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         f"orbit dev up: port {port} of namesrv is in use: choose another with --namesrv-port (0 picks a free one)"
     ]
+
+
+def test_dev_up_with_the_slave_port_in_use_names_the_slave_port_flag(tmp_path: Path) -> None:
+    port, r = dev_up_with_a_taken_port(tmp_path, "--namesrv-port", "0", "--broker-port", "0", "--slave-port", "PORT")
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"orbit dev up: port {port} of broker-a-s1 is in use: choose another with --slave-port (0 picks a free one)"
+    ]
+
+
+def test_dev_help_says_what_dev_up_starts_and_every_flag_has_help() -> None:
+    def run(*args: str) -> str:
+        cmd = [sys.executable, "-m", "data_plane.cli", *args]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    dev = run("dev", "--help")
+    for part in ("control plane", "name server", "SYNC_MASTER and a slave", "--single-broker", "--no-tenancy"):
+        assert part in dev, part
+    up = run("dev", "up", "--help")
+    assert "``" not in dev + up  # no reStructuredText markup
+    from data_plane.cli import build_parser
+
+    parser = build_parser()
+    subcommands = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    dev_parser = subcommands[0].choices["dev"]
+    up_parser = next(a for a in dev_parser._actions if isinstance(a, argparse._SubParsersAction)).choices["up"]
+    unexplained = [a.option_strings for a in up_parser._actions if a.option_strings and not a.help]
+    assert unexplained == []
+    for default in ("9876", "10911", "the master's + 10", "8080", "ASYNC_FLUSH", "./orbit-data"):
+        assert f"default: {default}" in " ".join(up.split()), default
