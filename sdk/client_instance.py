@@ -326,7 +326,7 @@ class ClientInstance:
                 return borrowed
         if route is not None:
             raise RouteNotFoundError(topic, "no broker takes writes for it")
-        raise RouteNotFoundError(topic, missing=True)  # (and no broker auto-creates topics)
+        raise RouteNotFoundError(topic, "and no broker auto-creates topics", missing=True)
 
     def _remember_broker(self, name: str, addrs: dict[int, str]) -> None:
         self._extra_brokers[name] = addrs

@@ -75,7 +75,8 @@ class RouteNotFoundError(OrbitError):
 
     def __init__(self, topic: str, detail: str = "", *, missing: bool = False) -> None:
         if missing:  # the name servers do not know it: most often a typo, or not created yet
-            text = f"no route for topic {topic!r}: topic {topic!r} does not exist; {create_topic_hint(topic)}"
+            why = f" ({detail})" if detail else ""
+            text = f"no route for topic {topic!r}: topic {topic!r} does not exist{why}; {create_topic_hint(topic)}"
         else:
             text = f"no route for topic {topic!r}{': ' + detail if detail else ''}"
         super().__init__(text)
