@@ -103,10 +103,10 @@ def _profile(case: Case, msgs_per_s: float) -> RateProfile:
 
 def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: int) -> list[ProducerJob]:
     jobs = []
+    noisy_connections = case.tenants.noisy_connections if case.tenants else 0
     for i in range(case.producers):
         tenant = tenants[i % len(tenants)] if tenants else None
         noisy = tenant is not None and i % len(tenants) == 0
-        noisy_connections = case.tenants.noisy_connections if case.tenants else 0
         pspec, topics = (tenant.spec, tenant.topics) if tenant else (spec, topic_names(case))
         segments: tuple[tuple[float, float, float], ...] = ()
         if case.open_loop:

@@ -680,7 +680,7 @@ class Producer:
                 last_error = e
                 refresh = e.invalid_metadata
                 continue
-            if addr is not None and inst.pacer.paced(addr):
+            if addr is not None:
                 inst.pacer.granted(addr)
             if fault.tolerance.items or loop.time() - begin >= _FAST_ANSWER_S:
                 fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=False)

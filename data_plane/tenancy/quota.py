@@ -63,16 +63,15 @@ REMARK_PREFIX = "[TOO_MANY_REQUESTS]"
 BLOCKED_RETRY_AFTER_MS = 1000
 _BLOCKED_WAIT_S = (BLOCKED_RETRY_AFTER_MS - 0.5) / 1000.0  # rounds up (floor + 1) to the constant
 _RETRY_AFTER = re.compile(r"retry-after-ms=(\d{1,9})")
-_QUOTA_RATE = re.compile(r"quota-msgs-per-s=([0-9]{1,9}(?:\.[0-9]{1,6})?)")
 _INF = math.inf
 
 QuotaKind = Literal["publish", "consume"]
 
 
 def flow_control_remark(tenant: str, kind: QuotaKind, retry_after_ms: int, msgs_per_s: float | None = None) -> str:
-    """The remark of a FLOW_CONTROL (215) answer; ``parse_retry_after_ms`` reads it back, and
-    ``parse_quota_msgs_per_s`` the tenant's rate on this broker when it is given (clients pace
-    themselves to it: sdk/pacer.py)."""
+    """The remark of a FLOW_CONTROL (215) answer; ``parse_retry_after_ms`` reads it back. With
+    ``msgs_per_s`` it names the tenant's rate on this broker, which clients pace themselves to
+    (sdk/pacer.py; ``sdk.errors.FlowControlError.quota_msgs_per_s`` reads it)."""
     rate = f", quota-msgs-per-s={f'{msgs_per_s:.3f}'.rstrip('0').rstrip('.')}" if msgs_per_s else ""
     return (
         f"{REMARK_PREFIX} tenant {tenant!r} is over its {kind} quota on this broker, "
@@ -86,14 +85,6 @@ def parse_retry_after_ms(remark: str | None) -> int | None:
         return None
     m = _RETRY_AFTER.search(remark)
     return int(m.group(1)) if m else None
-
-
-def parse_quota_msgs_per_s(remark: str | None) -> float | None:
-    """The ``quota-msgs-per-s=<rate>`` of a remark, or None when it carries none."""
-    if not remark:
-        return None
-    m = _QUOTA_RATE.search(remark)
-    return float(m.group(1)) if m else None
 
 
 @dataclass(frozen=True, slots=True)

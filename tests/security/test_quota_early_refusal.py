@@ -14,8 +14,9 @@ import pytest
 
 from data_plane.remoting.codes import RequestCode, ResponseCode
 from data_plane.remoting.command import RemotingCommand, decode_frame, encode_bytes
-from data_plane.tenancy.quota import parse_quota_msgs_per_s, parse_retry_after_ms
+from data_plane.tenancy.quota import parse_retry_after_ms
 from sdk import protocol
+from sdk.errors import FlowControlError
 from sdk.message import Message, MessageQueue, new_unique_id
 from tests.integration.tenancy_cluster import TenancyCluster, tenancy_fixture  # noqa: F401
 from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture  # noqa: F401
@@ -75,7 +76,7 @@ async def test_sends_over_the_quota_are_refused_off_their_frames_and_nothing_els
         refused = await answer(reader)
         assert refused.code == ResponseCode.FLOW_CONTROL
         assert parse_retry_after_ms(refused.remark) is not None
-        assert parse_quota_msgs_per_s(refused.remark) == LIMIT
+        assert FlowControlError(remark=refused.remark or "").quota_msgs_per_s == LIMIT  # the rate the SDK paces to
         assert await early_refusals(tenancy) > before  # answered off the frame, not the command path
         # Over the quota still: another tenant's topic on this connection is not refused for
         # acme's quota — it meets the command path, whose authorization refuses it.

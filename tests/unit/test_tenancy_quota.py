@@ -380,7 +380,10 @@ def test_refuse_publish_refuses_as_acquire_would_and_takes_nothing_from_a_grant(
 
 
 def test_the_remark_names_the_rate_a_client_paces_itself_to() -> None:
-    from data_plane.tenancy.quota import parse_quota_msgs_per_s
+    from sdk.errors import FlowControlError
+
+    def parse_quota_msgs_per_s(remark: str) -> float | None:  # as the client reads it
+        return FlowControlError(remark=remark).quota_msgs_per_s
 
     remark = flow_control_remark("acme", "publish", 12, 1000.0)
     assert parse_retry_after_ms(remark) == 12
