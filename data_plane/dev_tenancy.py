@@ -119,19 +119,25 @@ def ensure_broker_group(api: ControlPlaneAPI, name: str, broker_addrs: list[str]
     each the group's topics and tenants, so any of them can serve after a failover)."""
     status, group = api.call("GET", f"/v1/fleet/broker-groups/{name}")
     if status == 404:
-        api.ok("POST", "/v1/fleet/broker-groups", {
-            "name": name,
-            "namesrv_addrs": [namesrv_addr],
-            "broker_addrs": broker_addrs,
-            "max_queues": 10_000,
-            "max_msgs_per_s": 100_000,
-            "storage_bytes": 100 * 1024**3,
-        })
+        api.ok(
+            "POST",
+            "/v1/fleet/broker-groups",
+            {
+                "name": name,
+                "namesrv_addrs": [namesrv_addr],
+                "broker_addrs": broker_addrs,
+                "max_queues": 10_000,
+                "max_msgs_per_s": 100_000,
+                "storage_bytes": 100 * 1024**3,
+            },
+        )
     elif status == 200:
         if group.get("broker_addrs") != broker_addrs or group.get("namesrv_addrs") != [namesrv_addr]:
-            api.ok("PATCH", f"/v1/fleet/broker-groups/{name}", {
-                "broker_addrs": broker_addrs, "namesrv_addrs": [namesrv_addr]
-            })
+            api.ok(
+                "PATCH",
+                f"/v1/fleet/broker-groups/{name}",
+                {"broker_addrs": broker_addrs, "namesrv_addrs": [namesrv_addr]},
+            )
     else:
         raise BootstrapError(f"GET broker group {name}: {status} {group}")
 

@@ -147,10 +147,14 @@ class LocalCluster:
                     "control-plane",
                     "control-plane",
                     [
-                        "--listen", f"{self.host}:{self.control_plane_port}",
-                        "--data-dir", cp_dir,
-                        "--bootstrap-credentials-file", operator_file,
-                        "--reconcile-interval-s", "2",
+                        "--listen",
+                        f"{self.host}:{self.control_plane_port}",
+                        "--data-dir",
+                        cp_dir,
+                        "--bootstrap-credentials-file",
+                        operator_file,
+                        "--reconcile-interval-s",
+                        "2",
                         *cp_tls,
                     ],
                     self.run_dir,
@@ -161,9 +165,12 @@ class LocalCluster:
                 broker_creds = os.path.join(self.root, "broker-a", "broker-credentials.json")
                 ensure_broker_credential(api, broker_creds)
                 tenancy_flags = [
-                    "--set", "auth_enabled=true",
-                    "--set", f"control_plane_url={self.control_plane_url}",
-                    "--set", f"broker_credentials_file={broker_creds}",
+                    "--set",
+                    "auth_enabled=true",
+                    "--set",
+                    f"control_plane_url={self.control_plane_url}",
+                    "--set",
+                    f"broker_credentials_file={broker_creds}",
                 ]
             ns_args = ["--listen", f"{self.host}:{self.namesrv_port}", *ns_tls]
             if self.tenancy:  # it checks credentials: the control plane's keys, and what its reconciler sends
@@ -229,7 +236,10 @@ class LocalCluster:
 
     def endpoints(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "namesrv": self.namesrv, "brokers": self.brokers, "data_dir": self.root, "logs": self.run_dir
+            "namesrv": self.namesrv,
+            "brokers": self.brokers,
+            "data_dir": self.root,
+            "logs": self.run_dir,
         }
         if self.tenancy:
             out["control_plane"] = self.control_plane_url

@@ -87,9 +87,7 @@ def _merge_timelines(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def merge_case(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One case from the same case of several generators (all with status "ok")."""
     first = parts[0]
-    out: dict[str, Any] = {
-        k: first[k] for k in ("name", "target", "durability", "settings") if k in first
-    }
+    out: dict[str, Any] = {k: first[k] for k in ("name", "target", "durability", "settings") if k in first}
     out["status"] = "ok"
     out["generator"] = [p.get("generator") for p in parts]
     out["start_wall_s"] = min(p["start_wall_s"] for p in parts)

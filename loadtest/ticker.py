@@ -62,9 +62,7 @@ class Ticker:
         loop.add_reader(fd, self._ready)
 
     @classmethod
-    def create(
-        cls, loop: asyncio.AbstractEventLoop, interval_s: float, on_tick: Callable[[], None]
-    ) -> Ticker | None:
+    def create(cls, loop: asyncio.AbstractEventLoop, interval_s: float, on_tick: Callable[[], None]) -> Ticker | None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         libc = _libc()

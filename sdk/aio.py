@@ -24,4 +24,3 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return event.is_set()
     return True
-

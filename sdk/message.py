@@ -254,7 +254,6 @@ class MessageExt:
     ``extra``. Reading one makes it once; assigning it replaces it.
     """
 
-
     # What a received message holds, in the constructor's order.
     FIELDS = (
         "topic", "body", "properties", "queue_id", "queue_offset", "broker_name", "offset_msg_id",

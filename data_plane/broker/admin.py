@@ -50,9 +50,7 @@ class AdminProcessor:
         self.broker.topics_changed()
         return self._created(cmd, self.store.queues_ready(topic))
 
-    async def _created(
-        self, cmd: RemotingCommand, ready: concurrent.futures.Future[None] | None
-    ) -> RemotingCommand:
+    async def _created(self, cmd: RemotingCommand, ready: concurrent.futures.Future[None] | None) -> RemotingCommand:
         """The answer once the topic is on disk, and its new queues are made (queue_prepare.py)
         so that sends right after it find them — or after ``QUEUES_READY_WAIT_S`` for those: the
         topic is there either way, and a queue not made yet is made by its first write."""

@@ -116,4 +116,3 @@ class ClientProcessor:
         if why is not None:  # a bad SQL92 expression: the remark names the position (consumer_filter.py)
             return cmd.response(ResponseCode.SUBSCRIPTION_PARSE_FAILED, why)
         return cmd.response(ResponseCode.SUCCESS)
-

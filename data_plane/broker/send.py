@@ -124,8 +124,16 @@ class _HeaderNames(NamedTuple):
 
 
 V1_NAMES = _HeaderNames(
-    "topic", "defaultTopic", "defaultTopicQueueNums", "queueId", "sysFlag", "bornTimestamp", "flag", "properties",
-    "reconsumeTimes", "batch",
+    "topic",
+    "defaultTopic",
+    "defaultTopicQueueNums",
+    "queueId",
+    "sysFlag",
+    "bornTimestamp",
+    "flag",
+    "properties",
+    "reconsumeTimes",
+    "batch",
 )
 V2_NAMES = _HeaderNames(*(_V2_LETTERS[n] for n in V1_NAMES))
 
@@ -323,9 +331,7 @@ class SendProcessor:
             except ValueError as e:
                 return cmd.response(ResponseCode.MESSAGE_ILLEGAL, str(e))
             if tc is None:
-                return cmd.response(
-                    ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!"
-                )
+                return cmd.response(ResponseCode.TOPIC_NOT_EXIST, f"topic[{topic}] not exist, apply first please!")
             broker.topics_changed()
         if not tc["perm"] & PERM_WRITE:
             return cmd.response(ResponseCode.NO_PERMISSION, f"the topic[{topic}] sending is forbidden")

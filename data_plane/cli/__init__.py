@@ -1,16 +1,16 @@
 """The ``orbit`` command line.
 
-    orbit namesrv [--listen HOST:PORT]                     a name server
-    orbit broker [--config FILE] [flags]                   a broker
-    orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
-    orbit bench e2e [--quick] [--latency-first] [--runs N] [--out FILE]  end-to-end benchmark, JSON
-    orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
-    orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
-    orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
-    orbit topic|produce|consume|message|group ...          cluster operations (see --help)
-    orbit dlq list|get|resend GROUP ...                    a consumer group's dead-letter queue
-    orbit dev up [--dir DIR]                               the local cluster (see README)
-    orbit loadtest --list | --scenario S [--out DIR] | merge A.json B.json --out DIR   load tests
+orbit namesrv [--listen HOST:PORT]                     a name server
+orbit broker [--config FILE] [flags]                   a broker
+orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
+orbit bench e2e [--quick] [--latency-first] [--runs N] [--out FILE]  end-to-end benchmark, JSON
+orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
+orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
+orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
+orbit topic|produce|consume|message|group ...          cluster operations (see --help)
+orbit dlq list|get|resend GROUP ...                    a consumer group's dead-letter queue
+orbit dev up [--dir DIR]                               the local cluster (see README)
+orbit loadtest --list | --scenario S [--out DIR] | merge A.json B.json --out DIR   load tests
 """
 
 from __future__ import annotations

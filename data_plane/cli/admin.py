@@ -122,9 +122,7 @@ def parse_time(text: str) -> int:
 # --- topic --------------------------------------------------------------------------------------
 def topic_create(args: argparse.Namespace) -> int:
     async def work(admin: AdminClient) -> int:
-        brokers = await admin.create_topic(
-            args.topic, queue_nums=args.queues, cluster=args.cluster, order=args.order
-        )
+        brokers = await admin.create_topic(args.topic, queue_nums=args.queues, cluster=args.cluster, order=args.order)
         _out(args, {"topic": args.topic, "brokers": brokers}, f"created {args.topic} on {', '.join(brokers)}")
         return 0
 

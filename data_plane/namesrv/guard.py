@@ -154,9 +154,7 @@ class NamesrvGuard:
         hosts, self.bindings = _resolve(fleet, bound)
         self._set_fleet(fleet, hosts, version)
 
-    def _set_fleet(
-        self, fleet: Mapping[str, tuple[str, ...]], hosts: dict[str, frozenset[str]], version: int
-    ) -> None:
+    def _set_fleet(self, fleet: Mapping[str, tuple[str, ...]], hosts: dict[str, frozenset[str]], version: int) -> None:
         self.fleet = {g: frozenset(a) for g, a in fleet.items()}
         self.fleet_hosts = hosts
         self.version = version

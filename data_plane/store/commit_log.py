@@ -176,9 +176,22 @@ class CommitLog:
             stage = self._stage_mv
             room = min(usable, mf.reserved_upto) - pos
             r = fastpath.write_batch(
-                stage, 0, max(0, min(room, len(stage))), mf.file_from_offset + pos, msgs, topic_b,
-                queue_id, first_qo, now, self.store_host, cfg.max_properties_size_bytes,
-                cfg.max_message_size_bytes, cfg.index_enabled, *targets, mf.fd, pos,
+                stage,
+                0,
+                max(0, min(room, len(stage))),
+                mf.file_from_offset + pos,
+                msgs,
+                topic_b,
+                queue_id,
+                first_qo,
+                now,
+                self.store_host,
+                cfg.max_properties_size_bytes,
+                cfg.max_message_size_bytes,
+                cfg.index_enabled,
+                *targets,
+                mf.fd,
+                pos,
             )
             if r[0] == 0:
                 break
@@ -346,7 +359,11 @@ class CommitLog:
     def _check_record(mv: memoryview, pos: int, total: int, phys_expected: int, check_crc: bool) -> DispatchRequest:
         parsed = parse_record(mv, pos, check_crc=check_crc)
         queue_id, queue_offset, phys, sys_flag, store_ts = (
-            parsed.header[3], parsed.header[5], parsed.header[6], parsed.header[7], parsed.header[10]
+            parsed.header[3],
+            parsed.header[5],
+            parsed.header[6],
+            parsed.header[7],
+            parsed.header[10],
         )
         if phys != phys_expected:
             raise RecordError(f"physical offset field {phys} != position {phys_expected}")

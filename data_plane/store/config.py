@@ -137,7 +137,8 @@ class StoreConfig:
         if self.index_hash_slots < 1 or self.index_max_entries < 2:
             problems.append("index_hash_slots must be >= 1 and index_max_entries >= 2")
         if not (
-            0 < self.disk_max_used_space_ratio
+            0
+            < self.disk_max_used_space_ratio
             <= self.disk_space_warning_level_ratio
             <= self.disk_space_clean_forcibly_ratio
             <= 1.0

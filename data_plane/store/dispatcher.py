@@ -146,8 +146,15 @@ class Dispatcher:
         return (*cq_args, f.mf.mv, index.hash_slots, f.index_count, f.reserved_entries(), f.begin_timestamp)
 
     def dispatch_appended(
-        self, topic: str, queue_id: int, cq_out: bytes | int, first_queue_offset: int, index_out: bytes | int,
-        last_indexed: int, store_timestamp: int, end_offset: int,
+        self,
+        topic: str,
+        queue_id: int,
+        cq_out: bytes | int,
+        first_queue_offset: int,
+        index_out: bytes | int,
+        last_indexed: int,
+        store_timestamp: int,
+        end_offset: int,
     ) -> None:
         """Finish indexing a batch just appended by ``CommitLog.append``: record where the
         direct writes ended, or write what could not be written directly."""

@@ -194,7 +194,9 @@ def py_write_batch(
                 return (2, i, "MESSAGE_ILLEGAL", "property names and values must be strings")
             if not k or "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
                 return (
-                    2, i, "MESSAGE_ILLEGAL",
+                    2,
+                    i,
+                    "MESSAGE_ILLEGAL",
                     f"property {k!r} is empty or holds a reserved separator character (\\x01 or \\x02)",
                 )
             parts.append(f"{k}\x01{v}\x02")
@@ -228,9 +230,23 @@ def py_write_batch(
             batch_first_qo = my_qo
         body = m.body
         RECORD_HEADER.pack_into(
-            buf, pos, total, MESSAGE_MAGIC_CODE, crc32c(body) & 0x7FFFFFFF, queue_id, m.flag, my_qo, phys,
-            m.sys_flag, m.born_timestamp, m.born_host, store_ts, store_host, m.reconsume_times,
-            m.prepared_transaction_offset, len(body),
+            buf,
+            pos,
+            total,
+            MESSAGE_MAGIC_CODE,
+            crc32c(body) & 0x7FFFFFFF,
+            queue_id,
+            m.flag,
+            my_qo,
+            phys,
+            m.sys_flag,
+            m.born_timestamp,
+            m.born_host,
+            store_ts,
+            store_host,
+            m.reconsume_times,
+            m.prepared_transaction_offset,
+            len(body),
         )
         p = pos + _HEADER
         buf[p : p + len(body)] = body

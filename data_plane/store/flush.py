@@ -26,6 +26,7 @@ from data_plane.store.service import ServiceThread
 
 log = logging.getLogger(__name__)
 
+
 class FlushRealTimeService(ServiceThread):
     name = "orbit-flush-commitlog"
     background = True  # a lower priority (service.py)

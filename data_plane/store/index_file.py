@@ -144,8 +144,14 @@ class IndexFile:
 
     def write_header(self) -> None:
         INDEX_HEADER.pack_into(
-            self.mf.mv, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
-            self.end_phy_offset, self.hash_slots, self.index_count,
+            self.mf.mv,
+            0,
+            self.begin_timestamp,
+            self.end_timestamp,
+            self.begin_phy_offset,
+            self.end_phy_offset,
+            self.hash_slots,
+            self.index_count,
         )
 
     def query(self, key: str, begin_ms: int, end_ms: int, max_num: int, out: list[int]) -> None:
@@ -294,8 +300,14 @@ class IndexService:
                 f.begin_timestamp = store_timestamp
                 f.begin_phy_offset = INDEX_ITEM.unpack_from(items, start * 12)[1]
             f.index_count, start, f.end_phy_offset = fastpath.index_write(
-                f.mf.mv, self.hash_slots, f.index_count, f.reserved_entries(), f.begin_timestamp, store_timestamp,
-                items, start,
+                f.mf.mv,
+                self.hash_slots,
+                f.index_count,
+                f.reserved_entries(),
+                f.begin_timestamp,
+                store_timestamp,
+                items,
+                start,
             )
             f.end_timestamp = store_timestamp
             if first:

@@ -34,7 +34,6 @@ from data_plane.store.mapped_file import MappedFile, is_data_file_name, offset_t
 log = logging.getLogger(__name__)
 
 
-
 def new_commit_log_file(path: str, file_size: int) -> MappedFile:
     """A CommitLog file with every block reserved (``posix_fallocate``): a full disk is an
     OSError here, never a SIGBUS in an append."""

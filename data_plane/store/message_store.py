@@ -133,9 +133,7 @@ class MessageStore:
         self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
         os.makedirs(config.store_path, exist_ok=True)
         self._allocator = (
-            AllocateMappedFileService(warm_up=config.warm_mapped_file_enabled)
-            if config.preallocate_next_file
-            else None
+            AllocateMappedFileService(warm_up=config.warm_mapped_file_enabled) if config.preallocate_next_file else None
         )
         self.commit_log = CommitLog(config, clock_ms=clock_ms, allocator=self._allocator)
         self.queues = ConsumeQueueTable(config.consume_queue_path, config.consume_queue_units_per_file)
@@ -263,10 +261,20 @@ class MessageStore:
             return None  # (the pure-Python twins in use: a plain dict of offsets)
         cfg = self.config
         return speedups.Appender(
-            cl, cl.queue_offsets, cl.topic_bytes_cache, self.queues.queues, self.index, self.dispatcher,
-            None if self.clock_ms is _wall_clock_ms else self.clock_ms, cl.store_host,
-            cfg.max_properties_size_bytes, cfg.max_message_size_bytes, cfg.index_enabled, cfg.index_hash_slots,
-            cfg.index_max_entries, cfg.write_stage_bytes,
+            cl,
+            cl.queue_offsets,
+            cl.topic_bytes_cache,
+            self.queues.queues,
+            self.index,
+            self.dispatcher,
+            None if self.clock_ms is _wall_clock_ms else self.clock_ms,
+            cl.store_host,
+            cfg.max_properties_size_bytes,
+            cfg.max_message_size_bytes,
+            cfg.index_enabled,
+            cfg.index_hash_slots,
+            cfg.index_max_entries,
+            cfg.write_stage_bytes,
         )
 
     def _start_services(self) -> None:
@@ -484,9 +492,7 @@ class MessageStore:
         topic = first.topic
         queue_id = first.queue_id
         # (compared at C speed: map, not a loop of Python bytecode)
-        if n > 1 and (
-            any(map(topic.__ne__, map(topic_of, msgs))) or any(map(queue_id.__ne__, map(queue_id_of, msgs)))
-        ):
+        if n > 1 and (any(map(topic.__ne__, map(topic_of, msgs))) or any(map(queue_id.__ne__, map(queue_id_of, msgs)))):
             return PutMessageResult(
                 PutMessageStatus.MESSAGE_ILLEGAL, None, "the messages of a batch must share topic and queue"
             ), -1
@@ -611,9 +617,13 @@ class MessageStore:
                 return None
             result, cq_out, index_out, last_indexed, tag_codes = appended
             if result.status is not AppendMessageStatus.PUT_OK:
-                return PutMessageResult(
-                    PutMessageStatus.MESSAGE_ILLEGAL, result, "the batch is larger than a CommitLog file"
-                ), -1, None
+                return (
+                    PutMessageResult(
+                        PutMessageStatus.MESSAGE_ILLEGAL, result, "the batch is larger than a CommitLog file"
+                    ),
+                    -1,
+                    None,
+                )
             end = result.wrote_offset + result.wrote_bytes
             try:
                 dispatcher.dispatch_appended(
@@ -1003,5 +1013,3 @@ class MessageStore:
             except Exception:
                 log.exception("store maintenance failed")
             await asyncio.sleep(interval)
-
-

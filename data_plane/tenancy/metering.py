@@ -222,7 +222,9 @@ class UsageMeter:
                 log.warning(
                     "usage of %d tenants for minute %d not spooled: folded into minute %d, reported once the "
                     "spool has room (the control plane must acknowledge records for that)",
-                    len(records), records[0]["minute"], self._open_minute,
+                    len(records),
+                    records[0]["minute"],
+                    self._open_minute,
                 )
                 self.fold_back(records)
                 return 0

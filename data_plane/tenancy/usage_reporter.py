@@ -123,7 +123,10 @@ class UsageReporter:
                 delay = self.backoff_delay_s(self.consecutive_failures)
                 log.warning(
                     "usage report to %s failed (%s; %d records waiting): retrying in %.1f s",
-                    self.url, e, self.spool.pending, delay,
+                    self.url,
+                    e,
+                    self.spool.pending,
+                    delay,
                 )
                 await self._sleep(delay)
                 continue

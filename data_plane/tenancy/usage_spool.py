@@ -160,7 +160,11 @@ class UsageSpool:
                 log.warning(
                     "usage spool %s is full (%d of %d bytes, %d records not acknowledged by the control "
                     "plane): %d new records refused",
-                    self._path, self._size, self.max_bytes, self._last_seq - self._acked_seq, len(records),
+                    self._path,
+                    self._size,
+                    self.max_bytes,
+                    self._last_seq - self._acked_seq,
+                    len(records),
                 )
                 return SpoolStatus.FULL
             try:

@@ -93,6 +93,7 @@ async def test_sync_master_failover_loses_no_acknowledged_message(
         await until(lambda: all(a.msg_id in consumer.got for a in load.acked), "everything consumed", timeout_s=30)
         after = {r.queue_id: r.consumer_offset for r in await group.admin.group_progress("ha-load-readers", TOPIC)}
         assert all(after[q] >= o for q, o in before.items()), (before, after)
+
         # The old master holds the new master's log and refuses writes.
         async def converged() -> bool:
             a, b = await group.status(0), await group.status(1)

@@ -133,6 +133,7 @@ async def test_a_cut_link_gets_a_timely_refusal_and_heals(
                 return (await p.send(Message("HaLink", b"healed"))).status is SendStatus.SEND_OK
 
             await until(ok_again, "SEND_OK once the link is back", timeout_s=30, every_s=0.2)
+
         # Everything stored while the link was cut reached the slave after it healed.
         async def same_end() -> bool:
             m = await admin.broker_status(master.address)

@@ -24,10 +24,10 @@ TOPIC = "Batches"
 
 def batch_of(total_bytes: int, n: int = 4, tag: str = "big") -> list[Message]:
     """``n`` messages whose batch body is exactly ``total_bytes`` (ids are 32 characters)."""
+
     def make(size: int) -> list[Message]:
         return [
-            Message(TOPIC, bytes([65 + i]) * (size + (1 if i < extra else 0)), keys=[f"{tag}-{i}"])
-            for i in range(n)
+            Message(TOPIC, bytes([65 + i]) * (size + (1 if i < extra else 0)), keys=[f"{tag}-{i}"]) for i in range(n)
         ]
 
     extra = 0
@@ -45,6 +45,7 @@ async def consume_all(namesrv_addr: str, n: int, group: str) -> list[MessageExt]
     await c.start()
     got: list[MessageExt] = []
     try:
+
         async def enough() -> bool:
             got.extend(await c.poll(timeout_ms=200))
             return len(got) >= n

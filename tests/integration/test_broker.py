@@ -1049,9 +1049,7 @@ async def test_a_group_that_may_not_consume_is_refused(wire: Wire) -> None:
 async def test_without_auto_creation_unknown_topics_and_groups_are_refused(
     start_broker: StartBroker, wires: Callable[..., Wire]
 ) -> None:
-    b = start_broker(
-        None, "--set", "auto_create_topic_enable=false", "--set", "auto_create_subscription_group=false"
-    )
+    b = start_broker(None, "--set", "auto_create_topic_enable=false", "--set", "auto_create_subscription_group=false")
     w = wires(b.address)
     r = await w.send("NotCreated", b"x")
     assert r.code == ResponseCode.TOPIC_NOT_EXIST

@@ -54,6 +54,7 @@ def test_dev_up_prints_its_endpoints_and_stops_cleanly_on_ctrl_c(
     r = orbit(info["namesrv"], "topic", "create", "cli-topic", "--queues", "2", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"topic": "cli-topic", "brokers": ["broker-a"]}
+
     # Both members of the group report their role and the replication link.
     def roles() -> dict[str, str]:
         r = orbit(info["namesrv"], "cluster", "status", "--json")

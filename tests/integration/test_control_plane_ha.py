@@ -48,7 +48,10 @@ async def test_election_renewal_and_failover(control_plane: ControlPlaneHarness)
     assert (m["role"], m["epoch"], m["master_role"]) == ("MASTER", 1, "SYNC_MASTER")
     s = await beat(control_plane, token, 1, 100)
     assert (s["role"], s["epoch"], s["master_addr"], s["master_ha_addr"]) == (
-        "SLAVE", 1, "127.0.0.1:10911", "127.0.0.1:10912"
+        "SLAVE",
+        1,
+        "127.0.0.1:10911",
+        "127.0.0.1:10912",
     )
     # Renewals keep the master; a slave that is further ahead does not steal it. (The master
     # renews for longer than the test's short lease here, so a stall of the host cannot end it.)

@@ -47,8 +47,9 @@ def test_dev_up_serves_a_demo_tenant_whose_printed_credentials_work(tmp_path: Pa
         sent = orbit(env, "produce", "--topic", demo["topic"], "--json", stdin="one\ntwo\n")
         assert sent.returncode == 0, sent.stderr
         assert [json.loads(line)["status"] for line in sent.stdout.splitlines()] == ["SEND_OK", "SEND_OK"]
-        got = orbit(env, "consume", "--topic", demo["topic"], "--group", demo["group"], "--earliest",
-                    "--max", "2", "--json")
+        got = orbit(
+            env, "consume", "--topic", demo["topic"], "--group", demo["group"], "--earliest", "--max", "2", "--json"
+        )
         assert got.returncode == 0, got.stderr
         assert sorted(json.loads(line)["body"] for line in got.stdout.splitlines()) == ["one", "two"]
 

@@ -47,9 +47,7 @@ def package_copy() -> Iterator[Path]:
         shutil.rmtree(where, ignore_errors=True)
 
 
-def test_the_pypi_packaged_postgresql_is_found_and_serves(
-    package_copy: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_pypi_packaged_postgresql_is_found_and_serves(package_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.syspath_prepend(str(package_copy))
     importlib.invalidate_caches()
     bin_dir = pypi_bin_dir()

@@ -202,6 +202,7 @@ async def test_a_consumer_far_behind_is_sent_to_the_slave(
     admin = AdminClient(namesrv.address)
     client = RemotingClient()
     try:
+
         async def slave_connected() -> bool:
             return int((await admin.broker_status(master.address)).get("haSlaves", "0")) == 1
 

@@ -232,7 +232,9 @@ async def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path, seed: int) -
         with open(tmp_path / "slave.log", "ab") as err:
             p = subprocess.Popen(
                 [sys.executable, str(ROOT / "tests/integration/ha_slave_process.py"), str(slave_dir), str(port)],
-                cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=err,
             )
         assert p.stdout is not None
         assert p.stdout.readline().strip() == b"READY"
@@ -254,9 +256,7 @@ async def test_kill_9_slave_mid_stream_then_restart(tmp_path: Path, seed: int) -
             await asyncio.to_thread(proc.wait)
             put_many(master, rng, 200, start=4000)
             proc = await asyncio.to_thread(spawn, service.port)
-            await until(
-                lambda: any(c.acked == master.max_phy_offset() for c in service.connections), "converged", 60
-            )
+            await until(lambda: any(c.acked == master.max_phy_offset() for c in service.connections), "converged", 60)
             proc.send_signal(signal.SIGTERM)
             await asyncio.to_thread(proc.wait, 30)
             proc = None

@@ -167,6 +167,7 @@ async def test_kill_9_keeps_flushed_events_and_every_stored_message(
     c = consumer(namesrv.address, "c1", got)
     await c.start()
     try:
+
         async def last_consumed() -> bool:
             return "consumed" in kinds(await trace(namesrv.address, first[-1].msg_id))
 

@@ -458,6 +458,7 @@ async def test_the_send_path_lays_a_bearer_token_into_its_frames_and_leaves_sign
                 assert again is not None
                 assert again[1] == got[1]
                 await until(lambda: provider.calls == 2, "the background refresh")
+
                 def text_now(i: ClientInstance = inst) -> bytes:
                     now = i.send_connection(addr)
                     return now[1] if now is not None else b""

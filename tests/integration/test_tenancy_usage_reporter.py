@@ -236,7 +236,11 @@ async def test_backoff_doubles_up_to_its_cap(tmp_path: Path, control_plane: Cont
 
     for rng_value, expected in ((1.0, 4.8), (0.0, 3.2)):  # 4 s with 20 % jitter either way
         jittered = reporter_for(
-            spool, control_plane.url, backoff_initial_s=1.0, backoff_max_s=60.0, backoff_jitter=0.2,
+            spool,
+            control_plane.url,
+            backoff_initial_s=1.0,
+            backoff_max_s=60.0,
+            backoff_jitter=0.2,
             rng=lambda v=rng_value: v,
         )
         assert jittered.backoff_delay_s(3) == pytest.approx(expected)
@@ -293,4 +297,3 @@ async def test_meter_run_wakes_the_reporter(tmp_path: Path, control_plane: Contr
     await asyncio.gather(run, return_exceptions=True)
     await reporter.stop()
     assert control_plane.accepted_ids() == [f"b:{T0}:acme"]
-

@@ -132,7 +132,23 @@ CASES: dict[str, Case] = {
 }
 # Topics and groups are made and removed through the control plane (plan limits), not by tenants here.
 PRIVILEGED_CODES = [
-    21, 23, 28, 43, 103, 104, 106, 201, 206, 39, 40, int(RequestCode.ORBIT_SYNC_TENANCY), 17, 200, 207, 215, 216,
+    21,
+    23,
+    28,
+    43,
+    103,
+    104,
+    106,
+    201,
+    206,
+    39,
+    40,
+    int(RequestCode.ORBIT_SYNC_TENANCY),
+    17,
+    200,
+    207,
+    215,
+    216,
 ]
 DEFERRED = {33: lambda: cmd(33, offset="100"), 37: lambda: cmd(37, producerGroup="acme%pg", commitLogOffset="5")}
 

@@ -129,16 +129,26 @@ def test_both_twins_write_identical_records_units_and_index_items_for_random_bat
         file_from = rng.choice([0, rng.randint(0, 2**40)])
         first_qo = rng.choice([0, rng.randint(0, 2**40)])
         index_enabled = rng.random() < 0.8
-        head = (pos, pos + need + rng.randint(0, 100), file_from, msgs, topic_b, queue_id, first_qo, STORE_TS,
-                STORE_HOST, MAX_PROPS, MAX_MSG, index_enabled)
+        head = (
+            pos,
+            pos + need + rng.randint(0, 100),
+            file_from,
+            msgs,
+            topic_b,
+            queue_id,
+            first_qo,
+            STORE_TS,
+            STORE_HOST,
+            MAX_PROPS,
+            MAX_MSG,
+            index_enabled,
+        )
         result, _, _ = _assert_twins_agree(speedups.write_batch, head, pos + need + 200)
         assert result[0] == 0
         assert result[1] == pos + need
 
 
-def test_both_twins_write_units_and_index_entries_straight_into_their_targets(
-    speedups: ModuleType, seed: int
-) -> None:
+def test_both_twins_write_units_and_index_entries_straight_into_their_targets(speedups: ModuleType, seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(100):
         msgs, topic_b, queue_id = _batch(rng)
@@ -161,7 +171,7 @@ def test_both_twins_add_identical_index_entries(speedups: ModuleType, seed: int)
         slots = rng.choice([1, 3, 64, 1000])
         max_entries = rng.choice([2, 10, 300])
         begin_ts = 1_700_000_000_000
-        store_ts = begin_ts + rng.choice([0, 999, 1000, rng.randint(0, 10**9), -1, -10**6, (2**31 + 5) * 1000])
+        store_ts = begin_ts + rng.choice([0, 999, 1000, rng.randint(0, 10**9), -1, -(10**6), (2**31 + 5) * 1000])
         ix, count = _index_buffer(rng, slots, max_entries, begin_ts)
         n = rng.randint(0, 50)
         # Key hashes are CRC-32C masked to 31 bits.
@@ -189,8 +199,7 @@ def test_both_twins_index_the_uniq_key_then_the_keys_whatever_the_order_of_the_p
     msg = Message(topic="T", body=b"x", properties=properties)
     expect = b"".join(INDEX_ITEM.pack(key_hash(f"T#{k}"), 0) for k in ("U1", "a", "b"))
     for fn in (speedups.write_batch, py_write_batch):
-        r = fn(memoryview(bytearray(500)), 0, 500, 0, [msg], b"T", 0, 0, STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG,
-               True)
+        r = fn(memoryview(bytearray(500)), 0, 500, 0, [msg], b"T", 0, 0, STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG, True)
         assert r[5] == expect, fn
 
 
@@ -275,26 +284,66 @@ def test_a_batch_that_does_not_fit_before_the_limit_returns_the_bytes_needed_and
     for fn in (speedups.write_batch, py_write_batch):
         buf = bytearray(b"\xaa" * (pos + need + 10))
         before = bytes(buf)
-        r = fn(memoryview(buf), pos, pos + need - short_by, 0, msgs, topic_b, queue_id, 0, STORE_TS, STORE_HOST,
-               MAX_PROPS, MAX_MSG, True)
+        r = fn(
+            memoryview(buf),
+            pos,
+            pos + need - short_by,
+            0,
+            msgs,
+            topic_b,
+            queue_id,
+            0,
+            STORE_TS,
+            STORE_HOST,
+            MAX_PROPS,
+            MAX_MSG,
+            True,
+        )
         assert r == (1, need)
         assert bytes(buf) == before
-        assert fn(memoryview(buf), pos, pos + need, 0, msgs, topic_b, queue_id, 0, STORE_TS, STORE_HOST,
-                  MAX_PROPS, MAX_MSG, True)[0] == 0
+        assert (
+            fn(
+                memoryview(buf),
+                pos,
+                pos + need,
+                0,
+                msgs,
+                topic_b,
+                queue_id,
+                0,
+                STORE_TS,
+                STORE_HOST,
+                MAX_PROPS,
+                MAX_MSG,
+                True,
+            )[0]
+            == 0
+        )
 
 
 # --- what the output means (checked on both twins) -------------------------------------------
-def test_write_batch_lays_out_records_units_and_index_items_that_mean_what_they_say(
-    write_path: str, seed: int
-) -> None:
+def test_write_batch_lays_out_records_units_and_index_items_that_mean_what_they_say(write_path: str, seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(40):
         msgs, topic_b, queue_id = _batch(rng)
         need = sum(_record_size(m, topic_b) for m in msgs)
         pos, file_from, first_qo = rng.randint(0, 100), rng.randint(0, 2**40), rng.randint(0, 1000)
         buf = bytearray(pos + need)
-        r = fastpath.write_batch(memoryview(buf), pos, pos + need, file_from, msgs, topic_b, queue_id, first_qo,
-                                 STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG, True)
+        r = fastpath.write_batch(
+            memoryview(buf),
+            pos,
+            pos + need,
+            file_from,
+            msgs,
+            topic_b,
+            queue_id,
+            first_qo,
+            STORE_TS,
+            STORE_HOST,
+            MAX_PROPS,
+            MAX_MSG,
+            True,
+        )
         status, end, next_qo, batch_first_qo, cq, idx, last_ix, count, tag_codes = r
         assert (status, end, last_ix, count, tag_codes) == (0, pos + need, -1, len(msgs), None)
         expect_cq = b""
@@ -343,8 +392,9 @@ def test_write_batch_lays_out_records_units_and_index_items_that_mean_what_they_
 
 def test_write_batch_indexes_nothing_when_the_index_is_disabled(write_path: str) -> None:
     msg = Message(topic="T", body=b"x", properties={"KEYS": "a b", "UNIQ_KEY": "U"})
-    r = fastpath.write_batch(memoryview(bytearray(500)), 0, 500, 0, [msg], b"T", 0, 0, STORE_TS, STORE_HOST,
-                             MAX_PROPS, MAX_MSG, False)
+    r = fastpath.write_batch(
+        memoryview(bytearray(500)), 0, 500, 0, [msg], b"T", 0, 0, STORE_TS, STORE_HOST, MAX_PROPS, MAX_MSG, False
+    )
     assert r[0] == 0
     assert r[5] == b""
     assert len(r[4]) == 20
@@ -366,15 +416,26 @@ def test_direct_writes_equal_the_bytes_the_caller_would_have_written(write_path:
         cq = bytearray(20 * 50)
         cq_pos = 20 * rng.randint(0, 30)
         ix_direct = bytearray(ix)
-        direct = fastpath.write_batch(memoryview(bytearray(need)), *head, memoryview(cq), cq_pos, len(cq),
-                                      memoryview(ix_direct), slots, count, max_entries, begin_ts)
+        direct = fastpath.write_batch(
+            memoryview(bytearray(need)),
+            *head,
+            memoryview(cq),
+            cq_pos,
+            len(cq),
+            memoryview(ix_direct),
+            slots,
+            count,
+            max_entries,
+            begin_ts,
+        )
         assert direct[:4] == plain[:4]
         assert direct[4] == cq_pos + len(cq_units)
         assert cq[cq_pos : cq_pos + len(cq_units)] == cq_units
         assert bytes(cq[:cq_pos]) == bytes(cq_pos)
         ix_by_caller = bytearray(ix)
-        new_count, used, last = py_index_write(memoryview(ix_by_caller), slots, count, max_entries, begin_ts,
-                                               STORE_TS, items, 0)
+        new_count, used, last = py_index_write(
+            memoryview(ix_by_caller), slots, count, max_entries, begin_ts, STORE_TS, items, 0
+        )
         assert used == len(items) // 12
         assert direct[5] == new_count == count + len(items) // 12
         assert direct[6] == last == struct.unpack_from(">q", items, len(items) - 8)[0]
@@ -389,8 +450,18 @@ def test_direct_writes_are_skipped_when_the_targets_cannot_take_everything(write
     ix = bytearray(index_file_size(4, 10))
     # CQ room for 2 units of 3; index room for 8 entries of 9; an IndexFile not yet begun.
     for cq_limit, ix_count, ix_max in [(40, 2, 10), (60, 2, 10), (60, 1, 100)]:
-        r = fastpath.write_batch(memoryview(bytearray(need)), *head, memoryview(cq), 0, cq_limit, memoryview(ix),
-                                 4, ix_count, ix_max, STORE_TS)
+        r = fastpath.write_batch(
+            memoryview(bytearray(need)),
+            *head,
+            memoryview(cq),
+            0,
+            cq_limit,
+            memoryview(ix),
+            4,
+            ix_count,
+            ix_max,
+            STORE_TS,
+        )
         assert r[0] == 0
         if cq_limit == 40:
             assert isinstance(r[4], bytes)
@@ -461,8 +532,29 @@ def test_a_file_that_refuses_the_records_raises_and_leaves_the_index_targets_alo
         try:
             with pytest.raises(OSError, match="Bad file descriptor"):
                 twin(
-                    memoryview(bytearray(need)), 0, need, 0, msgs, b"T", 0, 0, STORE_TS, STORE_HOST, MAX_PROPS,
-                    MAX_MSG, True, memoryview(cq), 0, len(cq), memoryview(ix), 7, count, 64, STORE_TS, fd, 0,
+                    memoryview(bytearray(need)),
+                    0,
+                    need,
+                    0,
+                    msgs,
+                    b"T",
+                    0,
+                    0,
+                    STORE_TS,
+                    STORE_HOST,
+                    MAX_PROPS,
+                    MAX_MSG,
+                    True,
+                    memoryview(cq),
+                    0,
+                    len(cq),
+                    memoryview(ix),
+                    7,
+                    count,
+                    64,
+                    STORE_TS,
+                    fd,
+                    0,
                 )
         finally:
             os.close(fd)

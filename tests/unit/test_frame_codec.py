@@ -36,6 +36,7 @@ def compiled() -> Compiled:
         from data_plane.remoting import _codec  # type: ignore[attr-defined]
     except ImportError:
         compiled_missing("data_plane.remoting._codec")
+
     def fn(frame: Any, cls: type) -> RemotingCommand | None:
         got: RemotingCommand | None = _codec.decode_frame(frame, cls, BODY_VIEW_BYTES)
         return got

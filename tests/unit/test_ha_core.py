@@ -86,7 +86,11 @@ def handshake(ha: HAService, slave: MessageStore, limit: int = 1024) -> tuple[in
 
 def test_frame_layouts() -> None:
     assert (HANDSHAKE_HEAD.size, CANDIDATE.size, HANDSHAKE_REPLY.size, REPORT.size, DATA_HEADER.size) == (
-        20, 16, 20, 8, 12,
+        20,
+        16,
+        20,
+        8,
+        12,
     )
     raw = encode_handshake(1234, [(1000, 234, 7), (900, 100, 8)])
     magic, version, top, count = HANDSHAKE_HEAD.unpack_from(raw)
@@ -235,9 +239,7 @@ def test_a_promoted_slave_cuts_a_partial_record_before_writing(tmp_path: Path, s
 
 
 @pytest.mark.parametrize("tail", ["whole records", "a partial record"])
-def test_a_promoted_slave_continues_every_queue_where_the_master_left_it(
-    tmp_path: Path, seed: int, tail: str
-) -> None:
+def test_a_promoted_slave_continues_every_queue_where_the_master_left_it(tmp_path: Path, seed: int, tail: str) -> None:
     """The slave's records came as raw bytes, which built its ConsumeQueues but never passed the
     CommitLog's own queue offset assignment. Promoted, its first append to a queue must take
     that queue's next offset — not 0, which collided with a replicated unit and left the new

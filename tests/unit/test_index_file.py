@@ -118,9 +118,7 @@ def test_query_keeps_only_entries_in_the_time_range(make_file: MakeIndexFile) ->
     assert _query(f, "T#k", begin=0, end=T0 - 1_000) == []
 
 
-@pytest.mark.parametrize(
-    ("begin", "end"), [(5500, 5500), (5001, 6000), (5400, 5600), (5500, 9999), (0, 5500)]
-)
+@pytest.mark.parametrize(("begin", "end"), [(5500, 5500), (5001, 6000), (5400, 5600), (5500, 9999), (0, 5500)])
 def test_query_finds_an_entry_stored_inside_the_range_between_whole_seconds(
     make_file: MakeIndexFile, begin: int, end: int
 ) -> None:

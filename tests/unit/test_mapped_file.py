@@ -118,9 +118,7 @@ def test_append_bytes_refuses_what_does_not_fit_and_writes_nothing(opened: list[
     assert not mf.append_bytes(b"d")
 
 
-def test_flush_with_least_pages_waits_until_that_many_pages_are_dirty(
-    opened: list[MappedFile], tmp_path: Path
-) -> None:
+def test_flush_with_least_pages_waits_until_that_many_pages_are_dirty(opened: list[MappedFile], tmp_path: Path) -> None:
     mf = _open(opened, tmp_path)
     mf.append_bytes(b"p" * (3 * PAGE_SIZE_BYTES + 100))  # 3 whole pages dirty
     assert mf.flush(least_pages=4) == 0
@@ -227,9 +225,7 @@ def test_destroy_removes_the_file(opened: list[MappedFile], tmp_path: Path) -> N
     assert mf.last_modified() == 0.0
 
 
-def test_zero_from_wipes_every_byte_after_the_position(
-    opened: list[MappedFile], tmp_path: Path, seed: int
-) -> None:
+def test_zero_from_wipes_every_byte_after_the_position(opened: list[MappedFile], tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     mf = _open(opened, tmp_path)
     data = bytes(rng.randrange(1, 256) for _ in range(SIZE))

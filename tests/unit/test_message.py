@@ -261,9 +261,7 @@ def test_encode_properties_uses_rocketmq_name_value_separators() -> None:
     assert decode_properties(b"") == {}
 
 
-_prop_text = st.text(
-    alphabet=st.characters(codec="utf-8", exclude_characters="\x01\x02"), max_size=30
-)
+_prop_text = st.text(alphabet=st.characters(codec="utf-8", exclude_characters="\x01\x02"), max_size=30)
 
 
 @given(st.dictionaries(_prop_text.filter(bool), _prop_text, max_size=12))

@@ -467,7 +467,10 @@ def test_message_ids_are_32_hex_digits_that_lead_back_to_the_record(
         viewed = store.view_message_by_id(msg_id)
         assert viewed is not None
         assert (viewed.topic, viewed.queue_id, viewed.body, viewed.properties) == (
-            msg.topic, msg.queue_id, msg.body, msg.properties,
+            msg.topic,
+            msg.queue_id,
+            msg.body,
+            msg.properties,
         )
         assert viewed.msg_id == msg_id
     with pytest.raises(ValueError, match="32 hex digits"):

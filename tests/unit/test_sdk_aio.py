@@ -38,4 +38,3 @@ async def test_a_loop_woken_and_cancelled_in_the_same_turn_still_ends() -> None:
     with contextlib.suppress(asyncio.CancelledError):
         await asyncio.wait_for(task, 2)
     assert task.cancelled()
-

@@ -70,7 +70,7 @@ def test_send_request_has_rocketmqs_short_header_fields_as_strings() -> None:
         Message("Orders", b"x", tags="paid"),
         Message("Orders", b"x", tags="paid", keys=["k1", "k2"], properties={"p": "v"}),
         Message("Orders", b"x", delay_level=3),
-        Message("Orders", b"x", tags="paid", properties={"b": "2", "a": "1 \"q\" é"}),
+        Message("Orders", b"x", tags="paid", properties={"b": "2", "a": '1 "q" é'}),
         Message("Orders", b"x", properties={"only": ""}),
     ],
 )

@@ -147,8 +147,22 @@ def test_the_cache_compiles_once_per_group_topic_and_expression() -> None:
 
 
 _ALPHABET = st.sampled_from(
-    [*"abcxyz019 .'()=<>!,-+_$#\\\t\n", "AND", "OR", "NOT", "IN", "IS", "NULL", "BETWEEN", "TRUE", "FALSE",
-     " a ", "'s'", "1e5", "é"]
+    [
+        *"abcxyz019 .'()=<>!,-+_$#\\\t\n",
+        "AND",
+        "OR",
+        "NOT",
+        "IN",
+        "IS",
+        "NULL",
+        "BETWEEN",
+        "TRUE",
+        "FALSE",
+        " a ",
+        "'s'",
+        "1e5",
+        "é",
+    ]
 )
 
 

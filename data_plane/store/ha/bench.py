@@ -62,8 +62,15 @@ async def _master(args: argparse.Namespace, root: str) -> dict[str, object]:
     service = HAService(store, host="127.0.0.1", port=0, chunk_bytes=args.chunk_kb * 1024)
     await service.start()
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "data_plane.store.ha.bench", "--slave", os.path.join(root, "slave"),
-        "--port", str(service.port), "--file-mb", str(args.file_mb),
+        sys.executable,
+        "-m",
+        "data_plane.store.ha.bench",
+        "--slave",
+        os.path.join(root, "slave"),
+        "--port",
+        str(service.port),
+        "--file-mb",
+        str(args.file_mb),
         stdin=asyncio.subprocess.PIPE,
     )
     try:

@@ -74,6 +74,8 @@ REFUSED_NO_SECRET = "no_secret"  # this master has no secret yet: it takes no sl
 REFUSED_BAD_PROOF = "bad_proof"  # a proof made with another secret or group, or a replayed one
 REFUSED_TIMEOUT = "auth_timeout"  # no proof within the deadline
 REFUSED_CLOSED = "closed_in_auth"  # the peer closed the connection before its proof
+
+
 @dataclass(frozen=True, slots=True)
 class SlaveLag:
     """Replication lag of one connected slave, as the master sees it."""
@@ -185,9 +187,7 @@ class _SlaveConnection:
     # --- handshake -------------------------------------------------------------------------
     async def _handshake(self) -> int:
         while True:
-            magic, version, slave_max, count = HANDSHAKE_HEAD.unpack(
-                await self.reader.readexactly(HANDSHAKE_HEAD.size)
-            )
+            magic, version, slave_max, count = HANDSHAKE_HEAD.unpack(await self.reader.readexactly(HANDSHAKE_HEAD.size))
             if magic != MAGIC or version != VERSION:
                 raise ProtocolError(f"not an Orbit HA handshake (magic {magic:#x}, version {version})")
             if count > MAX_CANDIDATES:
@@ -199,8 +199,11 @@ class _SlaveConnection:
             self.writer.write(HANDSHAKE_REPLY.pack(code, offset, store.max_phy_offset()))
             await self.writer.drain()
             log.info(
-                "HA slave %s reports max offset %d: %s %d", self.peer, slave_max,
-                "stream from" if code == REPLY_STREAM else "retry below", offset,
+                "HA slave %s reports max offset %d: %s %d",
+                self.peer,
+                slave_max,
+                "stream from" if code == REPLY_STREAM else "retry below",
+                offset,
             )
             if code == REPLY_STREAM:
                 ts = store.commit_log.store_timestamp_at(offset)
@@ -431,9 +434,7 @@ class HAService:
     def is_slave_ok(self, offset: int) -> bool:
         """RocketMQ's isSlaveOK: a slave is connected and not too far behind ``offset`` to wait
         for (otherwise a SYNC_MASTER answers SLAVE_NOT_AVAILABLE at once)."""
-        return any(
-            c.acked >= 0 and offset - c.acked < self.max_gap_not_in_sync_bytes for c in self.connections
-        )
+        return any(c.acked >= 0 and offset - c.acked < self.max_gap_not_in_sync_bytes for c in self.connections)
 
     async def wait_for_slave(self, offset: int, timeout_ms: int) -> bool:
         """True once some slave has acknowledged the log up to ``offset`` (the end of a

@@ -183,7 +183,9 @@ class HAClient:
             try:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(
-                        self.master_host, self.master_port, ssl=self.ssl_context,
+                        self.master_host,
+                        self.master_port,
+                        ssl=self.ssl_context,
                         server_hostname=self.master_host if self.ssl_context is not None else None,
                     ),
                     self.connect_timeout_ms / 1000,
@@ -324,5 +326,7 @@ class HAClient:
         self.truncations += 1
         log.warning(
             "HA slave log truncated from %d to %d to match the master (%.1f ms)",
-            before, offset, (time.monotonic() - started) * 1000,
+            before,
+            offset,
+            (time.monotonic() - started) * 1000,
         )
