@@ -163,7 +163,9 @@ def ensure_demo(api: ControlPlaneAPI, credentials_file: str, *, wait_s: float = 
     if creds is None:
         made = api.ok("POST", f"/v1/tenants/{t}/credentials", {"description": "orbit dev up demo"})
         creds = (made["access_key"], made["secret"])
-        write_private_json(credentials_file, {"access_key": creds[0], "secret": creds[1]})
+    # With the control plane's URL of this run: the CLI asks it for what name servers tell
+    # operators only (``orbit topic list`` with a tenant credential).
+    write_private_json(credentials_file, {"access_key": creds[0], "secret": creds[1], "control_plane": api.url})
     deadline = time.monotonic() + wait_s
     while True:  # the reconciler creates the topic on the broker, then marks it active
         topic = api.ok("GET", f"/v1/tenants/{t}/topics/{DEMO_TOPIC}")

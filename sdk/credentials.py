@@ -68,14 +68,20 @@ class TokenProvider(Protocol):
     async def token(self) -> str: ...
 
 
-def _jwt_exp(token: str) -> float | None:
-    """The ``exp`` claim of a JWT, read without verification (only to know when to refresh)."""
+def jwt_claims(token: str) -> dict[str, Any]:
+    """A JWT's claims, read without verification: what it says about itself (when to refresh,
+    which tenant it names), never a proof of anything. Empty when it is not a readable JWT."""
     try:
         payload = token.split(".")[1]
         claims = orjson.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-        exp = claims.get("exp") if isinstance(claims, dict) else None
     except (IndexError, ValueError, orjson.JSONDecodeError):
-        return None
+        return {}
+    return claims if isinstance(claims, dict) else {}
+
+
+def _jwt_exp(token: str) -> float | None:
+    """The ``exp`` claim of a JWT, read without verification (only to know when to refresh)."""
+    exp = jwt_claims(token).get("exp")
     return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
 
 

@@ -25,26 +25,50 @@ if TYPE_CHECKING:
 DEFAULT_NAMESRV = "127.0.0.1:9876"
 
 
-def _credentials(args: argparse.Namespace) -> Any:
-    """AccessKey + SecretKey signing when the cluster has auth on: from ``--credentials FILE``
-    (JSON or TOML with access_key and secret, as ``orbit dev up`` writes them) or the
-    ORBIT_ACCESS_KEY / ORBIT_SECRET_KEY environment variables. Never from flags: a secret on a
-    command line is visible to every user of the machine."""
-    from sdk.credentials import AccessKeyCredentials
+def _credentials_file(args: argparse.Namespace) -> str | None:
+    return getattr(args, "credentials", None) or os.environ.get("ORBIT_CREDENTIALS_FILE")
 
-    path = getattr(args, "credentials", None) or os.environ.get("ORBIT_CREDENTIALS_FILE")
+
+def _key_pair(args: argparse.Namespace) -> tuple[str, str] | None:
+    """(access key, secret) from ``--credentials FILE`` (JSON or TOML with access_key and
+    secret, as ``orbit dev up`` writes them) or the ORBIT_ACCESS_KEY / ORBIT_SECRET_KEY
+    environment variables. Never from flags: a secret on a command line is visible to every
+    user of the machine."""
+    path = _credentials_file(args)
     if path:
         from data_plane.broker.tenancy import load_broker_credentials
 
         try:
-            ak, secret = load_broker_credentials(path)
+            return load_broker_credentials(path)
         except (OSError, ValueError) as e:
             raise SystemExit(f"orbit: credentials: {e}") from None
-        return AccessKeyCredentials(ak, secret)
     env_ak, env_secret = os.environ.get("ORBIT_ACCESS_KEY"), os.environ.get("ORBIT_SECRET_KEY")
     if env_ak and env_secret:
-        return AccessKeyCredentials(env_ak, env_secret)
+        return env_ak, env_secret
     return None
+
+
+def _credentials(args: argparse.Namespace) -> Any:
+    """AccessKey + SecretKey signing when the cluster has auth on (``_key_pair``)."""
+    from sdk.credentials import AccessKeyCredentials
+
+    pair = _key_pair(args)
+    return None if pair is None else AccessKeyCredentials(*pair)
+
+
+def _control_plane(args: argparse.Namespace) -> str | None:
+    """The control plane's URL: ``--control-plane``, ORBIT_CONTROL_PLANE, or the credentials
+    file's ``control_plane`` (``orbit dev up`` writes it there)."""
+    url = getattr(args, "control_plane", None) or os.environ.get("ORBIT_CONTROL_PLANE")
+    path = _credentials_file(args)
+    if not url and path:
+        try:
+            with open(path, "rb") as f:
+                doc = orjson.loads(f.read())
+        except (OSError, orjson.JSONDecodeError):
+            doc = None
+        url = doc.get("control_plane") if isinstance(doc, dict) else None
+    return url.rstrip("/") if isinstance(url, str) and url else None
 
 
 def _namesrv(args: argparse.Namespace) -> list[str]:
@@ -130,8 +154,24 @@ def topic_create(args: argparse.Namespace) -> int:
 
 
 def topic_list(args: argparse.Namespace) -> int:
+    """An operator's credential (or none, on an open cluster): every topic the name servers know.
+    A tenant's: the name servers list topics to operators only, so the tenant's topics come from
+    the control plane (``GET /v1/tenants/{tenant}/topics``), as ``tenant%name``."""
+    from sdk.admin import AdminError
+
     async def work(admin: AdminClient) -> int:
-        topics = await admin.list_topics()
+        try:
+            topics = await admin.list_topics()
+        except AdminError as e:
+            if not e.not_permitted:
+                raise
+            url, pair = _control_plane(args), _key_pair(args)
+            if url is None or pair is None:
+                print(f"orbit topic list: the name servers list topics to operators only ({_whose(e.remark)}); "
+                      "a tenant's topics come from the control plane: give its URL with --control-plane "
+                      "or ORBIT_CONTROL_PLANE", file=sys.stderr)  # fmt: skip
+                return 2
+            topics = await _tenant_topics(url, *pair)
         if args.json:
             _out(args, topics, "")
         else:
@@ -211,6 +251,36 @@ def message_query(args: argparse.Namespace) -> int:
         return 0
 
     return _run_admin(args, work)
+
+
+async def _tenant_topics(url: str, access_key: str, secret: str) -> list[str]:
+    """The topics of the credential's tenant, from the control plane's API."""
+    import aiohttp
+
+    from data_plane.tls import http_ssl
+    from sdk.credentials import ClientCredentials, jwt_claims
+    from sdk.errors import OrbitError
+
+    creds = ClientCredentials(access_key, secret, url + "/oauth/token", max_attempts=2)
+    try:
+        token = await creds.token()
+        tenant = jwt_claims(token).get("tenant")
+        if not isinstance(tenant, str) or not tenant:
+            raise OrbitError("this credential names no tenant (an operator's lists topics on the name servers)")
+        headers = {"Authorization": f"Bearer {token}", "Accept": "application/json"}
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with (
+            aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=http_ssl()), timeout=timeout) as session,
+            session.get(f"{url}/v1/tenants/{tenant}/topics", headers=headers) as resp,
+        ):
+            body = await resp.read()
+            if resp.status != 200:
+                raise OrbitError(f"{url}: listing tenant {tenant!r}'s topics answered HTTP {resp.status}")
+    except aiohttp.ClientError as e:
+        raise OrbitError(f"the control plane at {url} did not answer: {e}") from None
+    finally:
+        await creds.aclose()
+    return sorted(f"{tenant}%{t['name']}" for t in orjson.loads(body)["topics"])
 
 
 # --- groups -------------------------------------------------------------------------------------
@@ -408,7 +478,16 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--cluster", help="only this cluster's brokers")
     p.add_argument("--order", action="store_true", help="an ordered topic")
     p.set_defaults(func=topic_create)
-    p = common(tsub.add_parser("list", help="every topic the name servers know"))
+    p = common(
+        tsub.add_parser(
+            "list", help="every topic the name servers know (an operator), or the tenant's own (a tenant credential)"
+        )
+    )
+    p.add_argument(
+        "--control-plane",
+        help="the control plane's URL, where a tenant credential's topics are listed "
+        "(env ORBIT_CONTROL_PLANE, or the credentials file's control_plane)",
+    )
     p.set_defaults(func=topic_list)
     p = common(tsub.add_parser("describe", help="queues with their min and max offsets"))
     p.add_argument("topic")

@@ -29,7 +29,6 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_bool, field_int, field_str
 from data_plane.remoting.server import Processors
-from data_plane.tenancy.namespace import tenant_of
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +57,11 @@ def _addr(cmd: RemotingCommand, field: str) -> str:
 
 class NamesrvProcessor:
     def __init__(self, route_info: RouteInfoManager, *, tenancy: bool = False) -> None:
-        """``tenancy``: name servers take no credentials (RocketMQ clients send none to them), so
-        in a multi-tenant cluster they keep tenants apart by what they answer: the topic list
-        leaves out every ``tenant%name`` topic (tenants list theirs through the control plane's
-        API) and DELETE_TOPIC_IN_NAMESRV is refused (the reconciler deletes on the brokers, whose
-        next registration drops the route). A route lookup needs the topic's full name."""
+        """``tenancy``: a multi-tenant cluster's name server, whose guard (guard.py) checks every
+        request first — the topic list is for operators and brokers only, so it names every
+        topic, tenants' included (tenants list theirs through the control plane's API) — and
+        DELETE_TOPIC_IN_NAMESRV is refused (the reconciler deletes on the brokers, whose next
+        registration drops the route)."""
         self.route_info = route_info
         self.tenancy = tenancy
         self.connections: dict[int, Connection] = {}  # connections that registered a broker, by id
@@ -139,8 +138,6 @@ class NamesrvProcessor:
 
     def get_all_topics(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
         topics = self.route_info.all_topics()
-        if self.tenancy:
-            topics = [t for t in topics if tenant_of(t) is None]
         return cmd.response(ResponseCode.SUCCESS, body=encode_topic_list(topics))
 
     def delete_topic(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

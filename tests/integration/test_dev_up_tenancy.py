@@ -69,6 +69,22 @@ def test_dev_up_serves_a_demo_tenant_whose_printed_credentials_work(tmp_path: Pa
         rows = [line.split() for line in table.stdout.splitlines()[1:]]
         assert {(r[0], r[1], r[3]) for r in rows} == {("broker-a", "0", "SYNC_MASTER"), ("broker-a", "1", "SLAVE")}
         assert "(fenced)" not in table.stdout
+        # Topics: a tenant's come from the control plane (dev up's credentials file names it);
+        # an operator's from the name servers, every tenant's and the system's.
+        listed = orbit(env, "topic", "list", "--json")
+        assert listed.returncode == 0, listed.stderr
+        assert json.loads(listed.stdout) == ["demo%hello"]
+        keys_only = dict(base, ORBIT_ACCESS_KEY=creds["access_key"], ORBIT_SECRET_KEY=creds["secret"])
+        lost = orbit(keys_only, "topic", "list")
+        assert lost.returncode == 2, lost.stdout + lost.stderr
+        assert "operators only (tenant credential)" in lost.stderr
+        assert "--control-plane" in lost.stderr
+        found = orbit(dict(keys_only, ORBIT_CONTROL_PLANE=info["control_plane"]), "topic", "list")
+        assert found.returncode == 0, found.stderr
+        assert found.stdout.split() == ["demo%hello"]
+        everything = orbit(operator, "topic", "list", "--json")
+        assert everything.returncode == 0, everything.stderr
+        assert {"demo%hello", "TBW102"} <= set(json.loads(everything.stdout))
         # The same credential logs in to the control plane (OAuth client credentials).
         import base64
         import urllib.parse
