@@ -61,9 +61,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from benchmarks.machine import page_cache_write, python_loop_ns
 from data_plane.interpreter import interpreter_facts
 from data_plane.local_cluster import LocalCluster
-from data_plane.store.bench import page_cache_write, python_loop_ns
 from loadtest.cpu import CpuWindow, us_per_msg
 from loadtest.histogram import encode_hist, hist_of, latency_log, merge, summary_ms
 from loadtest.rate import OpenLoop, RateProfile

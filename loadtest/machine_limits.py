@@ -2,7 +2,7 @@
 read as a share of what the hardware allows rather than as bare numbers:
 
 * ``disk``: sequential write bandwidth of the disk holding the data directory — 1 MiB writes
-  and one ``fdatasync`` (``data_plane.store.bench.disk_seq_write``, the store benchmark's
+  and one ``fdatasync`` (``benchmarks.machine.disk_seq_write``, the store benchmark's
   yardstick too);
 * ``loopback_tcp``: bytes per second one process sends another over 127.0.0.1 (256 KiB writes,
   the receiver reading as fast as it can) — what any broker on this machine shares with its
@@ -17,7 +17,7 @@ import socket
 import time
 from typing import Any
 
-from data_plane.store.bench import disk_seq_write
+from benchmarks.machine import disk_seq_write
 
 CHUNK_BYTES = 256 * 1024
 

@@ -47,7 +47,7 @@ def _save(result: dict[str, Any], out: str | None) -> str:
 
 
 def _bench_store(args: argparse.Namespace) -> int:
-    from data_plane.store import bench
+    from benchmarks import store as bench
 
     opts = bench.BenchOptions.quick(args.dir) if args.quick else bench.BenchOptions(directory=args.dir)
     overrides: dict[str, Any] = {
@@ -139,7 +139,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
 
 
 def _bench_ha(args: argparse.Namespace) -> int:
-    from data_plane.broker import ha_bench
+    from benchmarks import ha as ha_bench
 
     opts = ha_bench.HaBenchOptions.quick() if args.quick else ha_bench.HaBenchOptions()
     if args.seconds:

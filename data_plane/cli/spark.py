@@ -96,7 +96,7 @@ def _metering(args: argparse.Namespace) -> int:
 
 
 def _bench_spark(args: argparse.Namespace) -> int:
-    from spark_integration import bench
+    from benchmarks import spark as bench
 
     opts = bench.SparkBenchOptions.quick(args.dir) if args.quick else bench.SparkBenchOptions(directory=args.dir)
     overrides = {

@@ -1,4 +1,4 @@
-"""Replication throughput on loopback: ``python -m data_plane.store.ha.bench [--mb 512]``.
+"""Replication throughput on loopback: ``python -m benchmarks.replication [--mb 512]``.
 
 Fills a master store with ``--mb`` MiB of 1 KiB messages (TAGS, KEYS, UNIQ_KEY, as a stock
 producer sends), then starts a slave in another process (``--slave`` mode) and times how long
@@ -64,7 +64,7 @@ async def _master(args: argparse.Namespace, root: str) -> dict[str, object]:
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "data_plane.store.ha.bench",
+        "benchmarks.replication",
         "--slave",
         os.path.join(root, "slave"),
         "--port",

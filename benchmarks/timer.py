@@ -1,6 +1,6 @@
 """Per-tick cost of the timer wheel with few and with many pending timers.
 
-    python -m data_plane.broker.timer_bench [--pending 1000 100000] [--due-per-second 100] [--seconds 50]
+    python -m benchmarks.timer [--pending 1000 100000] [--due-per-second 100] [--seconds 50]
 
 For each pending count: a real MessageStore and Schedule in a temporary directory, a manual
 clock; ``pending`` timed messages due over the next 7 days (never during the measurement) and
@@ -107,7 +107,7 @@ async def _run_one(pending: int, due_per_second: int, seconds: int, seed: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m data_plane.broker.timer_bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.timer", description=__doc__.split("\n")[0])
     ap.add_argument("--pending", type=int, nargs="+", default=[1_000, 100_000])
     ap.add_argument("--due-per-second", type=int, default=100)
     ap.add_argument("--seconds", type=int, default=50)
