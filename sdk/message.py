@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 
 from data_plane.remoting.command import BODY_TYPES
-from data_plane.store import fastpath
+from data_plane.store.compiled import speedups
 from data_plane.store.message import (
     FLAG_COMPRESSED,
     KEY_SEPARATOR,
@@ -233,7 +233,7 @@ class MessageQueue:
 
 
 def _compiled_properties_of() -> Callable[[bytes], dict[str, str]]:
-    mod = fastpath.speedups_module()
+    mod = speedups()
     parse: Callable[[bytes], dict[str, str]] | None = getattr(mod, "properties_dict", None)
     return parse if parse is not None else decode_properties
 
@@ -539,6 +539,4 @@ def py_unique_ids(head: str, counter: Iterator[int], n: int) -> list[str]:
     return [f"{head}{hx[c >> 8 & 0xFF]}{hx[c & 0xFF]}" for c in itertools.islice(counter, n)]
 
 
-_unique_ids: Callable[[str, Iterator[int], int], list[str]] = getattr(
-    fastpath.speedups_module(), "unique_ids", py_unique_ids
-)
+_unique_ids: Callable[[str, Iterator[int], int], list[str]] = getattr(speedups(), "unique_ids", py_unique_ids)

@@ -25,7 +25,7 @@ from data_plane.remoting.codes import (
     ResponseCode,
 )
 from data_plane.remoting.command import RemotingCommand, fill_head, json_text
-from data_plane.store import fastpath
+from data_plane.store.compiled import speedups
 from data_plane.store.message import (
     FLAG_COMPRESSED,
     MESSAGE_MAGIC_CODE,
@@ -340,7 +340,7 @@ def pull_request(
 
 def _compiled_decoder() -> Any:
     """``_speedups.decode_records`` when built and in use, and made for this MessageExt's fields."""
-    mod = fastpath.speedups_module()
+    mod = speedups()
     if mod is None or getattr(mod, "RECORD_FIELDS", None) != MessageExt.DECODED_SLOTS:
         return None
     return mod.decode_records
@@ -470,7 +470,7 @@ _decode_records = _compiled_decoder()
 
 
 def _compiled_batch_body() -> Any:
-    mod = fastpath.speedups_module()
+    mod = speedups()
     return getattr(mod, "plain_batch_body", None) if mod is not None else None
 
 

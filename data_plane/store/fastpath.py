@@ -55,13 +55,13 @@ list of Messages).
 
 from __future__ import annotations
 
-import os
 import struct
 from collections.abc import Callable
 from typing import Any
 
 from crc32c import crc32c
 
+from data_plane.store.compiled import speedups
 from data_plane.store.mapped_file import pwrite_fully
 from data_plane.store.message import (
     MESSAGE_MAGIC_CODE,
@@ -410,19 +410,15 @@ plain_properties: Callable[[str | bytes, tuple[bytes, ...]], bool] = py_plain_pr
 batch_ids: BatchIds = py_batch_ids
 COMPILED = False
 
-if not os.environ.get("ORBIT_PURE_PYTHON"):
-    try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:  # not built (no compiler): the pure-Python twin serves
-        pass
-    else:
-        write_batch = _speedups.write_batch
-        index_write = _speedups.index_write
-        collect_units = _speedups.collect_units
-        plain_batch = _speedups.plain_batch
-        plain_properties = _speedups.plain_properties
-        batch_ids = _speedups.batch_ids
-        COMPILED = True
+_speedups = speedups()
+if _speedups is not None:  # (else not built, or ORBIT_PURE_PYTHON: the pure-Python twins serve)
+    write_batch = _speedups.write_batch
+    index_write = _speedups.index_write
+    collect_units = _speedups.collect_units
+    plain_batch = _speedups.plain_batch
+    plain_properties = _speedups.plain_properties
+    batch_ids = _speedups.batch_ids
+    COMPILED = True
 
 
 def speedups_module() -> Any:

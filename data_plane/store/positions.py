@@ -31,8 +31,9 @@ Without the compiled module (or with ``ORBIT_PURE_PYTHON`` set), the twins below
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
+
+from data_plane.store.compiled import speedups
 
 
 class PyFilePositions:
@@ -78,15 +79,9 @@ class PyQueuePositions:
 
 
 def compiled_module() -> Any:
-    """``_speedups`` when it is built and ``ORBIT_PURE_PYTHON`` is not set, else None (what this
-    module and ``mapped_file`` choose their implementations by, once, at import)."""
-    if os.environ.get("ORBIT_PURE_PYTHON"):
-        return None
-    try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:  # not built: the twins serve
-        return None
-    return _speedups
+    """``_speedups`` when it is built and in use (``compiled.speedups``): what this module and
+    ``mapped_file`` choose their implementations by, once, at import."""
+    return speedups()
 
 
 def _compiled() -> tuple[type, type, type] | None:
