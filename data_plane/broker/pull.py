@@ -38,7 +38,7 @@ from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.headers import field_int, field_str
 from data_plane.store.message import record_starts, tags_hash_code
-from data_plane.store.message_store import RecordFilter
+from data_plane.store.queue_read import RecordFilter
 from data_plane.store.status import GetMessageResult, GetMessageStatus
 
 if TYPE_CHECKING:

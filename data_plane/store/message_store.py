@@ -15,24 +15,21 @@ memory copies, new CommitLog files are created ahead of need on a worker thread,
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
-import contextlib
 import errno
 import fcntl
 import logging
 import os
 import shutil
-import threading
 import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any
 
-from data_plane.store import fastpath, retention
+from data_plane.store import fastpath, queue_read, retention
 from data_plane.store.checkpoint import StoreCheckpoint, create_abort_file, delete_abort_file
 from data_plane.store.commit_log import CommitLog, PutRefused
 from data_plane.store.config import FlushDiskType, StoreConfig
-from data_plane.store.consume_queue import CQ_UNIT, ConsumeQueue
+from data_plane.store.consume_queue import ConsumeQueue
 from data_plane.store.dispatcher import ConsumeQueueTable, Dispatcher
 from data_plane.store.fastpath import PlainBatch
 from data_plane.store.flush import (
@@ -40,7 +37,9 @@ from data_plane.store.flush import (
     FlushRealTimeService,
     GroupCommitService,
 )
+from data_plane.store.flush_waits import FlushWaits
 from data_plane.store.index_file import IndexService
+from data_plane.store.index_flush import IndexFlush
 from data_plane.store.mapped_file import py_populate
 from data_plane.store.mapped_file_queue import AllocateMappedFileService
 from data_plane.store.message import (
@@ -55,51 +54,18 @@ from data_plane.store.message import (
 )
 from data_plane.store.populate_ahead import PopulateAheadService
 from data_plane.store.queue_prepare import QueuePreparer
+from data_plane.store.queue_read import RecordFilter
 from data_plane.store.recovery import adopt_queue_state, recover
 from data_plane.store.reserve_ahead import ReserveAheadService, release_with_madvise
 from data_plane.store.status import (
     AppendMessageStatus,
     AppendResult,
     GetMessageResult,
-    GetMessageStatus,
     PutMessageResult,
     PutMessageStatus,
 )
 
 log = logging.getLogger(__name__)
-
-RecordFilter = Callable[[memoryview], bool]
-
-
-# (log offset the append ends at, deadline on the loop's clock, future)
-FlushWaiter = tuple[int, float, "asyncio.Future[bool]"]
-_MAX_FLUSH_WAITERS = 1_000_000
-RESERVE_WARNING_INTERVAL_S = 60.0  # a failing reserve-ahead (a full disk) is logged at most this often
-
-
-class _FlushWaiters(collections.deque[FlushWaiter]):
-    """One event loop's appends waiting for a group commit, in log order, and whether that
-    loop's timer sweeping the ones past their deadline is scheduled (one per loop)."""
-
-    __slots__ = ("sweeper_scheduled",)
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.sweeper_scheduled = False
-
-
-def _resolve_flushed(waiters: collections.deque[FlushWaiter], durable: int, ok: bool) -> None:
-    """On the loop: every waiter whose bytes are now durable gets True (in log order); after a
-    failed flush, the rest get False."""
-    while waiters and waiters[0][0] <= durable:
-        fut = waiters.popleft()[2]
-        if not fut.done():
-            fut.set_result(True)
-    if not ok:
-        while waiters:
-            fut = waiters.popleft()[2]
-            if not fut.done():
-                fut.set_result(False)
 
 
 def _wall_clock_ms() -> int:
@@ -144,7 +110,7 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.queues, self.index)
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
-        self._index_flushed_at = -float("inf")  # time.monotonic() of the last IndexFile flush
+        self._index_flush = IndexFlush(self)
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.disk_full = False
         self.disk_full_reason = retention.DISK_FULL_REASON  # what a refused put is told
@@ -163,13 +129,12 @@ class MessageStore:
         self._populate_ahead: PopulateAheadService | None = None
         self._queue_preparer: QueuePreparer | None = None
         self._last_release_all = time.monotonic()
-        self._reserve_warned_at = -float("inf")  # time.monotonic() of the last reserve-ahead warning
         self._put_count = 0  # (``put_count``; the compiled entry points count their own)
         self._put_bytes = 0
         self._entry: Any = None
         self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
         self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
-        self._loop_waiters: dict[asyncio.AbstractEventLoop, _FlushWaiters] = {}
+        self._flush_waits: FlushWaits | None = None  # SYNC_FLUSH: appends waiting to be durable
         self._appender: Any = None
         self._host_hex = self.commit_log.store_host.hex().upper()
 
@@ -283,6 +248,7 @@ class MessageStore:
         if self.sync_flush:
             self._group_commit = GroupCommitService(mfq, after_flush=self._after_log_flush)
             self._group_commit.start()
+            self._flush_waits = FlushWaits(self._group_commit, self._sync_timeout_s, lambda: mfq.flushed_where)
         else:
             self._flush_log = FlushRealTimeService(
                 mfq,
@@ -376,73 +342,13 @@ class MessageStore:
                     mf.release_all_pages()
 
     def reserve_indexes_ahead(self, queues: list[ConsumeQueue]) -> None:
-        """Reserve the blocks ``queues`` and the newest IndexFile will be written into next,
-        ``reserve_indexes_ahead_s`` of their rate since the last call ahead: the zero-filling ``pwrite``
-        then happens here, on the flush thread, instead of stalling the writer's event loop for
-        milliseconds when a busy queue or the IndexFile runs out of reserved blocks (with eight
-        equally busy queues they all ran out at once). A full disk is logged and left to the
-        write path, which answers it."""
-        rounds = self.config.reserve_indexes_ahead_s * 1000 / self.config.flush_interval_consume_queue_ms
-        try:
-            for cq in queues:
-                cq.reserve_ahead(rounds)
-            if self.index is not None and self.index.files:
-                self.index.files[-1].reserve_ahead(rounds)
-        except OSError as e:
-            now = time.monotonic()
-            if now - self._reserve_warned_at >= RESERVE_WARNING_INTERVAL_S:  # not every round of a full disk
-                self._reserve_warned_at = now
-                log.warning("cannot reserve index blocks ahead of the writer: %s", e)
+        """Reserve ahead the blocks ``queues`` and the newest IndexFile will be written into next
+        (``IndexFlush.reserve_ahead``)."""
+        self._index_flush.reserve_ahead(queues)
 
     def flush_indexes(self, thorough: bool) -> None:
-        """Flush ConsumeQueues and IndexFiles, then record the checkpoint."""
-        cfg = self.config
-        dispatched = self.dispatcher.dispatched_offset
-        least = 0 if thorough else cfg.flush_consume_queue_least_pages
-        queues = list(self.queues)
-        dirty = [cq for cq in queues if cq.dirty_pages() >= max(least, 1)]
-        if cfg.reserve_indexes_ahead_s > 0 and self.running:
-            # Only the queues written this round (those with a round's pages dirty); a queue
-            # taking less reserves its small chunks itself. (A walk over all 10,000 queues
-            # takes ~2 ms a round; docs/store.md, "Reserving ahead".)
-            self.reserve_indexes_ahead(dirty)
-        if len(dirty) > 64:
-            # Thousands of queues: one sync(2) instead of an open/fdatasync/close per file.
-            marks = [(cq, cq.mfq.max_offset()) for cq in dirty]
-            os.sync()
-            for cq, where in marks:
-                cq.mark_flushed(where)
-        else:
-            for cq in dirty:
-                cq.flush(least)
-        if cfg.release_flushed_pages:
-            for cq in dirty:
-                cq.mfq.release_flushed_pages(64 * 1024)
-        cp = self.checkpoint
-        now = self.clock_ms()
-        at = time.monotonic()
-        # The IndexFiles keep their own cadence (StoreConfig.flush_interval_index_ms): between
-        # their flushes the checkpoint keeps the index offset of the last one.
-        if self.index is None or thorough or (at - self._index_flushed_at) * 1000 >= cfg.flush_interval_index_ms:
-            if self.index is not None:
-                self.index.flush()
-                self._index_flushed_at = at
-            cp.index_offset, cp.index_msg_timestamp = dispatched, now
-        if self.index is not None and cfg.release_flushed_pages:
-            # Entry pages behind the newest leave the page tables every round, flushed or not
-            # (the page cache keeps them, dirty ones too): tied to the 30 s index flush, a fast
-            # writer left ~180 MiB of them resident between two flushes.
-            for f in self.index.files:
-                f.release_entries(1 << 20)
-        cp.physic_offset = self.commit_log.mfq.flushed_where
-        # Units and entries for every record below `dispatched` were written before the
-        # flushes above began, so they are durable now.
-        cp.logics_offset = dispatched
-        cp.physic_msg_timestamp = cp.logics_msg_timestamp = now
-        try:
-            cp.flush()
-        except OSError:
-            log.exception("checkpoint write failed")
+        """Flush ConsumeQueues and IndexFiles, then record the checkpoint (``IndexFlush.flush``)."""
+        self._index_flush.flush(thorough)
 
     # --- writing ---------------------------------------------------------------------------
     @property
@@ -677,75 +583,23 @@ class MessageStore:
         result, end = self.append(msgs)
         if end < 0 or not self._wants_flush_wait(msgs):
             return result
-        assert self._group_commit is not None
-        loop = asyncio.get_running_loop()
-        waiters = self._loop_waiters.get(loop)
-        if waiters is None:
-            waiters = self._watch_flushes(loop)
-        if len(waiters) >= _MAX_FLUSH_WAITERS:
+        assert self._flush_waits is not None
+        fut = self._flush_waits.wait(end)
+        if fut is None:
             result.status = PutMessageStatus.OS_PAGECACHE_BUSY
             result.reason = "too many appends waiting for a flush"
-            return result
-        fut: asyncio.Future[bool] = loop.create_future()
-        waiters.append((end, loop.time() + self._sync_timeout_s, fut))
-        # At once, not at the end of the loop turn: the flush then overlaps the turn's other
-        # appends (asking once a turn instead measured 22-26k against 28-33k msgs/s).
-        self._group_commit.request(end)
-        if not waiters.sweeper_scheduled:
-            waiters.sweeper_scheduled = True
-            loop.call_later(0.05, self._sweep_flush_waiters, loop)
-        if not await fut:
+        elif not await fut:
             result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
             result.reason = "not flushed within sync_flush_timeout_ms"
         return result
-
-    def _watch_flushes(self, loop: asyncio.AbstractEventLoop) -> _FlushWaiters:
-        """Waiters of one event loop, answered when the group commit says how far it got."""
-        waiters = _FlushWaiters()
-        self._loop_waiters[loop] = waiters
-
-        def on_flushed(durable: int, ok: bool) -> None:  # on the flush thread
-            if waiters:
-                with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits any more
-                    loop.call_soon_threadsafe(_resolve_flushed, waiters, durable, ok)
-
-        assert self._group_commit is not None
-        self._group_commit.add_listener(on_flushed)
-        return waiters
-
-    def _sweep_flush_waiters(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Answer FLUSH_DISK_TIMEOUT to waiters past their deadline (one timer for all of them,
-        not one per append). Deadlines grow with the waiters' order."""
-        waiters = self._loop_waiters.get(loop)
-        now = loop.time()
-        while waiters and (waiters[0][2].done() or waiters[0][1] <= now):
-            fut = waiters.popleft()[2]
-            if not fut.done():
-                fut.set_result(False)
-        if waiters:
-            loop.call_later(0.05, self._sweep_flush_waiters, loop)
-        elif waiters is not None:
-            waiters.sweeper_scheduled = False
 
     def put_messages_blocking(self, msgs: Sequence[Message]) -> PutMessageResult:
         """``put_messages`` for callers without an event loop (tools, benchmarks)."""
         result, end = self.append(msgs)
         if end < 0 or not self._wants_flush_wait(msgs):
             return result
-        assert self._group_commit is not None
-        done = threading.Event()
-
-        def on_flushed(durable: int, ok: bool) -> None:
-            if durable >= end or not ok:
-                done.set()
-
-        self._group_commit.add_listener(on_flushed)
-        try:
-            self._group_commit.request(end)
-            ok = done.wait(self._sync_timeout_s) and self.commit_log.mfq.flushed_where >= end
-        finally:
-            self._group_commit.remove_listener(on_flushed)
-        if not ok:
+        assert self._flush_waits is not None
+        if not self._flush_waits.wait_blocking(end):
             result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
             result.reason = "not flushed within sync_flush_timeout_ms"
         return result
@@ -821,112 +675,16 @@ class MessageStore:
         ``record_filter`` is then applied to each record's bytes. With ``coalesce`` (the wire
         form a pull answers with), records that lie back to back in the CommitLog come as one
         slice of ``messages``; ``queue_offsets`` still has one entry per message."""
-        cq = self.queues.get(topic, queue_id)
-        if cq is None:
-            return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=0)
-        min_offset = cq.min_offset_in_queue()
-        max_offset = cq.max_offset_in_queue()
-        result = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, min_offset=min_offset, max_offset=max_offset)
-        if max_offset == 0:
-            result.status = GetMessageStatus.NO_MESSAGE_IN_QUEUE
-            result.next_begin_offset = 0
-            return result
-        if offset < min_offset:
-            result.status = GetMessageStatus.OFFSET_TOO_SMALL
-            result.next_begin_offset = min_offset
-            return result
-        if offset == max_offset:
-            result.status = GetMessageStatus.OFFSET_OVERFLOW_ONE
-            result.next_begin_offset = offset
-            return result
-        if offset > max_offset:
-            result.status = GetMessageStatus.OFFSET_OVERFLOW_BADLY
-            result.next_begin_offset = min_offset if min_offset == 0 else max_offset
-            return result
-        max_msg_nums = max(1, max_msg_nums)
-        # Scan at least a page of units so that a selective tag filter still makes progress.
-        found = cq.units(offset, max(max_msg_nums, 800 if tags_codes is not None or record_filter else 0))
-        if found is None:
-            result.status = GetMessageStatus.OFFSET_FOUND_NULL
-            result.next_begin_offset = offset + 1
-            return result
-        units, n = found
-        cl = self.commit_log
-        log_min = cl.min_offset()
-        max_bytes = self.config.max_transfer_bytes_on_message
-        status = GetMessageStatus.NO_MATCHED_MESSAGE
-        messages = result.messages
-        queue_offsets = result.queue_offsets
-        total_bytes = 0
-        unpack = CQ_UNIT.unpack_from
-        # The compiled loop when built; the pure-Python twin of it is no faster than the loop below.
-        collect = fastpath.collect_units if fastpath.COMPILED and record_filter is None else None
-        cur = None
-        cur_from = cur_end = 0
-        i = 0
-        last_phy = 0
-        run_at = run_end = -1  # coalesce: the last slice below covers [run_at, ...) of cur, up to run_end (log)
-        while i < n:
-            if collect is not None:  # the common units, in a loop of their own
-                i, total_bytes, took, full = collect(
-                    units, i, n, cur, cur_from, cur_end, log_min, max_msg_nums, max_bytes, total_bytes,
-                    tags_codes, messages, queue_offsets, offset, coalesce,
-                )  # fmt: skip
-                run_end = -1
-                if took:
-                    last_phy = took
-                if full or i >= n:
-                    break
-            # One unit the loop above stopped at (or every unit, without it).
-            phy, size, tags = unpack(units, i * 20)
-            if queue_offsets and (len(queue_offsets) >= max_msg_nums or total_bytes + size > max_bytes):
-                break
-            i += 1
-            if phy < log_min or size <= 0:
-                if not messages:
-                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                continue
-            if tags_codes is not None and tags not in tags_codes:
-                continue
-            if not cur_from <= phy < cur_end:
-                mf = cl.mfq.find_by_offset(phy)
-                if mf is None:
-                    if not messages:
-                        status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                    continue
-                cur = mf.mv
-                cur_from = mf.file_from_offset
-                cur_end = cur_from + mf.wrote_position
-                run_end = -1
-                if collect is not None and cur_from <= phy < cur_end:
-                    i -= 1  # the loop above takes this unit, and those after it, from the file
-                    continue
-            pos = phy - cur_from
-            if phy + size > cur_end or cur is None:
-                if not messages:
-                    status = GetMessageStatus.OFFSET_FOUND_NULL
-                continue
-            record = cur[pos : pos + size]
-            if record_filter is not None and not record_filter(record):
-                continue
-            if coalesce and phy == run_end:
-                messages[-1] = cur[run_at : pos + size]
-            else:
-                messages.append(record)
-                run_at = pos
-            run_end = phy + size
-            queue_offsets.append(offset + i - 1)
-            total_bytes += size
-            last_phy = phy
-        if messages:  # any other status is only ever set while nothing was found
-            status = GetMessageStatus.FOUND
-        result.status = status
-        result.next_begin_offset = offset + i
-        result.buffer_total_size = total_bytes
-        if messages:
-            behind = cl.max_offset() - last_phy
-            result.suggest_pulling_from_slave = behind > self.hot_data_bytes
-        return result
+        return queue_read.get_message(
+            self,
+            topic,
+            queue_id,
+            offset,
+            max_msg_nums,
+            tags_codes=tags_codes,
+            record_filter=record_filter,
+            coalesce=coalesce,
+        )
 
     def read_record(self, commit_log_offset: int) -> memoryview | None:
         """The raw record at a CommitLog offset (what a PULL ships), or None."""

@@ -658,7 +658,7 @@ def test_reserving_index_blocks_ahead_on_a_full_disk_warns_once_and_keeps_the_st
     wait_for_preallocation(store)
     fill(tmpfs / "filler", 0)
     queues = [store.queues.get(TOPICS[0], q) for q in (0, 1)]
-    with caplog.at_level("WARNING", logger="data_plane.store.message_store"):
+    with caplog.at_level("WARNING", logger="data_plane.store.index_flush"):
         for cq in queues:  # each has a round's worth to reserve, and no room for it
             assert cq is not None
             store.reserve_indexes_ahead([cq])
