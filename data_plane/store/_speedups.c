@@ -3,12 +3,13 @@
  *
  * write_batch: lays out a batch of messages of one (topic, queue) as CommitLog records (the
  * 88-byte RocketMQ header, body, topic, properties; see message.py), and produces the
- * ConsumeQueue units (20 bytes each) and index items (key hash 4 + CommitLog offset 8) for
+ * ConsumeQueue units and index items (their layouts: _layouts.h, from layouts.py) for
  * them. index_write: adds index items to an IndexFile mapping. Both must give byte-for-byte
  * what fastpath.py gives; tests run both and compare.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include "_layouts.h" /* the index files' byte layouts: generated from layouts.py */
 #include <structmember.h>
 #include <errno.h>
 #include <stdint.h>
@@ -410,14 +411,14 @@ static PyObject *refuse(item_t *items, Py_ssize_t n, Py_ssize_t idx, const char 
 
 /* Ask for the hash slot of index item k (12 bytes: hash 4, physical offset 8) of `it`. */
 static inline void prefetch_slot(const unsigned char *b, long long slots, const unsigned char *it, Py_ssize_t k) {
-    __builtin_prefetch(b + 40 + (get32(it + k * 12) % (uint64_t)slots) * 4, 1, 3);
+    __builtin_prefetch(b + INDEX_HEADER_SIZE + (get32(it + k * INDEX_ITEM_SIZE + INDEX_ITEM_HASH_AT) % (uint64_t)slots) * HASH_SLOT_SIZE, 1, 3);
 }
 
 /* Adds items [start, n) to an IndexFile mapping until they run out or the file is full. */
 static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count, long long max_entries,
                             long long begin_ts, long long store_ts, const unsigned char *it, Py_ssize_t n,
                             Py_ssize_t start, long long *last_phys) {
-    long long entries_at = 40 + slots * 4;
+    long long entries_at = INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE;
     long long diff = (store_ts - begin_ts) / 1000;
     if (store_ts < begin_ts) diff = 0;
     if (diff > 0x7FFFFFFF) diff = 0x7FFFFFFF;
@@ -429,16 +430,16 @@ static Py_ssize_t index_add(unsigned char *b, long long slots, long long *count,
     for (Py_ssize_t k = start; k < n && k < start + IX_AHEAD; k++) prefetch_slot(b, slots, it, k);
     for (; i < n && c < max_entries; i++) {
         if (i + IX_AHEAD < n) prefetch_slot(b, slots, it, i + IX_AHEAD);
-        uint32_t h = get32(it + i * 12);
-        uint64_t phys = get64(it + i * 12 + 4);
-        unsigned char *slot = b + 40 + (h % (uint64_t)slots) * 4;
+        uint32_t h = get32(it + i * INDEX_ITEM_SIZE + INDEX_ITEM_HASH_AT);
+        uint64_t phys = get64(it + i * INDEX_ITEM_SIZE + INDEX_ITEM_PHYS_AT);
+        unsigned char *slot = b + INDEX_HEADER_SIZE + (h % (uint64_t)slots) * HASH_SLOT_SIZE;
         long long prev = (int32_t)get32(slot);
         if (prev <= 0 || prev >= c) prev = 0;
-        unsigned char *e = b + entries_at + c * 20;
-        put32(e, h);
-        put64(e + 4, phys);
-        put32(e + 12, (uint32_t)diff);
-        put32(e + 16, (uint32_t)prev);
+        unsigned char *e = b + entries_at + c * INDEX_ENTRY_SIZE;
+        put32(e + INDEX_ENTRY_HASH_AT, h);
+        put64(e + INDEX_ENTRY_PHYS_AT, phys);
+        put32(e + INDEX_ENTRY_TIME_DIFF_AT, (uint32_t)diff);
+        put32(e + INDEX_ENTRY_PREV_AT, (uint32_t)prev);
         put32(slot, (uint32_t)c);
         c++;
         *last_phys = (long long)phys;
@@ -629,13 +630,13 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         goto done;
     }
     /* Outputs: CQ units and index items, sized for the worst case. */
-    PyObject *cq = PyBytes_FromStringAndSize(NULL, n * 20);
+    PyObject *cq = PyBytes_FromStringAndSize(NULL, n * CQ_UNIT_SIZE);
     if (!cq) { release_items(items, n); goto done; }
     Py_ssize_t idx_cap = 0;
     if (index_enabled) {
         for (Py_ssize_t i = 0; i < n; i++) idx_cap += 1 + items[i].props_len / 2;
     }
-    PyObject *idx = PyBytes_FromStringAndSize(NULL, idx_cap * 12);
+    PyObject *idx = PyBytes_FromStringAndSize(NULL, idx_cap * INDEX_ITEM_SIZE);
     if (!idx) { Py_DECREF(cq); release_items(items, n); goto done; }
     unsigned char *cqp = (unsigned char *)PyBytes_AS_STRING(cq);
     unsigned char *ixp = (unsigned char *)PyBytes_AS_STRING(idx);
@@ -745,8 +746,8 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         /* Index items in a fixed order whatever the order of the properties: UNIQ_KEY, then
          * each KEYS key (as the Python twin and IndexService.build do). */
         if (uniq_l > 0) {
-            put32(ixp + nix * 12, ~crc_update(topic_crc, (const unsigned char *)uniq_s, uniq_l) & 0x7FFFFFFFu);
-            put64(ixp + nix * 12 + 4, (uint64_t)phys);
+            put32(ixp + nix * INDEX_ITEM_SIZE + INDEX_ITEM_HASH_AT, ~crc_update(topic_crc, (const unsigned char *)uniq_s, uniq_l) & 0x7FFFFFFFu);
+            put64(ixp + nix * INDEX_ITEM_SIZE + INDEX_ITEM_PHYS_AT, (uint64_t)phys);
             nix++;
         }
         Py_ssize_t a = 0;
@@ -755,16 +756,16 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
             Py_ssize_t b = a;
             while (b < keys_l && keys_s[b] != ' ') b++;
             if (b > a) {
-                put32(ixp + nix * 12, ~crc_update(topic_crc, (const unsigned char *)keys_s + a, b - a) & 0x7FFFFFFFu);
-                put64(ixp + nix * 12 + 4, (uint64_t)phys);
+                put32(ixp + nix * INDEX_ITEM_SIZE + INDEX_ITEM_HASH_AT, ~crc_update(topic_crc, (const unsigned char *)keys_s + a, b - a) & 0x7FFFFFFFu);
+                put64(ixp + nix * INDEX_ITEM_SIZE + INDEX_ITEM_PHYS_AT, (uint64_t)phys);
                 nix++;
             }
             a = b;
         }
         if (advances) {
-            put64(cqp + ncq * 20, (uint64_t)phys);
-            put32(cqp + ncq * 20 + 8, (uint32_t)it->total);
-            put64(cqp + ncq * 20 + 12, (uint64_t)tags_code);
+            put64(cqp + ncq * CQ_UNIT_SIZE + CQ_UNIT_PHYS_AT, (uint64_t)phys);
+            put32(cqp + ncq * CQ_UNIT_SIZE + CQ_UNIT_RECORD_SIZE_AT, (uint32_t)it->total);
+            put64(cqp + ncq * CQ_UNIT_SIZE + CQ_UNIT_TAGS_AT, (uint64_t)tags_code);
             ncq++;
         }
         pos += it->total;
@@ -794,26 +795,26 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         Py_DECREF(tags_out);
         goto done;
     }
-    if (_PyBytes_Resize(&cq, ncq * 20) < 0) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
-    if (_PyBytes_Resize(&idx, nix * 12) < 0) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
+    if (_PyBytes_Resize(&cq, ncq * CQ_UNIT_SIZE) < 0) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
+    if (_PyBytes_Resize(&idx, nix * INDEX_ITEM_SIZE) < 0) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     long long last_ix_phys = -1;
     /* Straight into cq_base when the units fit what is reserved there: a ConsumeQueue's pending
      * units (the Appender) or its file's mapping. */
-    if (cq_base && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit && cq_limit <= cq_base_len) {
-        memcpy(cq_base + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
+    if (cq_base && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * CQ_UNIT_SIZE <= cq_limit && cq_limit <= cq_base_len) {
+        memcpy(cq_base + cq_pos, PyBytes_AS_STRING(cq), ncq * CQ_UNIT_SIZE);
         Py_DECREF(cq);
-        cq = PyLong_FromSsize_t(cq_pos + ncq * 20);
+        cq = PyLong_FromSsize_t(cq_pos + ncq * CQ_UNIT_SIZE);
         if (!cq) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
-    } else if (cq_target != Py_None && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * 20 <= cq_limit) {
+    } else if (cq_target != Py_None && ncq > 0 && cq_pos >= 0 && cq_pos + ncq * CQ_UNIT_SIZE <= cq_limit) {
         Py_buffer cb;
         if (PyObject_GetBuffer(cq_target, &cb, PyBUF_WRITABLE) < 0) {
             Py_DECREF(cq); Py_DECREF(idx); Py_DECREF(tags_out);
             goto done;
         }
         if (cq_limit <= cb.len) {
-            memcpy((unsigned char *)cb.buf + cq_pos, PyBytes_AS_STRING(cq), ncq * 20);
+            memcpy((unsigned char *)cb.buf + cq_pos, PyBytes_AS_STRING(cq), ncq * CQ_UNIT_SIZE);
             Py_DECREF(cq);
-            cq = PyLong_FromSsize_t(cq_pos + ncq * 20);
+            cq = PyLong_FromSsize_t(cq_pos + ncq * CQ_UNIT_SIZE);
         }
         PyBuffer_Release(&cb);
         if (!cq) { Py_DECREF(idx); Py_DECREF(tags_out); goto done; }
@@ -825,7 +826,7 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
             Py_DECREF(cq); Py_DECREF(idx); Py_DECREF(tags_out);
             goto done;
         }
-        if (ib.len >= 40 + ix_slots * 4 + ix_max * 20) {
+        if (ib.len >= INDEX_HEADER_SIZE + ix_slots * HASH_SLOT_SIZE + ix_max * INDEX_ENTRY_SIZE) {
             index_add(ib.buf, ix_slots, &ix_count, ix_max, ix_begin_ts, store_ts,
                       (const unsigned char *)PyBytes_AS_STRING(idx), nix, 0, &last_ix_phys);
             Py_DECREF(idx);
@@ -930,12 +931,12 @@ static PyObject *index_write(PyObject *self, PyObject *args) {
                           &start))
         return NULL;
     PyObject *result = NULL;
-    if (slots <= 0 || count < 1 || buf.len < 40 + slots * 4 + max_entries * 20 || start < 0 || items.len % 12) {
+    if (slots <= 0 || count < 1 || buf.len < INDEX_HEADER_SIZE + slots * HASH_SLOT_SIZE + max_entries * INDEX_ENTRY_SIZE || start < 0 || items.len % INDEX_ITEM_SIZE) {
         PyErr_SetString(PyExc_ValueError, "bad arguments to index_write");
         goto done;
     }
     long long last_phys = -1;
-    Py_ssize_t i = index_add(buf.buf, slots, &count, max_entries, begin_ts, store_ts, items.buf, items.len / 12,
+    Py_ssize_t i = index_add(buf.buf, slots, &count, max_entries, begin_ts, store_ts, items.buf, items.len / INDEX_ITEM_SIZE,
                              start, &last_phys);
     result = Py_BuildValue("(LnL)", count, i, last_phys);
 done:
@@ -1054,7 +1055,7 @@ typedef struct {
     int npend, pend_cap;    /* units pending; how many fit before the file's reserved end */
     unsigned int pend_gen;  /* moves each time sync_units writes: an appender that ran Python code
                              * meanwhile knows its unit was not pended */
-    unsigned char pend[PEND_UNITS * 20];
+    unsigned char pend[PEND_UNITS * CQ_UNIT_SIZE];
 } QueuePositions;
 
 static PyObject *s_cq_last_file;
@@ -1071,9 +1072,9 @@ static int queue_sync(QueuePositions *q) {
     PyObject *mf = SGET((PyObject *)q, s_cq_last_file);
     if (!mf) return -1;
     FilePositions *fp = AS_FP(mf);
-    Py_ssize_t n = (Py_ssize_t)q->npend * 20;
+    Py_ssize_t n = (Py_ssize_t)q->npend * CQ_UNIT_SIZE;
     long long limit = fp ? (fp->reserved_upto < fp->file_size ? fp->reserved_upto : fp->file_size) : 0;
-    if (!fp || !fp->base || fp->file_from_offset + fp->wrote_position != q->pend_from_qo * 20 ||
+    if (!fp || !fp->base || fp->file_from_offset + fp->wrote_position != q->pend_from_qo * CQ_UNIT_SIZE ||
         fp->wrote_position + n > limit || fp->wrote_position + n > fp->length) {
         Py_DECREF(mf);
         PyErr_Format(PyExc_RuntimeError, "%d pending ConsumeQueue units from queue offset %lld no longer fit its file",
@@ -1555,7 +1556,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         long long cq_size = cqp->file_size, cq_res = cqp->reserved_upto;
         cq_pos = cqp->wrote_position;
         cq_limit = cq_res < cq_size ? cq_res : cq_size;
-        if (cqp->file_from_offset + cq_pos != first_qo * 20 || cq_pos + 20 > cq_limit) goto slow;
+        if (cqp->file_from_offset + cq_pos != first_qo * CQ_UNIT_SIZE || cq_pos + CQ_UNIT_SIZE > cq_limit) goto slow;
         if (batch && cqp->base && cq_limit <= cqp->length) {
             /* a batch's units go straight into the file through its held view, kept while the
              * batch is laid out */
@@ -1567,7 +1568,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
             cq_mv = SGET(cq_mf, s_mv);
             if (!cq_mv) goto error;
         } else if (cqp->base && cq_limit <= cqp->length) { /* queue_sync writes them through the view */
-            Py_ssize_t cap = (cq_limit - cq_pos) / 20;
+            Py_ssize_t cap = (cq_limit - cq_pos) / CQ_UNIT_SIZE;
             qp->pend_from_qo = first_qo;
             qp->pend_cap = cap < PEND_UNITS ? (int)cap : PEND_UNITS;
             pend = 1;
@@ -1582,11 +1583,11 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     }
     if (pend) { /* write_batch_impl lays the unit out in the pending array */
         pend_gen = qp->pend_gen;
-        pend_at = (Py_ssize_t)qp->npend * 20;
+        pend_at = (Py_ssize_t)qp->npend * CQ_UNIT_SIZE;
         cq_base = qp->pend;
-        cq_len = PEND_UNITS * 20;
+        cq_len = PEND_UNITS * CQ_UNIT_SIZE;
         cq_pos = pend_at;
-        cq_limit = (Py_ssize_t)qp->pend_cap * 20;
+        cq_limit = (Py_ssize_t)qp->pend_cap * CQ_UNIT_SIZE;
     }
     /* the IndexFile: begun, with room for this message's keys */
     long long ix_count = 0, ix_max = 0, ix_begin = 0;
@@ -1606,7 +1607,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         if (!ixp) goto slow;
         ix_res = ixp->reserved_upto;
         /* IndexFile.reserved_entries(): entries that fit the blocks reserved so far */
-        ix_max = (ix_res - (40 + a->ix_slots * 4)) / 20;
+        ix_max = (ix_res - (INDEX_HEADER_SIZE + a->ix_slots * HASH_SLOT_SIZE)) / INDEX_ENTRY_SIZE;
         if (ix_max > a->ix_max_entries) ix_max = a->ix_max_entries;
         PyObject *bt = SGET(ixf, s_begin_timestamp);
         if (!bt) goto error;
@@ -1673,8 +1674,8 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
     if (SET_LL(a->commit_log, s_last_store_timestamp, now)) goto error;
     PyObject *unit = NULL; /* a pended unit that a sync_units meanwhile kept from counting */
     if (pend && PyLong_Check(cq_out)) {
-        int ok = qp->pend_gen == pend_gen && (Py_ssize_t)qp->npend * 20 == pend_at &&
-                 pend_at + 20 <= (Py_ssize_t)qp->pend_cap * 20;
+        int ok = qp->pend_gen == pend_gen && (Py_ssize_t)qp->npend * CQ_UNIT_SIZE == pend_at &&
+                 pend_at + CQ_UNIT_SIZE <= (Py_ssize_t)qp->pend_cap * CQ_UNIT_SIZE;
         if (ok && pend_at == 0) cq_busy = NULL; /* the first: its file keeps the view until queue_sync */
         if (ok) {
             qp->npend++;
@@ -1683,7 +1684,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
             /* the append ran Python code (a clock, a finalizer) while another thread wrote the
              * pending units out: this one is not pended; write it the Python way (sync_units
              * first, then the file) */
-            unit = PyBytes_FromStringAndSize((const char *)qp->pend + pend_at, 20);
+            unit = PyBytes_FromStringAndSize((const char *)qp->pend + pend_at, CQ_UNIT_SIZE);
             if (!unit) goto error;
         }
     } else if (PyLong_Check(cq_out)) {
@@ -2700,16 +2701,16 @@ static PyObject *collect_units(PyObject *self, PyObject *args) {
     long long last_phy = 0;
     int full = 0;
     Py_ssize_t run_at = -1, run_end = -1; /* the slice not yet appended: [run_at, run_end) of cur */
-    if (n < 0 || i < 0 || n * 20 > u.len) {
+    if (n < 0 || i < 0 || n * CQ_UNIT_SIZE > u.len) {
         PyErr_SetString(PyExc_ValueError, "collect_units: more units than bytes");
         goto done;
     }
     if (cur == Py_None) cur_end = cur_from; /* no file yet: every unit goes back to the caller */
     const unsigned char *base = u.buf;
     for (; i < n; i++) {
-        const unsigned char *p = base + i * 20;
-        long long phy = (long long)get64(p);
-        int32_t size = (int32_t)get32(p + 8);
+        const unsigned char *p = base + i * CQ_UNIT_SIZE;
+        long long phy = (long long)get64(p + CQ_UNIT_PHYS_AT);
+        int32_t size = (int32_t)get32(p + CQ_UNIT_RECORD_SIZE_AT);
         Py_ssize_t have = PyList_GET_SIZE(queue_offsets);
         if (have && (have >= max_nums || total + size > max_bytes)) {
             full = 1;
@@ -2717,7 +2718,7 @@ static PyObject *collect_units(PyObject *self, PyObject *args) {
         }
         if (phy < log_min || size <= 0 || phy < cur_from || phy >= cur_end || phy + size > cur_end) break;
         if (tags_codes != Py_None) {
-            PyObject *code = PyLong_FromLongLong((long long)get64(p + 12));
+            PyObject *code = PyLong_FromLongLong((long long)get64(p + CQ_UNIT_TAGS_AT));
             if (!code) goto done;
             int in = PySequence_Contains(tags_codes, code);
             Py_DECREF(code);

@@ -18,16 +18,14 @@ chunk ahead of the writes.
 from __future__ import annotations
 
 import os
-import struct
 from collections.abc import Callable
 
+from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.mapped_file import MappedFile
 from data_plane.store.mapped_file_queue import MappedFileQueue
 from data_plane.store.positions import QueuePositions
 
-CQ_UNIT = struct.Struct(">qiq")
 CQ_UNIT_SIZE = CQ_UNIT.size
-assert CQ_UNIT_SIZE == 20, CQ_UNIT_SIZE
 HOLE_UNIT = CQ_UNIT.pack(-1, 0, 0)  # a unit whose record is gone for good: readers skip it
 
 

@@ -62,6 +62,10 @@ from typing import Any
 from crc32c import crc32c
 
 from data_plane.store.compiled import speedups
+from data_plane.store.layouts import CQ_UNIT as _CQ_UNIT
+from data_plane.store.layouts import HASH_SLOT as _SLOT
+from data_plane.store.layouts import INDEX_ENTRY as _INDEX_ENTRY
+from data_plane.store.layouts import INDEX_ITEM
 from data_plane.store.mapped_file import pwrite_fully
 from data_plane.store.message import (
     MESSAGE_MAGIC_CODE,
@@ -73,11 +77,6 @@ from data_plane.store.message import (
     tags_hash_code,
 )
 
-INDEX_ITEM = struct.Struct(">Iq")
-assert INDEX_ITEM.size == 12
-_CQ_UNIT = struct.Struct(">qiq")
-_INDEX_ENTRY = struct.Struct(">iqii")
-_SLOT = struct.Struct(">i")
 _HEADER = RECORD_HEADER.size
 
 

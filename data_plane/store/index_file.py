@@ -22,28 +22,21 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from collections.abc import Callable
 
 from crc32c import crc32c
 
 from data_plane.store import fastpath
 from data_plane.store.commit_log import DispatchRequest
-from data_plane.store.fastpath import INDEX_ITEM
+from data_plane.store.layouts import HASH_SLOT, INDEX_ENTRY, INDEX_HEADER, INDEX_ITEM
 from data_plane.store.mapped_file import MappedFile, is_data_file_name, offset_to_file_name
 from data_plane.store.message import TRANSACTION_ROLLBACK_TYPE, TRANSACTION_TYPE_MASK
 
 log = logging.getLogger(__name__)
 
-INDEX_HEADER = struct.Struct(">qqqqii")
 INDEX_HEADER_SIZE = INDEX_HEADER.size
-assert INDEX_HEADER_SIZE == 40, INDEX_HEADER_SIZE
-HASH_SLOT = struct.Struct(">i")
 HASH_SLOT_SIZE = HASH_SLOT.size
-assert HASH_SLOT_SIZE == 4
-INDEX_ENTRY = struct.Struct(">iqii")
 INDEX_ENTRY_SIZE = INDEX_ENTRY.size
-assert INDEX_ENTRY_SIZE == 20, INDEX_ENTRY_SIZE
 
 
 ENTRY_RESERVE_BYTES = 1 << 20
@@ -286,7 +279,7 @@ class IndexService:
         return self._writable()
 
     def put_items(self, items: bytes, store_timestamp: int) -> None:
-        """Add index items (``fastpath.INDEX_ITEM``: key hash, CommitLog offset) of records
+        """Add index items (``layouts.INDEX_ITEM``: key hash, CommitLog offset) of records
         stored at ``store_timestamp``, rolling over to a new file when one fills up."""
         n = len(items) // 12
         start = 0

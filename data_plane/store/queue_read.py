@@ -8,7 +8,7 @@ from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from data_plane.store import fastpath
-from data_plane.store.consume_queue import CQ_UNIT
+from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.status import GetMessageResult, GetMessageStatus
 
 if TYPE_CHECKING:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.store.consume_queue import CQ_UNIT, CQ_UNIT_SIZE, ConsumeQueue
+from data_plane.store.consume_queue import CQ_UNIT_SIZE, ConsumeQueue
+from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.mapped_file import offset_to_file_name
 
 UNITS_PER_FILE = 4

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from data_plane.store import fastpath
-from data_plane.store.consume_queue import CQ_UNIT
-from data_plane.store.fastpath import INDEX_ITEM, py_index_write, py_write_batch
+from data_plane.store.fastpath import py_index_write, py_write_batch
 from data_plane.store.index_file import INDEX_ENTRY_SIZE, index_file_size, key_hash
+from data_plane.store.layouts import CQ_UNIT, INDEX_ITEM
 from data_plane.store.message import (
     RECORD_HEADER,
     TRANSACTION_ROLLBACK_TYPE,

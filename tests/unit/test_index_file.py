@@ -10,17 +10,16 @@ from pathlib import Path
 import pytest
 
 from data_plane.store.commit_log import DispatchRequest
-from data_plane.store.fastpath import INDEX_ITEM
 from data_plane.store.index_file import (
     HASH_SLOT_SIZE,
     INDEX_ENTRY_SIZE,
-    INDEX_HEADER,
     INDEX_HEADER_SIZE,
     IndexFile,
     IndexService,
     index_file_size,
     key_hash,
 )
+from data_plane.store.layouts import INDEX_HEADER, INDEX_ITEM
 from data_plane.store.mapped_file import offset_to_file_name
 from data_plane.store.message import (
     TRANSACTION_COMMIT_TYPE,
