@@ -9,7 +9,7 @@ _FLAGS = ["-O2", "-std=c11", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 setup(
     ext_modules=[
         Extension("data_plane.store._speedups", sources=["data_plane/store/_speedups.c"], extra_compile_args=_FLAGS,
-                  optional=True),
+                  depends=["data_plane/store/_layouts.h"], optional=True),
         Extension("data_plane.remoting._codec", sources=["data_plane/remoting/_codec.c"], extra_compile_args=_FLAGS,
                   optional=True),
     ]
