@@ -9,6 +9,12 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+/* The compiled twins use CPython internals (_PyType_Lookup, tp_version_tag, member descriptors)
+ * as CPython 3.11 has them, the version they are tested on: any other fails to build, loudly,
+ * and the pure-Python twin serves (setup.py builds this as an optional extension). */
+#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000
+#error "built and tested against CPython 3.11 internals only: the pure-Python twin serves here"
+#endif
 #include "_layouts.h" /* the index files' byte layouts: generated from layouts.py */
 #include <structmember.h>
 #include <errno.h>
