@@ -121,7 +121,10 @@ has_system_postgres() {
   return 1
 }
 
-hash="$(cat "$lock" "$root/pyproject.toml" "$root/setup.py" "$root"/data_plane/*/*.c "$root"/data_plane/*/*.h | sha256sum | cut -d' ' -f1)"
+shopt -s nullglob
+c_sources=("$root"/data_plane/*/*.c "$root"/data_plane/*/*.h)  # the C sources and the headers they include
+shopt -u nullglob
+hash="$(cat "$lock" "$root/pyproject.toml" "$root/setup.py" "${c_sources[@]}" | sha256sum | cut -d' ' -f1)"
 have_hash="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
 extras="${1:-}"
