@@ -58,6 +58,11 @@ class Tenants:
     # so on a shared machine their own CPU does not slow the broker and the quiet tenants' clients.
     noisy_nice: int = 0
     noisy_connections: int = 0  # connections (client instances) of each of tenant 0's producers; 0: ``connections``
+    # A backlog case: this many messages stored on tenant 0's topics before the run (its publish
+    # quota lifted for that), which its consumers drain from the first offset during the run at
+    # most at its consume quota (0: none) while the other tenants publish and consume as always.
+    noisy_backlog_msgs: int = 0
+    noisy_consume_quota_msgs_per_s: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -138,8 +143,10 @@ TENANT_FIELDS = {
     "noisy_rate_msgs_per_s": ("float", 1, 10_000_000),
     "noisy_nice": ("int", 0, 19),
     "noisy_connections": ("int", 0, 10_000),
+    "noisy_backlog_msgs": ("int", 0, 100_000_000),
+    "noisy_consume_quota_msgs_per_s": ("int", 0, 10_000_000),
 }
-TENANT_OPTIONAL = {"noisy_nice", "noisy_connections"}
+TENANT_OPTIONAL = {"noisy_nice", "noisy_connections", "noisy_backlog_msgs", "noisy_consume_quota_msgs_per_s"}
 TOP_ONLY = {"name", "description", "peers", "variants"}
 
 

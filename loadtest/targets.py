@@ -267,7 +267,7 @@ class OrbitServer:
         for i in range(case.tenants.count):
             t = tenant_name(i)
             api.ok("POST", "/v1/tenants", {"id": t, "plan": "enterprise", "display_name": f"load test {t}"})
-            api.ok("PUT", f"/v1/tenants/{t}/quota", {"publish_msgs_per_s": case.tenants.publish_quota_msgs_per_s})
+            api.ok("PUT", f"/v1/tenants/{t}/quota", _quota(case.tenants, noisy=i == 0))
             for name in topic_names(case):
                 api.ok("POST", f"/v1/tenants/{t}/topics", {
                     "name": name, "message_type": "NORMAL", "throughput_hint_msgs_per_s": case.queues * 1000
@@ -284,11 +284,73 @@ class OrbitServer:
                     if time.monotonic() > deadline:
                         raise TargetUnavailable(f"topic {access.tenant}%{name} did not become active within 60 s")
                     time.sleep(0.2)
+        if case.tenants.noisy_backlog_msgs:
+            store_backlog(out[0], case.tenants.noisy_backlog_msgs, case.message_bytes[1])
         return out
 
     def stop(self) -> None:
         if self.cluster is not None:
             self.cluster.stop()
+
+
+BACKLOG_PUBLISH_QUOTA = 10_000_000  # msgs/s: the noisy tenant's while its backlog is stored
+BACKLOG_BATCH = 32
+BACKLOG_IN_FLIGHT = 16
+
+
+def _quota(tenants: Any, *, noisy: bool) -> dict[str, int]:
+    """A tenant's quota override: the case's publish quota; for the noisy tenant of a backlog
+    case, none to speak of on publishing (its backlog is stored before the run) and the case's
+    consume quota."""
+    if noisy and tenants.noisy_backlog_msgs:
+        quota = {"publish_msgs_per_s": BACKLOG_PUBLISH_QUOTA}
+        if tenants.noisy_consume_quota_msgs_per_s:
+            quota["consume_msgs_per_s"] = tenants.noisy_consume_quota_msgs_per_s
+        return quota
+    return {"publish_msgs_per_s": tenants.publish_quota_msgs_per_s}
+
+
+def store_backlog(access: TenantAccess, n: int, message_bytes: int) -> None:
+    """Store ``n`` messages of ``message_bytes`` on the tenant's topics before the run, in
+    batches, spread over them:
+    bodies with the generators' header and a send time of 0, so consumers count them but no
+    latency is measured from them."""
+    from loadtest.workers import HEADER
+    from sdk import Message, Producer
+
+    pad = b"b" * max(0, message_bytes - HEADER.size)
+
+    async def go() -> None:
+        credentials = _credentials(access.spec)
+        producer = Producer(
+            f"{access.tenant}%lt-backlog", namesrv_addrs=[access.spec["namesrv"]], credentials=credentials
+        )
+        await producer.start()
+        try:
+            sent = 0
+            sem = asyncio.Semaphore(BACKLOG_IN_FLIGHT)
+
+            async def one(first: int, topic: str) -> None:
+                try:
+                    count = min(BACKLOG_BATCH, n - first)
+                    await producer.send_batch(
+                        [Message(topic, HEADER.pack(0, 0xFFFFFFFF, 0, first + i) + pad) for i in range(count)]
+                    )
+                finally:
+                    sem.release()
+
+            tasks = []
+            while sent < n:
+                await sem.acquire()
+                topic = access.topics[(sent // BACKLOG_BATCH) % len(access.topics)]
+                tasks.append(asyncio.ensure_future(one(sent, topic)))
+                sent += BACKLOG_BATCH
+            await asyncio.gather(*tasks)
+        finally:
+            await producer.shutdown()
+            await _close(credentials)
+
+    asyncio.run(go())
 
 
 class RemoteOrbit:
