@@ -180,7 +180,12 @@ def run_case(
         log(f"  {case.name} on {target}: not run: {e}")
         return {**result, "status": "not_run", "reason": str(e)}
     try:
-        return {**result, **_load(case, spec, getattr(server, "tenants", []), opts=opts, log=log)}
+        sample = getattr(server, "broker_sample", None)
+        before = sample() if sample is not None else None
+        loaded = _load(case, spec, getattr(server, "tenants", []), opts=opts, log=log)
+        if sample is not None and before is not None:
+            loaded["broker_cost"] = broker_cost(before, sample())
+        return {**result, **loaded}
     except RuntimeError as e:
         log(f"  {case.name} on {target}: failed: {e}")
         return {**result, "status": "failed", "reason": str(e)[-4000:]}
@@ -280,6 +285,16 @@ def _load(
                 p.kill()
                 p.join()
     return _case_result(case, pjobs, cjobs, done, timeline, start, consumers_started_s)
+
+
+def broker_cost(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What a case cost the brokers between two samples (``broker_sample``): CPU seconds, and the
+    publishes refused for a quota, off the frame and on the command path."""
+    return {
+        "cpu_s": round(after["cpu_s"] - before["cpu_s"], 3),
+        "quota_early_refusals": after["quota_early_refusals"] - before["quota_early_refusals"],
+        "quota_refusals": after["quota_refusals"] - before["quota_refusals"],
+    }
 
 
 def _get(q: Any, deadline: float, procs: list[Any], what: str) -> tuple[str, str, int, Any] | None:

@@ -248,6 +248,35 @@ class OrbitServer:
         """The brokers that ran (names only), for the result."""
         return sorted(self.cluster.brokers) if self.cluster is not None else []
 
+    def broker_sample(self) -> dict[str, float]:
+        """The brokers' CPU seconds so far (user + system, summed) and, under tenancy, the
+        publishes they refused for a quota (off the frame and on the command path), asked with
+        the operator's credential: two samples around a case give what the case cost them."""
+        out = {"cpu_s": 0.0, "quota_refusals": 0.0, "quota_early_refusals": 0.0}
+        children = [c for c in self.cluster.children if c.name.startswith("broker")] if self.cluster else []
+        for c in children:
+            with open(f"/proc/{c.proc.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+            out["cpu_s"] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        if self.case.tenants is None or not children:
+            return out
+        from data_plane.dev_tenancy import read_credentials
+        from sdk.admin import AdminClient
+        from sdk.credentials import AccessKeyCredentials
+
+        creds = read_credentials(os.path.join(self.root, "control-plane", "operator.json"))
+        assert creds is not None
+
+        async def go() -> None:
+            async with AdminClient([self.cluster.namesrv], credentials=AccessKeyCredentials(*creds)) as admin:
+                for c in children:
+                    info = await admin.broker_status(c.address)
+                    out["quota_refusals"] += float(info.get("quotaRefusals", 0))
+                    out["quota_early_refusals"] += float(info.get("quotaEarlyRefusals", 0))
+
+        asyncio.run(go())
+        return out
+
     def prepare(self, spec: dict[str, Any], *, topics: list[str], queues: int) -> None:
         if self.case.tenants is None:
             create_topics(spec, topics, queues)

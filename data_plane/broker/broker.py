@@ -469,6 +469,7 @@ class Broker:
         if self.tenancy is not None:
             info["quotaThrottles"] = self.tenancy.throttled  # connections paused for a retry-after
             info["quotaEarlyRefusals"] = self.tenancy.early_refusals  # sends refused off their frames
+            info["quotaRefusals"] = self.tenancy.quota_refusals  # publishes refused on the command path
             info.update({f"refused.auth.{r}": n for r, n in self.tenancy.refusals.counts.items()})
         return {k: str(v) for k, v in info.items()}
 

@@ -185,6 +185,7 @@ class BrokerTenancy:
         self.refusals = RefusalLog(log, "requests refused")
         self.throttled = 0  # connections paused for their tenant's retry-after (throttle)
         self.early_refusals = 0  # sends refused off their frames (refuse_send_early)
+        self.quota_refusals = 0  # sends and batches refused for the publish quota on the command path
         self.meter = UsageMeter(
             cfg.broker_name,
             spool=self.spool,
@@ -392,6 +393,7 @@ class BrokerTenancy:
     def _publish_quota(self, cmd: RemotingCommand, tenant: str, n: int, nbytes: int) -> RemotingCommand | None:
         wait_ms = self.quotas.acquire_publish(tenant, n, nbytes)
         if wait_ms:
+            self.quota_refusals += 1
             return cmd.response(ResponseCode.FLOW_CONTROL, self._publish_remark(tenant, wait_ms))
         return None
 

@@ -79,6 +79,9 @@ def check_case(case: dict[str, Any]) -> None:
     assert con["e2e_latency_ms"]["count"] > 0
     for what in (pub["send_latency_ms"], con["e2e_latency_ms"]):
         assert 0 < what["p50"] <= what["p99"] <= what["max"]
+    cost = case["broker_cost"]  # what the case cost the broker: sampled around the load
+    assert cost["cpu_s"] > 0
+    assert cost["quota_refusals"] == cost["quota_early_refusals"] == 0  # no tenants, no quotas
     rows = case["timeline"]
     assert sum(r["published_msgs"] for r in rows) == pub["acked"]
     assert sum(r["consumed_msgs"] for r in rows) == con["consumed"]
