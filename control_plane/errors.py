@@ -132,6 +132,12 @@ class BrokerGroupExists(Conflict):
     code = "broker_group_exists"
 
 
+class BrokerGroupInUse(Conflict):
+    """Topics still have queues placed on the broker group (``placed_queues``)."""
+
+    code = "broker_group_in_use"
+
+
 class TopicExists(Conflict):
     """A topic of that name exists with another spec (the same spec is not an error)."""
 

@@ -64,6 +64,11 @@ async def update_group(request: web.Request) -> web.StreamResponse:
     return json_response(group)
 
 
+async def delete_group(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    return json_response(await context.services(request).fleet.delete_group(_group_name(request)))
+
+
 async def add_host(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     name = _group_name(request)
@@ -154,6 +159,20 @@ ROUTES = [
         "operator",
         "fleet",
         request_schema=GROUP_PATCH,
+    ),
+    Route(
+        "DELETE",
+        G + "/{group}",
+        delete_group,
+        "Remove a broker group from the fleet: its hosts' broker credentials are revoked; refused while "
+        "topics have queues on it",
+        "operator",
+        "fleet",
+        responses={
+            200: "deleted, with the revoked access keys",
+            404: "broker_group_not_found",
+            409: "broker_group_in_use: topics still have queues placed on it",
+        },
     ),
     Route(
         "POST",

@@ -58,6 +58,22 @@ async def lock_broker_group(conn: Connection, *, name: str) -> Record:
     return row
 
 
+async def delete_broker_group(conn: Connection, *, name: str) -> None:
+    """Delete the group's row (its ``broker_hosts`` go with it); the caller has locked it and
+    removed what else names it."""
+    done = await conn.execute("DELETE FROM broker_groups WHERE name = $1", name)
+    if done == "DELETE 0":
+        raise _not_found(name)
+
+
+async def placed_queues(conn: Connection, *, name: str) -> int:
+    """The queues topics have placed on the group."""
+    n = await conn.fetchval(
+        "SELECT COALESCE(sum(queue_count), 0)::integer FROM topic_placements WHERE broker_group = $1", name
+    )
+    return int(n)
+
+
 async def list_broker_groups(conn: Connection) -> list[Record]:
     return await conn.fetch(_WITH_USED + " ORDER BY g.name")
 

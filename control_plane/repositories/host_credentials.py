@@ -42,3 +42,11 @@ async def unbind_hosts_not_in(conn: Connection, *, broker_group: str, hosts: lis
         broker_group,
         hosts,
     )
+
+
+async def unbind_all(conn: Connection, *, broker_group: str) -> list[Record]:
+    """Remove every row of the group; returns their (host, access_key) for the caller to revoke
+    in the same transaction."""
+    return await conn.fetch(
+        "DELETE FROM broker_host_credentials WHERE broker_group = $1 RETURNING host, access_key", broker_group
+    )

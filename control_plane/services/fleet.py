@@ -17,7 +17,7 @@ import logging
 from typing import Any
 
 from control_plane.db import Connection, Pool, Record
-from control_plane.errors import BrokerHostNotFound, CredentialNotFound
+from control_plane.errors import BrokerGroupInUse, BrokerHostNotFound, CredentialNotFound
 from control_plane.repositories import credentials as credentials_repo
 from control_plane.repositories import fleet as repo
 from control_plane.repositories import host_credentials as host_repo
@@ -129,6 +129,29 @@ class FleetService:
         for access_key in revoked:
             log.info("broker host credential %s of group %s revoked: its host left broker_addrs", access_key, name)
         return await self.get_group(name)
+
+    async def delete_group(self, name: str) -> dict[str, Any]:
+        """Remove the group from the fleet: refused (BrokerGroupInUse) while topics have queues
+        placed on it; else its hosts' broker credentials are revoked and the group, its hosts and
+        their bindings are deleted, in one transaction under the group's lock."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await repo.lock_broker_group(conn, name=name)
+            placed = await repo.placed_queues(conn, name=name)
+            if placed:
+                raise BrokerGroupInUse(
+                    f"broker group {name!r} still holds {placed} queue(s) of topics: delete or move those "
+                    "topics first (PATCH status draining keeps new queues off it)",
+                    broker_group=name,
+                    placed_queues=placed,
+                )
+            unbound = await host_repo.unbind_all(conn, broker_group=name)
+            revoked = await credentials_repo.revoke_operator_and_broker(
+                conn, access_keys=[r["access_key"] for r in unbound]
+            )
+            await repo.delete_broker_group(conn, name=name)
+        keys = [str(r["access_key"]) for r in revoked]
+        log.info("broker group %s deleted; host credentials revoked: %s", name, ", ".join(keys) or "none")
+        return {"broker_group": name, "deleted": True, "revoked_access_keys": keys}
 
     async def add_host(self, *, broker_group: str, broker_id: int, host: str, address: str) -> dict[str, Any]:
         row = await repo.upsert_host(

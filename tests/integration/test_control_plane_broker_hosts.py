@@ -198,6 +198,48 @@ async def test_a_host_leaving_broker_addrs_has_its_credential_revoked(control_pl
     assert (await hosts(cp))["10.0.0.1"]["status"] == "none"  # a host coming back needs a new credential
 
 
+async def test_deleting_a_group_revokes_its_hosts_and_waits_for_its_topics(
+    control_plane: ControlPlaneHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    cp = control_plane
+    await new_group(cp, ADDRS)
+    first = (await cp.call("POST", G + "/hosts/10.0.0.1/credential", operator=True)).body
+    second = (await cp.call("POST", G + "/hosts/fd00::2/credential", operator=True)).body
+    _, tenant = await cp.new_tenant("acme")
+    made = await cp.call("POST", "/v1/tenants/acme/topics", token=tenant, json={"name": "orders"})
+    assert made.status == 201, made.body
+
+    busy = await cp.call("DELETE", G, operator=True)
+    assert busy.status == 409, busy.body
+    assert busy.body["error"]["code"] == "broker_group_in_use"
+    assert busy.body["error"]["details"]["placed_queues"] >= 1
+    assert {h["status"] for h in (await hosts(cp)).values()} == {"active"}  # nothing changed
+    await cp.token_for(first["access_key"], first["secret"])
+
+    assert (await cp.call("DELETE", "/v1/tenants/acme/topics/orders", token=tenant)).status == 204
+    for token in (tenant, await cp.token_for(second["access_key"], second["secret"])):
+        assert (await cp.call("DELETE", G, token=token)).status == 403  # operators only
+    deleted = await cp.call("DELETE", G, operator=True)
+    assert deleted.status == 200, deleted.body
+    assert sorted(deleted.body["revoked_access_keys"]) == sorted([first["access_key"], second["access_key"]])
+    for cred in (first, second):
+        assert (await cp.token_request(cred["access_key"], cred["secret"])).status == 401
+    assert (await cp.call("GET", G, operator=True)).status == 404
+    again = await cp.call("DELETE", G, operator=True)
+    assert again.status == 404
+    assert again.body["error"]["code"] == "broker_group_not_found"
+    left = await cp.services.pool.fetchval(
+        "SELECT (SELECT count(*) FROM broker_hosts WHERE broker_group = 'broker-a')"
+        " + (SELECT count(*) FROM broker_host_credentials WHERE broker_group = 'broker-a')"
+    )
+    assert left == 0
+    for cred in (first, second):
+        assert cred["secret"] not in caplog.text
+    await new_group(cp, ADDRS)  # the name can be used again, its hosts with no credential
+    assert {h["status"] for h in (await hosts(cp)).values()} == {"none"}
+
+
 async def test_only_operators_reach_broker_host_credentials(control_plane: ControlPlaneHarness) -> None:
     cp = control_plane
     await new_group(cp, ADDRS)
