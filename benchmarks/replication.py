@@ -56,7 +56,7 @@ async def _master(args: argparse.Namespace, root: str) -> dict[str, object]:
         for q in range(8):
             for m in batch:
                 m.queue_id = q
-            store.append(batch)
+            store.entry.append(batch)
             n += 32
     total = store.max_phy_offset()
     service = HAService(store, host="127.0.0.1", port=0, chunk_bytes=args.chunk_kb * 1024)

@@ -151,7 +151,7 @@ def bench_append_and_read(directory: str, opts: BenchOptions) -> dict[str, Any]:
     store = _store(directory, "append")
     out: dict[str, Any] = {}
     try:
-        append = store.append
+        append = store.entry.append
         n = opts.messages
 
         def singles() -> tuple[int, int]:
@@ -253,8 +253,8 @@ def _spread_workload(directory: str, body: bytes, queues: int, n: int, batch: in
     for q in range(queues):
         m = pool[q % size]
         m.queue_id = q
-        store.append([m])
-    append = store.append
+        store.entry.append([m])
+    append = store.entry.append
     rounds = n // batch
 
     def run() -> tuple[int, int]:
@@ -339,7 +339,7 @@ def bench_rss(directory: str, opts: BenchOptions) -> dict[str, Any]:
         i = 0
         t = time.perf_counter()
         while store.put_bytes < target:
-            store.append(batches[i & 15])
+            store.entry.append(batches[i & 15])
             i += 1
             if store.put_bytes >= next_sample:
                 s = _rss()

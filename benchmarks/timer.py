@@ -67,13 +67,13 @@ async def _run_one(pending: int, due_per_second: int, seconds: int, seed: int) -
             at = T0 + (seconds + 20) * 1000 + rnd.randrange(week_ms - (seconds + 20) * 1000)
             msgs = [Message(f"Bench{i % 8}", body, i % 4, properties={"TIMER_DELIVER_MS": str(at)})]
             schedule.redirect(msgs)
-            store.append(msgs)
+            store.entry.append(msgs)
         for s in range(seconds):
             for k in range(due_per_second):
                 at = (start_s + s) * 1000 - rnd.randrange(1000)
                 msgs = [Message("BenchDue", body, k % 4, properties={"TIMER_DELIVER_MS": str(at)})]
                 schedule.redirect(msgs)
-                store.append(msgs)
+                store.entry.append(msgs)
         while schedule.tick() > 0:  # index everything before measuring
             pass
         assert schedule.timers is not None

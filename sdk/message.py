@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, fields
 
 from data_plane.remoting.command import BODY_TYPES
-from data_plane.store.compiled import speedups
+from data_plane.store.compiled import records
 from data_plane.store.message import (
     FLAG_COMPRESSED,
     KEY_SEPARATOR,
@@ -233,7 +233,7 @@ class MessageQueue:
 
 
 def _compiled_properties_of() -> Callable[[bytes], dict[str, str]]:
-    mod = speedups()
+    mod = records()
     parse: Callable[[bytes], dict[str, str]] | None = getattr(mod, "properties_dict", None)
     return parse if parse is not None else decode_properties
 
@@ -261,7 +261,7 @@ class MessageExt:
         "reconsume_times", "sys_flag", "flag", "store_size", "extra",
     )  # fmt: skip
 
-    # The slots the compiled decoder writes (sdk.protocol checks _speedups.RECORD_FIELDS against them).
+    # The slots the compiled decoder writes (sdk.protocol checks _records.RECORD_FIELDS against them).
     DECODED_SLOTS = (
         "topic", "body", "_raw_properties", "_properties", "queue_id", "queue_offset", "broker_name",
         "_offset_msg_id", "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms",
@@ -527,16 +527,16 @@ def new_unique_id(now_ms: int | None = None) -> str:
 
 def new_unique_ids(n: int, now_ms: int | None = None) -> list[str]:
     """``n`` new message ids at once (a batch's): one clock reading, the counter for the rest
-    (the compiled ``_speedups.unique_ids`` when built: 0.14-0.28 → 0.06 µs an id)."""
+    (the compiled ``_records.unique_ids`` when built: 0.14-0.28 → 0.06 µs an id)."""
     now = int(time.time() * 1000) if now_ms is None else now_ms
     head = _id_prefix() + _UNIQ_TIME.pack(_since_month_start_ms(now) & 0xFFFFFFFF).hex().upper()
     return _unique_ids(head, _counter, n)
 
 
 def py_unique_ids(head: str, counter: Iterator[int], n: int) -> list[str]:
-    """``_speedups.unique_ids``'s twin: ``head`` + the next ``n`` counter values, 4 hex digits each."""
+    """``_records.unique_ids``'s twin: ``head`` + the next ``n`` counter values, 4 hex digits each."""
     hx = _HEX_BYTE  # two table lookups: a format spec ("04X") is parsed anew for every id
     return [f"{head}{hx[c >> 8 & 0xFF]}{hx[c & 0xFF]}" for c in itertools.islice(counter, n)]
 
 
-_unique_ids: Callable[[str, Iterator[int], int], list[str]] = getattr(speedups(), "unique_ids", py_unique_ids)
+_unique_ids: Callable[[str, Iterator[int], int], list[str]] = getattr(records(), "unique_ids", py_unique_ids)

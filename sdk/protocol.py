@@ -25,7 +25,7 @@ from data_plane.remoting.codes import (
     ResponseCode,
 )
 from data_plane.remoting.command import RemotingCommand, fill_head, json_text
-from data_plane.store.compiled import speedups
+from data_plane.store.compiled import records
 from data_plane.store.message import (
     FLAG_COMPRESSED,
     MESSAGE_MAGIC_CODE,
@@ -339,8 +339,8 @@ def pull_request(
 
 
 def _compiled_decoder() -> Any:
-    """``_speedups.decode_records`` when built and in use, and made for this MessageExt's fields."""
-    mod = speedups()
+    """``_records.decode_records`` when built and in use, and made for this MessageExt's fields."""
+    mod = records()
     if mod is None or getattr(mod, "RECORD_FIELDS", None) != MessageExt.DECODED_SLOTS:
         return None
     return mod.decode_records
@@ -363,7 +363,7 @@ def _host(raw: bytes) -> tuple[str, int]:
 def decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
     """The records of a PULL body, in order. A record that is not sound raises BrokerError.
 
-    The compiled decoder (``_speedups.decode_records``) does this when it is built, at about a
+    The compiled decoder (``_records.decode_records``) does this when it is built, at about a
     fifth of the cost; ``py_decode_messages`` is its twin and the reference."""
     if _decode_records is None:
         return py_decode_messages(body, broker_name, check_crc=check_crc)
@@ -470,7 +470,7 @@ _decode_records = _compiled_decoder()
 
 
 def _compiled_batch_body() -> Any:
-    mod = speedups()
+    mod = records()
     return getattr(mod, "plain_batch_body", None) if mod is not None else None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import random
 import shutil
@@ -67,18 +68,33 @@ def write_path(request: pytest.FixtureRequest) -> Iterator[str]:
         fastpath.use_compiled(was)
 
 
+def _compiled_module(name: str) -> ModuleType:
+    if PURE_PYTHON:
+        pytest.skip("ORBIT_PURE_PYTHON is set")
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        compiled_missing(name)
+        raise
+
+
 @pytest.fixture
 def speedups() -> ModuleType:
     """The compiled store module (data_plane/store/_speedups.c); see ``compiled_missing`` for
     where it is not built."""
-    if PURE_PYTHON:
-        pytest.skip("ORBIT_PURE_PYTHON is set")
-    try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
-    except ImportError:
-        compiled_missing("data_plane.store._speedups")
-    module: ModuleType = _speedups
-    return module
+    return _compiled_module("data_plane.store._speedups")
+
+
+@pytest.fixture
+def records() -> ModuleType:
+    """The compiled SDK record codecs (data_plane/store/_records.c)."""
+    return _compiled_module("data_plane.store._records")
+
+
+@pytest.fixture
+def batch() -> ModuleType:
+    """The compiled batch decoding of the broker (data_plane/broker/_batch.c)."""
+    return _compiled_module("data_plane.broker._batch")
 
 
 def counter_points(reader: Any, name: str, key: str, *, broker_name: str = "broker-a") -> dict[str, int]:

@@ -95,7 +95,7 @@ class Reputter:
             pack_host(*src.born_host),
             src.reconsume_times,
         )
-        result, _end = self.store.append([msg])
+        result, _end = self.store.entry.append([msg])
         a = result.append
         if a is None:
             if result.status in (PutMessageStatus.MESSAGE_ILLEGAL, PutMessageStatus.PROPERTIES_SIZE_EXCEEDED):

@@ -36,7 +36,7 @@ from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
 from data_plane.remoting.send_frame import SEND_OK_HEADER, send_fields, send_ok_frame
 from data_plane.store import fastpath
-from data_plane.store.fastpath import speedups_module
+from data_plane.store.compiled import batch as compiled_batch
 from data_plane.store.message import (
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
@@ -78,7 +78,7 @@ _V2_FIELD = re.compile(r"'([a-m])'")
 
 SYNC_MASTER = BrokerRole.SYNC_MASTER
 
-_speedups = speedups_module()  # the compiled store module, when built (batch decoding)
+_batch = compiled_batch()  # the compiled batch decoding (_batch.c), when built
 
 # A batch whose messages carry none of these is laid out from its body as it is (plain batches,
 # data_plane/store/fastpath.py): the broker acts on them — schedule.py moves delayed and timed
@@ -284,7 +284,7 @@ class SendProcessor:
                     return refused
                 not_plain = _NotPlain.QUOTA_TAKEN
         born_host = conn.attrs.get("born_host") or _born_host(conn)
-        put = self.store.append_plain(
+        put = self.store.entry.append_plain(
             topic, queue_id, body, props, flag, sys_flag, born_ts, born_host, reconsume, PLAIN_BATCH_SKIP
         )
         if put is None:
@@ -394,7 +394,7 @@ class SendProcessor:
             return cmd.response(ResponseCode.MESSAGE_ILLEGAL, why)
         if self.sync_flush or broker.replication.sync_master:
             return self._put_and_wait(cmd, msgs, topic, queue_id)
-        result, _end = self.store.append(msgs)
+        result, _end = self.store.entry.append(msgs)
         broker.replication.notify()
         return self._answer(cmd, result, msgs, topic, queue_id)
 
@@ -443,7 +443,7 @@ class SendProcessor:
         if self.sync_flush:
             result = await self.store.put_messages(msgs)
         else:
-            result, _end = self.store.append(msgs)
+            result, _end = self.store.entry.append(msgs)
         if replication.sync_master and result.status is PutMessageStatus.PUT_OK:
             a = result.append
             if a is not None:
@@ -537,8 +537,8 @@ def batch_messages(
 ) -> list[Message]:
     """``py_batch_messages``, by its compiled twin when that is built (which leaves a body that
     is not well formed to the Python one, for its error)."""
-    if _speedups is not None:
-        msgs: list[Message] | None = _speedups.batch_messages(
+    if _batch is not None:
+        msgs: list[Message] | None = _batch.batch_messages(
             body, Message, topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES
         )
         if msgs is not None:

@@ -251,7 +251,7 @@ class MessageTrace:
         wrote = 0
         for i in range(0, len(out), self.batch_max):
             batch = out[i : i + self.batch_max]
-            result, end = self.store.append(batch)
+            result, end = self.store.entry.append(batch)
             if end < 0:
                 self.dropped += len(batch)
                 log.warning("message trace batch not stored: %s", result.reason or result.status.value)

@@ -311,7 +311,7 @@ class TransactionalMessageService:
                 log.info("transaction %s (half %d) was committed before a crash; writing its op", origin, qoff)
             else:
                 real = real_message(half, origin)
-                real_result, _end = self.store.append([real])
+                real_result, _end = self.store.entry.append([real])
                 a = real_result.append
                 if a is None:
                     return _error(cmd, real_result)
@@ -333,7 +333,7 @@ class TransactionalMessageService:
         op = op_message(qoff, self.clock_ms())
         if self.store.sync_flush:
             return self._write_op_and_wait(cmd, op, qoff)
-        result, _end = self.store.append([op])
+        result, _end = self.store.entry.append([op])
         return self._op_written(cmd, result, qoff)
 
     async def _write_op_and_wait(self, cmd: RemotingCommand | None, op: Message, qoff: int) -> RemotingCommand:

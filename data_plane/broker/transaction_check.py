@@ -343,7 +343,7 @@ class TransactionCheckService:
         self.pending.pop(p.queue_offset, None)
 
     def _check(self, p: Pending, half: StoredMessage, now: int) -> None:
-        result, _end = self.store.append([half_copy(half, p.origin, p.check_times + 1)])
+        result, _end = self.store.entry.append([half_copy(half, p.origin, p.check_times + 1)])
         a = result.append
         if a is None:  # not stored (disk full...): try again next round
             p.due_ms = now + self.scan_interval_ms

@@ -15,6 +15,7 @@ from typing import Any, NotRequired, TypedDict
 import orjson
 
 from data_plane.remoting.errors import HeaderError
+from data_plane.store import layouts
 
 
 class QueueData(TypedDict):
@@ -166,7 +167,7 @@ def message_queue(v: Any) -> MessageQueueData:
 #   │ total size  │ magic code │ body CRC │ flag     │ body length │ body │ properties length │ properties │
 #   │ 4           │ 4          │ 4        │ 4        │ 4           │ n    │ 2                 │ m          │
 #   └─────────────┴────────────┴──────────┴──────────┴─────────────┴──────┴───────────────────┴────────────┘
-BATCH_ITEM_HEAD = struct.Struct(">iiiii")
+BATCH_ITEM_HEAD = layouts.BATCH_ITEM  # (the one definition, shared with the C modules)
 assert BATCH_ITEM_HEAD.size == 20
 _PROPS_LEN = struct.Struct(">H")
 

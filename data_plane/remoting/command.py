@@ -265,7 +265,7 @@ def py_decode_frame(frame: Body) -> RemotingCommand:
 
 
 def _codec_function(name: str) -> Any:
-    from data_plane.remoting import _codec  # type: ignore[attr-defined]
+    from data_plane.remoting import _codec
 
     return getattr(_codec, name)
 
@@ -274,7 +274,7 @@ def _load_compiled() -> Callable[[Body, type, int], RemotingCommand | None] | No
     if os.environ.get("ORBIT_PURE_PYTHON"):
         return None
     try:
-        from data_plane.remoting import _codec  # type: ignore[attr-defined]
+        from data_plane.remoting import _codec
     except ImportError:  # not built (no compiler): the Python twin serves
         return None
     compiled: Callable[[Body, type, int], RemotingCommand | None] = _codec.decode_frame

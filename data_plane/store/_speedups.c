@@ -9,14 +9,9 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-/* The compiled twins use CPython internals (_PyType_Lookup, tp_version_tag, member descriptors)
- * as CPython 3.11 has them, the version they are tested on: any other fails to build, loudly,
- * and the pure-Python twin serves (setup.py builds this as an optional extension). */
-#if PY_VERSION_HEX < 0x030B0000 || PY_VERSION_HEX >= 0x030C0000
-#error "built and tested against CPython 3.11 internals only: the pure-Python twin serves here"
-#endif
-#include "_layouts.h" /* the index files' byte layouts: generated from layouts.py */
-#include <structmember.h>
+#include "_slots.h"  /* attribute access through __slots__ (and the CPython version guard) */
+#include "_bytes.h"  /* CRC-32C, big-endian loads and stores */
+#include "_layouts.h" /* the record's and index files' byte layouts: generated from layouts.py */
 #include <errno.h>
 #include <stdint.h>
 #include <string.h>
@@ -25,118 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HEADER_SIZE 88
+#define HEADER_SIZE RECORD_HEADER_SIZE
 #define MAGIC_CODE ((int32_t)0xDAA320A7)
 #define TRAN_MASK (0x3 << 2)
 #define TRAN_COMMIT (0x2 << 2)
 #define TRAN_ROLLBACK (0x3 << 2)
-
-/* ---- CRC-32C (Castagnoli), same as the crc32c package -------------------------------- */
-static uint32_t crc_table[8][256];
-#define CRC_LANE 128 /* bytes in each of crc_hw's three parallel lanes (a multiple of 8) */
-static uint32_t crc_shift[4][256];
-static int have_sse42 = 0;
-
-static uint32_t crc_sw(uint32_t crc, const unsigned char *p, size_t n) {
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        v ^= crc;
-        crc = crc_table[7][v & 0xFF] ^ crc_table[6][(v >> 8) & 0xFF] ^ crc_table[5][(v >> 16) & 0xFF] ^
-              crc_table[4][(v >> 24) & 0xFF] ^ crc_table[3][(v >> 32) & 0xFF] ^
-              crc_table[2][(v >> 40) & 0xFF] ^ crc_table[1][(v >> 48) & 0xFF] ^ crc_table[0][v >> 56];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) crc = (crc >> 8) ^ crc_table[0][(crc ^ *p++) & 0xFF];
-    return crc;
-}
-
-static void crc_init(void) {
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
-    /* crc_shift[k][b]: the register b << 8k after CRC_LANE zero bytes. The register is linear
-       in its start value, so four lookups move any register past a lane without reading it. */
-    static const unsigned char zeros[CRC_LANE];
-    for (uint32_t k = 0; k < 4; k++)
-        for (uint32_t b = 0; b < 256; b++) crc_shift[k][b] = crc_sw(b << (8 * k), zeros, CRC_LANE);
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    have_sse42 = __builtin_cpu_supports("sse4.2");
-#endif
-}
-
-#if defined(__x86_64__)
-__attribute__((target("sse4.2"))) static inline uint64_t crc_hw_run(uint64_t c, const unsigned char *p, size_t n8) {
-    for (size_t i = 0; i < n8; i++) {
-        uint64_t v;
-        memcpy(&v, p + 8 * i, 8);
-        c = __builtin_ia32_crc32di(c, v);
-    }
-    return c;
-}
-
-static inline uint32_t crc_shift_lane(uint32_t c) {
-    return crc_shift[0][c & 0xFF] ^ crc_shift[1][(c >> 8) & 0xFF] ^ crc_shift[2][(c >> 16) & 0xFF] ^
-           crc_shift[3][c >> 24];
-}
-
-/* The crc32 instruction takes three cycles and issues one a cycle: three lanes of CRC_LANE bytes
-   run side by side, the first two then moved past the lanes that follow them (crc_shift). */
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const unsigned char *p, size_t n) {
-    uint64_t c = crc;
-    while (n >= 3 * CRC_LANE) {
-        uint64_t a = c, b = 0, d = 0;
-        for (size_t i = 0; i < CRC_LANE / 8; i++) {
-            uint64_t va, vb, vd;
-            memcpy(&va, p + 8 * i, 8);
-            memcpy(&vb, p + CRC_LANE + 8 * i, 8);
-            memcpy(&vd, p + 2 * CRC_LANE + 8 * i, 8);
-            a = __builtin_ia32_crc32di(a, va);
-            b = __builtin_ia32_crc32di(b, vb);
-            d = __builtin_ia32_crc32di(d, vd);
-        }
-        c = crc_shift_lane(crc_shift_lane((uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)d;
-        p += 3 * CRC_LANE;
-        n -= 3 * CRC_LANE;
-    }
-    c = crc_hw_run(c, p, n / 8);
-    p += n & ~(size_t)7;
-    n &= 7;
-    uint32_t c32 = (uint32_t)c;
-    while (n--) c32 = __builtin_ia32_crc32qi(c32, *p++);
-    return c32;
-}
-#endif
-
-/* crc is the running (not inverted) register; start with 0xFFFFFFFF, finish with ~crc */
-static inline uint32_t crc_update(uint32_t crc, const unsigned char *p, size_t n) {
-#if defined(__x86_64__)
-    if (have_sse42) return crc_hw(crc, p, n);
-#endif
-    return crc_sw(crc, p, n);
-}
-
-/* ---- big-endian stores ---------------------------------------------------------------- */
-static inline void put32(unsigned char *p, uint32_t v) {
-    p[0] = v >> 24; p[1] = v >> 16; p[2] = v >> 8; p[3] = v;
-}
-static inline void put64(unsigned char *p, uint64_t v) {
-    put32(p, (uint32_t)(v >> 32));
-    put32(p + 4, (uint32_t)v);
-}
-static inline uint32_t get32(const unsigned char *p) {
-    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
-}
-static inline uint64_t get64(const unsigned char *p) {
-    return ((uint64_t)get32(p) << 32) | get32(p + 4);
-}
 
 /* Java String.hashCode over UTF-16 code units. */
 static int32_t java_hash(PyObject *s) {
@@ -262,19 +150,19 @@ static int scan_plain(const unsigned char *b, Py_ssize_t len, Py_ssize_t max_n, 
     long long bytes = 0;
     if (!skip_is_bytes(skip)) return -1;
     while (pos < len) {
-        if (len - pos < 22 || n >= max_n) return 0;
+        if (len - pos < BATCH_ITEM_SIZE + 2 || n >= max_n) return 0;
         const unsigned char *r = b + pos;
-        int32_t total = (int32_t)get32(r), body_len = (int32_t)get32(r + 16);
-        if (total < 22 || (Py_ssize_t)total > len - pos || body_len < 0 || 20 + (long long)body_len + 2 > total) return 0;
-        Py_ssize_t plen = ((Py_ssize_t)r[20 + body_len] << 8) | r[21 + body_len];
-        if (20 + (Py_ssize_t)body_len + 2 + plen != total) return 0;
-        if (!plain_props(r + 22 + body_len, plen, skip)) return 0;
+        int32_t total = (int32_t)get32(r), body_len = (int32_t)get32(r + BATCH_ITEM_BODY_LENGTH_AT);
+        if (total < BATCH_ITEM_SIZE + 2 || (Py_ssize_t)total > len - pos || body_len < 0 || BATCH_ITEM_SIZE + (long long)body_len + 2 > total) return 0;
+        Py_ssize_t plen = ((Py_ssize_t)r[BATCH_ITEM_SIZE + body_len] << 8) | r[BATCH_ITEM_SIZE + 1 + body_len];
+        if (BATCH_ITEM_SIZE + (Py_ssize_t)body_len + 2 + plen != total) return 0;
+        if (!plain_props(r + BATCH_ITEM_SIZE + body_len + 2, plen, skip)) return 0;
         if (items && n < cap) {
-            items[n].body = r + 20;
+            items[n].body = r + BATCH_ITEM_SIZE;
             items[n].body_len = body_len;
-            items[n].props = r + 22 + body_len;
+            items[n].props = r + BATCH_ITEM_SIZE + body_len + 2;
             items[n].props_len = plen;
-            items[n].flag = (int32_t)get32(r + 12);
+            items[n].flag = (int32_t)get32(r + BATCH_ITEM_FLAG_AT);
         }
         bytes += body_len;
         n++;
@@ -335,68 +223,6 @@ static PyObject *plain_batch(PyObject *self, PyObject *args) {
 
 static PyObject *s_body, *s_properties, *s_flag, *s_sys_flag, *s_born_timestamp, *s_born_host,
     *s_reconsume_times, *s_prepared;
-
-/* ---- attribute access through __slots__ offsets ------------------------------------------
- * Messages, MappedFiles and ConsumeQueues keep their fields in __slots__. Each call site keeps,
- * for the last exact type it saw (and that type's version tag, which changes when the class
- * does), either the slot's offset — then it reads or writes the slot directly, what the member
- * descriptor would do without the lookup — or -1: not a slot, go through PyObject_GetAttr /
- * PyObject_SetAttr without asking again. */
-typedef struct {
-    PyTypeObject *tp; /* strong reference */
-    unsigned int ver;
-    Py_ssize_t off; /* -1: not a writable object slot */
-} slot_t;
-
-static int slot_known(PyObject *o, PyObject *name, slot_t *c) {
-    PyTypeObject *tp = Py_TYPE(o);
-    if (tp == c->tp && tp->tp_version_tag == c->ver && c->ver != 0) return 1;
-    PyObject *d = _PyType_Lookup(tp, name); /* borrowed; assigns the version tag */
-    Py_ssize_t off = -1;
-    if (d && Py_IS_TYPE(d, &PyMemberDescr_Type)) {
-        PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-        if (m->type == T_OBJECT_EX && !(m->flags & READONLY)) off = m->offset;
-    }
-    Py_INCREF(tp);
-    Py_XSETREF(c->tp, tp);
-    c->ver = tp->tp_version_tag;
-    c->off = off;
-    return c->ver != 0;
-}
-
-static PyObject *sget(PyObject *o, PyObject *name, slot_t *c) {
-    if (slot_known(o, name, c) && c->off >= 0) {
-        PyObject *v = *(PyObject **)((char *)o + c->off);
-        if (v) {
-            Py_INCREF(v);
-            return v;
-        }
-    }
-    return PyObject_GetAttr(o, name); /* not a slot, or unset: AttributeError as usual */
-}
-
-static int sset(PyObject *o, PyObject *name, slot_t *c, PyObject *v) {
-    if (slot_known(o, name, c) && c->off >= 0) {
-        PyObject **addr = (PyObject **)((char *)o + c->off), *old = *addr;
-        Py_INCREF(v);
-        *addr = v;
-        Py_XDECREF(old);
-        return 0;
-    }
-    return PyObject_SetAttr(o, name, v);
-}
-
-#define SGET(o, name) ({ static slot_t _c; sget((o), (name), &_c); })
-#define SSET(o, name, v) ({ static slot_t _c; sset((o), (name), &_c, (v)); })
-
-static int get_ll_v(PyObject *v, long long *out) {
-    if (!v) return -1;
-    *out = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (*out == -1 && PyErr_Occurred()) return -1;
-    return 0;
-}
-#define GET_LL(o, name, out) get_ll_v(SGET((o), (name)), (out))
 
 static void release_items(item_t *items, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -671,20 +497,20 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         if (batch_first_qo < 0) batch_first_qo = my_qo;
         uint32_t bcrc = ~crc_update(0xFFFFFFFFu, it->body.buf, it->body.len) & 0x7FFFFFFFu;
         put32(r, (uint32_t)it->total);
-        put32(r + 4, (uint32_t)MAGIC_CODE);
-        put32(r + 8, bcrc);
-        put32(r + 12, (uint32_t)queue_id);
-        put32(r + 16, (uint32_t)it->flag);
-        put64(r + 20, (uint64_t)my_qo);
-        put64(r + 28, (uint64_t)phys);
-        put32(r + 36, (uint32_t)it->sys_flag);
-        put64(r + 40, (uint64_t)it->born_ts);
-        memcpy(r + 48, it->born_host, 8);
-        put64(r + 56, (uint64_t)store_ts);
-        memcpy(r + 64, host8, 8);
-        put32(r + 72, (uint32_t)it->reconsume);
-        put64(r + 76, (uint64_t)it->prepared);
-        put32(r + 84, (uint32_t)it->body.len);
+        put32(r + RECORD_HEADER_MAGIC_AT, (uint32_t)MAGIC_CODE);
+        put32(r + RECORD_HEADER_BODY_CRC_AT, bcrc);
+        put32(r + RECORD_HEADER_QUEUE_ID_AT, (uint32_t)queue_id);
+        put32(r + RECORD_HEADER_FLAG_AT, (uint32_t)it->flag);
+        put64(r + RECORD_HEADER_QUEUE_OFFSET_AT, (uint64_t)my_qo);
+        put64(r + RECORD_HEADER_PHYSICAL_OFFSET_AT, (uint64_t)phys);
+        put32(r + RECORD_HEADER_SYS_FLAG_AT, (uint32_t)it->sys_flag);
+        put64(r + RECORD_HEADER_BORN_TIMESTAMP_AT, (uint64_t)it->born_ts);
+        memcpy(r + RECORD_HEADER_BORN_HOST_AT, it->born_host, 8);
+        put64(r + RECORD_HEADER_STORE_TIMESTAMP_AT, (uint64_t)store_ts);
+        memcpy(r + RECORD_HEADER_STORE_HOST_AT, host8, 8);
+        put32(r + RECORD_HEADER_RECONSUME_TIMES_AT, (uint32_t)it->reconsume);
+        put64(r + RECORD_HEADER_PREPARED_OFFSET_AT, (uint64_t)it->prepared);
+        put32(r + RECORD_HEADER_BODY_LENGTH_AT, (uint32_t)it->body.len);
         unsigned char *p = r + HEADER_SIZE;
         memcpy(p, it->body.buf, it->body.len);
         p += it->body.len;
@@ -2300,379 +2126,6 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 }
 
 
-/* ---- the producer's message ids ------------------------------------------------------------
- * unique_ids(head, counter, n) -> [head + "%04X" % (next(counter) & 0xFFFF) for n ids]
- * ``head`` is the ASCII hex before the counter (ip, pid, random, ms since the month began);
- * ``counter`` the producer's itertools.count, advanced n times in one C call, so no other
- * thread takes a value between the batch's first and last id. Twin: sdk.message.py_unique_ids. */
-static PyObject *unique_ids(PyObject *self, PyObject *args) {
-    PyObject *head, *counter;
-    Py_ssize_t n;
-    if (!PyArg_ParseTuple(args, "UOn", &head, &counter, &n)) return NULL;
-    if (!PyUnicode_IS_ASCII(head) || n < 0 || !PyIter_Check(counter)) {
-        PyErr_SetString(PyExc_ValueError, "unique_ids: an ASCII head, an iterator and a count >= 0");
-        return NULL;
-    }
-    static const char hex[] = "0123456789ABCDEF";
-    Py_ssize_t hlen = PyUnicode_GET_LENGTH(head);
-    const char *h = (const char *)PyUnicode_DATA(head);
-    PyObject *out = PyList_New(n);
-    if (!out) return NULL;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *c = PyIter_Next(counter);
-        if (!c) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "unique_ids: the counter ran out");
-            Py_DECREF(out);
-            return NULL;
-        }
-        unsigned long v = PyLong_AsUnsignedLongMask(c);
-        Py_DECREF(c);
-        if (v == (unsigned long)-1 && PyErr_Occurred()) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        PyObject *id = PyUnicode_New(hlen + 4, 127);
-        if (!id) {
-            Py_DECREF(out);
-            return NULL;
-        }
-        char *d = (char *)PyUnicode_DATA(id);
-        memcpy(d, h, (size_t)hlen);
-        d[hlen] = hex[(v >> 12) & 0xF];
-        d[hlen + 1] = hex[(v >> 8) & 0xF];
-        d[hlen + 2] = hex[(v >> 4) & 0xF];
-        d[hlen + 3] = hex[v & 0xF];
-        PyList_SET_ITEM(out, i, id);
-    }
-    return out;
-}
-
-/* ---- pull bodies: the consumer's decoder ---------------------------------------------------
- * decode_records(body, cls, broker_name, check_crc, topics, hosts, host_of) -> (list, compressed)
- * Splits a PULL_MESSAGE body (CommitLog records back to back, the layout at the top of this
- * file) into ``cls`` objects (sdk.message.MessageExt), with the checks of the pure-Python
- * sdk.protocol.decode_messages: magic, nested lengths inside the record, body CRC, properties
- * ending with their separator and valid UTF-8. ``topics`` (raw bytes -> str) and ``hosts``
- * (8 raw bytes -> (ip, port), filled through ``host_of``) are the caller's caches. The objects
- * are made without running ``cls.__init__``: each slot in RECORD_FIELDS is written directly.
- * What a consumer seldom reads is left for the object to make on first use: the properties stay
- * their raw bytes (``_raw_properties``; ``_properties`` None), and ``_offset_msg_id`` and
- * ``_extra`` are None. ``compressed`` counts records whose sys flag says their body is
- * zlib-compressed; the caller inflates those. A record that is not sound raises ValueError
- * naming its byte position.
- *
- * properties_dict(raw) -> dict: the raw properties of a record ("name\x01value\x02"...) as
- * MessageExt.properties makes them on first use. */
-enum {
-    MX_TOPIC, MX_BODY, MX_RAW_PROPERTIES, MX_PROPERTIES, MX_QUEUE_ID, MX_QUEUE_OFFSET, MX_BROKER_NAME,
-    MX_OFFSET_MSG_ID, MX_COMMIT_LOG_OFFSET, MX_BORN_TS, MX_BORN_HOST, MX_STORE_TS, MX_STORE_HOST,
-    MX_RECONSUME, MX_SYS_FLAG, MX_FLAG, MX_STORE_SIZE, MX_EXTRA, MX_FIELDS
-};
-static const char *mx_names[MX_FIELDS] = {
-    "topic", "body", "_raw_properties", "_properties", "queue_id", "queue_offset", "broker_name",
-    "_offset_msg_id", "commit_log_offset", "born_timestamp_ms", "born_host", "store_timestamp_ms",
-    "store_host", "reconsume_times", "sys_flag", "flag", "store_size", "_extra",
-};
-static PyObject *mx_interned[MX_FIELDS];
-static slot_t mx_slots[MX_FIELDS];
-
-/* ``cls`` as the type objects are made of, or NULL with TypeError. */
-static PyTypeObject *as_type(PyObject *cls, const char *fn) {
-    if (PyType_Check(cls)) return (PyTypeObject *)cls;
-    PyErr_Format(PyExc_TypeError, "%s: cls must be a type", fn);
-    return NULL;
-}
-
-static PyObject *record_error(Py_ssize_t pos, const char *what) {
-    PyErr_Format(PyExc_ValueError, "pull body: record at byte %zd %s", pos, what);
-    return NULL;
-}
-
-/* Property names and values that nearly every message carries, made once: a pull of 32
- * messages would otherwise make each of them 32 times (and free them again). */
-static const char *common_texts[] = {"TAGS", "KEYS", "WAIT", "UNIQ_KEY", "true", "false", "DELAY", "RETRY_TOPIC",
-                                     "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "PGROUP", "MIN_OFFSET", "MAX_OFFSET",
-                                     "RECONSUME_TIME", "MAX_RECONSUME_TIMES", "ORIGIN_MESSAGE_ID", "traceparent"};
-#define N_COMMON (sizeof(common_texts) / sizeof(common_texts[0]))
-static PyObject *common_strs[N_COMMON];
-static Py_ssize_t common_lens[N_COMMON];
-
-static PyObject *text(const unsigned char *p, Py_ssize_t n) {
-    if (n <= 19) {
-        for (size_t c = 0; c < N_COMMON; c++) {
-            if (common_lens[c] == n && memcmp(common_texts[c], p, n) == 0) {
-                Py_INCREF(common_strs[c]);
-                return common_strs[c];
-            }
-        }
-    }
-    return PyUnicode_DecodeUTF8((const char *)p, n, NULL);
-}
-
-/* A pull's records nearly all share their topic and hosts: the last ones looked up are kept
- * for the length of one decode_records call (raw bytes compared, the caches' objects reused). */
-typedef struct {
-    const unsigned char *raw;
-    Py_ssize_t len;
-    PyObject *obj; /* borrowed (kept alive by the caller's ``keep``), or NULL */
-} last_seen;
-
-static PyObject *seen_again(last_seen *ls, const unsigned char *raw, Py_ssize_t n) {
-    if (ls->obj && ls->len == n && memcmp(ls->raw, raw, n) == 0) {
-        Py_INCREF(ls->obj);
-        return ls->obj;
-    }
-    return NULL;
-}
-
-/* Keep ``obj`` (just looked up for ``raw``; may be NULL on an error) as the last one seen,
- * holding a reference of its own in ``*keep``; returns ``obj``. */
-static PyObject *seen_now(last_seen *ls, PyObject **keep, const unsigned char *raw, Py_ssize_t n, PyObject *obj) {
-    if (obj) {
-        Py_INCREF(obj);
-        Py_XSETREF(*keep, obj);
-        *ls = (last_seen){raw, n, obj};
-    }
-    return obj;
-}
-
-/* "name\x01value\x02..." -> dict; what decode_properties does (items without a \x01 are
- * dropped, an empty item is skipped), every byte checked to be UTF-8. */
-static PyObject *properties_dict(const unsigned char *p, Py_ssize_t n) {
-    PyObject *d = PyDict_New();
-    if (!d) return NULL;
-    Py_ssize_t i = 0;
-    while (i < n) {
-        const unsigned char *e = memchr(p + i, 2, n - i);
-        Py_ssize_t j = e ? e - p : n;
-        if (j > i) {
-            const unsigned char *sep = memchr(p + i, 1, j - i);
-            Py_ssize_t kl = sep ? sep - (p + i) : j - i;
-            /* An item without a value is dropped, but its bytes must still be UTF-8. */
-            PyObject *k = sep ? text(p + i, kl) : PyUnicode_DecodeUTF8((const char *)p + i, kl, NULL);
-            PyObject *v = k && sep ? text(sep + 1, j - i - kl - 1) : NULL;
-            int bad = !k || (sep && (!v || PyDict_SetItem(d, k, v) < 0));
-            Py_XDECREF(k);
-            Py_XDECREF(v);
-            if (bad) {
-                Py_DECREF(d);
-                return NULL;
-            }
-        }
-        i = j + 1;
-    }
-    return d;
-}
-
-/* Whether [p, p+n) is UTF-8 (the ASCII that nearly every property is, checked a word at a time). */
-static int utf8_ok(const unsigned char *p, Py_ssize_t n) {
-    Py_ssize_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        uint64_t w;
-        memcpy(&w, p + i, 8);
-        if (w & 0x8080808080808080ull) break;
-    }
-    for (; i < n; i++) {
-        if (p[i] & 0x80) break;
-    }
-    if (i == n) return 1;
-    PyObject *u = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
-    if (!u) {
-        PyErr_Clear();
-        return 0;
-    }
-    Py_DECREF(u);
-    return 1;
-}
-
-static PyObject *py_properties_dict(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    if (!PyArg_ParseTuple(args, "y*:properties_dict", &b)) return NULL;
-    PyObject *d = properties_dict(b.buf, b.len);
-    PyBuffer_Release(&b);
-    return d;
-}
-
-static PyObject *host_tuple(PyObject *hosts, PyObject *host_of, const unsigned char *raw) {
-    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, 8);
-    if (!key) return NULL;
-    PyObject *h = PyDict_GetItemWithError(hosts, key);
-    if (h) {
-        Py_INCREF(h);
-    } else if (!PyErr_Occurred()) {
-        h = PyObject_CallOneArg(host_of, key);
-        if (h) {
-            if (PyDict_GET_SIZE(hosts) > 4096) PyDict_Clear(hosts);
-            if (PyDict_SetItem(hosts, key, h) < 0) Py_CLEAR(h);
-        }
-    }
-    Py_DECREF(key);
-    return h;
-}
-
-static PyObject *topic_str(PyObject *topics, const unsigned char *raw, Py_ssize_t n) {
-    PyObject *key = PyBytes_FromStringAndSize((const char *)raw, n);
-    if (!key) return NULL;
-    PyObject *t = PyDict_GetItemWithError(topics, key);
-    if (t) {
-        Py_INCREF(t);
-    } else if (!PyErr_Occurred()) {
-        t = PyUnicode_DecodeUTF8((const char *)raw, n, NULL);
-        if (t && PyDict_GET_SIZE(topics) < 100000 && PyDict_SetItem(topics, key, t) < 0) Py_CLEAR(t);
-    }
-    Py_DECREF(key);
-    return t;
-}
-
-/* The last int made for a field, reused while the next records carry the same value (a batch's
- * records share their timestamps, and often their size). */
-typedef struct {
-    long long value;
-    PyObject *obj; /* strong reference, or NULL */
-} last_int;
-
-static PyObject *int_again(last_int *li, long long value) {
-    if (li->obj && li->value == value) {
-        Py_INCREF(li->obj);
-        return li->obj;
-    }
-    PyObject *o = PyLong_FromLongLong(value);
-    if (o) {
-        Py_INCREF(o);
-        Py_XSETREF(li->obj, o);
-        li->value = value;
-    }
-    return o;
-}
-
-static PyObject *decode_records(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    PyObject *cls, *broker, *topics, *hosts, *host_of;
-    int check_crc;
-    if (!PyArg_ParseTuple(args, "y*OUpO!O!O:decode_records", &b, &cls, &broker, &check_crc, &PyDict_Type,
-                          &topics, &PyDict_Type, &hosts, &host_of))
-        return NULL;
-    /* Strong references: a cache dict may be cleared (it is bounded) while this call runs. */
-    PyObject *last_topic = NULL, *last_born = NULL, *last_store = NULL;
-    last_seen seen_topic = {0}, seen_born = {0}, seen_store = {0};
-    last_int born_ts = {0}, store_ts = {0}, store_size = {0};
-    PyObject *out = PyList_New(0), *result = NULL;
-    Py_ssize_t compressed = 0;
-    PyTypeObject *tp = out ? as_type(cls, "decode_records") : NULL;
-    if (!tp) goto done;
-    const unsigned char *base = b.buf;
-    Py_ssize_t n = b.len, pos = 0;
-    while (pos < n) {
-        if (n - pos < HEADER_SIZE) {
-            record_error(pos, "is cut short");
-            goto done;
-        }
-        const unsigned char *r = base + pos;
-        int32_t total = (int32_t)get32(r), magic = (int32_t)get32(r + 4), body_len = (int32_t)get32(r + 84);
-        Py_ssize_t end = pos + (Py_ssize_t)total, p = pos + HEADER_SIZE;
-        if (magic != MAGIC_CODE || total < HEADER_SIZE + 3 || end > n || body_len < 0 || p + body_len + 3 > end) {
-            record_error(pos, "is not sound (magic or sizes)");
-            goto done;
-        }
-        uint32_t crc = get32(r + 8);
-        if (check_crc && ((~crc_update(0xFFFFFFFFu, base + p, body_len)) & 0x7FFFFFFFu) != crc) {
-            record_error(pos, "fails its body CRC");
-            goto done;
-        }
-        Py_ssize_t body_at = p;
-        p += body_len;
-        Py_ssize_t topic_len = base[p];
-        Py_ssize_t topic_at = p + 1;
-        p += 1 + topic_len;
-        if (p + 2 > end) {
-            record_error(pos, "is not sound (topic length)");
-            goto done;
-        }
-        Py_ssize_t props_len = (int16_t)((base[p] << 8) | base[p + 1]);
-        p += 2;
-        if (props_len < 0 || p + props_len != end || (props_len && base[end - 1] != 2)) {
-            record_error(pos, "is not sound (properties)");
-            goto done;
-        }
-        long long physical = (long long)get64(r + 28);
-        int32_t sys_flag = (int32_t)get32(r + 36);
-        PyObject *v[MX_FIELDS] = {0};
-        const unsigned char *raw_topic = base + topic_at;
-        v[MX_TOPIC] = seen_again(&seen_topic, raw_topic, topic_len);
-        if (!v[MX_TOPIC])
-            v[MX_TOPIC] =
-                seen_now(&seen_topic, &last_topic, raw_topic, topic_len, topic_str(topics, raw_topic, topic_len));
-        if (!v[MX_TOPIC]) {
-            PyErr_Clear();
-            record_error(pos, "has a topic that is not UTF-8");
-            goto done;
-        }
-        if (!utf8_ok(base + p, props_len)) {
-            Py_DECREF(v[MX_TOPIC]);
-            record_error(pos, "has bad properties: not UTF-8");
-            goto done;
-        }
-        if (props_len) {
-            v[MX_RAW_PROPERTIES] = PyBytes_FromStringAndSize((const char *)base + p, props_len);
-        } else {
-            Py_INCREF(Py_None);
-            v[MX_RAW_PROPERTIES] = Py_None;
-        }
-        Py_INCREF(Py_None);
-        v[MX_PROPERTIES] = Py_None;
-        v[MX_BODY] = PyBytes_FromStringAndSize((const char *)base + body_at, body_len);
-        v[MX_QUEUE_ID] = PyLong_FromLong((int32_t)get32(r + 12));
-        v[MX_QUEUE_OFFSET] = PyLong_FromLongLong((long long)get64(r + 20));
-        Py_INCREF(broker);
-        v[MX_BROKER_NAME] = broker;
-        Py_INCREF(Py_None);
-        v[MX_OFFSET_MSG_ID] = Py_None;
-        v[MX_COMMIT_LOG_OFFSET] = PyLong_FromLongLong(physical);
-        v[MX_BORN_TS] = int_again(&born_ts, (long long)get64(r + 40));
-        v[MX_BORN_HOST] = seen_again(&seen_born, r + 48, 8);
-        if (!v[MX_BORN_HOST])
-            v[MX_BORN_HOST] = seen_now(&seen_born, &last_born, r + 48, 8, host_tuple(hosts, host_of, r + 48));
-        v[MX_STORE_TS] = int_again(&store_ts, (long long)get64(r + 56));
-        v[MX_STORE_HOST] = seen_again(&seen_store, r + 64, 8);
-        if (!v[MX_STORE_HOST])
-            v[MX_STORE_HOST] = seen_now(&seen_store, &last_store, r + 64, 8, host_tuple(hosts, host_of, r + 64));
-        v[MX_RECONSUME] = PyLong_FromLong((int32_t)get32(r + 72));
-        v[MX_SYS_FLAG] = PyLong_FromLong(sys_flag);
-        v[MX_FLAG] = PyLong_FromLong((int32_t)get32(r + 16));
-        v[MX_STORE_SIZE] = int_again(&store_size, total);
-        Py_INCREF(Py_None);
-        v[MX_EXTRA] = Py_None;
-        PyObject *obj = NULL;
-        int ok = 1;
-        for (int f = 0; f < MX_FIELDS; f++) ok &= v[f] != NULL;
-        if (ok) obj = tp->tp_alloc(tp, 0);
-        if (obj) {
-            for (int f = 0; f < MX_FIELDS && obj; f++) {
-                if (sset(obj, mx_interned[f], &mx_slots[f], v[f]) < 0) Py_CLEAR(obj);
-            }
-        }
-        for (int f = 0; f < MX_FIELDS; f++) Py_XDECREF(v[f]);
-        if (!obj || PyList_Append(out, obj) < 0) {
-            Py_XDECREF(obj);
-            goto done;
-        }
-        Py_DECREF(obj);
-        if (sys_flag & 0x1) compressed++;
-        pos = end;
-    }
-    result = Py_BuildValue("(On)", out, compressed);
-done:
-    Py_XDECREF(out);
-    Py_XDECREF(last_topic);
-    Py_XDECREF(last_born);
-    Py_XDECREF(last_store);
-    Py_XDECREF(born_ts.obj);
-    Py_XDECREF(store_ts.obj);
-    Py_XDECREF(store_size.obj);
-    PyBuffer_Release(&b);
-    return result;
-}
-
 /* ---- the pull read: ConsumeQueue units -> record slices ---------------------------------- */
 /* collect_units(units, i, n, cur, cur_from, cur_end, log_min, max_nums, max_bytes, total_bytes,
  *               tags_codes, messages, queue_offsets, first_queue_offset)
@@ -2754,68 +2207,6 @@ done:
     return result;
 }
 
-/* ---- the broker's batch send: SEND_BATCH_MESSAGE bodies -> store Messages ----------------- */
-/* Batch body item (big-endian): total 4 | magic 4 | body CRC 4 | flag 4 | body length 4 | body |
- * properties length 2 | properties. batch_messages(body, cls, topic, queue_id, sys_flag, born_ts,
- * born_host, reconsume, max_messages) -> [cls(...)] with every field set, or None when the body
- * is anything but well formed (the Python decoder then says what is wrong). */
-static PyObject *s_msg_topic, *s_msg_born_ts, *s_msg_reconsume, *s_msg_prepared;
-
-static PyObject *batch_messages(PyObject *self, PyObject *args) {
-    Py_buffer b;
-    PyObject *cls, *topic, *queue_id, *sys_flag, *born_ts, *born_host, *reconsume;
-    Py_ssize_t max_messages;
-    if (!PyArg_ParseTuple(args, "y*OOOOOOOn:batch_messages", &b, &cls, &topic, &queue_id, &sys_flag, &born_ts,
-                          &born_host, &reconsume, &max_messages))
-        return NULL;
-    PyObject *out = PyList_New(0), *result = NULL, *zero = PyLong_FromLong(0);
-    PyTypeObject *tp = out && zero ? as_type(cls, "batch_messages") : NULL;
-    if (!tp) goto done;
-    const unsigned char *base = b.buf;
-    Py_ssize_t n = b.len, pos = 0;
-    while (pos < n) {
-        if (n - pos < 22) goto malformed;
-        const unsigned char *r = base + pos;
-        int32_t total = (int32_t)get32(r), flag = (int32_t)get32(r + 12), body_len = (int32_t)get32(r + 16);
-        if (total < 22 || (Py_ssize_t)total > n - pos || body_len < 0 || 20 + (long long)body_len + 2 > total)
-            goto malformed;
-        Py_ssize_t plen = ((Py_ssize_t)r[20 + body_len] << 8) | r[21 + body_len];
-        if (20 + (Py_ssize_t)body_len + 2 + plen != total) goto malformed;
-        if (PyList_GET_SIZE(out) >= max_messages) goto malformed;
-        PyObject *props = properties_dict(r + 22 + body_len, plen);
-        if (!props) {
-            PyErr_Clear();
-            goto malformed;
-        }
-        PyObject *body = PyBytes_FromStringAndSize((const char *)r + 20, body_len);
-        PyObject *fl = PyLong_FromLong(flag);
-        PyObject *m = body && fl ? tp->tp_alloc(tp, 0) : NULL;
-        int bad = !m || SSET(m, s_msg_topic, topic) < 0 || SSET(m, s_body, body) < 0 ||
-                  SSET(m, s_queue_id, queue_id) < 0 || SSET(m, s_flag, fl) < 0 || SSET(m, s_properties, props) < 0 ||
-                  SSET(m, s_sys_flag, sys_flag) < 0 || SSET(m, s_msg_born_ts, born_ts) < 0 ||
-                  SSET(m, s_born_host, born_host) < 0 || SSET(m, s_msg_reconsume, reconsume) < 0 ||
-                  SSET(m, s_msg_prepared, zero) < 0 || PyList_Append(out, m) < 0;
-        Py_XDECREF(m);
-        Py_XDECREF(body);
-        Py_XDECREF(fl);
-        Py_DECREF(props);
-        if (bad) goto done;
-        pos += total;
-    }
-    if (PyList_GET_SIZE(out) == 0) goto malformed;
-    result = out;
-    out = NULL;
-    goto done;
-malformed:
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
-    Py_XDECREF(out);
-    Py_XDECREF(zero);
-    PyBuffer_Release(&b);
-    return result;
-}
-
 /* batch_ids(mapping, file_from, offset, n, prefix) -> "id,id,...": the message id of each of the
  * n records lying back to back from CommitLog offset ``offset`` in one file's mapping (prefix:
  * the store host as 16 hex digits, then the offset as 16). None when a record runs out of it. */
@@ -2869,128 +2260,11 @@ static PyObject *batch_ids(PyObject *self, PyObject *args) {
 }
 
 
-/* ---- the producer's batch body --------------------------------------------------------------
- * plain_batch_body(msgs, unique_ids, cls) -> bytes or None
- * The SEND_BATCH_MESSAGE body (remoting/bodies.py's layout: total size, magic 0, CRC 0, flag 0,
- * body length, body, properties length, properties) of sdk Messages (exactly ``cls``, not a
- * subclass, which may say otherwise) that are plain: no user properties, no keys, no delay
- * level or delivery time. Their properties are what
- * Message.encoded_properties writes for them: "TAGS\x01<tags>\x02" when tagged, then
- * "WAIT\x01true\x02UNIQ_KEY\x01<id>\x02". None when a message is not plain (or its properties
- * would not fit their 2-byte length): the caller builds the body in Python. */
-static PyObject *s_keys, *s_tags, *s_delay_level, *s_deliver_at_ms;
-
-typedef struct {
-    const char *body, *tags, *uid;
-    Py_ssize_t body_len, tags_len, uid_len;
-} plain_item;
-
-/* 1 when m is plain (its item filled in, references borrowed from m and uid), 0 when not,
- * -1 with an exception. */
-static int plain_item_of(PyObject *m, PyObject *uid, plain_item *it) {
-    PyObject *v[5] = {SGET(m, s_body), SGET(m, s_properties), SGET(m, s_keys), SGET(m, s_delay_level),
-                      SGET(m, s_deliver_at_ms)};
-    PyObject *tags = SGET(m, s_tags);
-    int rc = -1;
-    for (int i = 0; i < 5; i++)
-        if (!v[i]) goto done;
-    if (!tags) goto done;
-    rc = 0;
-    if (!PyBytes_CheckExact(v[0]) || !PyDict_CheckExact(v[1]) || PyDict_GET_SIZE(v[1]) != 0 ||
-        !PyTuple_CheckExact(v[2]) || PyTuple_GET_SIZE(v[2]) != 0 || !PyLong_CheckExact(v[3]) ||
-        PyObject_IsTrue(v[3]) || v[4] != Py_None || !PyUnicode_Check(uid) || (tags != Py_None && !PyUnicode_Check(tags)))
-        goto done;
-    it->body = PyBytes_AS_STRING(v[0]);
-    it->body_len = PyBytes_GET_SIZE(v[0]);
-    it->uid = PyUnicode_AsUTF8AndSize(uid, &it->uid_len);
-    it->tags = NULL;
-    it->tags_len = 0;
-    if (tags != Py_None) it->tags = PyUnicode_AsUTF8AndSize(tags, &it->tags_len);
-    if (!it->uid || (tags != Py_None && !it->tags)) {
-        rc = -1;
-        goto done;
-    }
-    rc = 1;
-done:
-    for (int i = 0; i < 5; i++) Py_XDECREF(v[i]); /* the message keeps its own references */
-    Py_XDECREF(tags);
-    return rc;
-}
-
-static Py_ssize_t plain_props_len(const plain_item *it) {
-    return (it->tags ? 5 + it->tags_len + 1 : 0) + 10 + 9 + it->uid_len + 1;
-}
-
-static PyObject *plain_batch_body(PyObject *self, PyObject *args) {
-    PyObject *msgs, *uids, *cls;
-    if (!PyArg_ParseTuple(args, "O!O!O:plain_batch_body", &PyList_Type, &msgs, &PyList_Type, &uids, &cls))
-        return NULL;
-    Py_ssize_t n = PyList_GET_SIZE(msgs);
-    if (PyList_GET_SIZE(uids) != n) {
-        PyErr_SetString(PyExc_ValueError, "plain_batch_body: one unique id a message");
-        return NULL;
-    }
-    plain_item *items = PyMem_Malloc(sizeof(plain_item) * (size_t)(n ? n : 1));
-    if (!items) return PyErr_NoMemory();
-    PyObject *result = NULL;
-    Py_ssize_t total = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *m = PyList_GET_ITEM(msgs, i);
-        int rc = (PyObject *)Py_TYPE(m) == cls ? plain_item_of(m, PyList_GET_ITEM(uids, i), &items[i]) : 0;
-        if (rc < 0) goto done;
-        Py_ssize_t props = rc ? plain_props_len(&items[i]) : 0;
-        if (!rc || props > 0xFFFF || items[i].body_len > INT32_MAX - 22 - props) {
-            result = Py_None;
-            Py_INCREF(result);
-            goto done;
-        }
-        total += 22 + items[i].body_len + props;
-        if (total > PY_SSIZE_T_MAX / 2) {
-            result = Py_None;
-            Py_INCREF(result);
-            goto done;
-        }
-    }
-    result = PyBytes_FromStringAndSize(NULL, total);
-    if (!result) goto done;
-    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(result);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        const plain_item *it = &items[i];
-        Py_ssize_t props = plain_props_len(it);
-        put32(w, (uint32_t)(22 + it->body_len + props));
-        memset(w + 4, 0, 12); /* magic, CRC and flag: 0, as the Java client leaves them */
-        put32(w + 16, (uint32_t)it->body_len);
-        memcpy(w + 20, it->body, it->body_len);
-        w += 20 + it->body_len;
-        w[0] = (unsigned char)(props >> 8);
-        w[1] = (unsigned char)props;
-        w += 2;
-        if (it->tags) {
-            memcpy(w, "TAGS\x01", 5);
-            memcpy(w + 5, it->tags, it->tags_len);
-            w[5 + it->tags_len] = 2;
-            w += 6 + it->tags_len;
-        }
-        memcpy(w, "WAIT\x01true\x02UNIQ_KEY\x01", 19);
-        memcpy(w + 19, it->uid, it->uid_len);
-        w[19 + it->uid_len] = 2;
-        w += 20 + it->uid_len;
-    }
-done:
-    PyMem_Free(items);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"plain_properties", plain_properties, METH_VARARGS, "Whether encoded properties are plain (see plain_batch)."},
     {"write_batch", write_batch, METH_VARARGS, "Lay out a batch of one (topic, queue) as CommitLog records."},
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
-    {"unique_ids", unique_ids, METH_VARARGS, "The producer's message ids for a batch (sdk.message.new_unique_ids)."},
-    {"decode_records", decode_records, METH_VARARGS, "Split a pull body into message objects."},
-    {"properties_dict", py_properties_dict, METH_VARARGS, "A record's raw properties as a dict."},
-    {"batch_messages", batch_messages, METH_VARARGS, "Split a SEND_BATCH_MESSAGE body into store Messages."},
-    {"plain_batch_body", plain_batch_body, METH_VARARGS, "The SEND_BATCH_MESSAGE body of plain sdk Messages."},
     {"batch_ids", batch_ids, METH_VARARGS, "The comma-joined message ids of records lying back to back."},
     {"plain_batch", plain_batch, METH_VARARGS, "Whether write_batch takes a batch body as it is: (n, body bytes)."},
     {"collect_units", collect_units, METH_VARARGS, "Turn ConsumeQueue units into record slices (a pull read)."},
@@ -3030,29 +2304,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_append_general, "_append_general"); INTERN2(s_io_refusal, "_io_refusal");
     INTERN2(s_dispatch_failed, "_dispatch_failed"); INTERN2(empty_str, "");
     if (!(empty_tuple = PyTuple_New(0))) return NULL;
-    INTERN2(s_keys, "keys"); INTERN2(s_tags, "tags"); INTERN2(s_delay_level, "delay_level");
-    INTERN2(s_deliver_at_ms, "deliver_at_ms");
-    INTERN2(s_msg_topic, "topic"); INTERN2(s_msg_born_ts, "born_timestamp"); INTERN2(s_msg_reconsume, "reconsume_times");
-    INTERN2(s_msg_prepared, "prepared_transaction_offset");
-    for (int f = 0; f < MX_FIELDS; f++) INTERN2(mx_interned[f], mx_names[f]);
-    for (size_t c = 0; c < N_COMMON; c++) {
-        INTERN2(common_strs[c], common_texts[c]);
-        common_lens[c] = (Py_ssize_t)strlen(common_texts[c]);
-    }
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
         PyType_Ready(&QueuePositionsType) < 0 || PyType_Ready(&OffsetCellType) < 0 ||
         PyType_Ready(&QueueOffsetsType) < 0 || PyType_Ready(&StoreEntryType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
-    if (m) {
-        PyObject *names = PyTuple_New(MX_FIELDS);
-        if (!names) return NULL;
-        for (int f = 0; f < MX_FIELDS; f++) {
-            Py_INCREF(mx_interned[f]);
-            PyTuple_SET_ITEM(names, f, mx_interned[f]);
-        }
-        if (PyModule_AddObject(m, "RECORD_FIELDS", names) < 0) return NULL;
-    }
     if (!m) return NULL;
     if (PyModule_AddObjectRef(m, "Appender", (PyObject *)&AppenderType) < 0 ||
         PyModule_AddObjectRef(m, "FilePositions", (PyObject *)&FilePositionsType) < 0 ||

@@ -420,12 +420,24 @@ if _speedups is not None:  # (else not built, or ORBIT_PURE_PYTHON: the pure-Pyt
     COMPILED = True
 
 
+class PythonLoops:
+    """The pure-Python twins as one object, the ``StoreLoops`` (compiled.py) that ``_speedups``
+    also is."""
+
+    write_batch = staticmethod(py_write_batch)
+    index_write = staticmethod(py_index_write)
+    collect_units = staticmethod(py_collect_units)
+    plain_batch = staticmethod(py_plain_batch)
+    plain_properties = staticmethod(py_plain_properties)
+    batch_ids = staticmethod(py_batch_ids)
+
+
 def speedups_module() -> Any:
     """The compiled module when it is built and in use, else None."""
     if not COMPILED:
         return None
     try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
+        from data_plane.store import _speedups
     except ImportError:
         return None
     return _speedups
@@ -437,7 +449,7 @@ def use_compiled(enabled: bool) -> bool:
     global write_batch, index_write, collect_units, plain_batch, plain_properties, batch_ids, COMPILED
     if enabled:
         try:
-            from data_plane.store import _speedups  # type: ignore[attr-defined]
+            from data_plane.store import _speedups
         except ImportError:
             enabled = False
         else:

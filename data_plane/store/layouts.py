@@ -1,7 +1,18 @@
-"""The byte layouts of the store's index files, defined once: the Python ``struct.Struct`` of
-each, and — generated from the same definitions — the C header the compiled module writes them
-with (``_layouts.h``; ``python -m data_plane.store.layouts`` rewrites it, and a unit test fails
-when the two differ). All big-endian, as RocketMQ writes them.
+"""The byte layouts of the CommitLog record, a batch body's items and the store's index files,
+defined once: the Python ``struct.Struct`` of each, and — generated from the same definitions —
+the C header the compiled modules read and write them with (``_layouts.h``;
+``python -m data_plane.store.layouts`` rewrites it, and a unit test fails when the two differ).
+All big-endian, as RocketMQ writes them.
+
+    CommitLog record header (88)   total size i | magic i | body CRC I | queue id i | flag i
+                                   | queue offset q | physical offset q | sys flag i
+                                   | born timestamp q | born host 8s | store timestamp q
+                                   | store host 8s | reconsume times i | prepared offset q
+                                   | body length i      (then body, topic, properties:
+                                   message.py draws the whole record)
+    batch item head (20 bytes)     total size i | magic i | body CRC i | flag i | body length i
+                                   (then body, properties length h, properties: a
+                                   SEND_BATCH_MESSAGE body is a run of these items)
 
     ConsumeQueue unit (20 bytes)   CommitLog offset q | record size i | tags hash code q
     IndexFile header (40 bytes)    begin timestamp q | end timestamp q | begin CommitLog offset q
@@ -22,6 +33,24 @@ from typing import Final
 
 # name → its fields in order: (field name, struct code)
 FIELDS: Final[dict[str, tuple[tuple[str, str], ...]]] = {
+    "RECORD_HEADER": (
+        ("TOTAL_SIZE", "i"),
+        ("MAGIC", "i"),
+        ("BODY_CRC", "I"),
+        ("QUEUE_ID", "i"),
+        ("FLAG", "i"),
+        ("QUEUE_OFFSET", "q"),
+        ("PHYSICAL_OFFSET", "q"),
+        ("SYS_FLAG", "i"),
+        ("BORN_TIMESTAMP", "q"),
+        ("BORN_HOST", "8s"),
+        ("STORE_TIMESTAMP", "q"),
+        ("STORE_HOST", "8s"),
+        ("RECONSUME_TIMES", "i"),
+        ("PREPARED_OFFSET", "q"),
+        ("BODY_LENGTH", "i"),
+    ),
+    "BATCH_ITEM": (("TOTAL_SIZE", "i"), ("MAGIC", "i"), ("BODY_CRC", "i"), ("FLAG", "i"), ("BODY_LENGTH", "i")),
     "CQ_UNIT": (("PHYS", "q"), ("RECORD_SIZE", "i"), ("TAGS", "q")),
     "INDEX_HEADER": (
         ("BEGIN_TS", "q"),
@@ -41,6 +70,18 @@ def _struct(name: str) -> struct.Struct:
     return struct.Struct(">" + "".join(code for _, code in FIELDS[name]))
 
 
+def offset(name: str, field: str) -> int:
+    """Where ``field`` starts in the layout ``name``."""
+    at = 0
+    for f, code in FIELDS[name]:
+        if f == field:
+            return at
+        at += struct.calcsize(">" + code)
+    raise KeyError(f"{name} has no field {field}")
+
+
+RECORD_HEADER: Final = _struct("RECORD_HEADER")
+BATCH_ITEM: Final = _struct("BATCH_ITEM")
 CQ_UNIT: Final = _struct("CQ_UNIT")
 INDEX_HEADER: Final = _struct("INDEX_HEADER")
 HASH_SLOT: Final = _struct("HASH_SLOT")
@@ -60,10 +101,8 @@ def c_header() -> str:
     ]
     for name, fields in FIELDS.items():
         lines.append(f"#define {name}_SIZE {_struct(name).size}")
-        at = 0
-        for field, code in fields:
-            lines.append(f"#define {name}_{field}_AT {at}")
-            at += struct.calcsize(">" + code)
+        for field, _code in fields:
+            lines.append(f"#define {name}_{field}_AT {offset(name, field)}")
     lines.append("#endif")
     return "\n".join(lines) + "\n"
 

@@ -36,7 +36,9 @@ from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
-RECORD_HEADER = struct.Struct(">iiIiiqqiq8sq8siqi")
+from data_plane.store import layouts
+
+RECORD_HEADER = layouts.RECORD_HEADER  # (the one definition, shared with the C modules)
 assert RECORD_HEADER.size == 88, RECORD_HEADER.size
 TOTAL_SIZE = struct.Struct(">i")
 MAGIC_AND_SIZE = struct.Struct(">ii")
@@ -53,17 +55,17 @@ BLANK_MAGIC_CODE = -875286124  # 0xCBD43194 as a Java int
 END_FILE_MIN_BLANK_LENGTH = 8
 
 # Offsets of single fields inside a record, for readers that need one field only.
-OFF_TOTAL_SIZE = 0
-OFF_MAGIC = 4
-OFF_BODY_CRC = 8
-OFF_QUEUE_ID = 12
-OFF_FLAG = 16
-OFF_QUEUE_OFFSET = 20
-OFF_PHYSICAL_OFFSET = 28
-OFF_SYS_FLAG = 36
-OFF_BORN_TIMESTAMP = 40
-OFF_STORE_TIMESTAMP = 56
-OFF_BODY_LENGTH = 84
+OFF_TOTAL_SIZE = layouts.offset("RECORD_HEADER", "TOTAL_SIZE")
+OFF_MAGIC = layouts.offset("RECORD_HEADER", "MAGIC")
+OFF_BODY_CRC = layouts.offset("RECORD_HEADER", "BODY_CRC")
+OFF_QUEUE_ID = layouts.offset("RECORD_HEADER", "QUEUE_ID")
+OFF_FLAG = layouts.offset("RECORD_HEADER", "FLAG")
+OFF_QUEUE_OFFSET = layouts.offset("RECORD_HEADER", "QUEUE_OFFSET")
+OFF_PHYSICAL_OFFSET = layouts.offset("RECORD_HEADER", "PHYSICAL_OFFSET")
+OFF_SYS_FLAG = layouts.offset("RECORD_HEADER", "SYS_FLAG")
+OFF_BORN_TIMESTAMP = layouts.offset("RECORD_HEADER", "BORN_TIMESTAMP")
+OFF_STORE_TIMESTAMP = layouts.offset("RECORD_HEADER", "STORE_TIMESTAMP")
+OFF_BODY_LENGTH = layouts.offset("RECORD_HEADER", "BODY_LENGTH")
 STORE_TIMESTAMP = struct.Struct(">q")
 
 # sys flag bits (MessageSysFlag)

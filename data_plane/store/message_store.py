@@ -26,6 +26,7 @@ from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import Any
 
 from data_plane.store import fastpath, queue_read, retention
+from data_plane.store.append_entry import AppendEntry, PythonAppendEntry
 from data_plane.store.checkpoint import StoreCheckpoint, create_abort_file, delete_abort_file
 from data_plane.store.commit_log import CommitLog, PutRefused
 from data_plane.store.config import FlushDiskType, StoreConfig
@@ -131,7 +132,8 @@ class MessageStore:
         self._last_release_all = time.monotonic()
         self._put_count = 0  # (``put_count``; the compiled entry points count their own)
         self._put_bytes = 0
-        self._entry: Any = None
+        # The append entry points callers look up once the store has started (``_install_entry``).
+        self.entry: AppendEntry = PythonAppendEntry(self)
         self._busy_timeout_s = config.os_page_cache_busy_timeout_ms / 1000
         self._sync_timeout_s = config.sync_flush_timeout_ms / 1000
         self._flush_waits: FlushWaits | None = None  # SYNC_FLUSH: appends waiting to be durable
@@ -185,38 +187,33 @@ class MessageStore:
         recover(self, crashed=crashed)
 
     def _install_entry(self) -> None:
-        """With the compiled Appender, ``append`` and ``append_plain`` of this store become the
-        compiled entry points (``_speedups.StoreEntry``): the same answers in one C call — one
-        message through ``Appender.append``, a batch through ``Appender.append_batch`` — which
-        hands whatever it does not take to the Python methods (``_append_general``; None from
-        ``append_plain``). The class's methods stay the reference."""
+        """Choose ``entry``, this store's append entry points (append_entry.py). With the
+        compiled Appender, the compiled ``_speedups.StoreEntry``: the answers of ``append`` and
+        ``append_plain`` in one C call — one message through ``Appender.append``, a batch
+        through ``Appender.append_batch`` — handing whatever it does not take to the Python
+        methods (``_append_general``; None from ``append_plain``). Without it,
+        ``PythonAppendEntry``: the methods themselves, which stay the reference."""
+        old = self.entry  # (on a restart: what the last one counted stays counted)
+        self._put_count += old.count
+        self._put_bytes += old.bytes
         speedups = fastpath.speedups_module()
         if self._appender is None or speedups is None:
+            self.entry = PythonAppendEntry(self)
             return
-        old = self._entry
-        if old is not None:  # (a restart: what the last one counted stays counted)
-            self._put_count += old.count
-            self._put_bytes += old.bytes
-        entry = speedups.StoreEntry(
+        self.entry = speedups.StoreEntry(
             self._appender, self, self.commit_log.lock, PutMessageResult, PutMessageStatus.PUT_OK, self._host_hex,
             vars(fastpath), AppendResult, AppendMessageStatus.PUT_OK,
         )  # fmt: skip
-        self._entry = entry
-        # Instance attributes shadow the methods (the broker and benchmarks look them up once).
-        setattr(self, "append", entry.append)  # noqa: B010
-        setattr(self, "append_plain", entry.append_plain)  # noqa: B010
 
     @property
     def put_count(self) -> int:
         """Messages this store has appended (over its restarts too)."""
-        entry = self._entry
-        return self._put_count + (entry.count if entry is not None else 0)
+        return self._put_count + self.entry.count
 
     @property
     def put_bytes(self) -> int:
         """CommitLog bytes this store has appended (over its restarts too)."""
-        entry = self._entry
-        return self._put_bytes + (entry.bytes if entry is not None else 0)
+        return self._put_bytes + self.entry.bytes
 
     def _make_appender(self) -> Any:
         """The compiled single-message append path, when it was built (see fastpath)."""
@@ -580,7 +577,7 @@ class MessageStore:
 
     async def put_messages(self, msgs: Sequence[Message]) -> PutMessageResult:
         """Append ``msgs`` (one batch); with SYNC_FLUSH, answer once they are on disk."""
-        result, end = self.append(msgs)
+        result, end = self.entry.append(msgs)
         if end < 0 or not self._wants_flush_wait(msgs):
             return result
         assert self._flush_waits is not None
@@ -595,7 +592,7 @@ class MessageStore:
 
     def put_messages_blocking(self, msgs: Sequence[Message]) -> PutMessageResult:
         """``put_messages`` for callers without an event loop (tools, benchmarks)."""
-        result, end = self.append(msgs)
+        result, end = self.entry.append(msgs)
         if end < 0 or not self._wants_flush_wait(msgs):
             return result
         assert self._flush_waits is not None

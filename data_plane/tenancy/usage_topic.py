@@ -58,7 +58,7 @@ class UsageTopic:
         stored = 0
         for i in range(0, len(records), MAX_BATCH):
             batch = [self._message(r) for r in records[i : i + MAX_BATCH]]
-            result, end = self.store.append(batch)
+            result, end = self.store.entry.append(batch)
             if end < 0:
                 self.dropped += len(batch)
                 log.warning(

@@ -1,5 +1,5 @@
 """SEND_BATCH_MESSAGE bodies into store Messages, and the message ids of a batch's records:
-the compiled twins (_speedups.batch_messages / batch_ids) against the Python ones
+the compiled twins (_batch.batch_messages, _speedups.batch_ids) against the Python ones
 (data_plane/broker/send.py, data_plane/store/fastpath.py), on random bodies, well formed and not."""
 
 from __future__ import annotations
@@ -48,13 +48,13 @@ def _damage(rng: random.Random, body: bytes) -> bytes:
     return bytes(b)
 
 
-def test_both_twins_decode_batch_bodies_alike(speedups: ModuleType, seed: int) -> None:
+def test_both_twins_decode_batch_bodies_alike(batch: ModuleType, seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(300):
         body = b"".join(_item(rng) for _ in range(rng.randrange(0, 12)))
         if rng.random() < 0.4:
             body = _damage(rng, body)
-        compiled = speedups.batch_messages(body, Message, *ARGS, MAX_BATCH_MESSAGES)
+        compiled = batch.batch_messages(body, Message, *ARGS, MAX_BATCH_MESSAGES)
         try:
             python = py_batch_messages(body, *ARGS)
         except HeaderError:
@@ -68,10 +68,10 @@ def test_both_twins_decode_batch_bodies_alike(speedups: ModuleType, seed: int) -
             assert m.prepared_transaction_offset == 0
 
 
-def test_the_compiled_twin_leaves_too_many_messages_to_the_python_one(speedups: ModuleType) -> None:
+def test_the_compiled_twin_leaves_too_many_messages_to_the_python_one(batch: ModuleType) -> None:
     body = b"".join(encode_batch_item(b"x", 0, b"") for _ in range(5))
-    assert len(speedups.batch_messages(body, Message, *ARGS, 5)) == 5
-    assert speedups.batch_messages(body, Message, *ARGS, 4) is None
+    assert len(batch.batch_messages(body, Message, *ARGS, 5)) == 5
+    assert batch.batch_messages(body, Message, *ARGS, 4) is None
 
 
 def test_both_twins_give_the_ids_of_records_lying_back_to_back(speedups: ModuleType, seed: int) -> None:

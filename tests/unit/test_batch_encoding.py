@@ -1,5 +1,5 @@
 """The producer's SEND_BATCH_MESSAGE body: the compiled layout of plain messages
-(_speedups.plain_batch_body) against the Python one (sdk.protocol.py_batch_body), and what
+(_records.plain_batch_body) against the Python one (sdk.protocol.py_batch_body), and what
 sdk.protocol.batch_body hands to each."""
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ def _not_plain(rng: random.Random) -> Message:
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_compiled_layout_equals_the_python_one(speedups: ModuleType, seed: int) -> None:
+def test_compiled_layout_equals_the_python_one(records: ModuleType, seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(40):
         msgs = [_plain(rng) for _ in range(rng.randrange(1, 40))]
         uids = new_unique_ids(len(msgs))
         expected = py_batch_body(msgs, uids)
-        assert speedups.plain_batch_body(msgs, uids, Message) == expected
+        assert records.plain_batch_body(msgs, uids, Message) == expected
         assert batch_body(msgs, uids) == expected
         items = decode_batch(expected)
         assert [(flag, body) for flag, body, _ in items] == [(0, m.body) for m in msgs]
@@ -53,34 +53,34 @@ def test_compiled_layout_equals_the_python_one(speedups: ModuleType, seed: int) 
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_a_message_that_is_not_plain_goes_to_python(speedups: ModuleType, seed: int) -> None:
+def test_a_message_that_is_not_plain_goes_to_python(records: ModuleType, seed: int) -> None:
     rng = random.Random(seed)
     for _ in range(20):
         msgs = [_plain(rng) for _ in range(rng.randrange(0, 10))]
         msgs.insert(rng.randrange(len(msgs) + 1), _not_plain(rng))
         uids = new_unique_ids(len(msgs))
-        assert speedups.plain_batch_body(msgs, uids, Message) is None
+        assert records.plain_batch_body(msgs, uids, Message) is None
         body = batch_body(msgs, uids)
         assert body == py_batch_body(msgs, uids)
         props = [decode_properties(raw.decode()) for _, _, raw in decode_batch(body)]
         assert props == [m.wire_properties(uid) for m, uid in zip(msgs, uids, strict=True)]
 
 
-def test_properties_over_their_two_byte_length_go_to_python(speedups: ModuleType) -> None:
+def test_properties_over_their_two_byte_length_go_to_python(records: ModuleType) -> None:
     msgs = [Message("Orders", b"x", tags="t")]
     long_id = ["U" * 70_000]
-    assert speedups.plain_batch_body(msgs, long_id, Message) is None
+    assert records.plain_batch_body(msgs, long_id, Message) is None
     with pytest.raises(IllegalMessageError, match="properties are 70027 bytes, over 65535"):
         batch_body(msgs, long_id)  # the Python layout says why
 
 
-def test_one_unique_id_a_message(speedups: ModuleType) -> None:
+def test_one_unique_id_a_message(records: ModuleType) -> None:
     msgs = [Message("Orders", b"x"), Message("Orders", b"y")]
     with pytest.raises(ValueError, match="one unique id a message"):
-        speedups.plain_batch_body(msgs, ["only-one"], Message)
+        records.plain_batch_body(msgs, ["only-one"], Message)
     with pytest.raises(TypeError):
-        speedups.plain_batch_body(tuple(msgs), ["a", "b"], Message)
-    assert speedups.plain_batch_body([], [], Message) == b""
+        records.plain_batch_body(tuple(msgs), ["a", "b"], Message)
+    assert records.plain_batch_body([], [], Message) == b""
 
 
 class _TracedMessage(Message):
@@ -92,9 +92,9 @@ class _TracedMessage(Message):
         return super().encoded_properties(unique_id) + b"mine\x01yes\x02"
 
 
-def test_a_subclass_of_message_goes_to_python(speedups: ModuleType) -> None:
+def test_a_subclass_of_message_goes_to_python(records: ModuleType) -> None:
     msgs = [Message("Orders", b"a"), _TracedMessage("Orders", b"b")]
     uids = new_unique_ids(2)
-    assert speedups.plain_batch_body(msgs, uids, Message) is None
+    assert records.plain_batch_body(msgs, uids, Message) is None
     props = [decode_properties(raw.decode()) for _, _, raw in decode_batch(batch_body(msgs, uids))]
     assert props[1]["mine"] == "yes"

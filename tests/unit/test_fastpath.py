@@ -674,7 +674,7 @@ def test_collect_units_coalesces_records_stored_back_to_back_into_one_slice() ->
 def _collect_twins() -> list[Callable[..., tuple[int, int, int, int]]]:
     twins: list[Callable[..., tuple[int, int, int, int]]] = [fastpath.py_collect_units]
     try:
-        from data_plane.store import _speedups  # type: ignore[attr-defined]
+        from data_plane.store import _speedups
     except ImportError:
         return twins
     return [*twins, _speedups.collect_units]

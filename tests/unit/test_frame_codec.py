@@ -33,7 +33,7 @@ Compiled = Callable[[Any, type], RemotingCommand | None]
 @pytest.fixture
 def compiled() -> Compiled:
     try:
-        from data_plane.remoting import _codec  # type: ignore[attr-defined]
+        from data_plane.remoting import _codec
     except ImportError:
         compiled_missing("data_plane.remoting._codec")
 
@@ -226,7 +226,7 @@ def test_the_command_class_must_have_the_slots(compiled: Compiled) -> None:
 @pytest.fixture
 def frame_head() -> Callable[[RemotingCommand, int], bytes | None]:
     try:
-        from data_plane.remoting import _codec  # type: ignore[attr-defined]
+        from data_plane.remoting import _codec
     except ImportError:
         compiled_missing("data_plane.remoting._codec")
     fn: Callable[[RemotingCommand, int], bytes | None] = _codec.frame_head

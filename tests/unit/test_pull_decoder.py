@@ -1,4 +1,4 @@
-"""The consumer's pull-body decoder, both of it: the compiled ``_speedups.decode_records`` and its
+"""The consumer's pull-body decoder, both of it: the compiled ``_records.decode_records`` and its
 pure-Python twin ``sdk.protocol.py_decode_messages``. Every test runs against each; records are
 laid out by hand here (``RECORD_HEADER``) so that odd and broken ones can be made too."""
 

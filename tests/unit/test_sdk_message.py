@@ -220,11 +220,11 @@ def test_a_batch_of_unique_ids_is_made_as_single_ones_are() -> None:
 
 
 def test_the_compiled_batch_ids_equal_their_python_twin(seed: int) -> None:
-    """``_speedups.unique_ids`` and ``py_unique_ids`` over the same heads and counters (the
+    """``_records.unique_ids`` and ``py_unique_ids`` over the same heads and counters (the
     counter wraps at 16 bits; each leaves the counter where the other does)."""
-    from data_plane.store import fastpath
+    from data_plane.store.compiled import records
 
-    compiled = getattr(fastpath.speedups_module(), "unique_ids", None)
+    compiled = getattr(records(), "unique_ids", None)
     if compiled is None:
         pytest.skip("the compiled module is not built")
     rng = random.Random(seed)

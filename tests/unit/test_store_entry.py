@@ -1,6 +1,6 @@
-"""With the compiled store module, a started MessageStore's ``append`` and ``append_plain`` are
-the compiled entry points (``_speedups.StoreEntry``). They must answer exactly what the Python
-methods (the reference) answer, count what they store, refuse what the store refuses, and hand
+"""With the compiled store module, a started MessageStore's ``entry`` (its ``append`` and
+``append_plain``) is the compiled entry points (``_speedups.StoreEntry``). They must answer
+exactly what the Python methods (the reference) answer, count what they store, refuse what the store refuses, and hand
 everything else to the Python path."""
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ def test_a_started_store_appends_through_the_compiled_entry_points(
     make_store: Callable[..., MessageStore],
 ) -> None:
     store = make_store()
-    assert type(store.append).__name__ == "builtin_function_or_method"
-    assert type(store.append.__self__).__name__ == "StoreEntry"  # type: ignore[attr-defined]
-    assert store.append_plain.__self__ is store.append.__self__  # type: ignore[attr-defined]
+    assert type(store.entry).__name__ == "StoreEntry"
+    assert type(store.entry.append).__name__ == "builtin_function_or_method"
+    assert type(store.entry.append_plain).__name__ == "builtin_function_or_method"
 
 
 def test_the_entry_answers_what_the_reference_method_answers(tmp_path: Path, seed: int) -> None:
@@ -72,7 +72,7 @@ def test_the_entry_answers_what_the_reference_method_answers(tmp_path: Path, see
     try:
         for i in range(600):
             msgs = _random_batch(rng, i)
-            got, got_end = entry.append(msgs)
+            got, got_end = entry.entry.append(msgs)
             copies = [dataclasses.replace(m, properties=dict(m.properties)) for m in msgs]
             want, want_end = MessageStore.append(reference, copies)
             assert (got.status, got.reason, got_end) == (want.status, want.reason, want_end), (seed, i)
@@ -111,13 +111,13 @@ def test_a_store_that_takes_no_writes_refuses_through_the_entry_with_nothing_wri
     make_store: Callable[..., MessageStore], state: str
 ) -> None:
     store = make_store()
-    assert store.append([Message("T", b"before", 0)])[0].ok
+    assert store.entry.append([Message("T", b"before", 0)])[0].ok
     before, count = store.max_phy_offset(), store.put_count
     if state == "stopped":
         store.shutdown()
     else:
         setattr(store, state, True)
-    result, end = store.append([Message("T", b"x", 0, born_host=BORN_HOST)])
+    result, end = store.entry.append([Message("T", b"x", 0, born_host=BORN_HOST)])
     want = {
         "disk_full": PutMessageStatus.DISK_FULL,
         "dispatch_broken": PutMessageStatus.DISK_FULL,
@@ -125,12 +125,12 @@ def test_a_store_that_takes_no_writes_refuses_through_the_entry_with_nothing_wri
         "stopped": PutMessageStatus.SERVICE_NOT_AVAILABLE,
     }[state]
     assert (result.status, end) == (want, -1)
-    assert store.append_plain("T", 0, b"x", b"", 0, 0, 1, BORN_HOST, 0, PLAIN_BATCH_SKIP) is None
+    assert store.entry.append_plain("T", 0, b"x", b"", 0, 0, 1, BORN_HOST, 0, PLAIN_BATCH_SKIP) is None
     assert store.put_count == count
     if state != "stopped":
         assert store.max_phy_offset() == before
         setattr(store, state, False)
-        assert store.append([Message("T", b"after", 0)])[0].ok
+        assert store.entry.append([Message("T", b"after", 0)])[0].ok
         assert store.put_count == count + 1
 
 
@@ -141,12 +141,12 @@ def test_a_busy_commit_log_lock_sends_the_append_to_the_waiting_path(
     lock = store.commit_log.lock
     assert lock.acquire()
     try:
-        result, end = store.append([Message("T", b"x", 0)])
+        result, end = store.entry.append([Message("T", b"x", 0)])
         assert (result.status, end) == (PutMessageStatus.OS_PAGECACHE_BUSY, -1)
-        assert store.append_plain("T", 0, b"x", b"", 0, 0, 1, BORN_HOST, 0, PLAIN_BATCH_SKIP) is None
+        assert store.entry.append_plain("T", 0, b"x", b"", 0, 0, 1, BORN_HOST, 0, PLAIN_BATCH_SKIP) is None
     finally:
         lock.release()
-    assert store.append([Message("T", b"x", 0)])[0].ok
+    assert store.entry.append([Message("T", b"x", 0)])[0].ok
     assert lock.acquire(False), "the entry left the lock held"
     lock.release()
 
@@ -155,14 +155,14 @@ def test_a_file_that_refuses_the_bytes_is_answered_with_the_io_refusal(
     make_store: Callable[..., MessageStore],
 ) -> None:
     store = make_store(write_stage_bytes=0)  # each single append writes its record at once
-    assert store.append([Message("T", b"first", 0)])[0].ok
+    assert store.entry.append([Message("T", b"first", 0)])[0].ok
     mf = store.commit_log.mfq.files[-1]
     before, count = store.max_phy_offset(), store.put_count
     good = mf._fd
     read_only = os.open(mf.path, os.O_RDONLY)
     mf._fd = read_only  # pwrite: EBADF
     try:
-        result, end = store.append([Message("T", b"second", 0)])
+        result, end = store.entry.append([Message("T", b"second", 0)])
     finally:
         mf._fd = good
         os.close(read_only)
@@ -171,7 +171,7 @@ def test_a_file_that_refuses_the_bytes_is_answered_with_the_io_refusal(
     assert (store.max_phy_offset(), store.put_count) == (before, count)
     assert store.commit_log.lock.acquire(False), "the entry left the lock held"
     store.commit_log.lock.release()
-    assert store.append([Message("T", b"third", 0)])[0].ok
+    assert store.entry.append([Message("T", b"third", 0)])[0].ok
     got = store.get_message("T", 0, 0, 8)
     assert got.status is GetMessageStatus.FOUND
     assert [decode_record(m).body for m in got.messages] == [b"first", b"third"]
@@ -182,7 +182,7 @@ def test_an_error_inside_the_append_propagates_and_releases_the_lock(
 ) -> None:
     store = make_store()
     with pytest.raises(TypeError, match="append_plain"):
-        store.append_plain("T", 0)  # type: ignore[call-arg]
+        store.entry.append_plain("T", 0)  # type: ignore[call-arg]
     assert store.commit_log.lock.acquire(False)
     store.commit_log.lock.release()
 
@@ -190,9 +190,9 @@ def test_an_error_inside_the_append_propagates_and_releases_the_lock(
 def test_a_dropped_store_is_collected_with_its_entry(tmp_path: Path) -> None:
     store = MessageStore(small_config(str(tmp_path / "s")))
     store.start()
-    store.append([Message("T", b"x", 0)])
+    store.entry.append([Message("T", b"x", 0)])
     store.shutdown()
-    append = store.append  # the entry point holds its store weakly
+    append = store.entry.append  # the entry point holds its store weakly
     ref = weakref.ref(store)
     del store
     gc.collect()
@@ -205,12 +205,12 @@ def test_a_restarted_store_gets_a_new_entry_and_keeps_its_counts(tmp_path: Path)
     store = MessageStore(small_config(str(tmp_path / "s")))
     store.start()
     try:
-        assert store.append([Message("T", b"one", 0)])[0].ok
-        first = store.append.__self__  # type: ignore[attr-defined]
+        assert store.entry.append([Message("T", b"one", 0)])[0].ok
+        first = store.entry
         store.shutdown()
         store.start()
-        assert store.append.__self__ is not first  # type: ignore[attr-defined]
-        assert store.append([Message("T", b"two", 0)])[0].ok
+        assert store.entry is not first
+        assert store.entry.append([Message("T", b"two", 0)])[0].ok
         assert store.put_count == 2
         got = store.get_message("T", 0, 0, 8)
         assert [decode_record(m).body for m in got.messages] == [b"one", b"two"]

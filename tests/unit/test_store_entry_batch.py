@@ -100,11 +100,11 @@ def test_a_batch_is_taken_by_the_compiled_path(make_store: Callable[..., Message
     store._append_general = spy  # type: ignore[method-assign]  # the entry looks it up on the store
     # A queue's first append makes its ConsumeQueue: the Python path's work.
     first = [Message("T", b"first", 1), Message("T", b"second", 1)]
-    assert store.append(first)[0].ok
+    assert store.entry.append(first)[0].ok
     assert handed_over == [first]
     handed_over.clear()
     batch = [Message("T", f"m{i}".encode(), 1, properties={"KEYS": f"key{i}"}) for i in range(5)]
-    result, end = store.append(batch)
+    result, end = store.entry.append(batch)
     assert result.status is PutMessageStatus.PUT_OK
     assert handed_over == []
     a = result.append
@@ -117,11 +117,11 @@ def test_a_batch_is_taken_by_the_compiled_path(make_store: Callable[..., Message
     assert [m.body for m in store.query_message("T", "key3")] == [b"m3"]
     assert store.put_count == 7
     # A tuple is taken too; messages of two queues are handed to the Python path, which refuses them.
-    result, _ = store.append((Message("T", b"x", 1), Message("T", b"y", 1)))
+    result, _ = store.entry.append((Message("T", b"x", 1), Message("T", b"y", 1)))
     assert result.ok
     assert handed_over == []
     mixed = [Message("T", b"x", 1), Message("T", b"y", 2)]
-    result, end = store.append(mixed)
+    result, end = store.entry.append(mixed)
     assert (result.status, end) == (PutMessageStatus.MESSAGE_ILLEGAL, -1)
     assert handed_over == [mixed]
     assert store.put_count == 9
@@ -153,7 +153,7 @@ def test_batches_through_the_entry_store_what_the_reference_path_stores(tmp_path
         for i in range(300):
             msgs = _random_append(rng, i)
             copies = _copy(msgs)
-            got, got_end = entry.append(msgs)
+            got, got_end = entry.entry.append(msgs)
             if len(copies) == 1:
                 want, want_end = MessageStore.append(reference, copies)
             else:
@@ -187,16 +187,16 @@ def test_a_batch_after_staged_singles_and_pending_units_lands_after_them(
     make_store: Callable[..., MessageStore],
 ) -> None:
     store = make_store(write_stage_bytes=64 * 1024)
-    assert store.append([Message("T", b"first", 0)])[0].ok  # (makes the queue: the Python path)
+    assert store.entry.append([Message("T", b"first", 0)])[0].ok  # (makes the queue: the Python path)
     for i in range(3):
-        assert store.append([Message("T", f"single{i}".encode(), 0)])[0].ok
+        assert store.entry.append([Message("T", f"single{i}".encode(), 0)])[0].ok
     assert store._appender is not None
     assert store._appender.staged > 0
     cq = store.queues.get("T", 0)
     assert cq is not None
     assert cq.pending_units == 3
     staged = store._appender.staged
-    result, _ = store.append([Message("T", f"batch{i}".encode(), 0) for i in range(4)])
+    result, _ = store.entry.append([Message("T", f"batch{i}".encode(), 0) for i in range(4)])
     assert result.ok
     assert result.append is not None
     assert store._appender.staged == staged + result.append.wrote_bytes  # the batch joined the stage
@@ -218,9 +218,9 @@ def test_a_list_emptied_while_the_batch_is_appended_is_stored_as_it_was(tmp_path
     store = MessageStore(small_config(str(tmp_path / "s")), clock_ms=clock)
     store.start()
     try:
-        assert store.append([Message("T", b"first", 0)])[0].ok
+        assert store.entry.append([Message("T", b"first", 0)])[0].ok
         batch[:] = [Message("T", f"m{i}".encode(), 0) for i in range(3)]
-        result, _ = store.append(batch)
+        result, _ = store.entry.append(batch)
         assert result.ok
         assert result.append is not None
         assert result.append.msg_num == 3
@@ -231,16 +231,16 @@ def test_a_list_emptied_while_the_batch_is_appended_is_stored_as_it_was(tmp_path
 
 def test_a_flush_and_a_clean_restart_write_staged_batches(make_store: Callable[..., MessageStore]) -> None:
     store = make_store(write_stage_bytes=64 * 1024)
-    assert store.append([Message("T", b"first", 0)])[0].ok
+    assert store.entry.append([Message("T", b"first", 0)])[0].ok
     end = 0
     for k in range(4):
-        _, end = store.append([Message("T", b"b%d/%d" % (k, i), 0) for i in range(5)])
+        _, end = store.entry.append([Message("T", b"b%d/%d" % (k, i), 0) for i in range(5)])
     assert store._appender is not None
     assert store._appender.staged > 0
     store.commit_log.mfq.flush_all()
     assert store._appender.staged == 0
     assert store.commit_log.mfq.flushed_where == end
-    assert store.append([Message("T", b"last", 0), Message("T", b"last2", 0)])[0].ok
+    assert store.entry.append([Message("T", b"last", 0), Message("T", b"last2", 0)])[0].ok
     assert store._appender.staged > 0
     path = store.config.store_path
     store.shutdown()
@@ -261,7 +261,7 @@ store = MessageStore(small_config({path!r}, write_stage_bytes=8192, consume_queu
                                   index_max_entries=20_000))
 store.start()
 for q in range(6):  # (each queue's first append makes its ConsumeQueue: the Python path)
-    assert store.append([Message(topic="T", body=b"q%d/first" % q, queue_id=q)])[0].ok
+    assert store.entry.append([Message(topic="T", body=b"q%d/first" % q, queue_id=q)])[0].ok
     print(q, "first")
 i = 0
 for _ in range(400):
@@ -269,7 +269,7 @@ for _ in range(400):
     n = rng.choice([2, 5, 16])
     batch = [Message(topic="T", body=b"q%d/%d" % (q, i + k), queue_id=q, properties={{"KEYS": "k%d" % (i + k)}})
              for k in range(n)]
-    result, _ = store.append(batch)
+    result, _ = store.entry.append(batch)
     assert result.ok, result
     for k in range(n):
         print(q, i + k)
@@ -282,7 +282,7 @@ for _ in range(50):  # more until some are staged (a flush or a roll-over leaves
         break
     batch = [Message(topic="T", body=b"q0/%d" % (i + k), queue_id=0, properties={{"KEYS": "k%d" % (i + k)}})
              for k in range(3)]
-    assert store.append(batch)[0].ok
+    assert store.entry.append(batch)[0].ok
     for k in range(3):
         print(0, i + k)
     i += 3
@@ -357,7 +357,7 @@ def test_a_batch_changed_while_it_is_checked_is_stored_as_it_was_given(
     make_store: Callable[..., MessageStore], change: str
 ) -> None:
     store = make_store()
-    assert store.append([Message("T", b"first", 0)])[0].ok
+    assert store.entry.append([Message("T", b"first", 0)])[0].ok
     batch: list[Message] = [Message("T", b"m0", 0), _Watched("T", b"m1", 0), Message("T", b"m2", 0)]
 
     def meddle() -> None:
@@ -367,7 +367,7 @@ def test_a_batch_changed_while_it_is_checked_is_stored_as_it_was_given(
             del batch[1:]
 
     _HOOKS.append(meddle)
-    result, _ = store.append(batch)
+    result, _ = store.entry.append(batch)
     assert _HOOKS == []  # the check ran Python code
     assert result.ok
     assert result.append is not None
@@ -398,7 +398,7 @@ def test_a_failed_dispatch_of_a_batch_leaves_the_dispatch_offset_as_the_referenc
 
         monkeypatch.setattr(ConsumeQueue, "put_units", no_room)
         batch = [Message("T", b"m%d" % i, 0, properties={"KEYS": f"k{i + 1}"}) for i in range(10)]  # spills
-        got, got_end = entry.append(_copy(batch))
+        got, got_end = entry.entry.append(_copy(batch))
         want, want_end = reference._append_general(_copy(batch))
         assert (got.status, got_end) == (want.status, want_end)
         assert entry.dispatch_broken
