@@ -50,11 +50,12 @@ from data_plane.store.message import (
     properties_of,
     tags_hash_code,
 )
-from data_plane.store.status import PutMessageResult, PutMessageStatus
+from data_plane.store.status import APPENDED, PutMessageResult, PutMessageStatus
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
     from data_plane.broker.tenancy import BrokerTenancy
+    from data_plane.store._speedups import Appended
     from data_plane.telemetry import BrokerMetrics, Telemetry
 
 V2_NAMES_TO_V1 = {
@@ -210,15 +211,17 @@ class SendProcessor:
         if not isinstance(body, BODY_TYPES):
             return _NotPlain.QUOTA_FREE
         put = self._put_plain(conn, cmd, topic, queue_id, sys_flag, born_ts, flag, reconsume, ext.get("i") or "", body)
-        if put.__class__ is not tuple:
+        if put.__class__ is not APPENDED:
             if put.__class__ is PutMessageResult:  # refused (an I/O error)
                 return self._answer(cmd, put, None, topic, queue_id)
             return cast("RemotingCommand | _NotPlain", put)
-        raw = put
+        raw = cast("Appended", put)  # (the class check above: no isinstance on the hot path)
         if cmd.serialize_type != SERIALIZE_JSON:  # a binary header: the general answer
-            return self._answer(cmd, self.store.stored_result(raw), None, topic, queue_id, (raw[5],))
+            return self._answer(
+                cmd, self.store.stored_result(raw), None, topic, queue_id, (cast("int", raw.tags_code),)
+            )
         self._stored_plain(topic, queue_id, raw)
-        return self._stored_answer(cmd, raw[0], queue_id, raw[3])
+        return self._stored_answer(cmd, raw.wrote_offset, queue_id, raw.queue_offset)
 
     def send_frame(self, conn: Connection, frame: Body) -> bytes | None:
         """A plain single send answered straight from its frame (``Connection.frame_handler``):
@@ -232,21 +235,21 @@ class SendProcessor:
             return None
         opaque, version, topic, queue_id, sys_flag, born_ts, flag, reconsume, props, body = f
         put = self._put_plain(conn, None, topic, queue_id, sys_flag, born_ts, flag, reconsume, props, body)
-        if put.__class__ is not tuple:
+        if put.__class__ is not APPENDED:
             # Not plain (nothing stored or taken), or the CommitLog file refused the bytes
             # (nothing recorded): the command path answers — the store refuses it again (a full
             # disk marks the store) or, after a passing I/O error, writes it.
             return None
-        raw = put
+        raw = cast("Appended", put)  # (the class check above: no isinstance on the hot path)
         self._stored_plain(topic, queue_id, raw)
-        return send_ok_frame(version, opaque, self.store_host_hex, raw[0], queue_id, raw[3])
+        return send_ok_frame(version, opaque, self.store_host_hex, raw.wrote_offset, queue_id, raw.queue_offset)
 
     def _put_plain(
         self, conn: Connection, cmd: RemotingCommand | None, topic: str, queue_id: int, sys_flag: int,
         born_ts: int, flag: int, reconsume: int, props: str, body: Body,
-    ) -> tuple[int, ...] | PutMessageResult | RemotingCommand | _NotPlain:  # fmt: skip
-        """The plain append of ``_send_plain`` and ``send_frame``: the append's raw numbers
-        (``MessageStore.append_plain``), its refusal (an I/O error), the quota's refusal, or
+    ) -> Appended | PutMessageResult | RemotingCommand | _NotPlain:  # fmt: skip
+        """The plain append of ``_send_plain`` and ``send_frame``: what the append wrote
+        (``MessageStore.append_plain``'s ``Appended``), its refusal (an I/O error), the quota's refusal, or
         ``_NotPlain`` with nothing stored. A topic the quota meters is only taken with the
         request's command (``cmd``), which the quota's hook reads."""
         broker = self.broker
@@ -294,18 +297,18 @@ class SendProcessor:
             service.notify()
         return put
 
-    def _stored_plain(self, topic: str, queue_id: int, raw: tuple[int, ...]) -> None:
-        """``_answer``'s work for one plain message stored, from the append's raw numbers:
+    def _stored_plain(self, topic: str, queue_id: int, raw: Appended) -> None:
+        """``_answer``'s work for one plain message stored, from what the append wrote:
         held pulls of its queue woken, the broker's counts."""
         if self.hold.held:
-            self.hold.notify(topic, queue_id, raw[3] + 1, raw[5])
+            self.hold.notify(topic, queue_id, raw.queue_offset + 1, raw.tags_code)
         broker = self.broker
         if broker.metrics is None:  # on_stored(topic, 1, wrote_bytes), inline
             stats = broker.stats
             stats["put_msgs"] += 1
-            stats["put_bytes"] += raw[1]
+            stats["put_bytes"] += raw.wrote_bytes
         else:
-            broker.on_stored(topic, 1, raw[1])
+            broker.on_stored(topic, 1, raw.wrote_bytes)
 
     def _send(
         self,

@@ -119,7 +119,7 @@ def flow_control_frame(version: int, opaque: int, remark: str) -> bytes:
 def _compiled(name: str) -> Any:
     if compiled_decode_frame is None:  # no extension, or ORBIT_PURE_PYTHON
         return None
-    from data_plane.remoting import _codec  # type: ignore[attr-defined]
+    from data_plane.remoting import _codec
 
     return getattr(_codec, name)
 

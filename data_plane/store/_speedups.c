@@ -1294,6 +1294,45 @@ static PyObject *Appender_staged(Appender *a, void *closure) { return PyLong_Fro
 static PyObject *ids_text(const unsigned char *b, Py_ssize_t len, long long file_from, long long offset, Py_ssize_t n,
                           const char *prefix, Py_ssize_t prefix_len);
 
+/* An append's answer: Appended(wrote_offset, wrote_bytes, store_timestamp, queue_offset,
+ * dispatch_failed, tags_code, msg_count, msg_ids) — a struct sequence, read by name. tags_code
+ * is a plain item's (else None); msg_count and msg_ids a batch's (else None). */
+enum { AP_WROTE_OFFSET, AP_WROTE_BYTES, AP_STORE_TIMESTAMP, AP_QUEUE_OFFSET, AP_DISPATCH_FAILED, AP_TAGS_CODE,
+       AP_MSG_COUNT, AP_MSG_IDS, AP_FIELDS };
+static PyStructSequence_Field appended_fields[] = {
+    {"wrote_offset", "CommitLog offset of the first record"},
+    {"wrote_bytes", "bytes of the records"},
+    {"store_timestamp", "the records' store timestamp (ms)"},
+    {"queue_offset", "ConsumeQueue offset of the first record"},
+    {"dispatch_failed", "1 when a ConsumeQueue or index write failed (the store is told)"},
+    {"tags_code", "a plain item's tag hash code, else None"},
+    {"msg_count", "a batch's message count, else None"},
+    {"msg_ids", "a batch's comma-joined message ids, else None"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc appended_desc = {"data_plane.store._speedups.Appended", "What an append wrote.",
+                                              appended_fields, AP_FIELDS};
+static PyTypeObject AppendedType;
+
+/* An Appended from AP_FIELDS new references (NULL items: not made; each stolen either way;
+ * missing trailing fields are None). */
+static PyObject *appended(PyObject **parts, int n) {
+    PyObject *r = NULL;
+    for (int i = 0; i < n; i++)
+        if (!parts[i]) goto fail;
+    r = PyStructSequence_New(&AppendedType);
+    if (!r) goto fail;
+    for (int i = 0; i < AP_FIELDS; i++) {
+        PyObject *v = i < n ? parts[i] : Py_None;
+        if (i >= n) Py_INCREF(v);
+        PyStructSequence_SET_ITEM(r, i, v);
+    }
+    return r;
+fail:
+    for (int i = 0; i < n; i++) Py_XDECREF(parts[i]);
+    return NULL;
+}
+
 /* The records of ``topic`` / ``qid_obj``: the store Messages of the list ``msgs`` (one, or with
  * ``as_batch`` a batch — the caller's own copy, all of this topic and queue: the caller
  * checked), or (msgs NULL) the plain item ``raw``. The result of append (below), with the
@@ -1585,9 +1624,11 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         Py_INCREF(batch_qo);
         PyObject *count = PyTuple_GET_ITEM(r, 7);
         Py_INCREF(count);
-        PyObject *parts[7] = {PyLong_FromLongLong((long long)file_from + rec_start), PyLong_FromSsize_t(end - rec_start),
-                              PyLong_FromLongLong(now), batch_qo, PyLong_FromLong(dispatch_failed), count, ids};
-        result = tuple_of(7, parts);
+        Py_INCREF(Py_None);
+        PyObject *parts[AP_FIELDS] = {PyLong_FromLongLong((long long)file_from + rec_start),
+                                      PyLong_FromSsize_t(end - rec_start), PyLong_FromLongLong(now), batch_qo,
+                                      PyLong_FromLong(dispatch_failed), Py_None, count, ids};
+        result = appended(parts, AP_FIELDS);
     } else if (raw) {
         PyObject *tags = PyTuple_GET_ITEM(r, 8); /* the item's tag code: its only distinct one */
         PyObject *code = PyTuple_Check(tags) && PyTuple_GET_SIZE(tags) == 1 ? PyTuple_GET_ITEM(tags, 0) : NULL;
@@ -1597,14 +1638,16 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         }
         Py_INCREF(batch_qo);
         Py_INCREF(code);
-        PyObject *parts[6] = {PyLong_FromLongLong((long long)file_from + rec_start), PyLong_FromSsize_t(end - rec_start),
-                              PyLong_FromLongLong(now), batch_qo, PyLong_FromLong(dispatch_failed), code};
-        result = tuple_of(6, parts);
+        PyObject *parts[AP_TAGS_CODE + 1] = {PyLong_FromLongLong((long long)file_from + rec_start),
+                                             PyLong_FromSsize_t(end - rec_start), PyLong_FromLongLong(now), batch_qo,
+                                             PyLong_FromLong(dispatch_failed), code};
+        result = appended(parts, AP_TAGS_CODE + 1);
     } else {
         Py_INCREF(batch_qo);
-        PyObject *parts[5] = {PyLong_FromLongLong((long long)file_from + rec_start), PyLong_FromSsize_t(end - rec_start),
-                              PyLong_FromLongLong(now), batch_qo, PyLong_FromLong(dispatch_failed)};
-        result = tuple_of(5, parts);
+        PyObject *parts[AP_DISPATCH_FAILED + 1] = {PyLong_FromLongLong((long long)file_from + rec_start),
+                                                   PyLong_FromSsize_t(end - rec_start), PyLong_FromLongLong(now),
+                                                   batch_qo, PyLong_FromLong(dispatch_failed)};
+        result = appended(parts, AP_DISPATCH_FAILED + 1);
     }
     goto done;
 slow:
@@ -1898,7 +1941,9 @@ static PyObject *entry_done(StoreEntry *e, PyObject *store, PyObject *r, Py_ssiz
     }
     if (r == Py_None) return r;
     if (n < 0) { /* a batch: its count follows the record's numbers */
-        n = PyTuple_Check(r) && PyTuple_GET_SIZE(r) >= 7 ? PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 5)) : -1;
+        n = Py_IS_TYPE(r, &AppendedType) && PyStructSequence_GET_ITEM(r, AP_MSG_COUNT) != Py_None
+                ? PyLong_AsSsize_t(PyStructSequence_GET_ITEM(r, AP_MSG_COUNT))
+                : -1;
         if (n < 0) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's batch count is negative");
             Py_DECREF(r);
@@ -1906,14 +1951,15 @@ static PyObject *entry_done(StoreEntry *e, PyObject *store, PyObject *r, Py_ssiz
         }
     }
     long long size;
-    if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) < 5 || (size = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 1))) < 0) {
+    if (!Py_IS_TYPE(r, &AppendedType) ||
+        (size = PyLong_AsLongLong(PyStructSequence_GET_ITEM(r, AP_WROTE_BYTES))) < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_SystemError, "the Appender's answer is not a record");
         Py_DECREF(r);
         return NULL;
     }
     e->count += n;
     e->bytes += size;
-    int failed = PyObject_IsTrue(PyTuple_GET_ITEM(r, 4));
+    int failed = PyObject_IsTrue(PyStructSequence_GET_ITEM(r, AP_DISPATCH_FAILED));
     if (failed) {
         PyObject *f = failed > 0 ? PyObject_CallMethodNoArgs(store, s_dispatch_failed) : NULL;
         if (!f) {
@@ -1943,11 +1989,13 @@ static PyObject *entry_result(StoreEntry *e, PyObject *r) {
 static PyObject *entry_batch_result(StoreEntry *e, PyObject *r) {
     PyObject *ar = PyBaseObject_Type.tp_new((PyTypeObject *)e->append_type, empty_tuple, NULL);
     if (!ar) return NULL;
-    if (SSET(ar, s_r_status, e->append_ok) < 0 || SSET(ar, s_a_wrote_offset, PyTuple_GET_ITEM(r, 0)) < 0 ||
-        SSET(ar, s_a_wrote_bytes, PyTuple_GET_ITEM(r, 1)) < 0 ||
-        SSET(ar, s_a_store_timestamp, PyTuple_GET_ITEM(r, 2)) < 0 ||
-        SSET(ar, s_a_queue_offset, PyTuple_GET_ITEM(r, 3)) < 0 || SSET(ar, s_a_msg_num, PyTuple_GET_ITEM(r, 5)) < 0 ||
-        SSET(ar, s_r_host_hex, e->host_hex) < 0 || SSET(ar, s_a_ids, PyTuple_GET_ITEM(r, 6)) < 0) {
+    if (SSET(ar, s_r_status, e->append_ok) < 0 ||
+        SSET(ar, s_a_wrote_offset, PyStructSequence_GET_ITEM(r, AP_WROTE_OFFSET)) < 0 ||
+        SSET(ar, s_a_wrote_bytes, PyStructSequence_GET_ITEM(r, AP_WROTE_BYTES)) < 0 ||
+        SSET(ar, s_a_store_timestamp, PyStructSequence_GET_ITEM(r, AP_STORE_TIMESTAMP)) < 0 ||
+        SSET(ar, s_a_queue_offset, PyStructSequence_GET_ITEM(r, AP_QUEUE_OFFSET)) < 0 ||
+        SSET(ar, s_a_msg_num, PyStructSequence_GET_ITEM(r, AP_MSG_COUNT)) < 0 ||
+        SSET(ar, s_r_host_hex, e->host_hex) < 0 || SSET(ar, s_a_ids, PyStructSequence_GET_ITEM(r, AP_MSG_IDS)) < 0) {
         Py_DECREF(ar);
         return NULL;
     }
@@ -1990,7 +2038,8 @@ static PyObject *entry_append(StoreEntry *e, PyObject *store, PyObject *msgs) {
         Py_DECREF(r);
         return PyObject_CallMethodOneArg(store, s_append_general, msgs);
     }
-    PyObject *end = PyNumber_Add(PyTuple_GET_ITEM(r, 0), PyTuple_GET_ITEM(r, 1));
+    PyObject *end =
+        PyNumber_Add(PyStructSequence_GET_ITEM(r, AP_WROTE_OFFSET), PyStructSequence_GET_ITEM(r, AP_WROTE_BYTES));
     PyObject *res = end ? (msg ? entry_result(e, r) : entry_batch_result(e, r)) : NULL;
     Py_DECREF(r);
     if (!res) {
@@ -2304,6 +2353,7 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_append_general, "_append_general"); INTERN2(s_io_refusal, "_io_refusal");
     INTERN2(s_dispatch_failed, "_dispatch_failed"); INTERN2(empty_str, "");
     if (!(empty_tuple = PyTuple_New(0))) return NULL;
+    if (PyStructSequence_InitType2(&AppendedType, &appended_desc) < 0) return NULL;
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
         PyType_Ready(&QueuePositionsType) < 0 || PyType_Ready(&OffsetCellType) < 0 ||
         PyType_Ready(&QueueOffsetsType) < 0 || PyType_Ready(&StoreEntryType) < 0)
@@ -2314,7 +2364,8 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "FilePositions", (PyObject *)&FilePositionsType) < 0 ||
         PyModule_AddObjectRef(m, "QueuePositions", (PyObject *)&QueuePositionsType) < 0 ||
         PyModule_AddObjectRef(m, "QueueOffsets", (PyObject *)&QueueOffsetsType) < 0 ||
-        PyModule_AddObjectRef(m, "StoreEntry", (PyObject *)&StoreEntryType) < 0) {
+        PyModule_AddObjectRef(m, "StoreEntry", (PyObject *)&StoreEntryType) < 0 ||
+        PyModule_AddObjectRef(m, "Appended", (PyObject *)&AppendedType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

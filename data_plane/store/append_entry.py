@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from data_plane.store._speedups import Appended
     from data_plane.store.message import Message
     from data_plane.store.message_store import MessageStore
     from data_plane.store.status import PutMessageResult
@@ -45,7 +46,7 @@ class AppendEntry(Protocol):
         reconsume_times: int,
         skip_names: tuple[builtins.bytes, ...],
         /,
-    ) -> tuple[int, ...] | PutMessageResult | None: ...
+    ) -> Appended | PutMessageResult | None: ...
 
     @property
     def count(self) -> int: ...
@@ -88,7 +89,7 @@ class PythonAppendEntry:
         reconsume_times: int,
         skip_names: tuple[builtins.bytes, ...],
         /,
-    ) -> tuple[int, ...] | PutMessageResult | None:
+    ) -> Appended | PutMessageResult | None:
         return self._live().append_plain(
             topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host, reconsume_times, skip_names
         )

@@ -23,7 +23,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from data_plane.store import fastpath, queue_read, retention
 from data_plane.store.append_entry import AppendEntry, PythonAppendEntry
@@ -65,6 +65,9 @@ from data_plane.store.status import (
     PutMessageResult,
     PutMessageStatus,
 )
+
+if TYPE_CHECKING:
+    from data_plane.store._speedups import Appended
 
 log = logging.getLogger(__name__)
 
@@ -380,7 +383,7 @@ class MessageStore:
                 finally:
                     lock.release()
                 if r is not None:
-                    return self._stored_one(r), r[0] + r[1]
+                    return self._stored_one(r), r.wrote_offset + r.wrote_bytes
         return self._append_general(msgs)
 
     def _append_general(self, msgs: Sequence[Message]) -> tuple[PutMessageResult, int]:
@@ -415,7 +418,7 @@ class MessageStore:
         born_host: bytes,
         reconsume_times: int,
         skip_names: tuple[bytes, ...],
-    ) -> tuple[int, ...] | PutMessageResult | None:
+    ) -> Appended | PutMessageResult | None:
         """``append`` of one message given by its parts, as a SEND_MESSAGE request carries them
         (the properties as their encoded text), with no Message object: the broker's single-send
         path. Taken only by the compiled Appender, and only when the message is *plain*
@@ -439,7 +442,7 @@ class MessageStore:
         if not lock.acquire(False):
             return None
         try:
-            r: tuple[int, ...] | None = appender.append_plain(
+            r: Appended | None = appender.append_plain(
                 topic, queue_id, body, properties, flag, sys_flag, born_timestamp, born_host, reconsume_times,
                 skip_names,
             )  # fmt: skip
@@ -448,24 +451,23 @@ class MessageStore:
         finally:
             lock.release()
         if r is not None:  # (_stored_one's bookkeeping, inline: no result object made here)
-            if r[4]:
+            if r.dispatch_failed:
                 self._dispatch_failed()
             self._put_count += 1
-            self._put_bytes += r[1]
+            self._put_bytes += r.wrote_bytes
         return r
 
-    def stored_result(self, r: tuple[int, ...]) -> PutMessageResult:
+    def stored_result(self, r: Appended) -> PutMessageResult:
         """PUT_OK for the record ``append_plain`` answered ``r`` for."""
         return PutMessageResult.stored(r, self._host_hex)
 
-    def _stored_one(self, r: tuple[int, ...]) -> PutMessageResult:
+    def _stored_one(self, r: Appended) -> PutMessageResult:
         """The result of one record the compiled Appender wrote (``append``; ``append_plain``
-        does the same bookkeeping inline): ``r`` is its (offset, size, store timestamp, queue
-        offset, dispatch failed, ...)."""
-        if r[4]:
+        does the same bookkeeping inline)."""
+        if r.dispatch_failed:
             self._dispatch_failed()
         self._put_count += 1
-        self._put_bytes += r[1]
+        self._put_bytes += r.wrote_bytes
         return PutMessageResult.stored(r, self._host_hex)
 
     def _dispatch_failed(self) -> None:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from data_plane.store.compiled import speedups
+
+if TYPE_CHECKING:
+    from data_plane.store._speedups import Appended
+
+# The compiled Appender's answer type (``_speedups.Appended``: what one append wrote, by name),
+# or None without the compiled module (then no append answers one).
+APPENDED: type | None = getattr(speedups(), "Appended", None)
 
 _new_object: Any = object.__new__
 
@@ -110,7 +119,7 @@ class AppendResult:
 
 class PutMessageResult:
     """The answer to a put. ``append`` says where it went; on the compiled single-message path
-    it is built on first access from the raw ``(offset, bytes, store ts, queue offset)``."""
+    it is built on first access from the compiled Appender's ``Appended``."""
 
     __slots__ = ("_append", "_host_hex", "_raw", "reason", "status")
 
@@ -118,11 +127,11 @@ class PutMessageResult:
         self.status = status
         self._append = append
         self.reason = reason
-        self._raw: tuple[int, ...] | None = None
+        self._raw: Appended | None = None
         self._host_hex = ""
 
     @classmethod
-    def stored(cls, raw: tuple[int, ...], host_hex: str) -> PutMessageResult:
+    def stored(cls, raw: Appended, host_hex: str) -> PutMessageResult:
         """PUT_OK for one message appended at ``raw`` (the compiled Appender's answer)."""
         result: PutMessageResult = _new_object(cls)  # __init__'s work without its call: the hot path
         result.status = PutMessageStatus.PUT_OK
@@ -135,10 +144,11 @@ class PutMessageResult:
     @property
     def append(self) -> AppendResult | None:
         if self._append is None and self._raw is not None:
-            offset, size, store_ts, queue_offset = self._raw[:4]
+            raw = self._raw
             self._append = AppendResult(
-                AppendMessageStatus.PUT_OK, offset, size, store_ts, queue_offset, 1, self._host_hex
-            )
+                AppendMessageStatus.PUT_OK, raw.wrote_offset, raw.wrote_bytes, raw.store_timestamp, raw.queue_offset, 1,
+                self._host_hex,
+            )  # fmt: skip
         return self._append
 
     @append.setter
@@ -147,10 +157,9 @@ class PutMessageResult:
         self._raw = None
 
     @property
-    def raw(self) -> tuple[int, ...] | None:
-        """The compiled single-message path's ``(wrote_offset, wrote_bytes, store_timestamp,
-        queue_offset, ...)`` when this result came from it (``append`` is built from it), else
-        None: the broker answers a send from it without building ``append``."""
+    def raw(self) -> Appended | None:
+        """The compiled single-message path's ``Appended`` when this result came from it
+        (``append`` is built from it), else None: the broker answers a send from it without building ``append``."""
         return self._raw
 
     def __repr__(self) -> str:

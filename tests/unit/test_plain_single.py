@@ -37,8 +37,8 @@ def _plain(store: MessageStore, m: Message, props: str | bytes) -> tuple[PutMess
     )  # fmt: skip
     if r is None:
         return None
-    assert isinstance(r, tuple), r  # stored, not refused
-    return store.stored_result(r), r[0] + r[1], r[5]
+    assert not isinstance(r, PutMessageResult), r  # stored, not refused
+    return store.stored_result(r), r.wrote_offset + r.wrote_bytes, r.tags_code
 
 
 def _message(rng: random.Random, props: dict[str, str]) -> Message:
@@ -167,8 +167,9 @@ def test_the_plain_path_reads_back_as_the_message_sent(
         "Orders", 0, memoryview(b"the body"), encode_properties(props).decode(), 7, 0, 123, BORN_HOST, 1,
         PLAIN_BATCH_SKIP,
     )  # fmt: skip
-    assert isinstance(got, tuple)
-    result, tag_code = plain.stored_result(got), got[5]
+    assert got is not None
+    assert not isinstance(got, PutMessageResult)
+    result, tag_code = plain.stored_result(got), got.tags_code
     a = result.append
     assert a is not None
     assert tag_code == tags_hash_code("TagA")
