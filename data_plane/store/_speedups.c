@@ -56,21 +56,6 @@ typedef struct {
     const unsigned char *raw_props; /* a plain batch body's property bytes (props is NULL then) */
 } item_t;
 
-/* A tuple of n new references (each stolen; NULL items: the tuple is not made, the others are
- * released). Py_BuildValue parses its format every call: 1,000-odd instructions a result. */
-static PyObject *tuple_of(Py_ssize_t n, PyObject **items) {
-    PyObject *t = NULL;
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (!items[i]) goto fail;
-    t = PyTuple_New(n);
-    if (!t) goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) PyTuple_SET_ITEM(t, i, items[i]);
-    return t;
-fail:
-    for (Py_ssize_t i = 0; i < n; i++) Py_XDECREF(items[i]);
-    return NULL;
-}
-
 /* ---- plain SEND_BATCH_MESSAGE bodies, laid out without store Message objects --------------
  * A batch body is a run of items (remoting/bodies.py):
  *     total 4 | magic 4 | body CRC 4 | flag 4 | body length 4 | body | properties length 2 | properties
@@ -233,10 +218,67 @@ static void release_items(item_t *items, Py_ssize_t n) {
     PyMem_Free(items);
 }
 
+/* A struct sequence of type ``tp`` from n new references (NULL items: not made; each stolen
+ * either way; fields past n are None). */
+static PyObject *structseq_of(PyTypeObject *tp, int n, PyObject **parts) {
+    PyObject *r = NULL;
+    for (int i = 0; i < n; i++)
+        if (!parts[i]) goto fail;
+    r = PyStructSequence_New(tp);
+    if (!r) goto fail;
+    for (Py_ssize_t i = 0; i < Py_SIZE(r); i++) {
+        PyObject *v = i < n ? parts[i] : Py_None;
+        if (i >= n) Py_INCREF(v);
+        PyStructSequence_SET_ITEM(r, i, v);
+    }
+    return r;
+fail:
+    for (int i = 0; i < n; i++) Py_XDECREF(parts[i]);
+    return NULL;
+}
+
+/* write_batch's answers, read by name (fastpath.py's LaidOut, NeedsRoom and Refused are their
+ * twins; None: a plain batch body that is not plain). ``outcome`` comes first in each. */
+enum { WB_LAID_OUT, WB_NEEDS_ROOM, WB_REFUSED };
+enum { LO_OUTCOME, LO_WRITTEN, LO_NEXT_QO, LO_FIRST_QO, LO_CQ_UNITS, LO_INDEX_ITEMS, LO_LAST_INDEXED, LO_COUNT,
+       LO_TAG_CODES, LO_FIELDS };
+static PyStructSequence_Field laid_out_fields[] = {
+    {"outcome", "0: laid out"},
+    {"written", "bytes laid out from pos"},
+    {"next_queue_offset", "the queue's next offset after the batch"},
+    {"first_queue_offset", "the batch's first queue offset"},
+    {"cq_units", "the ConsumeQueue units (bytes; those written into cq_target are not here)"},
+    {"index_items", "the index items (bytes), or the IndexFile's new count when written into ix_target"},
+    {"last_indexed", "CommitLog offset of the last record written into the IndexFile, else -1"},
+    {"msg_count", "the batch's messages"},
+    {"tag_codes", "the tag hash code of each distinct tag"},
+    {NULL, NULL},
+};
+static PyStructSequence_Field needs_room_fields[] = {
+    {"outcome", "1: does not fit"},
+    {"need", "bytes the batch needs"},
+    {NULL, NULL},
+};
+static PyStructSequence_Field refused_fields[] = {
+    {"outcome", "2: refused"},
+    {"msg_index", "the refused message's index in the batch"},
+    {"status", "a PutMessageStatus name"},
+    {"reason", "why"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc laid_out_desc = {"data_plane.store._speedups.LaidOut", "A batch laid out.",
+                                              laid_out_fields, LO_FIELDS};
+static PyStructSequence_Desc needs_room_desc = {"data_plane.store._speedups.NeedsRoom",
+                                                "A batch that does not fit before limit.", needs_room_fields, 2};
+static PyStructSequence_Desc refused_desc = {"data_plane.store._speedups.Refused", "A batch with a refused message.",
+                                             refused_fields, 4};
+static PyTypeObject LaidOutType, NeedsRoomType, RefusedType;
+
 static PyObject *refuse(item_t *items, Py_ssize_t n, Py_ssize_t idx, const char *status, PyObject *reason) {
     release_items(items, n);
     if (!reason) return NULL;
-    return Py_BuildValue("(insN)", 2, idx, status, reason);
+    PyObject *parts[4] = {PyLong_FromLong(WB_REFUSED), PyLong_FromSsize_t(idx), PyUnicode_FromString(status), reason};
+    return structseq_of(&RefusedType, 4, parts);
 }
 
 #define IX_AHEAD 32
@@ -458,7 +500,8 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
     }
     if (pos + need > limit) {
         release_items(items, n);
-        result = Py_BuildValue("(in)", 1, need);
+        PyObject *parts[2] = {PyLong_FromLong(WB_NEEDS_ROOM), PyLong_FromSsize_t(need)};
+        result = structseq_of(&NeedsRoomType, 2, parts);
         goto done;
     }
     /* Outputs: CQ units and index items, sized for the worst case. */
@@ -667,10 +710,10 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         PyBuffer_Release(&ib);
         if (!idx) { Py_DECREF(cq); Py_DECREF(tags_out); goto done; }
     }
-    PyObject *parts[9] = {PyLong_FromLong(0), PyLong_FromSsize_t(pos), PyLong_FromLongLong(qo),
-                          PyLong_FromLongLong(batch_first_qo < 0 ? 0 : batch_first_qo), cq, idx,
-                          PyLong_FromLongLong(last_ix_phys), PyLong_FromSsize_t(n), tags_out};
-    result = tuple_of(9, parts);
+    PyObject *parts[LO_FIELDS] = {PyLong_FromLong(WB_LAID_OUT), PyLong_FromSsize_t(pos), PyLong_FromLongLong(qo),
+                                  PyLong_FromLongLong(batch_first_qo < 0 ? 0 : batch_first_qo), cq, idx,
+                                  PyLong_FromLongLong(last_ix_phys), PyLong_FromSsize_t(n), tags_out};
+    result = structseq_of(&LaidOutType, LO_FIELDS, parts);
 done:
     return result;
 }
@@ -722,7 +765,8 @@ static PyObject *write_batch(PyObject *self, PyObject *args) {
         int rc = scan_plain(body.buf, body.len, max_n, skip, local_items, PLAIN_ITEMS_ON_STACK, &rb.n, &bytes);
         if (rc < 0) goto out;
         if (rc == 0) {
-            result = Py_BuildValue("(i)", 3); /* not plain: the caller takes store Messages */
+            result = Py_None; /* not plain: the caller takes store Messages */
+            Py_INCREF(result);
             goto out;
         }
         if (rb.n <= PLAIN_ITEMS_ON_STACK) {
@@ -1314,24 +1358,6 @@ static PyStructSequence_Desc appended_desc = {"data_plane.store._speedups.Append
                                               appended_fields, AP_FIELDS};
 static PyTypeObject AppendedType;
 
-/* An Appended from AP_FIELDS new references (NULL items: not made; each stolen either way;
- * missing trailing fields are None). */
-static PyObject *appended(PyObject **parts, int n) {
-    PyObject *r = NULL;
-    for (int i = 0; i < n; i++)
-        if (!parts[i]) goto fail;
-    r = PyStructSequence_New(&AppendedType);
-    if (!r) goto fail;
-    for (int i = 0; i < AP_FIELDS; i++) {
-        PyObject *v = i < n ? parts[i] : Py_None;
-        if (i >= n) Py_INCREF(v);
-        PyStructSequence_SET_ITEM(r, i, v);
-    }
-    return r;
-fail:
-    for (int i = 0; i < n; i++) Py_XDECREF(parts[i]);
-    return NULL;
-}
 
 /* The records of ``topic`` / ``qid_obj``: the store Messages of the list ``msgs`` (one, or with
  * ``as_batch`` a batch — the caller's own copy, all of this topic and queue: the caller
@@ -1519,14 +1545,14 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
                          cq_limit, ix_mv ? ix_mv : Py_None, a->ix_slots, ix_count, ix_max, ix_begin,
                          stage_it ? -1 : (int)fd, wrote, raw);
     if (!r) goto error; /* an OSError from the file: nothing recorded */
-    if (PyLong_AsLong(PyTuple_GET_ITEM(r, 0)) != 0) goto slow; /* does not fit, or refused: nothing written */
-    Py_ssize_t end = wrote + PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 1)); /* end of this record in the file */
+    if (!Py_IS_TYPE(r, &LaidOutType)) goto slow; /* does not fit, or refused: nothing written */
+    Py_ssize_t end = wrote + PyLong_AsSsize_t(PyStructSequence_GET_ITEM(r, LO_WRITTEN)); /* end of this record */
     Py_ssize_t rec_start = wrote + staged;
-    PyObject *next_qo = PyTuple_GET_ITEM(r, 2);
-    PyObject *batch_qo = PyTuple_GET_ITEM(r, 3);
-    PyObject *cq_out = PyTuple_GET_ITEM(r, 4);
-    PyObject *ix_out = PyTuple_GET_ITEM(r, 5);
-    long long last_ix = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 6));
+    PyObject *next_qo = PyStructSequence_GET_ITEM(r, LO_NEXT_QO);
+    PyObject *batch_qo = PyStructSequence_GET_ITEM(r, LO_FIRST_QO);
+    PyObject *cq_out = PyStructSequence_GET_ITEM(r, LO_CQ_UNITS);
+    PyObject *ix_out = PyStructSequence_GET_ITEM(r, LO_INDEX_ITEMS);
+    long long last_ix = PyLong_AsLongLong(PyStructSequence_GET_ITEM(r, LO_LAST_INDEXED));
     long long end_abs = (long long)file_from + end;
     /* From here on the record is in the log: record every position, as the Python path does. */
     long long next = PyLong_AsLongLong(next_qo);
@@ -1614,7 +1640,7 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
             prefix[2 * k + 1] = hexd[(unsigned char)a->host[k] & 15];
         }
         PyObject *ids = ids_text(a->stage, end - wrote, (long long)file_from + wrote,
-                                 (long long)file_from + rec_start, PyLong_AsSsize_t(PyTuple_GET_ITEM(r, 7)), prefix, 16);
+                                 (long long)file_from + rec_start, PyLong_AsSsize_t(PyStructSequence_GET_ITEM(r, LO_COUNT)), prefix, 16);
         if (!ids) goto error;
         if (ids == Py_None) {
             Py_DECREF(ids);
@@ -1622,15 +1648,15 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
             goto error;
         }
         Py_INCREF(batch_qo);
-        PyObject *count = PyTuple_GET_ITEM(r, 7);
+        PyObject *count = PyStructSequence_GET_ITEM(r, LO_COUNT);
         Py_INCREF(count);
         Py_INCREF(Py_None);
         PyObject *parts[AP_FIELDS] = {PyLong_FromLongLong((long long)file_from + rec_start),
                                       PyLong_FromSsize_t(end - rec_start), PyLong_FromLongLong(now), batch_qo,
                                       PyLong_FromLong(dispatch_failed), Py_None, count, ids};
-        result = appended(parts, AP_FIELDS);
+        result = structseq_of(&AppendedType, AP_FIELDS, parts);
     } else if (raw) {
-        PyObject *tags = PyTuple_GET_ITEM(r, 8); /* the item's tag code: its only distinct one */
+        PyObject *tags = PyStructSequence_GET_ITEM(r, LO_TAG_CODES); /* the item's tag code: its only distinct one */
         PyObject *code = PyTuple_Check(tags) && PyTuple_GET_SIZE(tags) == 1 ? PyTuple_GET_ITEM(tags, 0) : NULL;
         if (!code) {
             PyErr_SetString(PyExc_RuntimeError, "a plain item laid out without its tag code");
@@ -1641,13 +1667,13 @@ static PyObject *appender_put(Appender *a, PyObject *topic, PyObject *qid_obj, P
         PyObject *parts[AP_TAGS_CODE + 1] = {PyLong_FromLongLong((long long)file_from + rec_start),
                                              PyLong_FromSsize_t(end - rec_start), PyLong_FromLongLong(now), batch_qo,
                                              PyLong_FromLong(dispatch_failed), code};
-        result = appended(parts, AP_TAGS_CODE + 1);
+        result = structseq_of(&AppendedType, AP_TAGS_CODE + 1, parts);
     } else {
         Py_INCREF(batch_qo);
         PyObject *parts[AP_DISPATCH_FAILED + 1] = {PyLong_FromLongLong((long long)file_from + rec_start),
                                                    PyLong_FromSsize_t(end - rec_start), PyLong_FromLongLong(now),
                                                    batch_qo, PyLong_FromLong(dispatch_failed)};
-        result = appended(parts, AP_DISPATCH_FAILED + 1);
+        result = structseq_of(&AppendedType, AP_DISPATCH_FAILED + 1, parts);
     }
     goto done;
 slow:
@@ -2353,7 +2379,11 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     INTERN2(s_append_general, "_append_general"); INTERN2(s_io_refusal, "_io_refusal");
     INTERN2(s_dispatch_failed, "_dispatch_failed"); INTERN2(empty_str, "");
     if (!(empty_tuple = PyTuple_New(0))) return NULL;
-    if (PyStructSequence_InitType2(&AppendedType, &appended_desc) < 0) return NULL;
+    if (PyStructSequence_InitType2(&AppendedType, &appended_desc) < 0 ||
+        PyStructSequence_InitType2(&LaidOutType, &laid_out_desc) < 0 ||
+        PyStructSequence_InitType2(&NeedsRoomType, &needs_room_desc) < 0 ||
+        PyStructSequence_InitType2(&RefusedType, &refused_desc) < 0)
+        return NULL;
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
         PyType_Ready(&QueuePositionsType) < 0 || PyType_Ready(&OffsetCellType) < 0 ||
         PyType_Ready(&QueueOffsetsType) < 0 || PyType_Ready(&StoreEntryType) < 0)
@@ -2365,7 +2395,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "QueuePositions", (PyObject *)&QueuePositionsType) < 0 ||
         PyModule_AddObjectRef(m, "QueueOffsets", (PyObject *)&QueueOffsetsType) < 0 ||
         PyModule_AddObjectRef(m, "StoreEntry", (PyObject *)&StoreEntryType) < 0 ||
-        PyModule_AddObjectRef(m, "Appended", (PyObject *)&AppendedType) < 0) {
+        PyModule_AddObjectRef(m, "Appended", (PyObject *)&AppendedType) < 0 ||
+        PyModule_AddObjectRef(m, "LaidOut", (PyObject *)&LaidOutType) < 0 ||
+        PyModule_AddObjectRef(m, "NeedsRoom", (PyObject *)&NeedsRoomType) < 0 ||
+        PyModule_AddObjectRef(m, "Refused", (PyObject *)&RefusedType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -193,13 +193,13 @@ class CommitLog:
                 mf.fd,
                 pos,
             )
-            if r[0] == 0:
-                break
-            if r[0] == 3:
+            if r is None:  # a plain batch body that is not plain
                 return None
-            if r[0] == 2:
-                raise PutRefused(PutMessageStatus[r[2]], f"message {r[1]} of the batch: {r[3]}")
-            need = r[1]
+            if r.outcome == fastpath.LAID_OUT:
+                break
+            if r.outcome == fastpath.REFUSED:
+                raise PutRefused(PutMessageStatus[r.status], f"message {r.msg_index} of the batch: {r.reason}")
+            need = r.need
             if need > usable:
                 return AppendResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED), b"", b"", -1, None
             if pos + need > usable:
@@ -213,20 +213,23 @@ class CommitLog:
                 mf.ensure_reserved(pos + need, LAZY_RESERVE_BYTES)
         else:
             raise RuntimeError(f"a batch of {len(msgs)} messages found no room in {mf}")
-        _, written, next_qo, batch_first_qo, cq_out, index_out, last_indexed, n, tag_codes = r
-        end = pos + written
-        self.queue_offsets[key] = next_qo
+        laid: fastpath.LaidOut = r
+        end = pos + laid.written
+        self.queue_offsets[key] = laid.next_queue_offset
         mf.wrote_position = mf.committed_position = end
         at = mf.file_from_offset + pos
         # A batch's message ids from the records still in the stage (the mapping has not seen
         # these pages: reading them there took page faults, ~4 % of a broker's batched CPU).
+        n = laid.msg_count
         ids = (fastpath.batch_ids(stage, at, at, n, self._msg_id_prefix) or "") if n > 1 else ""
         return (
-            AppendResult(AppendMessageStatus.PUT_OK, at, end - pos, now, batch_first_qo, n, self._msg_id_prefix, ids),
-            cq_out,
-            index_out,
-            last_indexed,
-            tag_codes,
+            AppendResult(
+                AppendMessageStatus.PUT_OK, at, end - pos, now, laid.first_queue_offset, n, self._msg_id_prefix, ids
+            ),
+            laid.cq_units,
+            laid.index_items,
+            laid.last_indexed,
+            laid.tag_codes,
         )
 
     @property

@@ -48,7 +48,7 @@ class StoreLoops(Protocol):
         fd: int = ...,
         fd_offset: int = ...,
         /,
-    ) -> tuple[Any, ...]: ...
+    ) -> Any: ...  # LaidOut, NeedsRoom, Refused (fastpath.py) or None
 
     def index_write(
         self, buf: memoryview, slots: int, count: int, max_entries: int, begin_ts: int, store_ts: int, items: bytes,

@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -141,6 +141,39 @@ def py_plain_batch(body: bytes | memoryview, max_messages: int, skip: tuple[byte
     return len(items), sum(len(b) for _, b, _ in items)
 
 
+# write_batch's answers (the compiled twin's are struct sequences of the same names and fields:
+# equal as tuples, read by name). ``outcome`` comes first in each; a plain batch body that is
+# not plain is answered None.
+LAID_OUT, NEEDS_ROOM, REFUSED = 0, 1, 2
+
+
+class LaidOut(NamedTuple):
+    outcome: int  # LAID_OUT
+    written: int  # bytes laid out from pos
+    next_queue_offset: int
+    first_queue_offset: int
+    cq_units: Any  # the units not written into cq_target (bytes), else its new position
+    index_items: Any  # the index items (bytes), or the IndexFile's new count when written into ix_target
+    last_indexed: int  # CommitLog offset of the last record written into the IndexFile, else -1
+    msg_count: int
+    tag_codes: tuple[int, ...] | None  # a plain batch's distinct tag hash codes
+
+
+class NeedsRoom(NamedTuple):
+    outcome: int  # NEEDS_ROOM
+    need: int  # bytes the batch needs
+
+
+class Refused(NamedTuple):
+    outcome: int  # REFUSED
+    msg_index: int  # the refused message's index in the batch
+    status: str  # a PutMessageStatus name
+    reason: str
+
+
+WriteBatchAnswer = LaidOut | NeedsRoom | Refused | None
+
+
 def py_write_batch(
     buf: memoryview,
     pos: int,
@@ -165,7 +198,7 @@ def py_write_batch(
     ix_begin_ts: int = 0,
     fd: int = -1,
     fd_offset: int = 0,
-) -> tuple[Any, ...]:
+) -> WriteBatchAnswer:
     plain = False
     if isinstance(msgs, tuple):
         plain = True
@@ -174,26 +207,26 @@ def py_write_batch(
             raise ValueError("born_host must be 8 bytes")
         items = py_plain_items(body_in, max_messages, skip)
         if items is None:
-            return (3,)
+            return None
         topic = topic_b.decode()
         msgs = [Message(topic, b, queue_id, f, p, sys_flag, born_ts, born_host, reconsume) for f, b, p in items]
     encoded: list[tuple[Message, bytes, int]] = []
     need = 0
     for i, m in enumerate(msgs):
         if not m.body:
-            return (2, i, "MESSAGE_ILLEGAL", "message body is empty")
+            return Refused(REFUSED, i, "MESSAGE_ILLEGAL", "message body is empty")
         if len(m.born_host) != 8:
-            return (2, i, "MESSAGE_ILLEGAL", "born_host must be 8 bytes")
+            return Refused(REFUSED, i, "MESSAGE_ILLEGAL", "born_host must be 8 bytes")
         if not all(-(2**31) <= v < 2**31 for v in (m.flag, m.sys_flag, m.reconsume_times)):
-            return (2, i, "MESSAGE_ILLEGAL", "a 4-byte field is out of range")
+            return Refused(REFUSED, i, "MESSAGE_ILLEGAL", "a 4-byte field is out of range")
         parts = []
         properties: dict[object, object] = m.properties  # type: ignore[assignment]
         for k, v in properties.items():
             if not isinstance(k, str) or not isinstance(v, str):
-                return (2, i, "MESSAGE_ILLEGAL", "property names and values must be strings")
+                return Refused(REFUSED, i, "MESSAGE_ILLEGAL", "property names and values must be strings")
             if not k or "\x01" in k or "\x02" in k or "\x01" in v or "\x02" in v:
-                return (
-                    2,
+                return Refused(
+                    REFUSED,
                     i,
                     "MESSAGE_ILLEGAL",
                     f"property {k!r} is empty or holds a reserved separator character (\\x01 or \\x02)",
@@ -202,16 +235,20 @@ def py_write_batch(
         try:
             props = "".join(parts).encode()
         except UnicodeEncodeError:
-            return (2, i, "MESSAGE_ILLEGAL", "properties are not valid text")
+            return Refused(REFUSED, i, "MESSAGE_ILLEGAL", "properties are not valid text")
         if len(props) > max_props:
-            return (2, i, "PROPERTIES_SIZE_EXCEEDED", f"properties take {len(props)} bytes, more than {max_props}")
+            return Refused(
+                REFUSED, i, "PROPERTIES_SIZE_EXCEEDED", f"properties take {len(props)} bytes, more than {max_props}"
+            )
         total = _HEADER + len(m.body) + 1 + len(topic_b) + 2 + len(props)
         if total > max_msg:
-            return (2, i, "MESSAGE_ILLEGAL", f"message takes {total} bytes, more than the {max_msg} allowed")
+            return Refused(
+                REFUSED, i, "MESSAGE_ILLEGAL", f"message takes {total} bytes, more than the {max_msg} allowed"
+            )
         encoded.append((m, props, total))
         need += total
     if pos + need > limit:
-        return (1, need)
+        return NeedsRoom(NEEDS_ROOM, need)
     cq = bytearray()
     idx = bytearray()
     qo = first_qo
@@ -285,7 +322,7 @@ def py_write_batch(
     if plain:
         distinct = {tags_hash_code(t) if t else 0: None for t in (m.properties.get("TAGS") for m in msgs)}
         tag_codes = tuple(distinct)
-    return (0, pos, qo, max(batch_first_qo, 0), cq_out, idx_out, last_ix, len(msgs), tag_codes)
+    return LaidOut(LAID_OUT, pos, qo, max(batch_first_qo, 0), cq_out, idx_out, last_ix, len(msgs), tag_codes)
 
 
 def py_index_write(
@@ -395,7 +432,7 @@ def py_batch_ids(buf: Any, file_from: int, offset: int, n: int, prefix: str) -> 
     return ",".join(ids)
 
 
-WriteBatch = Callable[..., tuple[Any, ...]]
+WriteBatch = Callable[..., Any]  # (LaidOut, NeedsRoom, Refused or None; the twins differ in class)
 IndexWrite = Callable[..., tuple[int, int, int]]
 CollectUnits = Callable[..., tuple[int, int, int, int]]
 PlainBatchCheck = Callable[[bytes | memoryview, int, tuple[bytes, ...]], tuple[int, int] | None]
