@@ -5,6 +5,20 @@ c=defaultTopic d=defaultTopicQueueNums e=queueId f=sysFlag g=bornTimestamp h=fla
 j=reconsumeTimes k=unitMode l=maxReconsumeTimes m=batch). Under ASYNC_FLUSH a send is answered
 in the same loop turn as its append; under SYNC_FLUSH once the group commit covers it.
 
+A send takes one of four routes. Three are fast routes for *plain* messages (properties the
+store writes back as they came, no transaction, schedule or re-put marker); they store without
+store Message objects and share one gate, ``_plain_topic`` (its guards named there: the broker
+takes writes, no message trace, answered at append — ASYNC_FLUSH and not a SYNC_MASTER —, a
+writable topic that is not a system topic). Whatever a fast route does not take goes on to the
+next, and the last, ``_send_messages``, is the reference, which stores anything or gives the
+error:
+
+    send_frame          a single SEND_MESSAGE_V2 read off its frame (Connection.frame_handler);
+                        not a topic a tenant's quota meters; answered with the whole frame
+    _send_plain         a single SEND_MESSAGE_V2 from its command; takes the quota when metered
+    _send_plain_batch   a SEND_BATCH_MESSAGE whose body is plain, laid out from its bytes
+    _send_messages      every send, as store Messages (the reference)
+
 With telemetry on, the broker registers ``traced_send(handler, ...)`` instead of the handler: a
 SERVER span ``send <topic>`` per request (the child of the producer's span its message carries)
 and the send-latency histogram. Off, the handlers run as they are."""
@@ -22,7 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 from data_plane.broker.config import BrokerRole
 from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, RMQ_SYS_TRANS_HALF_TOPIC
-from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, decode_batch
+from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, TopicConfig, decode_batch
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import (
     BODY_TYPES,
@@ -181,12 +195,12 @@ class SendProcessor:
                 return plain
             quota_taken = plain is _NotPlain.QUOTA_TAKEN
         try:
-            return self._send(conn, cmd, ext, V2_NAMES, quota_taken)
+            return self._send_messages(conn, cmd, ext, V2_NAMES, quota_taken)
         except HeaderError as e:  # say which field a letter stands for
             raise HeaderError(_V2_FIELD.sub(lambda m: f"'{m[1]}' ('{V2_NAMES_TO_V1[m[1]]}')", str(e))) from None
 
     def send_v1(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
-        return self._send(conn, cmd, cmd.ext_fields or {}, V1_NAMES)
+        return self._send_messages(conn, cmd, cmd.ext_fields or {}, V1_NAMES)
 
     def _send_plain(self, conn: Connection, cmd: RemotingCommand, ext: dict[str, str]) -> RemotingCommand | _NotPlain:
         """The common single SEND_MESSAGE_V2 — ASYNC_FLUSH, an ASYNC_MASTER, no message trace, a
@@ -252,13 +266,10 @@ class SendProcessor:
         (``MessageStore.append_plain``'s ``Appended``), its refusal (an I/O error), the quota's refusal, or
         ``_NotPlain`` with nothing stored. A topic the quota meters is only taken with the
         request's command (``cmd``), which the quota's hook reads."""
-        broker = self.broker
-        replication = broker.replication
-        if not broker.writable or broker.trace is not None or self.sync_flush or replication.role is SYNC_MASTER:
-            return _NotPlain.QUOTA_FREE  # (role: replication.sync_master, without its call)
-        tc = self.topics.topics.get(topic)
-        if tc is None or not tc["perm"] & PERM_WRITE or topic in SYSTEM_TOPICS:
+        tc = self._plain_topic(topic)
+        if tc is None:
             return _NotPlain.QUOTA_FREE
+        broker = self.broker
         sys_flag &= ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
         if (
             not 0 <= queue_id < tc["writeQueueNums"]
@@ -292,7 +303,7 @@ class SendProcessor:
         )
         if put is None:
             return not_plain
-        service = replication.service
+        service = broker.replication.service
         if service is not None:  # (replication.notify(), without its call)
             service.notify()
         return put
@@ -310,7 +321,23 @@ class SendProcessor:
         else:
             broker.on_stored(topic, 1, raw.wrote_bytes)
 
-    def _send(
+    def _plain_topic(self, topic: str) -> TopicConfig | None:
+        """The gate of the fast routes: the topic's config when a send to it may be stored
+        plain, else None (the next route). Each guard is named for what it keeps out."""
+        broker = self.broker
+        takes_writes = broker.writable  # (else the reference route says who does)
+        untraced = broker.trace is None  # a message trace writes a record per message
+        # Answered at append: a SYNC_FLUSH or SYNC_MASTER send waits (``_put_and_wait``).
+        # (role: replication.sync_master, without its call)
+        answered_at_append = not self.sync_flush and broker.replication.role is not SYNC_MASTER
+        if not (takes_writes and untraced and answered_at_append):
+            return None
+        tc = self.topics.topics.get(topic)
+        writable = tc is not None and bool(tc["perm"] & PERM_WRITE)  # (and it exists: no creating)
+        tenant_or_user_topic = topic not in SYSTEM_TOPICS  # system topics have their own writers' rules
+        return tc if writable and tenant_or_user_topic else None
+
+    def _send_messages(
         self,
         conn: Connection,
         cmd: RemotingCommand,
@@ -364,13 +391,9 @@ class SendProcessor:
         reconsume = field_int(ext, names.reconsume_times, 0, lo=0, hi=2**31 - 1)
         born_host = _born_host(conn)
         if batch:
-            if (
-                not sys_flag & TRANSACTION_TYPE_MASK
-                and topic not in SYSTEM_TOPICS
-                and broker.trace is None
-                and (broker.before_put is None or broker.before_put_plain is not None)
-                and not (self.sync_flush or broker.replication.sync_master)
-            ):
+            not_a_half = not sys_flag & TRANSACTION_TYPE_MASK  # a transaction's half: its own path
+            quota_counts_plain = broker.before_put is None or broker.before_put_plain is not None
+            if not_a_half and quota_counts_plain and self._plain_topic(topic) is not None:
                 plain = self._send_plain_batch(cmd, body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
                 if plain is not None:
                     return plain
