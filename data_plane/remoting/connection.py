@@ -44,6 +44,7 @@ import functools
 import itertools
 import logging
 import socket
+import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -103,6 +104,8 @@ ANSWER_SLICE = 4
 
 
 TLS_READ_BUFFER_BYTES = 256 * 1024  # what TlsReader decrypts into at most, a read
+TLS_FRAME_DIRECT_BYTES = 64 * 1024  # a frame this large is decrypted into its own buffer (TlsReader)
+_LENGTH_PREFIX = struct.Struct(">i")
 
 
 class Connection(asyncio.Protocol):
@@ -221,6 +224,15 @@ class Connection(asyncio.Protocol):
                 pending, bool(frames)
             ):
                 return
+        self._handle_frames(frames)
+
+    def whole_frame_received(self, frame: Body) -> None:
+        """One whole frame (without its length prefix) a reader assembled itself (``TlsReader``,
+        on a connection with no guard), as ``data_received`` would have split it off."""
+        self._last_active = self.loop.time()
+        self._handle_frames([frame])
+
+    def _handle_frames(self, frames: list[Body]) -> None:
         self._in_read = True
         slice_at = self.answer_slice
         fast = self.frame_handler
@@ -661,21 +673,33 @@ class Connection(asyncio.Protocol):
 
 
 class TlsReader(asyncio.BufferedProtocol):
-    """A connection's protocol over TLS: the SSL transport decrypts into one buffer this keeps
+    """A connection's protocol over TLS: the SSL transport decrypts into a buffer this keeps
     (``TLS_READ_BUFFER_BYTES``) instead of a new bytes object of its read size each time, and
-    the decrypted bytes go to the ``Connection`` as ``data_received`` would hand them."""
+    the decrypted bytes go to the ``Connection`` as ``data_received`` would hand them.
 
-    __slots__ = ("_buffer", "_view", "conn")
+    On a connection with no guard (a client's: it trusts what it asked its server for) a large
+    frame (``TLS_FRAME_DIRECT_BYTES`` or more, a pull's answer) is decrypted straight into a
+    buffer of its own once its length is known, and handed over whole when complete: no copy
+    out of the read buffer, no pieces joined, no call for each piece. Its length is checked
+    against the connection's frame limit first; a frame over it goes the usual way, which
+    refuses it."""
+
+    __slots__ = ("_buffer", "_direct", "_filled", "_frame", "_view", "conn")
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self._buffer = bytearray(TLS_READ_BUFFER_BYTES)
         self._view = memoryview(self._buffer)
+        self._frame: memoryview | None = None  # the large frame being filled, length prefix included
+        self._filled = 0
+        self._direct = conn.guard is None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._direct = self.conn.guard is None
         self.conn.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._frame = None
         self.conn.connection_lost(exc)
 
     def pause_writing(self) -> None:
@@ -688,7 +712,46 @@ class TlsReader(asyncio.BufferedProtocol):
         return self.conn.eof_received()
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        frame = self._frame
+        if frame is not None:
+            return frame[self._filled :]
         return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.conn.data_received(self._view[:nbytes].tobytes())
+        frame = self._frame
+        if frame is not None:
+            self._filled += nbytes
+            if self._filled == len(frame):
+                self._frame = None
+                self.conn.whole_frame_received(frame[4:])
+            return
+        view = self._view
+        if not self._direct or self.conn.decoder.pending:  # (the decoder holds the start of a frame)
+            self.conn.data_received(view[:nbytes].tobytes())
+            return
+        # Whole frames go on as they are; a large frame cut at the end of the read gets its own buffer.
+        pos = 0
+        length = 0
+        limit = self.conn.decoder.max_frame_bytes
+        unpack = _LENGTH_PREFIX.unpack_from
+        while nbytes - pos >= 4:
+            length = unpack(view, pos)[0]
+            if not 4 <= length <= limit:  # the decoder refuses it
+                break
+            end = pos + 4 + length
+            if end > nbytes:
+                break
+            pos = end
+            length = 0
+        if not TLS_FRAME_DIRECT_BYTES <= length <= limit:
+            self.conn.data_received(view[:nbytes].tobytes())
+            return
+        if pos:
+            self.conn.data_received(view[:pos].tobytes())
+            if self.conn.closed:
+                return
+        have = nbytes - pos
+        frame = memoryview(bytearray(4 + length))
+        frame[:have] = view[pos:nbytes]
+        self._frame = frame
+        self._filled = have
