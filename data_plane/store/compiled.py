@@ -6,8 +6,9 @@ twin. Light on purpose: the SDK asks for ``records()`` without loading the store
 
 Each compiled module has a ``.pyi`` stub beside its C file, and a Protocol here that says what
 its callers take from it: ``StoreLoops`` (implemented by ``_speedups`` and by
-``fastpath.PythonLoops``, the pure-Python twins), ``RecordCodec`` and ``BatchDecoder``. mypy
-checks each stub, and the Python twins, against its Protocol (the block at the end).
+``fastpath.PythonLoops``, the pure-Python twins), ``RecordCodec`` and ``BatchDecoder`` (whose
+Python twins take other arguments: ``sdk.protocol``, ``sdk.message``, ``broker.send``). mypy
+checks each stub, and ``PythonLoops``, against its Protocol (the block at the end).
 """
 
 from __future__ import annotations
