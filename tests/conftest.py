@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -40,7 +40,7 @@ PURE_PYTHON = bool(os.environ.get("ORBIT_PURE_PYTHON"))
 NO_COMPILED_TWINS = PURE_PYTHON or c_compiler() is None
 
 
-def compiled_missing(what: str) -> None:
+def compiled_missing(what: str) -> NoReturn:
     """A test of a compiled twin found it absent: skip in the pure-Python run (ORBIT_PURE_PYTHON)
     and where there is no C compiler; fail where there is one, since then the build failed and
     the suite must not pass around it."""
@@ -75,7 +75,6 @@ def _compiled_module(name: str) -> ModuleType:
         return importlib.import_module(name)
     except ImportError:
         compiled_missing(name)
-        raise
 
 
 @pytest.fixture

@@ -695,7 +695,6 @@ class TlsReader(asyncio.BufferedProtocol):
         self._direct = conn.guard is None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._direct = self.conn.guard is None
         self.conn.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:

@@ -44,4 +44,5 @@
 #define INDEX_ITEM_SIZE 12
 #define INDEX_ITEM_HASH_AT 0
 #define INDEX_ITEM_PHYS_AT 4
+#define MESSAGE_MAGIC_CODE ((int32_t)0xDAA320A7)
 #endif

@@ -11,8 +11,6 @@
 #include "_properties.h"
 #include "_layouts.h" /* the CommitLog record's layout: generated from layouts.py */
 
-#define MAGIC_CODE ((int32_t)0xDAA320A7)
-#define HEADER_SIZE RECORD_HEADER_SIZE
 
 static PyObject *s_body, *s_properties;
 
@@ -202,14 +200,14 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
     const unsigned char *base = b.buf;
     Py_ssize_t n = b.len, pos = 0;
     while (pos < n) {
-        if (n - pos < HEADER_SIZE) {
+        if (n - pos < RECORD_HEADER_SIZE) {
             record_error(pos, "is cut short");
             goto done;
         }
         const unsigned char *r = base + pos;
         int32_t total = (int32_t)get32(r), magic = (int32_t)get32(r + RECORD_HEADER_MAGIC_AT), body_len = (int32_t)get32(r + RECORD_HEADER_BODY_LENGTH_AT);
-        Py_ssize_t end = pos + (Py_ssize_t)total, p = pos + HEADER_SIZE;
-        if (magic != MAGIC_CODE || total < HEADER_SIZE + 3 || end > n || body_len < 0 || p + body_len + 3 > end) {
+        Py_ssize_t end = pos + (Py_ssize_t)total, p = pos + RECORD_HEADER_SIZE;
+        if (magic != MESSAGE_MAGIC_CODE || total < RECORD_HEADER_SIZE + 3 || end > n || body_len < 0 || p + body_len + 3 > end) {
             record_error(pos, "is not sound (magic or sizes)");
             goto done;
         }

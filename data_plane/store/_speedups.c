@@ -20,8 +20,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HEADER_SIZE RECORD_HEADER_SIZE
-#define MAGIC_CODE ((int32_t)0xDAA320A7)
 #define TRAN_MASK (0x3 << 2)
 #define TRAN_COMMIT (0x2 << 2)
 #define TRAN_ROLLBACK (0x3 << 2)
@@ -489,7 +487,7 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
             goto done;
         }
         it->props_len = plen;
-        it->total = HEADER_SIZE + it->body.len + 1 + topic_len + 2 + plen;
+        it->total = RECORD_HEADER_SIZE + it->body.len + 1 + topic_len + 2 + plen;
         if (it->total > max_msg) {
             result = refuse(items, n, i, "MESSAGE_ILLEGAL",
                             PyUnicode_FromFormat("message takes %zd bytes, more than the %zd allowed",
@@ -540,7 +538,7 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         if (batch_first_qo < 0) batch_first_qo = my_qo;
         uint32_t bcrc = ~crc_update(0xFFFFFFFFu, it->body.buf, it->body.len) & 0x7FFFFFFFu;
         put32(r, (uint32_t)it->total);
-        put32(r + RECORD_HEADER_MAGIC_AT, (uint32_t)MAGIC_CODE);
+        put32(r + RECORD_HEADER_MAGIC_AT, (uint32_t)MESSAGE_MAGIC_CODE);
         put32(r + RECORD_HEADER_BODY_CRC_AT, bcrc);
         put32(r + RECORD_HEADER_QUEUE_ID_AT, (uint32_t)queue_id);
         put32(r + RECORD_HEADER_FLAG_AT, (uint32_t)it->flag);
@@ -554,7 +552,7 @@ static PyObject *write_batch_impl(Py_buffer *buf, Py_ssize_t pos, Py_ssize_t lim
         put32(r + RECORD_HEADER_RECONSUME_TIMES_AT, (uint32_t)it->reconsume);
         put64(r + RECORD_HEADER_PREPARED_OFFSET_AT, (uint64_t)it->prepared);
         put32(r + RECORD_HEADER_BODY_LENGTH_AT, (uint32_t)it->body.len);
-        unsigned char *p = r + HEADER_SIZE;
+        unsigned char *p = r + RECORD_HEADER_SIZE;
         memcpy(p, it->body.buf, it->body.len);
         p += it->body.len;
         *p++ = (unsigned char)topic_len;
@@ -1269,7 +1267,7 @@ static int Appender_init(Appender *a, PyObject *args, PyObject *kw) {
     }
     memcpy(a->host, host.buf, 8);
     PyBuffer_Release(&host);
-    if (a->max_msg < HEADER_SIZE || a->stage) {
+    if (a->max_msg < RECORD_HEADER_SIZE || a->stage) {
         PyErr_SetString(PyExc_ValueError, "bad max message size, or Appender initialised twice");
         return -1;
     }

@@ -70,6 +70,10 @@ def _struct(name: str) -> struct.Struct:
     return struct.Struct(">" + "".join(code for _, code in FIELDS[name]))
 
 
+# The record's magic code (0xDAA320A7 as a Java int): the header's MAGIC of every message record.
+MESSAGE_MAGIC_CODE: Final = -626843481
+
+
 def offset(name: str, field: str) -> int:
     """Where ``field`` starts in the layout ``name``."""
     at = 0
@@ -103,6 +107,7 @@ def c_header() -> str:
         lines.append(f"#define {name}_SIZE {_struct(name).size}")
         for field, _code in fields:
             lines.append(f"#define {name}_{field}_AT {offset(name, field)}")
+    lines.append(f"#define MESSAGE_MAGIC_CODE ((int32_t)0x{MESSAGE_MAGIC_CODE & 0xFFFFFFFF:08X})")
     lines.append("#endif")
     return "\n".join(lines) + "\n"
 

@@ -50,7 +50,7 @@ assert HOST.size == 8
 MESSAGE_ID = struct.Struct(">4siq")
 assert MESSAGE_ID.size == 16
 
-MESSAGE_MAGIC_CODE = -626843481  # 0xDAA320A7 as a Java int
+MESSAGE_MAGIC_CODE = layouts.MESSAGE_MAGIC_CODE
 BLANK_MAGIC_CODE = -875286124  # 0xCBD43194 as a Java int
 END_FILE_MIN_BLANK_LENGTH = 8
 

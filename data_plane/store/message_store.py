@@ -669,11 +669,7 @@ class MessageStore:
         record_filter: RecordFilter | None = None,
         coalesce: bool = False,
     ) -> GetMessageResult:
-        """Up to ``max_msg_nums`` messages of a queue from ``offset``: RocketMQ's pull read.
-        ``tags_codes`` filters on the ConsumeQueue's tag hash (None: every tag);
-        ``record_filter`` is then applied to each record's bytes. With ``coalesce`` (the wire
-        form a pull answers with), records that lie back to back in the CommitLog come as one
-        slice of ``messages``; ``queue_offsets`` still has one entry per message."""
+        """RocketMQ's pull read of a queue (``queue_read.get_message``)."""
         return queue_read.get_message(
             self,
             topic,
