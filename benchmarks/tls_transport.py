@@ -1,0 +1,288 @@
+"""What a byte costs to send and receive over loopback: plain TCP, and TLS two ways.
+
+- ``plain``: the event loop's TCP transport (what a plain connection uses);
+- ``tls-memory-bio``: the event loop's TLS transport, OpenSSL over memory buffers (what a TLS
+  connection uses);
+- ``tls-socket``: OpenSSL reading and writing the socket itself (``ssl.SSLSocket``, non-blocking).
+
+A sender process writes ``--mib`` MiB in pieces of ``--chunk-kib`` KiB (a pull's answer) to a receiver
+process; each reports its CPU seconds, and the figures are CPU microseconds per KiB on each side.
+The difference between ``tls-memory-bio`` and ``plain`` is what TLS adds to every consumed message
+(about 1 KiB); see ``orbit bench e2e --tls`` for the end-to-end ratio.
+
+    python -m benchmarks.tls_transport [--mib 2048] [--chunk-kib 130] [--rounds 2] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import os
+import resource
+import socket
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import orjson
+
+from benchmarks.machine import python_loop_ns
+from data_plane.interpreter import interpreter_facts
+from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, client_context, make_local_ca
+
+MODES = ("plain", "tls-memory-bio", "tls-socket")
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _server_context(files: dict[str, str]) -> ssl.SSLContext:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(files["cert"], files["key"])
+    return ctx
+
+
+async def _wait_fd(loop: asyncio.AbstractEventLoop, fd: int, *, write: bool) -> None:
+    ready: asyncio.Future[None] = loop.create_future()
+    add, remove = (loop.add_writer, loop.remove_writer) if write else (loop.add_reader, loop.remove_reader)
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    add(fd, wake)
+    try:
+        await ready
+    finally:
+        remove(fd)
+
+
+async def _handshake(loop: asyncio.AbstractEventLoop, s: ssl.SSLSocket) -> None:
+    while True:
+        try:
+            s.do_handshake()
+            return
+        except ssl.SSLWantReadError:
+            await _wait_fd(loop, s.fileno(), write=False)
+        except ssl.SSLWantWriteError:
+            await _wait_fd(loop, s.fileno(), write=True)
+
+
+class _Pump(asyncio.Protocol):
+    """Writes ``total`` bytes of ``piece`` as fast as the transport takes them."""
+
+    def __init__(self, piece: bytes, total: int, done: asyncio.Future[None]) -> None:
+        self.piece, self.left, self.done = piece, total, done
+        self.paused = False
+        self.transport: Any = None
+        self.closed: asyncio.Future[None] = done.get_loop().create_future()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.pump()
+
+    def pump(self) -> None:
+        while not self.paused and self.left > 0:
+            self.transport.write(self.piece)
+            self.left -= len(self.piece)
+        if self.left <= 0 and not self.done.done():
+            self.done.set_result(None)
+
+
+async def _send(mode: str, files: dict[str, str], listener: socket.socket, piece: bytes, total: int) -> float:
+    loop = asyncio.get_running_loop()
+    sock, _ = await loop.sock_accept(listener)
+    sock.setblocking(False)
+    if mode == "tls-socket":
+        s = _server_context(files).wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        await _handshake(loop, s)
+        started = _cpu_s()
+        left = total
+        while left > 0:
+            try:
+                s.send(piece)  # (no partial writes: OpenSSL finishes the piece or asks to be called again)
+                left -= len(piece)
+            except (ssl.SSLWantWriteError, BlockingIOError):
+                await _wait_fd(loop, s.fileno(), write=True)
+        spent = _cpu_s() - started
+        s.close()
+        return spent
+    done: asyncio.Future[None] = loop.create_future()
+    pump = _Pump(piece, total, done)
+    transport, _ = await loop.connect_accepted_socket(
+        lambda: pump, sock, ssl=_server_context(files) if mode == "tls-memory-bio" else None
+    )
+    started = _cpu_s()
+    pump.pump()
+    await done
+    transport.close()  # (after what it holds is written)
+    await pump.closed
+    return _cpu_s() - started
+
+
+class _Sink(asyncio.BufferedProtocol):
+    def __init__(self, total: int, done: asyncio.Future[None]) -> None:
+        self.view = memoryview(bytearray(256 * 1024))
+        self.left, self.done = total, done
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.left -= nbytes
+        if self.left <= 0 and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_exception(ConnectionError(f"closed with {self.left} bytes to come"))
+
+
+async def _receive(mode: str, files: dict[str, str], port: int, total: int) -> float:
+    loop = asyncio.get_running_loop()
+    ctx = client_context(ca_file=files["ca"])
+    done: asyncio.Future[None] = loop.create_future()
+    if mode == "tls-socket":
+        raw = socket.socket()
+        raw.setblocking(False)
+        await loop.sock_connect(raw, ("127.0.0.1", port))
+        s = ctx.wrap_socket(raw, server_hostname="localhost", do_handshake_on_connect=False)
+        await _handshake(loop, s)
+        view = memoryview(bytearray(256 * 1024))
+        left = total
+
+        def readable() -> None:
+            nonlocal left
+            while left > 0:
+                try:
+                    n = s.recv_into(view)
+                except ssl.SSLWantReadError:
+                    return
+                if not n:
+                    done.set_exception(ConnectionError(f"closed with {left} bytes to come"))
+                    loop.remove_reader(s.fileno())
+                    return
+                left -= n
+            loop.remove_reader(s.fileno())
+            done.set_result(None)
+
+        started = _cpu_s()
+        loop.add_reader(s.fileno(), readable)
+        await done
+        spent = _cpu_s() - started
+        s.close()
+        return spent
+    sink = _Sink(total, done)
+    tls = mode == "tls-memory-bio"
+    transport, _ = await loop.create_connection(
+        lambda: sink, "127.0.0.1", port, ssl=ctx if tls else None, server_hostname="localhost" if tls else None
+    )
+    started = _cpu_s()
+    await done
+    spent = _cpu_s() - started
+    transport.close()
+    return spent
+
+
+def _run_loop(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+def measure(mode: str, files: dict[str, str], mib: int, chunk_kib: int) -> dict[str, float]:
+    total = mib << 20
+    piece = os.urandom(chunk_kib << 10)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # the sender
+        code = 1
+        try:
+            os.close(r)
+            spent = _run_loop(_send(mode, files, listener, piece, total))
+            os.write(w, orjson.dumps(spent))
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(w)
+    listener.close()
+    wall = time.perf_counter()
+    received = _run_loop(_receive(mode, files, port, total))
+    wall = time.perf_counter() - wall
+    sent = orjson.loads(os.read(r, 64))
+    os.close(r)
+    _, status = os.waitpid(child, 0)
+    if status:
+        raise RuntimeError(f"the sender exited with status {status}")
+    kib = total / 1024
+    return {
+        "sender_us_per_kib": round(sent * 1e6 / kib, 3),
+        "receiver_us_per_kib": round(received * 1e6 / kib, 3),
+        "mb_per_s": round(total / wall / 1e6),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.tls_transport", description=__doc__.split("\n")[0])
+    ap.add_argument("--mib", type=int, default=2048, help="MiB sent in each measurement (default 2048)")
+    ap.add_argument("--chunk-kib", type=int, default=130, help="KiB a write hands over (default 130, a pull's answer)")
+    ap.add_argument("--rounds", type=int, default=2, help="measurements of each mode, interleaved (default 2)")
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.mib <= 65536 or not 1 <= args.chunk_kib <= 16384 or not 1 <= args.rounds <= 20:
+        ap.error("--mib 1..65536, --chunk-kib 1..16384, --rounds 1..20")
+    with tempfile.TemporaryDirectory(prefix="orbit-tls-bench-") as d:
+        made = make_local_ca(d)
+        files = {"cert": made[CERT_FILE], "key": made[KEY_FILE], "ca": made[CA_FILE]}
+        runs: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+        for _ in range(args.rounds):
+            for mode in MODES:
+                runs[mode].append(measure(mode, files, args.mib, args.chunk_kib))
+                print(mode, runs[mode][-1], file=sys.stderr, flush=True)
+    median = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
+    plain, tls = median["plain"], median["tls-memory-bio"]
+    result = {
+        "benchmark": "tls_transport",
+        "source": "python -m benchmarks.tls_transport " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "options": {"mib": args.mib, "chunk_kib": args.chunk_kib, "rounds": args.rounds},
+        "machine": {"cpus": os.cpu_count(), **interpreter_facts(), "python_loop_ns": python_loop_ns()},
+        "runs": runs,
+        "median": median,
+        "tls_adds_us_per_kib": {
+            "sender": round(tls["sender_us_per_kib"] - plain["sender_us_per_kib"], 3),
+            "receiver": round(tls["receiver_us_per_kib"] - plain["receiver_us_per_kib"], 3),
+        },
+    }
+    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
