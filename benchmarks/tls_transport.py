@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import os
 import resource
 import socket
@@ -31,6 +30,7 @@ from typing import Any
 import orjson
 
 from benchmarks.machine import python_loop_ns
+from benchmarks.output import emit, header
 from data_plane.interpreter import interpreter_facts
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, client_context, make_local_ca
 
@@ -264,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     median = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
     plain, tls = median["plain"], median["tls-memory-bio"]
     result = {
-        "benchmark": "tls_transport",
-        "source": "python -m benchmarks.tls_transport " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        **header("tls_transport", argv),
         "options": {"mib": args.mib, "chunk_kib": args.chunk_kib, "rounds": args.rounds},
         "machine": {"cpus": os.cpu_count(), **interpreter_facts(), "python_loop_ns": python_loop_ns()},
         "runs": runs,
@@ -276,11 +274,7 @@ def main(argv: list[str] | None = None) -> int:
             "receiver": round(tls["receiver_us_per_kib"] - plain["receiver_us_per_kib"], 3),
         },
     }
-    text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+    emit(result, args.out)
     return 0
 
 

@@ -36,7 +36,7 @@ from loadtest.targets import (
     tenant_name,
     topic_names,
 )
-from loadtest.workers import ConsumerJob, ProducerJob, consumer_main, producer_main
+from loadtest.workers import ConsumerJob, ProducerJob, burner_main, consumer_main, producer_main
 
 READY_TIMEOUT_S = 120.0
 SCHEMA = "orbit-loadtest/1"
@@ -206,6 +206,9 @@ def _load(
     procs += [
         ctx.Process(target=consumer_main, args=(j, q, start_wall, start_evt, stop_evt), daemon=True) for j in cjobs
     ]
+    if case.tenants is not None and case.tenants.noisy_cpu_burn and opts.role in ("all", "producers"):
+        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s)
+        procs.append(ctx.Process(target=burner_main, args=burn, daemon=True))
     for p in procs:
         p.start()
     timeline = _Timeline()
@@ -359,6 +362,8 @@ def _case_result(
             mine = [c for c in cons if c.get("tenant") == t]
             if mine:
                 summary["consume"] = consume_summary(mine, case, expected=summary["acked"] * case.consumer_groups)
+    if ("burner", 0) in done:
+        out["cpu_burner"] = done[("burner", 0)]
     if case.consumers_start_after_msgs and consumers_started is not None:
         out["backlog"] = backlog_summary(out["timeline"], consumers_started - start, case)
     return out
@@ -376,6 +381,7 @@ def publish_summary(prods: list[dict[str, Any]], case: Case) -> dict[str, Any]:
     return {
         "acked": sum(p["acked"] for p in prods),
         "acked_measured": measured,
+        "client_cpu_s": round(sum(p.get("cpu_s", 0.0) for p in prods), 3),  # the producer processes'
         "errors": sum(p["errors"] for p in prods),
         "errors_by_kind": kinds,
         "dropped_behind_schedule": sum(p["dropped"] for p in prods),

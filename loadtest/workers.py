@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import os
 import random
+import resource
 import struct
 import time
 import traceback
@@ -107,6 +108,28 @@ async def _await_start(start_wall: Any) -> float:
     return float(start_wall.value)
 
 
+def _cpu_s() -> float:
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    return used.ru_utime + used.ru_stime
+
+
+def burner_main(nice: int, q: Any, start_wall: Any, seconds: float) -> None:
+    """A process that only spins, at ``nice``, from the run's start for ``seconds``: a control
+    case's stand-in for a busy client of tenant 0 on this machine that sends nothing extra —
+    what a co-located process's CPU alone costs the others."""
+    try:
+        os.nice(nice)
+        q.put(("ready", "burner", 0, None))
+        while start_wall.value <= 0:
+            time.sleep(0.01)
+        end = float(start_wall.value) + seconds
+        while time.time() < end:
+            sum(range(1000))  # (spins: no sleep, no I/O)
+        q.put(("done", "burner", 0, {"cpu_s": round(_cpu_s(), 3)}))
+    except BaseException:
+        q.put(("failed", "burner", 0, traceback.format_exc()))
+
+
 async def _poll(cond: Callable[[], bool], every_s: float = 0.02) -> None:
     """Wait for a flag another process sets (a multiprocessing Value or Event cannot be awaited)."""
     while True:
@@ -130,6 +153,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
         await c.start()
     q.put(("ready", "producer", job.index, None))
     start_s = await _await_start(start_wall)
+    cpu_from = _cpu_s()
     measure_from_s = start_s + job.warmup_s
     stop_s = measure_from_s + job.duration_s
     rng = random.Random(job.seed)
@@ -209,6 +233,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
         await c.close()
     return {
         **totals,
+        "cpu_s": round(_cpu_s() - cpu_from, 3),  # the process's own, from the start to the last answer
         "errors_by_kind": errors_by_kind,
         "hist": encode_hist(whole),
         "lag_hist": encode_hist(lag),

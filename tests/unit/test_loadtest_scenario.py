@@ -167,11 +167,15 @@ def test_the_shipped_files_say_what_they_promise() -> None:
         assert noisy.tenants is not None
         assert noisy.tenants.noisy_nice == baseline.tenants.noisy_nice  # the same machine, only the rate differs
         factors.append(noisy.tenants.noisy_rate_msgs_per_s / noisy.tenants.publish_quota_msgs_per_s)
-    assert factors == [4.0, 20.0, 4.0, 0.5]
-    storm = floods[2].tenants
+    assert factors == [0.97, 0.5, 4.0, 20.0, 4.0, 0.5]  # at-quota: what a flood gets acknowledged, no more
+    control = floods[1].tenants  # cpu-neighbour: the baseline beside a spinning process
+    assert control is not None
+    assert control.noisy_cpu_burn
+    assert not any(c.tenants.noisy_cpu_burn for c in floods if c.tenants is not None and c is not floods[1])
+    storm = floods[4].tenants
     assert storm is not None
     assert storm.noisy_connections == 500
-    drain = floods[3].tenants  # the noisy tenant drains a backlog instead of flooding
+    drain = floods[5].tenants  # the noisy tenant drains a backlog instead of flooding
     assert drain is not None
     assert drain.noisy_backlog_msgs == 1_000_000
     assert drain.noisy_consume_quota_msgs_per_s > 0
@@ -185,13 +189,14 @@ def test_the_shipped_files_say_what_they_promise() -> None:
 def test_the_backlog_tenant_stores_its_backlog_unthrottled_and_drains_it_at_its_consume_quota() -> None:
     from loadtest.targets import BACKLOG_PUBLISH_QUOTA, _quota
 
-    drain = sc.load("noisy-neighbour").cases[4].tenants
+    cases = {c.name: c for c in sc.load("noisy-neighbour").cases}
+    drain = cases["backlog-drain"].tenants
     assert drain is not None
     assert _quota(drain, noisy=True) == {
         "publish_msgs_per_s": BACKLOG_PUBLISH_QUOTA,
         "consume_msgs_per_s": drain.noisy_consume_quota_msgs_per_s,
     }
     assert _quota(drain, noisy=False) == {"publish_msgs_per_s": drain.publish_quota_msgs_per_s}
-    flood = sc.load("noisy-neighbour").cases[1].tenants
+    flood = cases["noisy-4x"].tenants
     assert flood is not None
     assert _quota(flood, noisy=True) == {"publish_msgs_per_s": flood.publish_quota_msgs_per_s}

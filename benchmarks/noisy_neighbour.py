@@ -1,0 +1,139 @@
+"""The noisy-neighbour targets, over repeated runs: ``python -m benchmarks.noisy_neighbour``.
+
+One run of a noisy-neighbour case sets a quiet tenant's p99 against a baseline measured in the
+same minutes; on a shared two-core machine one run's p99 moves by a third between runs. This runs
+the scenario ``--repeat`` times (every case in each repetition, each against that repetition's
+baseline) and reports, per case, the quiet tenants' worst ratio to the baseline (send and end-to-end
+p99; the baseline runs before the cases and again after them, and each quiet tenant's p99 is
+their mean) in each repetition and its median, their errors, the noisy tenant's share of its quota, the
+brokers' CPU and refusals, and the noisy tenant's own client CPU. Targets (issue: noisy neighbours):
+quiet ratios ≤ 1.2 with no errors, the flooding tenant ≥ 95 % of its quota acknowledged.
+
+The ``cpu-neighbour`` case is the control: the baseline beside a process of the noisy tenant's
+that only spins, at the same niceness as its clients — what a co-located client's CPU alone costs.
+
+    python -m benchmarks.noisy_neighbour [--repeat 3] [--case NAME ...] [--seed 7] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+from typing import Any
+
+from benchmarks.output import emit, header
+from data_plane.interpreter import interpreter_facts
+from loadtest import runner
+from loadtest import scenario as sc
+
+RATIO_TARGET = 1.2
+QUOTA_SHARE_TARGET = 0.95
+FLOOD_CASES = ("noisy-4x", "noisy-20x", "connection-storm")
+
+
+def _quiet(case: dict[str, Any]) -> list[dict[str, Any]]:
+    return [v for _, v in sorted(case["tenants"].items()) if not v["noisy"]]
+
+
+def _p99(v: dict[str, Any], kind: str) -> float:
+    if kind == "send":
+        return float(v["send_latency_ms"]["p99"])
+    return float(v.get("consume", {}).get("e2e_latency_ms", {}).get("p99") or 0.0)
+
+
+def case_figures(case: dict[str, Any], baselines: list[dict[str, Any]], quota: float) -> dict[str, Any]:
+    """One case of one repetition against that repetition's baselines (each quiet tenant's p99
+    averaged over them: one run before the cases and one after)."""
+    ratios = {}
+    for kind in ("send", "e2e"):
+        base = [statistics.fmean(_p99(v, kind) for v in vs) for vs in zip(*(_quiet(b) for b in baselines), strict=True)]
+        pairs = list(zip((_p99(v, kind) for v in _quiet(case)), base, strict=True))
+        ratios[kind] = round(max(a / b for a, b in pairs), 3) if all(b > 0 for _, b in pairs) else None
+    noisy = next(v for v in case["tenants"].values() if v["noisy"])
+    return {
+        "quiet_send_p99_ms": [_p99(v, "send") for v in _quiet(case)],
+        "quiet_e2e_p99_ms": [_p99(v, "e2e") for v in _quiet(case)],
+        "quiet_ratio": ratios,
+        "quiet_errors": sum(v["errors"] for v in _quiet(case)),
+        "noisy_acked_msgs_per_s": noisy["msgs_per_s"],
+        "noisy_quota_share": round(noisy["msgs_per_s"] / quota, 3),
+        "noisy_client_cpu_s": noisy.get("client_cpu_s"),
+        "broker": case.get("broker_cost"),
+        "cpu_burner_s": (case.get("cpu_burner") or {}).get("cpu_s"),
+    }
+
+
+def summarize(reps: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per case: the median of each repetition's worst quiet ratio, and whether the targets hold."""
+    out: dict[str, Any] = {}
+    for name in reps[0]:
+        rows = [r[name] for r in reps if name in r]
+        med = {}
+        for kind in ("send", "e2e"):
+            values = [x["quiet_ratio"][kind] for x in rows if x["quiet_ratio"][kind] is not None]
+            med[kind] = round(statistics.median(values), 3) if values else None
+        share = statistics.median(x["noisy_quota_share"] for x in rows)
+        out[name] = {
+            "quiet_ratio_median": med,
+            "quiet_ratio_runs": [x["quiet_ratio"] for x in rows],
+            "quiet_errors": sum(x["quiet_errors"] for x in rows),
+            "noisy_quota_share_median": share,
+        }
+        if name in FLOOD_CASES:
+            out[name]["met"] = {
+                "quiet_ratio": all(v is not None and v <= RATIO_TARGET for v in med.values()),
+                "quiet_errors": out[name]["quiet_errors"] == 0,
+                "noisy_quota_share": share >= QUOTA_SHARE_TARGET,
+            }
+    return out
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.noisy_neighbour", description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole scenario (default 3)")
+    ap.add_argument("--case", action="append", default=[], help="only this case (repeatable; baseline always runs)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", help="also write the JSON here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.repeat <= 20:
+        ap.error("--repeat: 1..20")
+    scen = sc.load("noisy-neighbour")
+    names = {c.name for c in scen.cases}
+    unknown = sorted(set(args.case) - names)
+    if unknown:
+        ap.error(f"--case: {unknown[0]!r} is not a case of noisy-neighbour ({', '.join(sorted(names))})")
+    only = tuple(dict.fromkeys(["baseline", *args.case])) if args.case else ()
+    quota = float(next(c.tenants.publish_quota_msgs_per_s for c in scen.cases if c.tenants is not None))
+    reps: list[dict[str, dict[str, Any]]] = []
+    for k in range(args.repeat):
+        print(f"repetition {k + 1} of {args.repeat}", file=sys.stderr, flush=True)
+        docs = [  # the baseline first (with the cases, in the scenario's order) and again after them
+            runner.run(scen, runner.RunOptions(run_peers=False, only_cases=only, seed=args.seed), log=_log),
+            runner.run(scen, runner.RunOptions(run_peers=False, only_cases=("baseline",), seed=args.seed), log=_log),
+        ]
+        ran = [c for doc in docs for c in doc["cases"]]
+        failed = [c["name"] for c in ran if c.get("status") != "ok"]
+        if failed:
+            print(f"repetition {k + 1}: cases that did not run: {failed}", file=sys.stderr)
+            return 1
+        baselines = [c for c in ran if c["name"] == "baseline"]
+        reps.append({c["name"]: case_figures(c, baselines, quota) for c in ran if c["name"] != "baseline"})
+    result = {
+        **header("noisy_neighbour", argv),
+        "machine": {"cpus": os.cpu_count(), **interpreter_facts()},
+        "targets": {"quiet_ratio_max": RATIO_TARGET, "noisy_quota_share_min": QUOTA_SHARE_TARGET},
+        "summary": summarize(reps),
+        "repetitions": reps,
+    }
+    emit(result, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

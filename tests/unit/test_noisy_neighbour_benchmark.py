@@ -1,0 +1,53 @@
+"""The noisy-neighbour benchmark's arithmetic: each case against its own repetition's baselines,
+the worst quiet tenant counted, medians over repetitions, and the verdict on the flood cases."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.noisy_neighbour import case_figures, summarize
+
+
+def _tenant(send_p99: float, e2e_p99: float, *, noisy: bool = False, errors: int = 0, rate: float = 500.0) -> Any:
+    return {
+        "noisy": noisy,
+        "errors": errors,
+        "msgs_per_s": rate,
+        "client_cpu_s": 1.5,
+        "send_latency_ms": {"p99": send_p99},
+        "consume": {"e2e_latency_ms": {"p99": e2e_p99}},
+    }
+
+
+def _case(t1: tuple[float, float], t2: tuple[float, float], *, noisy_rate: float = 500.0, errors: int = 0) -> Any:
+    return {
+        "tenants": {
+            "lt-t0": _tenant(3000.0, 3000.0, noisy=True, rate=noisy_rate),
+            "lt-t1": _tenant(*t1, errors=errors),
+            "lt-t2": _tenant(*t2),
+        },
+        "broker_cost": {"cpu_s": 8.0, "quota_early_refusals": 3.0, "quota_refusals": 0.0},
+    }
+
+
+def test_a_case_is_its_worst_quiet_tenant_against_the_same_repetitions_baseline() -> None:
+    before, after = _case((0.8, 2.0), (2.0, 1.0)), _case((1.2, 2.0), (2.0, 3.0))  # each tenant's mean: 1, 2 / 2, 2
+    got = case_figures(_case((1.5, 2.0), (2.2, 4.0), noisy_rate=970.0), [before, after], 1000.0)
+    assert got["quiet_ratio"] == {"send": 1.5, "e2e": 2.0}  # t1's send, t2's end-to-end
+    assert got["noisy_quota_share"] == 0.97
+    assert got["quiet_errors"] == 0
+    assert got["noisy_client_cpu_s"] == 1.5
+
+
+def test_the_verdict_takes_the_median_repetition_and_needs_every_target() -> None:
+    baseline = _case((1.0, 1.0), (1.0, 1.0))
+
+    def rep(ratio: float, errors: int = 0) -> dict[str, Any]:
+        case = _case((ratio, ratio), (1.0, 1.0), noisy_rate=970.0, errors=errors)
+        return {"noisy-4x": case_figures(case, [baseline], 1000.0)}
+
+    met = summarize([rep(1.1), rep(1.9), rep(1.15)])["noisy-4x"]
+    assert met["quiet_ratio_median"] == {"send": 1.15, "e2e": 1.15}
+    assert met["met"] == {"quiet_ratio": True, "quiet_errors": True, "noisy_quota_share": True}
+    missed = summarize([rep(1.3), rep(1.25), rep(1.1, errors=2)])["noisy-4x"]
+    assert missed["met"] == {"quiet_ratio": False, "quiet_errors": False, "noisy_quota_share": True}
