@@ -16,7 +16,15 @@ from typing import Any
 from loadtest.histogram import encode_hist, merge, summary_ms
 from loadtest.runner import SCHEMA
 
-COUNTS_PUBLISH = ("acked", "acked_measured", "errors", "dropped_behind_schedule", "msgs_per_s", "mb_per_s")
+COUNTS_PUBLISH = (
+    "acked",
+    "acked_measured",
+    "errors",
+    "dropped_behind_schedule",
+    "msgs_per_s",
+    "mb_per_s",
+    "client_cpu_s",
+)
 COUNTS_CONSUME = ("consumed", "msgs_per_s", "out_of_order", "redelivered")
 
 

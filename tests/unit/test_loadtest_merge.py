@@ -62,7 +62,7 @@ def _case(
         "start_wall_s": start, "measure_from_wall_s": start + 1,
         "publish": {"acked": sum(published), "acked_measured": sum(published), "errors": 1,
                     "errors_by_kind": {"FlowControlError": 1}, "dropped_behind_schedule": 0,
-                    "target_msgs_per_s": 100.0, "msgs_per_s": 50.0, "mb_per_s": 0.05,
+                    "target_msgs_per_s": 100.0, "msgs_per_s": 50.0, "mb_per_s": 0.05, "client_cpu_s": 1.25,
                     "send_latency_hist": h.encode_hist(h.hist_of(send))},
         "consume": {"consumed": sum(consumed), "expected": sum(published), "per_group": {"g": sum(consumed)},
                     "msgs_per_s": 40.0, "out_of_order": 0, "redelivered": 2,
@@ -90,6 +90,7 @@ def test_results_of_two_generators_merge_into_one(seed: int) -> None:
     assert pub["errors_by_kind"] == {"FlowControlError": 2}
     assert pub["msgs_per_s"] == 100.0
     assert pub["target_msgs_per_s"] == 200.0
+    assert pub["client_cpu_s"] == 2.5  # the generators' producer CPU, summed
     assert con["consumed"] == 75
     assert con["expected"] == 75
     assert con["per_group"] == {"g": 75}
