@@ -37,26 +37,44 @@ def _quiet(case: dict[str, Any]) -> list[dict[str, Any]]:
     return [v for _, v in sorted(case["tenants"].items()) if not v["noisy"]]
 
 
-def _p99(v: dict[str, Any], kind: str) -> float:
-    if kind == "send":
-        return float(v["send_latency_ms"]["p99"])
-    return float(v.get("consume", {}).get("e2e_latency_ms", {}).get("p99") or 0.0)
+def _p99(v: dict[str, Any], kind: str) -> float | None:
+    """A tenant's send or end-to-end p99; None when it has none (nothing acknowledged or consumed)."""
+    lat = v.get("send_latency_ms") if kind == "send" else v.get("consume", {}).get("e2e_latency_ms")
+    if not lat or not lat.get("count"):
+        return None
+    return float(lat["p99"])
+
+
+def _ratio(values: list[float | None], base: list[list[float | None]]) -> float | None:
+    """The worst tenant's p99 over the mean of its baselines'; None when any figure is missing."""
+    worst = 0.0
+    for v, bs in zip(values, base, strict=True):
+        if v is None or any(b is None or b <= 0 for b in bs):
+            return None
+        worst = max(worst, v / statistics.fmean(b for b in bs if b is not None))
+    return round(worst, 3)
+
+
+def _lost(v: dict[str, Any]) -> int:
+    """A quiet tenant's failures: errors, sends dropped behind schedule, messages not consumed."""
+    consume = v.get("consume") or {}
+    missing = max(0, consume.get("expected", 0) - consume.get("consumed", 0))
+    return int(v["errors"] + v.get("dropped_behind_schedule", 0) + missing)
 
 
 def case_figures(case: dict[str, Any], baselines: list[dict[str, Any]], quota: float) -> dict[str, Any]:
     """One case of one repetition against that repetition's baselines (each quiet tenant's p99
-    averaged over them: one run before the cases and one after)."""
+    against the mean of its p99 in them: one run before the cases and one after)."""
     ratios = {}
     for kind in ("send", "e2e"):
-        base = [statistics.fmean(_p99(v, kind) for v in vs) for vs in zip(*(_quiet(b) for b in baselines), strict=True)]
-        pairs = list(zip((_p99(v, kind) for v in _quiet(case)), base, strict=True))
-        ratios[kind] = round(max(a / b for a, b in pairs), 3) if all(b > 0 for _, b in pairs) else None
+        base = [[_p99(v, kind) for v in vs] for vs in zip(*(_quiet(b) for b in baselines), strict=True)]
+        ratios[kind] = _ratio([_p99(v, kind) for v in _quiet(case)], base)
     noisy = next(v for v in case["tenants"].values() if v["noisy"])
     return {
         "quiet_send_p99_ms": [_p99(v, "send") for v in _quiet(case)],
         "quiet_e2e_p99_ms": [_p99(v, "e2e") for v in _quiet(case)],
         "quiet_ratio": ratios,
-        "quiet_errors": sum(v["errors"] for v in _quiet(case)),
+        "quiet_errors": sum(_lost(v) for v in _quiet(case)),
         "noisy_acked_msgs_per_s": noisy["msgs_per_s"],
         "noisy_quota_share": round(noisy["msgs_per_s"] / quota, 3),
         "noisy_client_cpu_s": noisy.get("client_cpu_s"),
@@ -66,14 +84,15 @@ def case_figures(case: dict[str, Any], baselines: list[dict[str, Any]], quota: f
 
 
 def summarize(reps: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per case: the median of each repetition's worst quiet ratio, and whether the targets hold."""
+    """Per case: the median of each repetition's worst quiet ratio (None if any repetition has
+    none), and whether the targets hold."""
     out: dict[str, Any] = {}
     for name in reps[0]:
         rows = [r[name] for r in reps if name in r]
-        med = {}
+        med: dict[str, float | None] = {}
         for kind in ("send", "e2e"):
-            values = [x["quiet_ratio"][kind] for x in rows if x["quiet_ratio"][kind] is not None]
-            med[kind] = round(statistics.median(values), 3) if values else None
+            values = [x["quiet_ratio"][kind] for x in rows]
+            med[kind] = None if None in values else round(statistics.median(values), 3)
         share = statistics.median(x["noisy_quota_share"] for x in rows)
         out[name] = {
             "quiet_ratio_median": med,
@@ -109,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"--case: {unknown[0]!r} is not a case of noisy-neighbour ({', '.join(sorted(names))})")
     only = tuple(dict.fromkeys(["baseline", *args.case])) if args.case else ()
-    quota = float(next(c.tenants.publish_quota_msgs_per_s for c in scen.cases if c.tenants is not None))
+    quota = {c.name: float(c.tenants.publish_quota_msgs_per_s) for c in scen.cases if c.tenants is not None}
     reps: list[dict[str, dict[str, Any]]] = []
+    failed: list[str] = []
     for k in range(args.repeat):
         print(f"repetition {k + 1} of {args.repeat}", file=sys.stderr, flush=True)
         docs = [  # the baseline first (with the cases, in the scenario's order) and again after them
@@ -118,21 +138,23 @@ def main(argv: list[str] | None = None) -> int:
             runner.run(scen, runner.RunOptions(run_peers=False, only_cases=("baseline",), seed=args.seed), log=_log),
         ]
         ran = [c for doc in docs for c in doc["cases"]]
-        failed = [c["name"] for c in ran if c.get("status") != "ok"]
-        if failed:
-            print(f"repetition {k + 1}: cases that did not run: {failed}", file=sys.stderr)
-            return 1
+        bad = [c for c in ran if c.get("status") != "ok"]
+        failed = [f"{c['name']}: {c.get('status')} ({c.get('reason', '')[-300:]})" for c in bad]
+        if failed:  # what ran before is still reported
+            print(f"repetition {k + 1}: cases that failed or did not run: {failed}", file=sys.stderr)
+            break
         baselines = [c for c in ran if c["name"] == "baseline"]
-        reps.append({c["name"]: case_figures(c, baselines, quota) for c in ran if c["name"] != "baseline"})
+        reps.append({c["name"]: case_figures(c, baselines, quota[c["name"]]) for c in ran if c["name"] != "baseline"})
     result = {
         **header("noisy_neighbour", argv),
         "machine": {"cpus": os.cpu_count(), **interpreter_facts()},
         "targets": {"quiet_ratio_max": RATIO_TARGET, "noisy_quota_share_min": QUOTA_SHARE_TARGET},
-        "summary": summarize(reps),
+        "summary": summarize(reps) if reps else {},
         "repetitions": reps,
+        "failed": failed,
     }
     emit(result, args.out)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import os
 import resource
+import signal
 import socket
 import ssl
 import statistics
@@ -35,6 +36,7 @@ from data_plane.interpreter import interpreter_facts
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, client_context, make_local_ca
 
 MODES = ("plain", "tls-memory-bio", "tls-socket")
+TIMEOUT_S = 300.0  # a measurement's transfer, at most
 
 
 def _cpu_s() -> float:
@@ -169,22 +171,23 @@ async def _receive(mode: str, files: dict[str, str], port: int, total: int) -> f
 
         def readable() -> None:
             nonlocal left
-            while left > 0:
-                try:
-                    n = s.recv_into(view)
-                except ssl.SSLWantReadError:
-                    return
-                if not n:
-                    done.set_exception(ConnectionError(f"closed with {left} bytes to come"))
-                    loop.remove_reader(s.fileno())
-                    return
-                left -= n
+            try:
+                while left > 0:
+                    try:
+                        n = s.recv_into(view)
+                    except ssl.SSLWantReadError:
+                        return
+                    if not n:
+                        raise ConnectionError(f"closed with {left} bytes to come")
+                    left -= n
+                done.set_result(None)
+            except Exception as e:  # (a reset, a TLS error): the measurement fails, it does not hang
+                done.set_exception(e)
             loop.remove_reader(s.fileno())
-            done.set_result(None)
 
         started = _cpu_s()
         loop.add_reader(s.fileno(), readable)
-        await done
+        await asyncio.wait_for(done, TIMEOUT_S)
         spent = _cpu_s() - started
         s.close()
         return spent
@@ -194,7 +197,7 @@ async def _receive(mode: str, files: dict[str, str], port: int, total: int) -> f
         lambda: sink, "127.0.0.1", port, ssl=ctx if tls else None, server_hostname="localhost" if tls else None
     )
     started = _cpu_s()
-    await done
+    await asyncio.wait_for(done, TIMEOUT_S)
     spent = _cpu_s() - started
     transport.close()
     return spent
@@ -228,14 +231,20 @@ def measure(mode: str, files: dict[str, str], mib: int, chunk_kib: int) -> dict[
             os._exit(code)
     os.close(w)
     listener.close()
-    wall = time.perf_counter()
-    received = _run_loop(_receive(mode, files, port, total))
-    wall = time.perf_counter() - wall
-    sent = orjson.loads(os.read(r, 64))
-    os.close(r)
-    _, status = os.waitpid(child, 0)
+    try:
+        wall = time.perf_counter()
+        received = _run_loop(_receive(mode, files, port, total))
+        wall = time.perf_counter() - wall
+    except BaseException:
+        os.kill(child, signal.SIGKILL)
+        raise
+    finally:
+        _, status = os.waitpid(child, 0)
+        answer = os.read(r, 64)
+        os.close(r)
     if status:
         raise RuntimeError(f"the sender exited with status {status}")
+    sent = orjson.loads(answer)
     kib = total / 1024
     return {
         "sender_us_per_kib": round(sent * 1e6 / kib, 3),

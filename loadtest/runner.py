@@ -207,7 +207,7 @@ def _load(
         ctx.Process(target=consumer_main, args=(j, q, start_wall, start_evt, stop_evt), daemon=True) for j in cjobs
     ]
     if case.tenants is not None and case.tenants.noisy_cpu_burn and opts.role in ("all", "producers"):
-        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s)
+        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s, stop_evt)
         procs.append(ctx.Process(target=burner_main, args=burn, daemon=True))
     for p in procs:
         p.start()

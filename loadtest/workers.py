@@ -114,19 +114,29 @@ def _cpu_s() -> float:
     return used.ru_utime + used.ru_stime
 
 
-def burner_main(nice: int, q: Any, start_wall: Any, seconds: float) -> None:
+def burner_main(nice: int, q: Any, start_wall: Any, seconds: float, stop: Any) -> None:
     """A process that only spins, at ``nice``, from the run's start for ``seconds``: a control
     case's stand-in for a busy client of tenant 0 on this machine that sends nothing extra —
-    what a co-located process's CPU alone costs the others."""
+    what a co-located process's CPU alone costs the others. Gives up when ``stop`` is set first."""
     try:
         os.nice(nice)
         q.put(("ready", "burner", 0, None))
         while start_wall.value <= 0:
-            time.sleep(0.01)
-        end = float(start_wall.value) + seconds
-        while time.time() < end:
+            if stop.wait(0.01):
+                return
+        start = float(start_wall.value)
+        while time.time() < start:
+            time.sleep(0.001)
+        cpu_from = _cpu_s()
+        end = start + seconds
+        look = 0.0
+        while (now := time.time()) < end:
             sum(range(1000))  # (spins: no sleep, no I/O)
-        q.put(("done", "burner", 0, {"cpu_s": round(_cpu_s(), 3)}))
+            if now >= look:  # the event's lock is shared with the other generators: seldom, not every turn
+                if stop.is_set():
+                    break
+                look = now + 0.1
+        q.put(("done", "burner", 0, {"cpu_s": round(_cpu_s() - cpu_from, 3)}))
     except BaseException:
         q.put(("failed", "burner", 0, traceback.format_exc()))
 
@@ -250,21 +260,19 @@ async def _open_loop(
     totals: dict[str, int],
 ) -> None:
     """Send on the schedule whatever happens; each send's latency counts from its intended
-    time. Past MAX_OUTSTANDING sends in flight, later ones are dropped and counted. A generator
-    whose sends come closer than MIN_WAKE_S apart wakes once every MIN_WAKE_S and sends what is
-    due: uvloop's timers count whole milliseconds, so a shorter sleep comes back at once and the
-    loop spins (a flooding client at 4,000 sends/s used a whole core that way). Slower ones wake
-    for each send."""
+    time. Past MAX_OUTSTANDING sends in flight, later ones are dropped and counted. While its sends
+    come closer than MIN_WAKE_S apart a generator wakes once every MIN_WAKE_S and sends what is
+    due (uvloop's timers count whole milliseconds: a shorter sleep comes back at once and spins
+    the loop); at slower rates it wakes for each send."""
     profile = RateProfile(tuple(Segment(*s) for s in job.segments))
     schedule = OpenLoop(profile, start_s=start_s)
-    fastest = max((s[2] for s in job.segments), default=0.0)
-    min_sleep_s = MIN_WAKE_S if fastest * MIN_WAKE_S > 1 else 0.0
     tasks: set[asyncio.Task[None]] = set()
     i = 0
     while (next_at := schedule.next_at()) is not None:
         now = time.time()
-        if next_at > now:
-            await asyncio.sleep(max(next_at - now, min_sleep_s))
+        if next_at > now:  # (sends closer than MIN_WAKE_S apart now: wake once a MIN_WAKE_S)
+            fast = profile.rate_at(next_at - start_s) * MIN_WAKE_S > 1
+            await asyncio.sleep(max(next_at - now, MIN_WAKE_S) if fast else next_at - now)
         for intended in schedule.due(time.time()):
             if len(tasks) >= MAX_OUTSTANDING:
                 totals["dropped"] += job.batch

@@ -167,15 +167,21 @@ def test_the_shipped_files_say_what_they_promise() -> None:
         assert noisy.tenants is not None
         assert noisy.tenants.noisy_nice == baseline.tenants.noisy_nice  # the same machine, only the rate differs
         factors.append(noisy.tenants.noisy_rate_msgs_per_s / noisy.tenants.publish_quota_msgs_per_s)
-    assert factors == [0.97, 0.5, 4.0, 20.0, 4.0, 0.5]  # at-quota: what a flood gets acknowledged, no more
-    control = floods[1].tenants  # cpu-neighbour: the baseline beside a spinning process
-    assert control is not None
-    assert control.noisy_cpu_burn
-    assert not any(c.tenants.noisy_cpu_burn for c in floods if c.tenants is not None and c is not floods[1])
-    storm = floods[4].tenants
+    named = {c.name: c.tenants for c in floods}
+    assert {n: t.noisy_rate_msgs_per_s / t.publish_quota_msgs_per_s for n, t in named.items() if t} == {
+        "at-quota": 0.97,  # what a flood gets acknowledged, no more
+        "cpu-neighbour": 0.5,
+        "noisy-4x": 4.0,
+        "noisy-20x": 20.0,
+        "connection-storm": 4.0,
+        "backlog-drain": 0.5,
+    }
+    assert len(factors) == len(named)
+    assert [n for n, t in named.items() if t and t.noisy_cpu_burn] == ["cpu-neighbour"]  # the control
+    storm = named["connection-storm"]
     assert storm is not None
     assert storm.noisy_connections == 500
-    drain = floods[5].tenants  # the noisy tenant drains a backlog instead of flooding
+    drain = named["backlog-drain"]  # the noisy tenant drains a backlog instead of flooding
     assert drain is not None
     assert drain.noisy_backlog_msgs == 1_000_000
     assert drain.noisy_consume_quota_msgs_per_s > 0

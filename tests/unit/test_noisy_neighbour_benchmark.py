@@ -14,8 +14,9 @@ def _tenant(send_p99: float, e2e_p99: float, *, noisy: bool = False, errors: int
         "errors": errors,
         "msgs_per_s": rate,
         "client_cpu_s": 1.5,
-        "send_latency_ms": {"p99": send_p99},
-        "consume": {"e2e_latency_ms": {"p99": e2e_p99}},
+        "dropped_behind_schedule": 0,
+        "send_latency_ms": {"count": 100, "p99": send_p99},
+        "consume": {"consumed": 100, "expected": 100, "e2e_latency_ms": {"count": 100, "p99": e2e_p99}},
     }
 
 
@@ -51,3 +52,16 @@ def test_the_verdict_takes_the_median_repetition_and_needs_every_target() -> Non
     assert met["met"] == {"quiet_ratio": True, "quiet_errors": True, "noisy_quota_share": True}
     missed = summarize([rep(1.3), rep(1.25), rep(1.1, errors=2)])["noisy-4x"]
     assert missed["met"] == {"quiet_ratio": False, "quiet_errors": False, "noisy_quota_share": True}
+
+
+def test_a_quiet_tenant_with_nothing_measured_or_messages_lost_fails_the_case() -> None:
+    baseline = _case((1.0, 1.0), (1.0, 1.0))
+    silent = _case((1.0, 1.0), (1.0, 1.0), noisy_rate=970.0)
+    silent["tenants"]["lt-t2"]["consume"] = {"consumed": 0, "expected": 100, "e2e_latency_ms": {"count": 0, "p99": 0.0}}
+    got = case_figures(silent, [baseline], 1000.0)
+    assert got["quiet_ratio"] == {"send": 1.0, "e2e": None}  # no end-to-end figure: no ratio, not 0
+    assert got["quiet_errors"] == 100  # the 100 messages t2 never consumed
+    verdict = summarize([{"noisy-4x": got}, {"noisy-4x": case_figures(_case((1.0, 1.0), (1.0, 1.0)), [baseline], 1e3)}])
+    assert verdict["noisy-4x"]["quiet_ratio_median"]["e2e"] is None
+    assert verdict["noisy-4x"]["met"]["quiet_ratio"] is False
+    assert verdict["noisy-4x"]["met"]["quiet_errors"] is False
