@@ -178,9 +178,10 @@ class LocalCluster:
                             "--state-dir", os.path.join(self.root, "namesrv")]  # fmt: skip
             ns = spawn("namesrv", "namesrv", ns_args, self.run_dir)
             self.children.append(ns)
-            members = [spawn("broker", name, self.broker_args(i, ns.address, tenancy_flags), self.run_dir)
-                       for i, name in enumerate(self.broker_names)]  # fmt: skip
-            self.children.extend(members)
+            members: list[Child] = []
+            for i, name in enumerate(self.broker_names):  # each kept as it starts: a later failure stops it
+                members.append(spawn("broker", name, self.broker_args(i, ns.address, tenancy_flags), self.run_dir))
+                self.children.append(members[-1])
             if api is not None:
                 ensure_broker_group(api, "broker-a", [m.address for m in members], ns.address)
                 self.demo = ensure_demo(api, os.path.join(self.root, "demo-credentials.json"))

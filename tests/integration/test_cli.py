@@ -237,12 +237,28 @@ def test_dev_up_with_a_port_in_use_says_which_flag_to_change_in_one_line(tmp_pat
     ]
 
 
+def _processes_using(directory: Path) -> list[str]:
+    """Command lines of the running processes that name ``directory``."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # (gone, or not a process)
+            continue
+        if str(directory) in cmd:
+            found.append(cmd)
+    return found
+
+
 def test_dev_up_with_the_slave_port_in_use_names_the_slave_port_flag(tmp_path: Path) -> None:
     port, r = dev_up_with_a_taken_port(tmp_path, "--namesrv-port", "0", "--broker-port", "0", "--slave-port", "PORT")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         f"orbit dev up: port {port} of broker-a-s1 is in use: choose another with --slave-port (0 picks a free one)"
     ]
+    # What it started before the slave failed (the name server, the master) is stopped, not left running.
+    assert _processes_using(tmp_path / "data") == []
 
 
 def test_dev_help_says_what_dev_up_starts_and_every_flag_has_help() -> None:
