@@ -65,16 +65,18 @@ def _lost(v: dict[str, Any]) -> int:
 def case_figures(case: dict[str, Any], baselines: list[dict[str, Any]], quota: float) -> dict[str, Any]:
     """One case of one repetition against that repetition's baselines (each quiet tenant's p99
     against the mean of its p99 in them: one run before the cases and one after)."""
+    quiet = _quiet(case)
+    p99 = {kind: [_p99(v, kind) for v in quiet] for kind in ("send", "e2e")}
     ratios = {}
-    for kind in ("send", "e2e"):
+    for kind, values in p99.items():
         base = [[_p99(v, kind) for v in vs] for vs in zip(*(_quiet(b) for b in baselines), strict=True)]
-        ratios[kind] = _ratio([_p99(v, kind) for v in _quiet(case)], base)
+        ratios[kind] = _ratio(values, base)
     noisy = next(v for v in case["tenants"].values() if v["noisy"])
     return {
-        "quiet_send_p99_ms": [_p99(v, "send") for v in _quiet(case)],
-        "quiet_e2e_p99_ms": [_p99(v, "e2e") for v in _quiet(case)],
+        "quiet_send_p99_ms": p99["send"],
+        "quiet_e2e_p99_ms": p99["e2e"],
         "quiet_ratio": ratios,
-        "quiet_errors": sum(_lost(v) for v in _quiet(case)),
+        "quiet_errors": sum(_lost(v) for v in quiet),
         "noisy_acked_msgs_per_s": noisy["msgs_per_s"],
         "noisy_quota_share": round(noisy["msgs_per_s"] / quota, 3),
         "noisy_client_cpu_s": noisy.get("client_cpu_s"),

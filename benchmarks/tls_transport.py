@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import resource
 import signal
 import socket
 import ssl
@@ -37,11 +36,6 @@ from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, client_context, make_lo
 
 MODES = ("plain", "tls-memory-bio", "tls-socket")
 TIMEOUT_S = 300.0  # a measurement's transfer, at most
-
-
-def _cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def _server_context(files: dict[str, str]) -> ssl.SSLContext:
@@ -114,7 +108,7 @@ async def _send(mode: str, files: dict[str, str], listener: socket.socket, piece
     if mode == "tls-socket":
         s = _server_context(files).wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         await _handshake(loop, s)
-        started = _cpu_s()
+        started = time.process_time()
         left = total
         while left > 0:
             try:
@@ -122,7 +116,7 @@ async def _send(mode: str, files: dict[str, str], listener: socket.socket, piece
                 left -= len(piece)
             except (ssl.SSLWantWriteError, BlockingIOError):
                 await _wait_fd(loop, s.fileno(), write=True)
-        spent = _cpu_s() - started
+        spent = time.process_time() - started
         s.close()
         return spent
     done: asyncio.Future[None] = loop.create_future()
@@ -130,12 +124,12 @@ async def _send(mode: str, files: dict[str, str], listener: socket.socket, piece
     transport, _ = await loop.connect_accepted_socket(
         lambda: pump, sock, ssl=_server_context(files) if mode == "tls-memory-bio" else None
     )
-    started = _cpu_s()
+    started = time.process_time()
     pump.pump()
     await done
     transport.close()  # (after what it holds is written)
     await pump.closed
-    return _cpu_s() - started
+    return time.process_time() - started
 
 
 class _Sink(asyncio.BufferedProtocol):
@@ -185,10 +179,10 @@ async def _receive(mode: str, files: dict[str, str], port: int, total: int) -> f
                 done.set_exception(e)
             loop.remove_reader(s.fileno())
 
-        started = _cpu_s()
+        started = time.process_time()
         loop.add_reader(s.fileno(), readable)
         await asyncio.wait_for(done, TIMEOUT_S)
-        spent = _cpu_s() - started
+        spent = time.process_time() - started
         s.close()
         return spent
     sink = _Sink(total, done)
@@ -196,9 +190,9 @@ async def _receive(mode: str, files: dict[str, str], port: int, total: int) -> f
     transport, _ = await loop.create_connection(
         lambda: sink, "127.0.0.1", port, ssl=ctx if tls else None, server_hostname="localhost" if tls else None
     )
-    started = _cpu_s()
+    started = time.process_time()
     await asyncio.wait_for(done, TIMEOUT_S)
-    spent = _cpu_s() - started
+    spent = time.process_time() - started
     transport.close()
     return spent
 

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import os
 import random
-import resource
 import struct
 import time
 import traceback
@@ -109,11 +108,6 @@ async def _await_start(start_wall: Any) -> float:
     return float(start_wall.value)
 
 
-def _cpu_s() -> float:
-    used = resource.getrusage(resource.RUSAGE_SELF)
-    return used.ru_utime + used.ru_stime
-
-
 def burner_main(nice: int, q: Any, start_wall: Any, seconds: float, stop: Any) -> None:
     """A process that only spins, at ``nice``, from the run's start for ``seconds``: a control
     case's stand-in for a busy client of tenant 0 on this machine that sends nothing extra —
@@ -125,9 +119,8 @@ def burner_main(nice: int, q: Any, start_wall: Any, seconds: float, stop: Any) -
             if stop.wait(0.01):
                 return
         start = float(start_wall.value)
-        while time.time() < start:
-            time.sleep(0.001)
-        cpu_from = _cpu_s()
+        time.sleep(max(0.0, start - time.time()))
+        cpu_from = time.process_time()
         end = start + seconds
         look = 0.0
         while (now := time.time()) < end:
@@ -136,7 +129,7 @@ def burner_main(nice: int, q: Any, start_wall: Any, seconds: float, stop: Any) -
                 if stop.is_set():
                     break
                 look = now + 0.1
-        q.put(("done", "burner", 0, {"cpu_s": round(_cpu_s() - cpu_from, 3)}))
+        q.put(("done", "burner", 0, {"cpu_s": round(time.process_time() - cpu_from, 3)}))
     except BaseException:
         q.put(("failed", "burner", 0, traceback.format_exc()))
 
@@ -164,7 +157,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
         await c.start()
     q.put(("ready", "producer", job.index, None))
     start_s = await _await_start(start_wall)
-    cpu_from = _cpu_s()
+    cpu_from = time.process_time()
     measure_from_s = start_s + job.warmup_s
     stop_s = measure_from_s + job.duration_s
     rng = random.Random(job.seed)
@@ -244,7 +237,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
         await c.close()
     return {
         **totals,
-        "cpu_s": round(_cpu_s() - cpu_from, 3),  # the process's own, from the start to the last answer
+        "cpu_s": round(time.process_time() - cpu_from, 3),  # the process's own, from the start to the last answer
         "errors_by_kind": errors_by_kind,
         "hist": encode_hist(whole),
         "lag_hist": encode_hist(lag),

@@ -39,7 +39,7 @@ SERIALIZE_ROCKETMQ = 1
 
 FRAME_PREFIX = struct.Struct(">II")  # total length, (type << 24) | header length
 assert FRAME_PREFIX.size == 8
-_LENGTH = struct.Struct(">I")
+FRAME_LENGTH = struct.Struct(">I")  # a frame's length prefix (the decoder; TlsReader reads it too)
 _BINARY_FIXED = struct.Struct(">hBhii")  # code, language, version, opaque, flag
 assert _BINARY_FIXED.size == 13
 _U16 = struct.Struct(">H")
@@ -245,7 +245,7 @@ def py_decode_frame(frame: Body) -> RemotingCommand:
     mv = memoryview(frame)
     if len(mv) < 4:
         raise FrameError("frame shorter than its header-length field")
-    (mark,) = _LENGTH.unpack_from(mv, 0)
+    (mark,) = FRAME_LENGTH.unpack_from(mv, 0)
     stype = mark >> 24
     hlen = mark & 0xFFFFFF
     if hlen > len(mv) - 4 or hlen > MAX_HEADER_BYTES:
@@ -474,7 +474,7 @@ class FrameDecoder:
             self._have = 0
         mv = memoryview(src)
         n = len(mv)
-        unpack = _LENGTH.unpack_from
+        unpack = FRAME_LENGTH.unpack_from
         while n - pos >= 4:
             (length,) = unpack(mv, pos)
             if length > self.max_frame_bytes or length < 4:

@@ -44,7 +44,6 @@ import functools
 import itertools
 import logging
 import socket
-import struct
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -52,6 +51,7 @@ from typing import Any, Protocol
 from data_plane.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from data_plane.remoting.command import (
     BODY_VIEW_BYTES,
+    FRAME_LENGTH,
     MAX_FRAME_BYTES,
     Body,
     FrameDecoder,
@@ -105,7 +105,6 @@ ANSWER_SLICE = 4
 
 TLS_READ_BUFFER_BYTES = 256 * 1024  # what TlsReader decrypts into at most, a read
 TLS_FRAME_DIRECT_BYTES = 64 * 1024  # a frame this large is decrypted into its own buffer (TlsReader)
-_LENGTH_PREFIX = struct.Struct(">i")
 
 
 class Connection(asyncio.Protocol):
@@ -732,7 +731,7 @@ class TlsReader(asyncio.BufferedProtocol):
         pos = 0
         length = 0
         limit = self.conn.decoder.max_frame_bytes
-        unpack = _LENGTH_PREFIX.unpack_from
+        unpack = FRAME_LENGTH.unpack_from
         while nbytes - pos >= 4:
             length = unpack(view, pos)[0]
             if not 4 <= length <= limit:  # the decoder refuses it
