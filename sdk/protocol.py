@@ -25,23 +25,18 @@ from data_plane.remoting.codes import (
     ResponseCode,
 )
 from data_plane.remoting.command import RemotingCommand, fill_head, json_text
-from data_plane.store.compiled import records
+from data_plane.store.compiled import RecordCodec
 from data_plane.store.message import (
     FLAG_COMPRESSED,
-    MESSAGE_MAGIC_CODE,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     PROPERTY_WAIT_STORE_MSG_OK,
-    PROPS_LEN,
-    RECORD_HEADER,
-    body_crc,
-    decode_properties,
-    encode_message_id,
     encode_properties,
     unpack_host,
 )
-from sdk.errors import BrokerError, IllegalMessageError, for_code
+from sdk.errors import BrokerError, for_code
 from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus, new_send_result
+from sdk.record_codec import PYTHON, PythonRecordCodec, codec, compiled_codec
 
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 
@@ -204,29 +199,16 @@ class SendHead:
         return fill_head(tagged, values, len(msg.body))
 
 
-MAX_BATCH_ITEM_PROPERTIES_BYTES = 0xFFFF  # a batch message's properties: a 2-byte length
-
-
 def batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
     """The SEND_BATCH_MESSAGE body; plain messages (no user properties, keys or schedule) are
-    laid out by the compiled twin when it is built and in use."""
-    if _plain_batch_body is not None:
-        body: bytes | None = _plain_batch_body(list(msgs), list(unique_ids), Message)
-        if body is not None:
-            return body
-    return py_batch_body(msgs, unique_ids)
+    laid out by the compiled codec when it is in use, the rest by the Python one."""
+    body = _codec.plain_batch_body(list(msgs), list(unique_ids), Message)
+    return body if body is not None else PythonRecordCodec.plain_batch_body(msgs, unique_ids, Message)
 
 
 def py_batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
-    items = []
-    for m, uid in zip(msgs, unique_ids, strict=True):
-        props = m.encoded_properties(uid)
-        if len(props) > MAX_BATCH_ITEM_PROPERTIES_BYTES:  # their length field has 2 bytes
-            raise IllegalMessageError(
-                f"a batch message's properties are {len(props)} bytes, over {MAX_BATCH_ITEM_PROPERTIES_BYTES}"
-            )
-        items.append(bodies.encode_batch_item(m.body, 0, props))
-    return b"".join(items)
+    """``batch_body`` by the Python codec alone (the reference the twin tests compare with)."""
+    return PythonRecordCodec.plain_batch_body(msgs, unique_ids, Message)
 
 
 def send_batch_request(
@@ -338,41 +320,25 @@ def pull_request(
     return RemotingCommand(RequestCode.PULL_MESSAGE, ext_fields=ext)
 
 
-def _compiled_decoder() -> Any:
-    """``_records.decode_records`` when built and in use, and made for this MessageExt's fields."""
-    mod = records()
-    if mod is None or getattr(mod, "RECORD_FIELDS", None) != MessageExt.DECODED_SLOTS:
-        return None
-    return mod.decode_records
-
-
 _RAW_TYPES = (bytes, memoryview)  # a tuple: ``bytes | memoryview`` makes a union object each call
 _HOSTS: dict[bytes, tuple[str, int]] = {}  # 8-byte host field → (ip, port): a few distinct values
 _TOPICS: dict[bytes, str] = {}
 
 
-def _host(raw: bytes) -> tuple[str, int]:
-    h = _HOSTS.get(raw)
-    if h is None:
-        if len(_HOSTS) > 4096:
-            _HOSTS.clear()
-        h = _HOSTS[raw] = unpack_host(raw)
-    return h
-
-
-def decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
-    """The records of a PULL body, in order. A record that is not sound raises BrokerError.
-
-    The compiled decoder (``_records.decode_records``) does this when it is built, at about a
-    fifth of the cost; ``py_decode_messages`` is its twin and the reference."""
-    if _decode_records is None:
-        return py_decode_messages(body, broker_name, check_crc=check_crc)
+def decode_messages(
+    body: bytes | memoryview, broker_name: str, *, check_crc: bool = True, codec: RecordCodec | None = None
+) -> list[MessageExt]:
+    """The records of a PULL body, in order, by ``codec`` (by default the one in use: the
+    compiled ``_records`` when built, at about a fifth of the Python twin's cost). A record that
+    is not sound raises BrokerError."""
     try:
         out: list[MessageExt]
-        out, compressed = _decode_records(body, MessageExt, broker_name, check_crc, _TOPICS, _HOSTS, unpack_host)
+        out, compressed = (codec or _codec).decode_records(
+            body, MessageExt, broker_name, check_crc, _TOPICS, _HOSTS, unpack_host
+        )
     except ValueError as e:
         raise BrokerError(str(e)) from None
-    if compressed:
+    if compressed:  # stock Java producers zlib-compress bodies over 4 KiB
         for i, m in enumerate(out):
             if m.sys_flag & FLAG_COMPRESSED:
                 try:
@@ -389,99 +355,18 @@ def _record_position(records: list[MessageExt], i: int) -> int:
 
 
 def py_decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc: bool = True) -> list[MessageExt]:
-    """``decode_messages`` in Python: one header unpack per record, topics and hosts decoded
-    once and cached, the same checks as ``parse_record`` (magic, nested lengths, body CRC,
-    properties ending with their separator)."""
-    mv = memoryview(body)
-    n = len(mv)
-    out: list[MessageExt] = []
-    append = out.append
-    unpack = RECORD_HEADER.unpack_from
-    head = RECORD_HEADER.size
-    props_len_at = PROPS_LEN.unpack_from
-    pos = 0
-    while pos < n:
-        if n - pos < head:
-            raise BrokerError(f"pull body: record at byte {pos} is cut short")
-        (
-            total, magic, crc, queue_id, flag, queue_offset, physical, sys_flag, born_ts, born_host,
-            store_ts, store_host, reconsume, _prepared, body_len,
-        ) = unpack(mv, pos)  # fmt: skip
-        end = pos + total
-        p = pos + head
-        if magic != MESSAGE_MAGIC_CODE or total < head + 3 or end > n or body_len < 0 or p + body_len + 3 > end:
-            raise BrokerError(f"pull body: record at byte {pos} is not sound (magic or sizes)")
-        raw_body = mv[p : p + body_len]
-        if check_crc and body_crc(raw_body) != crc:
-            raise BrokerError(f"pull body: record at byte {pos} fails its body CRC")
-        p += body_len
-        topic_len = mv[p]
-        raw_topic = bytes(mv[p + 1 : p + 1 + topic_len])
-        topic = _TOPICS.get(raw_topic)
-        if topic is None:
-            try:
-                topic = raw_topic.decode()
-            except UnicodeDecodeError:
-                raise BrokerError(f"pull body: record at byte {pos} has a topic that is not UTF-8") from None
-            if len(_TOPICS) < 100_000:
-                _TOPICS[raw_topic] = topic
-        p += 1 + topic_len
-        if p + 2 > end:
-            raise BrokerError(f"pull body: record at byte {pos} is not sound (topic length)")
-        (props_len,) = props_len_at(mv, p)
-        p += 2
-        if props_len < 0 or p + props_len != end or (props_len and mv[end - 1] != 2):
-            raise BrokerError(f"pull body: record at byte {pos} is not sound (properties)")
-        try:
-            props = decode_properties(mv[p:end]) if props_len else {}
-        except (UnicodeDecodeError, ValueError) as e:
-            raise BrokerError(f"pull body: record at byte {pos} has bad properties: {e}") from None
-        data = bytes(raw_body)
-        if sys_flag & FLAG_COMPRESSED:  # stock Java producers zlib-compress bodies over 4 KiB
-            try:
-                data = zlib.decompress(data)
-            except zlib.error as e:
-                raise BrokerError(f"pull body: record at byte {pos} does not decompress: {e}") from None
-        append(
-            MessageExt(
-                topic,
-                data,
-                props,
-                queue_id,
-                queue_offset,
-                broker_name,
-                encode_message_id(store_host, physical),
-                physical,
-                born_ts,
-                _host(born_host),
-                store_ts,
-                _host(store_host),
-                reconsume,
-                sys_flag,
-                flag,
-                total,
-            )
-        )
-        pos = end
-    return out
+    """``decode_messages`` by the Python codec (the reference the twin tests compare with)."""
+    return decode_messages(body, broker_name, check_crc=check_crc, codec=PYTHON)
 
 
-_decode_records = _compiled_decoder()
-
-
-def _compiled_batch_body() -> Any:
-    mod = records()
-    return getattr(mod, "plain_batch_body", None) if mod is not None else None
-
-
-_plain_batch_body = _compiled_batch_body()
+_codec: RecordCodec = codec()
 
 
 def use_compiled_decoder(enabled: bool) -> bool:
-    """Switch decoders at run time (tests compare them); returns whether the compiled one is on."""
-    global _decode_records
-    _decode_records = _compiled_decoder() if enabled else None
-    return _decode_records is not None
+    """Switch codecs at run time (tests compare them); returns whether the compiled one is on."""
+    global _codec
+    _codec = (compiled_codec() or PYTHON) if enabled else PYTHON
+    return _codec is not PYTHON
 
 
 def parse_pull_response(

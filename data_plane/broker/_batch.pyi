@@ -1,4 +1,4 @@
-# Types of the compiled batch decoding (_batch.c); the Python twin is send.py_batch_messages.
+# Types of the compiled batch decoding (_batch.c); the Python twin is batch_decode.PythonBatchDecoder.
 from typing import Any
 
 def batch_messages(

@@ -33,10 +33,11 @@ from enum import Enum
 from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple, cast
 
+from data_plane.broker.batch_decode import batch_messages
 from data_plane.broker.config import BrokerRole
 from data_plane.broker.schedule import SYSTEM_TOPICS, TRIGGER_PROPERTIES
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, RMQ_SYS_TRANS_HALF_TOPIC
-from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, TopicConfig, decode_batch
+from data_plane.remoting.bodies import BATCH_ITEM_HEAD, MAX_BATCH_MESSAGES, TopicConfig
 from data_plane.remoting.codes import FLAG_RESPONSE, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import (
     BODY_TYPES,
@@ -50,7 +51,6 @@ from data_plane.remoting.errors import HeaderError
 from data_plane.remoting.headers import field_int, field_str
 from data_plane.remoting.send_frame import SEND_OK_HEADER, send_fields, send_ok_frame
 from data_plane.store import fastpath
-from data_plane.store.compiled import batch as compiled_batch
 from data_plane.store.message import (
     FLAG_BORNHOST_V6,
     FLAG_STOREHOST_V6,
@@ -92,8 +92,6 @@ _V2_LETTERS = {v: k for k, v in V2_NAMES_TO_V1.items()}
 _V2_FIELD = re.compile(r"'([a-m])'")
 
 SYNC_MASTER = BrokerRole.SYNC_MASTER
-
-_batch = compiled_batch()  # the compiled batch decoding (_batch.c), when built
 
 # A batch whose messages carry none of these is laid out from its body as it is (plain batches,
 # data_plane/store/fastpath.py): the broker acts on them — schedule.py moves delayed and timed
@@ -271,14 +269,12 @@ class SendProcessor:
             return _NotPlain.QUOTA_FREE
         broker = self.broker
         sys_flag &= ~(FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6)
-        if (
-            not 0 <= queue_id < tc["writeQueueNums"]
-            or sys_flag & TRANSACTION_TYPE_MASK
-            or sys_flag < 0
-            or reconsume < 0
-            or not body
-            or len(body) > self.max_message_bytes
-        ):
+        # The message's own guards (the reference route gives each its error):
+        queue_exists = 0 <= queue_id < tc["writeQueueNums"]  # (no random queue: -1 goes there)
+        not_a_half = not sys_flag & TRANSACTION_TYPE_MASK  # a transaction's half is prepared there
+        numbers_in_range = sys_flag >= 0 and reconsume >= 0
+        body_fits = bool(body) and len(body) <= self.max_message_bytes
+        if not (queue_exists and not_a_half and numbers_in_range and body_fits):
             return _NotPlain.QUOTA_FREE
         not_plain = _NotPlain.QUOTA_FREE
         if broker.before_put is not None:
@@ -541,35 +537,6 @@ class SendProcessor:
             "TRACE_ON": "true",
         }
         return cmd.response(code, None if ok else result.reason or status.value, ext)
-
-
-def py_batch_messages(
-    body: bytes | memoryview, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
-) -> list[Message]:
-    """The messages of a SEND_BATCH_MESSAGE body (layout in remoting/bodies.py), as the store
-    takes them. Raises HeaderError, saying what is wrong."""
-    msgs = []
-    for flag, b, praw in decode_batch(body, MAX_BATCH_MESSAGES):
-        try:
-            p = decode_properties(praw)
-        except ValueError as e:
-            raise HeaderError(f"a batch message's properties are malformed: {e}") from None
-        msgs.append(Message(topic, b, queue_id, flag, p, sys_flag, born_ts, born_host, reconsume))
-    return msgs
-
-
-def batch_messages(
-    body: bytes | memoryview, topic: str, queue_id: int, sys_flag: int, born_ts: int, born_host: bytes, reconsume: int
-) -> list[Message]:
-    """``py_batch_messages``, by its compiled twin when that is built (which leaves a body that
-    is not well formed to the Python one, for its error)."""
-    if _batch is not None:
-        msgs: list[Message] | None = _batch.batch_messages(
-            body, Message, topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES
-        )
-        if msgs is not None:
-            return msgs
-    return py_batch_messages(body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
 
 
 # --- telemetry (registered only when it is on) ---------------------------------------------------

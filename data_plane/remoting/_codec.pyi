@@ -1,4 +1,4 @@
-# Types of the compiled frame codec (_codec.c); the Python twins are in command.py and send_frame.py.
+# Types of the compiled frame codec (_codec.c); the Python twin is frame_codec.PythonFrameCodec.
 from typing import Any
 
 def decode_frame(frame: bytes | bytearray | memoryview, cls: type, view_from: int, /) -> Any: ...

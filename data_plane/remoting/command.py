@@ -240,8 +240,9 @@ def _as_str(v: Any) -> str:
     return orjson.dumps(v).decode()
 
 
-def py_decode_frame(frame: Body) -> RemotingCommand:
-    """Decode one frame without its 4-byte length prefix. Raises FrameError."""
+def py_decode_frame(frame: Body, view_from: int = BODY_VIEW_BYTES) -> RemotingCommand:
+    """Decode one frame without its 4-byte length prefix; a body of ``view_from`` bytes or more
+    stays a view of ``frame``. Raises FrameError."""
     mv = memoryview(frame)
     if len(mv) < 4:
         raise FrameError("frame shorter than its header-length field")
@@ -260,7 +261,7 @@ def py_decode_frame(frame: Body) -> RemotingCommand:
     cmd.serialize_type = stype
     if len(mv) > 4 + hlen:
         rest = mv[4 + hlen :]
-        cmd.body = rest if len(rest) >= BODY_VIEW_BYTES else bytes(rest)
+        cmd.body = rest if len(rest) >= view_from else bytes(rest)
     return cmd
 
 

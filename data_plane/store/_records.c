@@ -90,6 +90,12 @@ static const char *mx_names[MX_FIELDS] = {
 static PyObject *mx_interned[MX_FIELDS];
 static slot_t mx_slots[MX_FIELDS];
 
+/* decode_records' answer: the records in order, and how many still carry a compressed body. */
+static PyStructSequence_Field decoded_fields[] = {{"messages", NULL}, {"compressed", NULL}, {NULL, NULL}};
+static PyStructSequence_Desc decoded_desc = {"data_plane.store._records.Decoded", "What decode_records answers.",
+                                             decoded_fields, 2};
+static PyTypeObject *decoded_type;
+
 static PyObject *record_error(Py_ssize_t pos, const char *what) {
     PyErr_Format(PyExc_ValueError, "pull body: record at byte %zd %s", pos, what);
     return NULL;
@@ -297,7 +303,17 @@ static PyObject *decode_records(PyObject *self, PyObject *args) {
         if (sys_flag & 0x1) compressed++;
         pos = end;
     }
-    result = Py_BuildValue("(On)", out, compressed);
+    result = PyStructSequence_New(decoded_type);
+    if (result) {
+        PyObject *count = PyLong_FromSsize_t(compressed);
+        if (!count) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        Py_INCREF(out);
+        PyStructSequence_SET_ITEM(result, 0, out);
+        PyStructSequence_SET_ITEM(result, 1, count);
+    }
 done:
     Py_XDECREF(out);
     Py_XDECREF(last_topic);
@@ -457,5 +473,12 @@ PyMODINIT_FUNC PyInit__records(void) {
         Py_DECREF(m);
         return NULL;
     }
+    decoded_type = PyStructSequence_NewType(&decoded_desc);
+    if (!decoded_type || PyModule_AddObject(m, "Decoded", (PyObject *)decoded_type) < 0) {
+        Py_XDECREF(decoded_type);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(decoded_type);  /* the module holds one reference, decode_records the other */
     return m;
 }

@@ -5,7 +5,9 @@
  * 88-byte RocketMQ header, body, topic, properties; see message.py), and produces the
  * ConsumeQueue units and index items (their layouts: _layouts.h, from layouts.py) for
  * them. index_write: adds index items to an IndexFile mapping. Both must give byte-for-byte
- * what fastpath.py gives; tests run both and compare.
+ * what fastpath.py gives; tests run both and compare. Their answers, and those of plain_batch
+ * and collect_units, are struct sequences: fastpath.py's NamedTuples of the same names and
+ * fields, in the same order (equal as tuples, unpacked alike, read by name).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -188,8 +190,22 @@ static PyObject *plain_properties(PyObject *self, PyObject *args) {
     return PyBool_FromLong(rc && plain_props(p, n, skip));
 }
 
-/* plain_batch(body, max_messages, skip) -> (messages, body bytes) | None: whether write_batch
- * can take ``body`` as it is (see above), and what a quota counts of it. */
+static PyObject *structseq_of(PyTypeObject *tp, int n, PyObject **parts);
+
+/* plain_batch's answer (fastpath.PlainCounts). */
+enum { PC_MSG_COUNT, PC_BODY_BYTES, PC_FIELDS };
+static PyStructSequence_Field plain_counts_fields[] = {
+    {"msg_count", "the body's messages"},
+    {"body_bytes", "the bytes of their bodies"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc plain_counts_desc = {"data_plane.store._speedups.PlainCounts",
+                                                  "What a quota counts of a plain batch body.", plain_counts_fields,
+                                                  PC_FIELDS};
+static PyTypeObject PlainCountsType;
+
+/* plain_batch(body, max_messages, skip) -> PlainCounts(msg_count, body_bytes) | None: whether
+ * write_batch can take ``body`` as it is (see above), and what a quota counts of it. */
 static PyObject *plain_batch(PyObject *self, PyObject *args) {
     Py_buffer b;
     Py_ssize_t max_n;
@@ -201,7 +217,8 @@ static PyObject *plain_batch(PyObject *self, PyObject *args) {
     PyBuffer_Release(&b);
     if (rc < 0) return NULL;
     if (rc == 0) Py_RETURN_NONE;
-    return Py_BuildValue("(nL)", n, bytes);
+    PyObject *parts[PC_FIELDS] = {PyLong_FromSsize_t(n), PyLong_FromLongLong(bytes)};
+    return structseq_of(&PlainCountsType, PC_FIELDS, parts);
 }
 
 static PyObject *s_body, *s_properties, *s_flag, *s_sys_flag, *s_born_timestamp, *s_born_host,
@@ -794,9 +811,22 @@ out:
     return result;
 }
 
+/* index_write's answer (fastpath.IndexWritten). */
+enum { IW_INDEX_COUNT, IW_NEXT_ITEM, IW_LAST_INDEXED, IW_FIELDS };
+static PyStructSequence_Field index_written_fields[] = {
+    {"index_count", "the IndexFile's entry count after it"},
+    {"next_item", "the first item not added"},
+    {"last_indexed", "CommitLog offset of the last item added, -1 when none was"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc index_written_desc = {"data_plane.store._speedups.IndexWritten",
+                                                   "What index_write added to an IndexFile.", index_written_fields,
+                                                   IW_FIELDS};
+static PyTypeObject IndexWrittenType;
+
 /* index_write(buf, hash_slots, count, max_entries, begin_ts, store_ts, items, start)
- * -> (new_count, next_start, last_offset): adds 12-byte (hash, offset) items to an IndexFile mapping until
- * the items run out or the file is full. */
+ * -> IndexWritten(index_count, next_item, last_indexed): adds 12-byte (hash, offset) items to an
+ * IndexFile mapping until the items run out or the file is full. */
 static PyObject *index_write(PyObject *self, PyObject *args) {
     Py_buffer buf, items;
     long long slots, count, max_entries, begin_ts, store_ts;
@@ -812,7 +842,8 @@ static PyObject *index_write(PyObject *self, PyObject *args) {
     long long last_phys = -1;
     Py_ssize_t i = index_add(buf.buf, slots, &count, max_entries, begin_ts, store_ts, items.buf, items.len / INDEX_ITEM_SIZE,
                              start, &last_phys);
-    result = Py_BuildValue("(LnL)", count, i, last_phys);
+    PyObject *parts[IW_FIELDS] = {PyLong_FromLongLong(count), PyLong_FromSsize_t(i), PyLong_FromLongLong(last_phys)};
+    result = structseq_of(&IndexWrittenType, IW_FIELDS, parts);
 done:
     PyBuffer_Release(&buf);
     PyBuffer_Release(&items);
@@ -2203,14 +2234,28 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 /* collect_units(units, i, n, cur, cur_from, cur_end, log_min, max_nums, max_bytes, total_bytes,
  *               tags_codes, messages, queue_offsets, first_queue_offset)
  *               [, coalesce])
- * -> (i, total_bytes, last_phy, full)
+ * -> UnitsCollected(next_unit, total_bytes, last_phy_offset, full)
  * Walks 20-byte units from index i while each one's record lies whole in ``cur`` (the mapping of
  * the CommitLog file [cur_from, cur_end)), appending a memoryview slice per record and its queue
  * offset. With ``coalesce``, records that follow each other in the file go out as one slice (a
  * batch sent to one queue is stored back to back): fewer objects and iovecs for the socket. The
  * message count is len(queue_offsets) either way. Stops, with the unit at i not taken, when the
  * pull is full (full = 1), when the units run out, or at a unit the caller must look at itself
- * (removed, another file, cut short). */
+ * (removed, another file, cut short); next_unit is that unit's index (n when they ran out),
+ * last_phy_offset the CommitLog offset of the last record taken (0 when none was). */
+enum { UC_NEXT_UNIT, UC_TOTAL_BYTES, UC_LAST_PHY_OFFSET, UC_FULL, UC_FIELDS };
+static PyStructSequence_Field units_collected_fields[] = {
+    {"next_unit", "the unit not taken (n when the units ran out)"},
+    {"total_bytes", "the pull's bytes so far"},
+    {"last_phy_offset", "CommitLog offset of the last record taken, 0 when none was"},
+    {"full", "1 when the pull is full, else 0"},
+    {NULL, NULL},
+};
+static PyStructSequence_Desc units_collected_desc = {"data_plane.store._speedups.UnitsCollected",
+                                                     "Where collect_units stopped.", units_collected_fields,
+                                                     UC_FIELDS};
+static PyTypeObject UnitsCollectedType;
+
 static int append_slice(PyObject *list, PyObject *cur, Py_ssize_t from, Py_ssize_t to) {
     PyObject *piece = PySequence_GetSlice(cur, from, to);
     if (!piece) return -1;
@@ -2274,7 +2319,9 @@ static PyObject *collect_units(PyObject *self, PyObject *args) {
         last_phy = phy;
     }
     if (run_at >= 0 && append_slice(messages, cur, run_at, run_end) < 0) goto done;
-    result = Py_BuildValue("(nLLi)", i, total, last_phy, full);
+    PyObject *parts[UC_FIELDS] = {PyLong_FromSsize_t(i), PyLong_FromLongLong(total), PyLong_FromLongLong(last_phy),
+                                  PyLong_FromLong(full)};
+    result = structseq_of(&UnitsCollectedType, UC_FIELDS, parts);
 done:
     PyBuffer_Release(&u);
     return result;
@@ -2339,7 +2386,7 @@ static PyMethodDef methods[] = {
     {"index_write", index_write, METH_VARARGS, "Add (hash, offset) items to an IndexFile mapping."},
     {"crc32c", py_crc32c, METH_VARARGS, "CRC-32C of a buffer."},
     {"batch_ids", batch_ids, METH_VARARGS, "The comma-joined message ids of records lying back to back."},
-    {"plain_batch", plain_batch, METH_VARARGS, "Whether write_batch takes a batch body as it is: (n, body bytes)."},
+    {"plain_batch", plain_batch, METH_VARARGS, "Whether write_batch takes a batch body as it is: PlainCounts or None."},
     {"collect_units", collect_units, METH_VARARGS, "Turn ConsumeQueue units into record slices (a pull read)."},
     {"release", release, METH_VARARGS, "Drop a range of a shared mapping from the page tables, GIL released."},
     {"populate", populate, METH_VARARGS, "Bring a range of a file into the page cache, GIL released."},
@@ -2380,7 +2427,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
     if (PyStructSequence_InitType2(&AppendedType, &appended_desc) < 0 ||
         PyStructSequence_InitType2(&LaidOutType, &laid_out_desc) < 0 ||
         PyStructSequence_InitType2(&NeedsRoomType, &needs_room_desc) < 0 ||
-        PyStructSequence_InitType2(&RefusedType, &refused_desc) < 0)
+        PyStructSequence_InitType2(&RefusedType, &refused_desc) < 0 ||
+        PyStructSequence_InitType2(&IndexWrittenType, &index_written_desc) < 0 ||
+        PyStructSequence_InitType2(&UnitsCollectedType, &units_collected_desc) < 0 ||
+        PyStructSequence_InitType2(&PlainCountsType, &plain_counts_desc) < 0)
         return NULL;
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FilePositionsType) < 0 ||
         PyType_Ready(&QueuePositionsType) < 0 || PyType_Ready(&OffsetCellType) < 0 ||
@@ -2396,7 +2446,10 @@ PyMODINIT_FUNC PyInit__speedups(void) {
         PyModule_AddObjectRef(m, "Appended", (PyObject *)&AppendedType) < 0 ||
         PyModule_AddObjectRef(m, "LaidOut", (PyObject *)&LaidOutType) < 0 ||
         PyModule_AddObjectRef(m, "NeedsRoom", (PyObject *)&NeedsRoomType) < 0 ||
-        PyModule_AddObjectRef(m, "Refused", (PyObject *)&RefusedType) < 0) {
+        PyModule_AddObjectRef(m, "Refused", (PyObject *)&RefusedType) < 0 ||
+        PyModule_AddObjectRef(m, "IndexWritten", (PyObject *)&IndexWrittenType) < 0 ||
+        PyModule_AddObjectRef(m, "UnitsCollected", (PyObject *)&UnitsCollectedType) < 0 ||
+        PyModule_AddObjectRef(m, "PlainCounts", (PyObject *)&PlainCountsType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

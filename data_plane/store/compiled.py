@@ -4,11 +4,12 @@ the broker's batch decoding (``data_plane.broker._batch``). Each loader gives No
 module is not built or ``ORBIT_PURE_PYTHON`` is set, and every user then takes the pure-Python
 twin. Light on purpose: the SDK asks for ``records()`` without loading the store engine.
 
-Each compiled module has a ``.pyi`` stub beside its C file, and a Protocol here that says what
-its callers take from it: ``StoreLoops`` (implemented by ``_speedups`` and by
-``fastpath.PythonLoops``, the pure-Python twins), ``RecordCodec`` and ``BatchDecoder`` (whose
-Python twins take other arguments: ``sdk.protocol``, ``sdk.message``, ``broker.send``). mypy
-checks each stub, and ``PythonLoops``, against its Protocol (the block at the end).
+Each compiled module has a ``.pyi`` stub beside its C file and a Protocol that its pure-Python
+twin implements call for call: ``StoreLoops`` (``_speedups``; ``fastpath.PythonLoops``),
+``RecordCodec`` (``_records``; ``sdk.record_codec.PythonRecordCodec``) and ``BatchDecoder``
+(``_batch``; ``broker.batch_decode.PythonBatchDecoder``) here, and ``FrameCodec`` (``_codec``;
+``remoting.frame_codec.PythonFrameCodec``) beside the remoting codec. mypy checks every stub and
+every twin against its Protocol (the block at the end, and each twin's module).
 """
 
 from __future__ import annotations
@@ -54,17 +55,17 @@ class StoreLoops(Protocol):
     def index_write(
         self, buf: memoryview, slots: int, count: int, max_entries: int, begin_ts: int, store_ts: int, items: bytes,
         start: int, /,
-    ) -> tuple[int, int, int]: ...  # fmt: skip
+    ) -> tuple[int, int, int]: ...  # IndexWritten (fastpath.py) or its struct sequence  # fmt: skip
 
     def collect_units(
         self, units: Any, i: int, n: int, cur: memoryview | None, cur_from: int, cur_end: int, log_min: int,
         max_nums: int, max_bytes: int, total_bytes: int, tags_codes: Any, messages: list[memoryview],
         queue_offsets: list[int], first_queue_offset: int, coalesce: bool = ..., /,
-    ) -> tuple[int, int, int, int]: ...  # fmt: skip
+    ) -> tuple[int, int, int, int]: ...  # UnitsCollected (fastpath.py) or its struct sequence  # fmt: skip
 
     def plain_batch(
         self, body: bytes | memoryview, max_messages: int, skip: tuple[bytes, ...], /
-    ) -> tuple[int, int] | None: ...
+    ) -> tuple[int, int] | None: ...  # PlainCounts (fastpath.py) or its struct sequence, or None
 
     def plain_properties(self, properties: str | bytes, skip: tuple[bytes, ...], /) -> bool: ...
 
@@ -72,7 +73,7 @@ class StoreLoops(Protocol):
 
 
 class RecordCodec(Protocol):
-    """The SDK's record codecs (twins in ``sdk/protocol.py`` and ``sdk/message.py``)."""
+    """The SDK's record codecs (twin: ``sdk.record_codec.PythonRecordCodec``)."""
 
     RECORD_FIELDS: tuple[str, ...]
 
@@ -89,7 +90,7 @@ class RecordCodec(Protocol):
 
 
 class BatchDecoder(Protocol):
-    """The broker's SEND_BATCH_MESSAGE decoding (twin: ``data_plane.broker.send.py_batch_messages``)."""
+    """The broker's SEND_BATCH_MESSAGE decoding (twin: ``data_plane.broker.batch_decode.PythonBatchDecoder``)."""
 
     def batch_messages(
         self, body: bytes | memoryview, cls: type, topic: str, queue_id: int, sys_flag: int, born_ts: int,

@@ -9,8 +9,9 @@ returns, with them, the ConsumeQueue units and the index items they need::
 
 where the key hash is CRC-32C of ``topic#key`` masked to 31 bits, for the UNIQ_KEY and each of
 the KEYS of every message (rolled-back transaction records are not indexed). ``index_write``
-adds index items to an IndexFile mapping (layout in index_file.py) and returns
-``(new entry count, next item, CommitLog offset of the last item added)``.
+adds index items to an IndexFile mapping (layout in index_file.py) and returns an
+``IndexWritten``: ``(index_count, next_item, last_indexed)``, the file's new entry count, the
+first item not added, and the CommitLog offset of the last item added (-1 if none was).
 
 Given a ConsumeQueue target (its mapping, the write position, the end of the reserved
 blocks) and an IndexFile target (mapping, slots, entry count, max entries, begin timestamp),
@@ -25,7 +26,8 @@ targets are touched, so an ``OSError`` from the file leaves nothing pointing at 
 ``batch_ids`` gives the message ids of a batch's records from the bytes laid out for them.
 
 ``collect_units`` is the pull read's loop: ConsumeQueue units to memoryview slices of one
-CommitLog file (see its docstring); ``MessageStore.get_message`` handles what it stops at.
+CommitLog file (see its docstring); ``MessageStore.get_message`` handles what it stops at. It
+returns a ``UnitsCollected``: ``(next_unit, total_bytes, last_phy_offset, full)``.
 
 ``_speedups.c`` implements these functions byte for byte; it is used when it was built and
 ``ORBIT_PURE_PYTHON`` is not set. Tests run both and compare their output.
@@ -36,18 +38,19 @@ reconsume_times, max_messages, skip_names)``: every item well formed, its proper
 ``name\x01value\x02`` pairs (each terminated, no name empty, repeated or in ``skip_names``, no
 value holding ``\x01``), i.e. exactly the bytes the store would write for them. Its records are
 then laid out from the body's bytes, with no Message objects; a body that is not plain is
-answered ``(3,)`` and the caller splits it into Messages (the reference path). ``plain_batch``
-says beforehand whether a body is plain, and its message count and body bytes (for quotas);
-``plain_properties`` whether one message's encoded properties are (the broker's single-send
-path asks before it takes a publish quota; ``MessageStore.append_plain`` stores such a message).
+answered None and the caller splits it into Messages (the reference path). ``plain_batch``
+says beforehand whether a body is plain, and its message count and body bytes (for quotas): a
+``PlainCounts``, ``(msg_count, body_bytes)``, or None; ``plain_properties`` whether one
+message's encoded properties are (the broker's single-send path asks before it takes a publish
+quota; ``MessageStore.append_plain`` stores such a message).
 
-Return values of ``write_batch``::
+Return values of ``write_batch`` (``outcome`` first; the classes are below)::
 
-    (0, end_pos, next_queue_offset, first_queue_offset, cq, index, last_indexed_offset,
-     messages, tag_codes)                                                        written
-    (1, bytes_needed)                                                            does not fit
-    (2, message_index, status_name, reason)                                      refused
-    (3,)                                                                         not a plain body
+    LaidOut(0, written, next_queue_offset, first_queue_offset, cq_units, index_items,
+            last_indexed, msg_count, tag_codes)                                  written
+    NeedsRoom(1, need)                                                           does not fit
+    Refused(2, msg_index, status, reason)                                        refused
+    None                                                                         not a plain body
 
 ``tag_codes``: a plain body's distinct tag hash codes in order of first appearance (None for a
 list of Messages).
@@ -57,7 +60,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from crc32c import crc32c
 
@@ -76,6 +79,9 @@ from data_plane.store.message import (
     Message,
     tags_hash_code,
 )
+
+if TYPE_CHECKING:
+    from data_plane.store import _speedups as _compiled  # the stub: its result classes
 
 _HEADER = RECORD_HEADER.size
 
@@ -133,12 +139,22 @@ def py_plain_items(
     return out or None
 
 
-def py_plain_batch(body: bytes | memoryview, max_messages: int, skip: tuple[bytes, ...]) -> tuple[int, int] | None:
-    """(messages, body bytes) of a plain batch body, or None."""
+# The answers of plain_batch, index_write and collect_units, as write_batch's below: the
+# compiled twin's are struct sequences of the same names and fields, in the same order (equal
+# as tuples, unpacked alike, read by name).
+class PlainCounts(NamedTuple):
+    """What a quota counts of a plain batch body (``plain_batch``)."""
+
+    msg_count: int  # the body's messages
+    body_bytes: int  # the bytes of their bodies
+
+
+def py_plain_batch(body: bytes | memoryview, max_messages: int, skip: tuple[bytes, ...]) -> PlainCounts | None:
+    """The message count and body bytes of a plain batch body, or None when it is not plain."""
     items = py_plain_items(body, max_messages, skip)
     if items is None:
         return None
-    return len(items), sum(len(b) for _, b, _ in items)
+    return PlainCounts(len(items), sum(len(b) for _, b, _ in items))
 
 
 # write_batch's answers (the compiled twin's are struct sequences of the same names and fields:
@@ -315,14 +331,21 @@ def py_write_batch(
         cq_out = cq_pos + len(cq)
     nix = len(idx) // 12
     if ix_target is not None and nix and ix_slots > 0 and ix_count > 1 and ix_count + nix <= ix_max:
-        idx_out, _, last_ix = py_index_write(
-            ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, store_ts, bytes(idx), 0
-        )
+        written = py_index_write(ix_target, ix_slots, ix_count, ix_max, ix_begin_ts, store_ts, bytes(idx), 0)
+        idx_out, last_ix = written.index_count, written.last_indexed
     tag_codes = None
     if plain:
         distinct = {tags_hash_code(t) if t else 0: None for t in (m.properties.get("TAGS") for m in msgs)}
         tag_codes = tuple(distinct)
     return LaidOut(LAID_OUT, pos, qo, max(batch_first_qo, 0), cq_out, idx_out, last_ix, len(msgs), tag_codes)
+
+
+class IndexWritten(NamedTuple):
+    """What ``index_write`` added to an IndexFile."""
+
+    index_count: int  # the file's entry count after it (entry 0 is never used)
+    next_item: int  # the first item not added: len(items) // 12 when all were
+    last_indexed: int  # CommitLog offset of the last item added, -1 when none was
 
 
 def py_index_write(
@@ -334,7 +357,9 @@ def py_index_write(
     store_ts: int,
     items: bytes,
     start: int,
-) -> tuple[int, int, int]:
+) -> IndexWritten:
+    """Adds the 12-byte items from index ``start`` on to the IndexFile mapping ``buf`` (``slots``
+    hash slots, ``count`` entries of at most ``max_entries``) until they run out or it is full."""
     entries_at = 40 + slots * 4
     last_phys = -1
     diff = 0 if store_ts < begin_ts else min((store_ts - begin_ts) // 1000, 0x7FFFFFFF)
@@ -351,7 +376,16 @@ def py_index_write(
         count += 1
         i += 1
         last_phys = phys
-    return count, i, last_phys
+    return IndexWritten(count, i, last_phys)
+
+
+class UnitsCollected(NamedTuple):
+    """Where ``collect_units`` stopped."""
+
+    next_unit: int  # the unit not taken (n when the units ran out): the next call starts there
+    total_bytes: int  # the pull's bytes so far, those taken by this call included
+    last_phy_offset: int  # CommitLog offset of the last record taken, 0 when none was
+    full: int  # 1 when the pull is full (max messages or bytes), else 0
 
 
 def py_collect_units(
@@ -370,15 +404,15 @@ def py_collect_units(
     queue_offsets: list[int],
     first_queue_offset: int,
     coalesce: bool = False,
-) -> tuple[int, int, int, int]:
+) -> UnitsCollected:
     """The pull read's loop: ConsumeQueue units from index ``i`` to record slices of ``cur``
     (the mapping of the CommitLog file [cur_from, cur_end)), each appended with its queue
     offset. With ``coalesce``, records that follow each other in the file go out as one slice
     (a batch sent to one queue is stored back to back); the message count is
     ``len(queue_offsets)`` either way. Stops, the unit at ``i`` not taken, when the pull is full
     (``full`` = 1), when the units run out, or at a unit the caller must look at itself:
-    removed, in another file, cut short. Returns ``(i, total_bytes, last_phy, full)``;
-    ``last_phy`` is 0 when nothing was taken."""
+    removed, in another file, cut short. Returns a ``UnitsCollected``: ``(next_unit,
+    total_bytes, last_phy_offset, full)``; ``last_phy_offset`` is 0 when nothing was taken."""
     if cur is None:
         cur_end = cur_from
     unpack = _CQ_UNIT.unpack_from
@@ -408,7 +442,7 @@ def py_collect_units(
     if run_at >= 0:
         assert cur is not None
         messages.append(cur[run_at:run_end])
-    return i, total_bytes, last_phy, full
+    return UnitsCollected(i, total_bytes, last_phy, full)
 
 
 _TOTAL_SIZE = struct.Struct(">i")
@@ -433,9 +467,10 @@ def py_batch_ids(buf: Any, file_from: int, offset: int, n: int, prefix: str) -> 
 
 
 WriteBatch = Callable[..., Any]  # (LaidOut, NeedsRoom, Refused or None; the twins differ in class)
-IndexWrite = Callable[..., tuple[int, int, int]]
-CollectUnits = Callable[..., tuple[int, int, int, int]]
-PlainBatchCheck = Callable[[bytes | memoryview, int, tuple[bytes, ...]], tuple[int, int] | None]
+# The others' answers: each twin's class (the same fields, read by name).
+IndexWrite = Callable[..., "IndexWritten | _compiled.IndexWritten"]
+CollectUnits = Callable[..., "UnitsCollected | _compiled.UnitsCollected"]
+PlainBatchCheck = Callable[[bytes | memoryview, int, tuple[bytes, ...]], "PlainCounts | _compiled.PlainCounts | None"]
 BatchIds = Callable[[Any, int, int, int, str], "str | None"]
 
 write_batch: WriteBatch = py_write_batch

@@ -292,7 +292,7 @@ class IndexService:
             if first:
                 f.begin_timestamp = store_timestamp
                 f.begin_phy_offset = INDEX_ITEM.unpack_from(items, start * 12)[1]
-            f.index_count, start, f.end_phy_offset = fastpath.index_write(
+            written = fastpath.index_write(
                 f.mf.mv,
                 self.hash_slots,
                 f.index_count,
@@ -302,6 +302,8 @@ class IndexService:
                 items,
                 start,
             )
+            f.index_count, f.end_phy_offset = written.index_count, written.last_indexed
+            start = written.next_item
             f.end_timestamp = store_timestamp
             if first:
                 f.write_header()

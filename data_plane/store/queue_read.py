@@ -80,14 +80,15 @@ def get_message(
     run_at = run_end = -1  # coalesce: the last slice below covers [run_at, ...) of cur, up to run_end (log)
     while i < n:
         if collect is not None:  # the common units, in a loop of their own
-            i, total_bytes, took, full = collect(
+            got = collect(
                 units, i, n, cur, cur_from, cur_end, log_min, max_msg_nums, max_bytes, total_bytes,
                 tags_codes, messages, queue_offsets, offset, coalesce,
             )  # fmt: skip
+            i, total_bytes = got.next_unit, got.total_bytes
             run_end = -1
-            if took:
-                last_phy = took
-            if full or i >= n:
+            if got.last_phy_offset:
+                last_phy = got.last_phy_offset
+            if got.full or i >= n:
                 break
         # One unit the loop above stopped at (or every unit, without it).
         phy, size, tags = unpack(units, i * 20)

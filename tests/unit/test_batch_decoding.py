@@ -8,7 +8,7 @@ import random
 import struct
 from types import ModuleType
 
-from data_plane.broker.send import py_batch_messages
+from data_plane.broker.batch_decode import py_batch_messages
 from data_plane.remoting.bodies import MAX_BATCH_MESSAGES, encode_batch_item
 from data_plane.remoting.errors import HeaderError
 from data_plane.store.fastpath import py_batch_ids

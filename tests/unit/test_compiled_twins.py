@@ -41,3 +41,20 @@ def test_with_orbit_pure_python_every_twin_is_the_python_one() -> None:
     assert positions.FilePositions is positions.PyFilePositions
     assert positions.QueuePositions is positions.PyQueuePositions
     assert positions.QueueOffsets is dict
+
+
+# The answers of several values, read by name: each compiled struct sequence and its NamedTuple
+# twin in fastpath.py.
+RESULT_CLASSES = ("LaidOut", "NeedsRoom", "Refused", "IndexWritten", "UnitsCollected", "PlainCounts")
+
+
+@pytest.mark.skipif(NO_COMPILED_TWINS, reason="the compiled twins are switched off or cannot be built here")
+@pytest.mark.parametrize("name", RESULT_CLASSES)
+def test_each_compiled_answer_has_its_python_twins_fields_in_the_same_order(name: str) -> None:
+    compiled = getattr(importlib.import_module("data_plane.store._speedups"), name)
+    python = getattr(fastpath, name)
+    assert issubclass(compiled, tuple)
+    assert compiled.__match_args__ == python._fields  # the visible fields: names and order
+    assert compiled.n_fields == compiled.n_sequence_fields == len(python._fields)  # none hidden
+    answer = compiled(range(len(python._fields)))
+    assert [getattr(answer, f) for f in python._fields] == list(range(len(python._fields)))

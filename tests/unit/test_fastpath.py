@@ -40,6 +40,19 @@ TEXT_CHARS = "abcxyz019 _-:/.\u00e9\u00df\u4e2d\u6587\U0001f600\U00010348"
 WriteBatch = Callable[..., tuple[Any, ...]]
 
 
+def assert_named_alike(compiled: Any, python: Any) -> None:
+    """Two twins' answers: each its module's class of one name (fastpath's NamedTuple, _speedups'
+    struct sequence), the fields named alike in the same order, and equal read by name — a field
+    misnamed, or two swapped, in either twin fails this even where the tuples are equal."""
+    cls = type(python)
+    assert issubclass(cls, tuple)
+    assert cls is getattr(fastpath, cls.__name__), cls
+    assert (type(compiled).__module__, type(compiled).__name__) == ("data_plane.store._speedups", cls.__name__)
+    assert type(compiled).__match_args__ == cls._fields
+    assert {name: getattr(compiled, name) for name in cls._fields} == python._asdict()
+    assert tuple(compiled) == tuple(python)
+
+
 def _text(rng: random.Random, lo: int, hi: int, chars: str = TEXT_CHARS) -> str:
     return "".join(rng.choice(chars) for _ in range(rng.randint(lo, hi)))
 
@@ -95,7 +108,7 @@ def _index_buffer(rng: random.Random, slots: int, max_entries: int, begin_ts: in
     count = 1
     n = rng.randint(1, max(1, max_entries // 3))
     items = b"".join(INDEX_ITEM.pack(rng.randrange(2**31), rng.randrange(2**40)) for _ in range(n))
-    count, _, _ = py_index_write(memoryview(buf), slots, count, max_entries, begin_ts, begin_ts + 5000, items, 0)
+    count = py_index_write(memoryview(buf), slots, count, max_entries, begin_ts, begin_ts + 5000, items, 0).index_count
     return buf, count
 
 
@@ -115,6 +128,7 @@ def _assert_twins_agree(
         assert c_res[:3] == p_res[:3]
     else:
         assert c_res == p_res
+        assert_named_alike(c_res, p_res)
     assert c_buf == p_buf
     assert c_tgts == p_tgts
     return p_res, p_buf, p_tgts
@@ -185,6 +199,7 @@ def test_both_twins_add_identical_index_entries(speedups: ModuleType, seed: int)
             buf = bytearray(ix)
             outs.append((fn(memoryview(buf), slots, count, max_entries, begin_ts, store_ts, items, start), buf))
         assert outs[0] == outs[1]
+        assert_named_alike(outs[0][0], outs[1][0])
 
 
 @pytest.mark.parametrize(
@@ -483,8 +498,8 @@ def test_index_write_stops_when_the_file_is_full_and_says_where(write_path: str)
     items = b"".join(INDEX_ITEM.pack(i, 1000 + i) for i in range(10))
     count, nxt, last = fastpath.index_write(memoryview(buf), 4, 1, 5, STORE_TS, STORE_TS, items, 0)
     assert (count, nxt, last) == (5, 4, 1003)
-    count, nxt, last = fastpath.index_write(memoryview(buf), 4, 5, 5, STORE_TS, STORE_TS, items, nxt)
-    assert (count, nxt, last) == (5, 4, -1)
+    again = fastpath.index_write(memoryview(buf), 4, 5, 5, STORE_TS, STORE_TS, items, nxt)
+    assert (again.index_count, again.next_item, again.last_indexed) == (5, 4, -1)  # nothing added: full
     entries_at = 40 + 4 * 4
     assert bytes(buf[entries_at : entries_at + INDEX_ENTRY_SIZE]) == bytes(INDEX_ENTRY_SIZE)  # entry 0 unused
     assert struct.unpack_from(">iqii", buf, entries_at + 4 * INDEX_ENTRY_SIZE) == (3, 1003, 0, 0)
@@ -616,6 +631,7 @@ def test_both_twins_collect_the_same_records_from_consume_queue_units(speedups: 
             got = fn(*args, messages, offsets, first_queue_offset, coalesce)
             outs.append((got, [bytes(m) for m in messages], offsets))
         assert outs[0] == outs[1], f"seed {seed}"
+        assert_named_alike(outs[0][0], outs[1][0])
 
 
 def test_collect_units_takes_whole_records_in_queue_order_and_stops_where_it_must() -> None:
@@ -633,7 +649,8 @@ def test_collect_units_takes_whole_records_in_queue_order_and_stops_where_it_mus
         assert offsets == [100, 101, 102]
         # Full at two messages: the third is left for the next pull.
         messages, offsets = [], []
-        assert fn(units, 0, 5, mapping, 1000, 2024, 0, 2, 1 << 20, 0, None, messages, offsets, 0) == (2, 30, 1010, 1)
+        got = fn(units, 0, 5, mapping, 1000, 2024, 0, 2, 1 << 20, 0, None, messages, offsets, 0)
+        assert (got.next_unit, got.total_bytes, got.last_phy_offset, got.full) == (2, 30, 1010, 1)
         # The tag filter skips units without stopping.
         messages, offsets = [], []
         assert fn(units, 0, 3, mapping, 1000, 2024, 0, 32, 1 << 20, 0, {1}, messages, offsets, 0) == (3, 15, 1030, 0)
@@ -674,8 +691,8 @@ def test_collect_units_coalesces_records_stored_back_to_back_into_one_slice() ->
         assert len(messages) == 3
 
 
-def _collect_twins() -> list[Callable[..., tuple[int, int, int, int]]]:
-    twins: list[Callable[..., tuple[int, int, int, int]]] = [fastpath.py_collect_units]
+def _collect_twins() -> list[fastpath.CollectUnits]:
+    twins: list[fastpath.CollectUnits] = [fastpath.py_collect_units]
     try:
         from data_plane.store import _speedups
     except ImportError:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from data_plane.broker.send import PLAIN_BATCH_SKIP, py_batch_messages
+from data_plane.broker.batch_decode import py_batch_messages
+from data_plane.broker.send import PLAIN_BATCH_SKIP
 from data_plane.remoting.bodies import encode_batch_item
 from data_plane.store import MessageStore, fastpath
 from data_plane.store.fastpath import py_plain_batch
@@ -24,6 +25,7 @@ from data_plane.store.message import (
     tags_hash_code,
 )
 from data_plane.store.status import PutMessageResult, PutMessageStatus
+from tests.unit.test_fastpath import assert_named_alike
 
 BORN_HOST = pack_host("10.1.2.3", 40000)
 ASCII = "abcxyzABC019 _-:/.=&"
@@ -194,6 +196,9 @@ def test_more_messages_than_allowed_is_not_plain(write_path: str) -> None:
     body = encode_batch_item(b"x", 0, b"") * 5
     assert fastpath.plain_batch(body, 5, ()) == (5, 5)
     assert fastpath.plain_batch(body, 4, ()) is None
+    counted = fastpath.plain_batch(encode_batch_item(b"abc", 0, b"") * 2, 5, ())
+    assert counted is not None
+    assert (counted.msg_count, counted.body_bytes) == (2, 6)
 
 
 def test_twins_agree_on_random_and_mutated_bodies(speedups: object, seed: int) -> None:
@@ -204,7 +209,10 @@ def test_twins_agree_on_random_and_mutated_bodies(speedups: object, seed: int) -
             at = rng.randrange(len(body))
             body[at] = rng.choice([0, 1, 2, 0x41, 0x80, 0xC3, rng.randrange(256)])
         want = py_plain_batch(bytes(body), MAX, PLAIN_BATCH_SKIP)
-        assert speedups.plain_batch(bytes(body), MAX, PLAIN_BATCH_SKIP) == want  # type: ignore[attr-defined]
+        got = speedups.plain_batch(bytes(body), MAX, PLAIN_BATCH_SKIP)  # type: ignore[attr-defined]
+        assert got == want
+        if want is not None:
+            assert_named_alike(got, want)
 
 
 @pytest.mark.parametrize(

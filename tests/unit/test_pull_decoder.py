@@ -11,13 +11,15 @@ from collections.abc import Iterator
 import pytest
 
 from data_plane.store.message import (
+    FLAG_COMPRESSED,
     MESSAGE_MAGIC_CODE,
     RECORD_HEADER,
     body_crc,
     encode_properties,
     pack_host,
+    unpack_host,
 )
-from sdk import errors, protocol
+from sdk import errors, protocol, record_codec
 from sdk.message import MessageExt
 
 BORN = pack_host("10.9.9.9", 4321)
@@ -207,3 +209,16 @@ def test_an_unsound_record_is_a_broker_error_naming_its_position(decoder: str, b
 
 def test_an_empty_body_is_no_messages(decoder: str) -> None:
     assert protocol.decode_messages(b"", "b") == []
+
+
+def test_each_codec_answers_its_records_and_the_compressed_count_by_name() -> None:
+    """``RecordCodec.decode_records`` through each implementation: a named answer (messages,
+    compressed), the compressed body left for the caller to inflate."""
+    body = record(body=b"plain") + record(body=zlib.compress(b"inflated"), sys_flag=FLAG_COMPRESSED)
+    codecs = [record_codec.PYTHON] + ([c] if (c := record_codec.compiled_codec()) is not None else [])
+    for codec in codecs:
+        got = codec.decode_records(body, MessageExt, "broker-a", True, {}, {}, unpack_host)
+        assert type(got).__name__ == "Decoded"
+        assert got.compressed == 1  # type: ignore[attr-defined]
+        assert [m.body for m in got.messages] == [b"plain", zlib.compress(b"inflated")]  # type: ignore[attr-defined]
+        assert tuple(got) == (got.messages, 1)  # type: ignore[attr-defined]
