@@ -8,17 +8,18 @@ run pays for its predecessor's write-back:
 * ``disk_seq_write``: raw sequential write bandwidth of the disk holding the store directory
   (1 MiB ``write`` calls, then ``fdatasync``), the yardstick for the rest;
 * ``page_cache_write``: four times as many such writes without the ``fdatasync`` (whole, and the
-  last quarter) -- how fast this machine puts new bytes into the page cache, the ceiling of any
-  ASYNC_FLUSH append. On a VM whose balloon hands freed memory back to the host (free page
-  reporting), a page the guest has not used lately costs a host fault, and the rate falls from
+  last quarter) -- how fast this machine puts new bytes into new page-cache memory, the ceiling
+  of an ASYNC_FLUSH append while the page cache grows (the appends below reuse freed pages).
+  On a VM whose balloon hands freed memory back to the host (free page reporting), a page
+  the guest has not used lately costs a host fault, and the rate falls from
   GiB/s to a few hundred MiB/s once recently freed memory is used up;
 * ``machine.python_loop_ns``: how long a simple CPython loop iteration takes (best of three),
   the other speed a virtual machine varies on;
 * ``append_single`` / ``append_batch32``: 1 KiB messages with TAGS and UNIQ_KEY properties (what
   a stock RocketMQ producer sends), ASYNC_FLUSH, in-process, ConsumeQueue and index included;
   before each run the CommitLog written so far also leaves the page cache, so the run appends
-  into memory the machine already backs, as a broker whose page cache is full does
-  (``_settle_reclaimed``);
+  into memory the machine backs, freed a moment before: a broker with a full page cache, minus
+  the cost of its reclaim (``_settle_reclaimed``);
 * ``read_sequential``: every message back through ``get_message`` (32 a call), the CommitLog
   read into the page cache before each run;
 * ``sync_flush_64_writers``: SYNC_FLUSH, 64 asyncio tasks each awaiting ``put_message``, with
@@ -49,7 +50,7 @@ from typing import Any
 from benchmarks.machine import disk_seq_write, page_cache_write, python_loop_ns
 from data_plane.interpreter import interpreter_facts
 from data_plane.store import fastpath
-from data_plane.store.config import FlushDiskType, StoreConfig
+from data_plane.store.config import PAGE_SIZE_BYTES, FlushDiskType, StoreConfig
 from data_plane.store.message import Message
 from data_plane.store.message_store import MessageStore
 
@@ -141,29 +142,38 @@ def _measure(run: Run, repeats: int, settle: Callable[[], None] = os.sync) -> di
     return _measure_interleaved({"run": run}, repeats, settle)["run"]
 
 
+def _drop_written_pages(stores: list[MessageStore]) -> None:
+    """Take the bytes the stores' CommitLogs hold so far out of the page cache (they are on disk:
+    callers sync first). Only what was written: the pages populated ahead of the writer stay."""
+    for store in stores:
+        for mf in list(store.commit_log.mfq.files):
+            written = mf.wrote_position // PAGE_SIZE_BYTES * PAGE_SIZE_BYTES
+            if mf.fd >= 0 and written > 0:
+                os.posix_fadvise(mf.fd, 0, written, os.POSIX_FADV_DONTNEED)
+
+
 def _settle_reclaimed(store: MessageStore) -> None:
-    """Write everything to disk, then take the store's CommitLog out of the page cache. The next
-    run's appends then get the pages a broker that has run for a while gets: ones its full page
-    cache gives back, which the machine already backs. Without it, each run grows the page cache
-    into memory never used since boot (or handed back to the hypervisor), and every new 4 KiB page
-    costs a host fault: here ~40 us of kernel time once the memory freed by the probes before
-    was used up, which held batched appends to ~0.1 million a second (``page_cache_write``
-    measures that case)."""
+    """Write everything to disk, then take what the store's CommitLog holds out of the page cache
+    (``_drop_written_pages``). The next run's appends then get pages the machine backs, freed a
+    moment before, as a broker whose page cache is full gets pages by reclaim -- without the
+    reclaim's own cost (the kernel's scan of its page lists), so this is that broker's best case.
+    Without it each run grows the page cache into memory unused since boot or handed back to the
+    hypervisor (which takes freed memory back within seconds), and every new 4 KiB page costs a
+    host fault: ~40 us of kernel time here once the memory the probes freed was used up, which
+    held batched appends to ~0.1 million a second (``page_cache_write`` measures that case)."""
     os.sync()
-    for mf in list(store.commit_log.mfq.files):
-        if mf.fd >= 0:
-            os.posix_fadvise(mf.fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    _drop_written_pages([store])
 
 
 def _settle_cached(store: MessageStore, chunk: int = 1 << 20) -> None:
-    """Write everything to disk, then read the store's CommitLog into the page cache, so the
-    reads measure the store, not the disk."""
+    """Write everything to disk, then read what the store's CommitLog holds into the page cache,
+    so the reads measure the store, not the disk."""
     os.sync()
     buf = bytearray(chunk)
     for mf in list(store.commit_log.mfq.files):
         if mf.fd >= 0:
             pos = 0
-            while n := os.preadv(mf.fd, [buf], pos):
+            while pos < mf.wrote_position and (n := os.preadv(mf.fd, [buf], pos)):
                 pos += n
 
 
@@ -311,12 +321,14 @@ def _sync_commit_logs(stores: list[MessageStore]) -> None:
         for mf in list(store.commit_log.mfq.files):
             if mf.fd >= 0:
                 os.fdatasync(mf.fd)
+    _drop_written_pages(stores)  # and, as before each append run, out of the page cache
 
 
 def bench_queue_spread(directory: str, opts: BenchOptions) -> dict[str, Any]:
     """The same load over 16 and over 10,000 queues, the runs of the two alternating: single
     messages (each append lands in another queue than the one before) and batches of 32 (one
-    queue a batch). Before each run the CommitLogs go to disk (``_sync_commit_logs``)."""
+    queue a batch). Before each run the CommitLogs go to disk and leave the page cache
+    (``_sync_commit_logs``)."""
     body = os.urandom(opts.body_bytes)
     out: dict[str, Any] = {}
     for batch, label in ((1, ""), (32, "_batch32")):

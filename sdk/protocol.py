@@ -363,9 +363,16 @@ _codec: RecordCodec = codec()
 
 
 def use_compiled_decoder(enabled: bool) -> bool:
-    """Switch codecs at run time (tests compare them); returns whether the compiled one is on."""
+    """Switch the codec ``decode_messages`` and ``batch_body`` use (tests compare them); the
+    compiled one only when it is built. Returns whether the compiled one was on before."""
     global _codec
+    was = _codec is not PYTHON
     _codec = (compiled_codec() or PYTHON) if enabled else PYTHON
+    return was
+
+
+def compiled_decoder_on() -> bool:
+    """Whether ``decode_messages`` and ``batch_body`` use the compiled codec now."""
     return _codec is not PYTHON
 
 

@@ -3,8 +3,11 @@ SEND_BATCH_MESSAGE body, a record's properties a dict, and how unique ids are nu
 
 Two implementations satisfy ``data_plane.store.compiled.RecordCodec``, call for call: the
 compiled ``_records`` module (used when it is built and ``ORBIT_PURE_PYTHON`` is not set) and
-``PythonRecordCodec`` here, its twin and the reference. ``codec()`` answers the one in use;
-``sdk.protocol`` and ``sdk.message`` call through it, and the twin tests call both.
+``PythonRecordCodec`` here, its twin and the reference. ``codec()`` answers the one in use:
+``sdk.protocol`` decodes pull bodies and lays out batches through it; ``sdk.message`` takes
+``unique_ids`` and ``properties_dict`` from the compiled module when it is built (the same
+calls as here: ``sdk.message`` cannot import this module, which imports it). The twin tests
+call both.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 /*
- * Compiled twin of the broker's batch send decoding (data_plane/broker/send.py:
- * py_batch_messages): a SEND_BATCH_MESSAGE body split into store Messages in one call. Tests
+ * Compiled twin of the broker's batch send decoding (data_plane/broker/batch_decode.py:
+ * PythonBatchDecoder): a SEND_BATCH_MESSAGE body split into store Messages in one call. Tests
  * compare it with its pure-Python twin.
  */
 #define PY_SSIZE_T_CLEAN

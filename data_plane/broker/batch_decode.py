@@ -53,12 +53,15 @@ def batch_messages(
 ) -> list[Message]:
     """The messages of a SEND_BATCH_MESSAGE body, by the compiled decoder when it is built and
     takes the body, else by the Python one (whose HeaderError says what is wrong)."""
-    args = (topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES)
     if _compiled is not None:
-        msgs: list[Message] | None = _compiled.batch_messages(body, Message, *args)
+        msgs: list[Message] | None = _compiled.batch_messages(
+            body, Message, topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES
+        )
         if msgs is not None:
             return msgs
-    return PythonBatchDecoder.batch_messages(body, Message, *args)
+    return PythonBatchDecoder.batch_messages(
+        body, Message, topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES
+    )
 
 
 def py_batch_messages(

@@ -273,7 +273,7 @@ class SendProcessor:
         queue_exists = 0 <= queue_id < tc["writeQueueNums"]  # (no random queue: -1 goes there)
         not_a_half = not sys_flag & TRANSACTION_TYPE_MASK  # a transaction's half is prepared there
         numbers_in_range = sys_flag >= 0 and reconsume >= 0
-        body_fits = bool(body) and len(body) <= self.max_message_bytes
+        body_fits = 0 < len(body) <= self.max_message_bytes
         if not (queue_exists and not_a_half and numbers_in_range and body_fits):
             return _NotPlain.QUOTA_FREE
         not_plain = _NotPlain.QUOTA_FREE
@@ -442,7 +442,7 @@ class SendProcessor:
             counted = fastpath.plain_batch(body, MAX_BATCH_MESSAGES, PLAIN_BATCH_SKIP)
             if counted is None:
                 return None
-            refused = broker.before_put_plain(cmd, topic, *counted)
+            refused = broker.before_put_plain(cmd, topic, counted.msg_count, counted.body_bytes)
             if refused is not None:
                 return refused
         # Writing makes the same check (one scan of the body, not two without quotas).

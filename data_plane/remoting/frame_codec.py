@@ -10,7 +10,6 @@ or raises FrameError; the Python twin never answers None for that reason.
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 from data_plane.remoting import command, send_frame
@@ -63,13 +62,11 @@ PYTHON: FrameCodec = PythonFrameCodec()
 
 
 def compiled() -> FrameCodec | None:
-    """``_codec`` when it is built and ``ORBIT_PURE_PYTHON`` is not set, else None."""
-    if os.environ.get("ORBIT_PURE_PYTHON"):
+    """``_codec`` when ``command.py`` uses it (built, and ``ORBIT_PURE_PYTHON`` not set), else None."""
+    if command.compiled_decode_frame is None:
         return None
-    try:
-        from data_plane.remoting import _codec
-    except ImportError:
-        return None
+    from data_plane.remoting import _codec
+
     return _codec
 
 

@@ -1,5 +1,5 @@
 /*
- * Compiled twins of the SDK's record codecs (sdk/protocol.py, sdk/message.py): the consumer's
+ * Compiled twins of the SDK's record codecs (sdk/record_codec.py: PythonRecordCodec): the consumer's
  * pull-body decoder, the producer's batch body and message ids. The SDK loads this module
  * without the store engine (data_plane/store/compiled.py); tests compare each function with its
  * pure-Python twin.
@@ -62,10 +62,11 @@ static PyObject *unique_ids(PyObject *self, PyObject *args) {
 }
 
 /* ---- pull bodies: the consumer's decoder ---------------------------------------------------
- * decode_records(body, cls, broker_name, check_crc, topics, hosts, host_of) -> (list, compressed)
+ * decode_records(body, cls, broker_name, check_crc, topics, hosts, host_of) -> Decoded
+ *   (a struct sequence: messages, compressed)
  * Splits a PULL_MESSAGE body (CommitLog records back to back, the layout at the top of this
  * file) into ``cls`` objects (sdk.message.MessageExt), with the checks of the pure-Python
- * sdk.protocol.decode_messages: magic, nested lengths inside the record, body CRC, properties
+ * PythonRecordCodec.decode_records: magic, nested lengths inside the record, body CRC, properties
  * ending with their separator and valid UTF-8. ``topics`` (raw bytes -> str) and ``hosts``
  * (8 raw bytes -> (ip, port), filled through ``host_of``) are the caller's caches. The objects
  * are made without running ``cls.__init__``: each slot in RECORD_FIELDS is written directly.

@@ -26,6 +26,7 @@ from data_plane.store.message import (
     pack_host,
     tags_hash_code,
 )
+from tests.unit.named_results import assert_named_alike
 
 # Both twins' answers are read the same way here, by index and by name (their classes differ).
 py_write_batch: Callable[..., Any] = fastpath.py_write_batch
@@ -38,19 +39,6 @@ TOPIC_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-%
 TEXT_CHARS = "abcxyz019 _-:/.\u00e9\u00df\u4e2d\u6587\U0001f600\U00010348"
 
 WriteBatch = Callable[..., tuple[Any, ...]]
-
-
-def assert_named_alike(compiled: Any, python: Any) -> None:
-    """Two twins' answers: each its module's class of one name (fastpath's NamedTuple, _speedups'
-    struct sequence), the fields named alike in the same order, and equal read by name — a field
-    misnamed, or two swapped, in either twin fails this even where the tuples are equal."""
-    cls = type(python)
-    assert issubclass(cls, tuple)
-    assert cls is getattr(fastpath, cls.__name__), cls
-    assert (type(compiled).__module__, type(compiled).__name__) == ("data_plane.store._speedups", cls.__name__)
-    assert type(compiled).__match_args__ == cls._fields
-    assert {name: getattr(compiled, name) for name in cls._fields} == python._asdict()
-    assert tuple(compiled) == tuple(python)
 
 
 def _text(rng: random.Random, lo: int, hi: int, chars: str = TEXT_CHARS) -> str:

@@ -25,7 +25,7 @@ from data_plane.store.message import (
     tags_hash_code,
 )
 from data_plane.store.status import PutMessageResult, PutMessageStatus
-from tests.unit.test_fastpath import assert_named_alike
+from tests.unit.named_results import assert_named_alike
 
 BORN_HOST = pack_host("10.1.2.3", 40000)
 ASCII = "abcxyzABC019 _-:/.=&"
