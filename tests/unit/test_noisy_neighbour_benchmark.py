@@ -65,3 +65,18 @@ def test_a_quiet_tenant_with_nothing_measured_or_messages_lost_fails_the_case() 
     assert verdict["noisy-4x"]["quiet_ratio_median"]["e2e"] is None
     assert verdict["noisy-4x"]["met"]["quiet_ratio"] is False
     assert verdict["noisy-4x"]["met"]["quiet_errors"] is False
+
+
+def test_a_drain_case_is_judged_on_the_quiet_tenants_and_reports_the_drain_rate() -> None:
+    baseline = _case((1.0, 1.0), (1.0, 1.0))
+
+    def rep(ratio: float, drained: float) -> dict[str, Any]:
+        case = _case((ratio, ratio), (1.0, 1.0))
+        case["tenants"]["lt-t0"]["consume"]["msgs_per_s"] = drained
+        return {"backlog-drain": case_figures(case, [baseline], 1000.0)}
+
+    got = summarize([rep(1.1, 40_000.0), rep(1.3, 45_000.0), rep(1.05, 43_000.0)])["backlog-drain"]
+    assert got["noisy_consumed_msgs_per_s_median"] == 43_000.0
+    assert got["met"] == {"quiet_ratio": True, "quiet_errors": True}  # no publish-quota share asked of it
+    missed = summarize([rep(1.3, 40_000.0), rep(1.25, 45_000.0)])["backlog-drain"]
+    assert missed["met"]["quiet_ratio"] is False
