@@ -6,7 +6,8 @@ the scenario ``--repeat`` times (every case in each repetition, each against tha
 baseline) and reports, per case, the quiet tenants' worst ratio to the baseline (send and end-to-end
 p99; the baseline runs before the cases and again after them, and each quiet tenant's p99 is
 their mean) in each repetition and its median, their errors, the noisy tenant's share of its quota, the
-brokers' CPU and refusals, and the noisy tenant's own client CPU. Targets (issue: noisy neighbours):
+brokers' CPU and refusals, the noisy tenant's own client CPU, and each repetition's two baselines'
+quiet p99s (``baselines_quiet_p99_ms``: how far the hour moved them). Targets (issue: noisy neighbours):
 quiet ratios ≤ 1.2 with no errors, the flooding tenant ≥ 95 % of its quota acknowledged; in the
 ``backlog-drain`` case (the noisy tenant drains a stored backlog at its consume quota) the quiet
 ratios and errors alone.
@@ -113,8 +114,9 @@ def summarize(reps: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
                 "noisy_quota_share": share >= QUOTA_SHARE_TARGET,
             }
         elif name in DRAIN_CASES:
-            out[name]["noisy_consumed_msgs_per_s_median"] = statistics.median(
-                x["noisy_consumed_msgs_per_s"] or 0 for x in rows
+            drained = [x["noisy_consumed_msgs_per_s"] for x in rows]
+            out[name]["noisy_consumed_msgs_per_s_median"] = (
+                None if None in drained else statistics.median(d for d in drained if d is not None)
             )
             out[name]["met"] = {
                 "quiet_ratio": all(v is not None and v <= RATIO_TARGET for v in med.values()),
@@ -144,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     only = tuple(dict.fromkeys(["baseline", *args.case])) if args.case else ()
     quota = {c.name: float(c.tenants.publish_quota_msgs_per_s) for c in scen.cases if c.tenants is not None}
     reps: list[dict[str, dict[str, Any]]] = []
+    base_p99: list[list[dict[str, list[float | None]]]] = []  # per repetition: before, after
     failed: list[str] = []
     for k in range(args.repeat):
         print(f"repetition {k + 1} of {args.repeat}", file=sys.stderr, flush=True)
@@ -159,12 +162,15 @@ def main(argv: list[str] | None = None) -> int:
             break
         baselines = [c for c in ran if c["name"] == "baseline"]
         reps.append({c["name"]: case_figures(c, baselines, quota[c["name"]]) for c in ran if c["name"] != "baseline"})
+        # The two baselines themselves, so a reader can see how far the hour moved them.
+        base_p99.append([{kind: [_p99(v, kind) for v in _quiet(b)] for kind in ("send", "e2e")} for b in baselines])
     result = {
         **header("noisy_neighbour", argv),
         "machine": {"cpus": os.cpu_count(), **interpreter_facts()},
         "targets": {"quiet_ratio_max": RATIO_TARGET, "noisy_quota_share_min": QUOTA_SHARE_TARGET},
         "summary": summarize(reps) if reps else {},
         "repetitions": reps,
+        "baselines_quiet_p99_ms": base_p99,
         "failed": failed,
     }
     emit(result, args.out)

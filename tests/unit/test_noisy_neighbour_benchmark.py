@@ -80,3 +80,11 @@ def test_a_drain_case_is_judged_on_the_quiet_tenants_and_reports_the_drain_rate(
     assert got["met"] == {"quiet_ratio": True, "quiet_errors": True}  # no publish-quota share asked of it
     missed = summarize([rep(1.3, 40_000.0), rep(1.25, 45_000.0)])["backlog-drain"]
     assert missed["met"]["quiet_ratio"] is False
+
+
+def test_a_drain_case_without_a_drain_rate_has_no_median_rate_and_quiet_losses_fail_it() -> None:
+    baseline = _case((1.0, 1.0), (1.0, 1.0))
+    case = _case((1.0, 1.0), (1.0, 1.0), errors=3)
+    got = summarize([{"backlog-drain": case_figures(case, [baseline], 1000.0)}])["backlog-drain"]
+    assert got["noisy_consumed_msgs_per_s_median"] is None  # not counted as 0
+    assert got["met"]["quiet_errors"] is False

@@ -53,6 +53,7 @@ def _remove_secret_file(path: str, access_key: str) -> None:
         os.unlink(path)
 
 
+# --- orbit_credential -----------------------------------------------------------------------------
 class Credential(OrbitResource):
     """A credential (access key and secret). A tenant credential made here starts with no grants:
     give it some with orbit_acl. The secret is known only when the credential is made."""

@@ -180,6 +180,3 @@ def delete_quietly(client: OrbitClient, path: str) -> None:
     except ApiError as e:
         if e.status != 404:
             raise
-
-
-# --- orbit_tenant ---------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from orbit_provider.resource_base import (
 )
 
 
+# --- orbit_tenant ---------------------------------------------------------------------------------
 class Tenant(OrbitResource):
     """A tenant (operator credential). Destroying it deletes its topics and groups and revokes its
     credentials; its id stays taken."""
@@ -317,6 +318,3 @@ class ConsumerGroup(OrbitResource):
         tenant, name = split_id(id, self.provider, "tenant/group")
         got = self.api.get_or_none(self._path(tenant, name))
         return None if got is None else self._state(got)
-
-
-# --- orbit_credential -----------------------------------------------------------------------------
