@@ -34,9 +34,10 @@ from data_plane.store.message import (
     encode_properties,
     unpack_host,
 )
+from sdk import record_codec
 from sdk.errors import BrokerError, for_code
 from sdk.message import DEFAULT_TOPIC, Message, MessageExt, MessageQueue, SendResult, SendStatus, new_send_result
-from sdk.record_codec import PYTHON, PythonRecordCodec, codec, compiled_codec
+from sdk.record_codec import PYTHON, PythonRecordCodec
 
 DEFAULT_TOPIC_QUEUE_NUMS = 4
 
@@ -203,7 +204,7 @@ def batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
     """The SEND_BATCH_MESSAGE body; plain messages (no user properties, keys or schedule) are
     laid out by the compiled codec when it is in use, the rest by the Python one."""
     body = _codec.plain_batch_body(list(msgs), list(unique_ids), Message)
-    return body if body is not None else PythonRecordCodec.plain_batch_body(msgs, unique_ids, Message)
+    return body if body is not None else py_batch_body(msgs, unique_ids)
 
 
 def py_batch_body(msgs: Sequence[Message], unique_ids: Sequence[str]) -> bytes:
@@ -359,7 +360,7 @@ def py_decode_messages(body: bytes | memoryview, broker_name: str, *, check_crc:
     return decode_messages(body, broker_name, check_crc=check_crc, codec=PYTHON)
 
 
-_codec: RecordCodec = codec()
+_codec: RecordCodec = record_codec.codec()
 
 
 def use_compiled_decoder(enabled: bool) -> bool:
@@ -367,7 +368,7 @@ def use_compiled_decoder(enabled: bool) -> bool:
     compiled one only when it is built. Returns whether the compiled one was on before."""
     global _codec
     was = _codec is not PYTHON
-    _codec = (compiled_codec() or PYTHON) if enabled else PYTHON
+    _codec = record_codec.codec() if enabled else PYTHON
     return was
 
 

@@ -59,9 +59,7 @@ def batch_messages(
         )
         if msgs is not None:
             return msgs
-    return PythonBatchDecoder.batch_messages(
-        body, Message, topic, queue_id, sys_flag, born_ts, born_host, reconsume, MAX_BATCH_MESSAGES
-    )
+    return py_batch_messages(body, topic, queue_id, sys_flag, born_ts, born_host, reconsume)
 
 
 def py_batch_messages(
