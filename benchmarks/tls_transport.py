@@ -1,13 +1,16 @@
 """What a byte costs to send and receive over loopback: plain TCP, and TLS two ways.
 
 - ``plain``: the event loop's TCP transport (what a plain connection uses);
-- ``tls-memory-bio``: the event loop's TLS transport, OpenSSL over memory buffers (what a TLS
-  connection uses);
-- ``tls-socket``: OpenSSL reading and writing the socket itself (``ssl.SSLSocket``, non-blocking).
+- ``tls-channel``: ``data_plane.remoting.tls_channel`` (what a TLS connection uses): the
+  OpenSSL ``cryptography`` ships, over memory buffers, decrypting into the protocol's buffer;
+- ``tls-memory-bio``: the event loop's TLS transport, the system's OpenSSL over memory buffers
+  (what a TLS connection uses with ``ORBIT_TLS_ENGINE=stdlib``);
+- ``tls-socket``: the system's OpenSSL reading and writing the socket itself (``ssl.SSLSocket``,
+  non-blocking).
 
 A sender process writes ``--mib`` MiB in pieces of ``--chunk-kib`` KiB (a pull's answer) to a receiver
 process; each reports its CPU seconds, and the figures are CPU microseconds per KiB on each side.
-The difference between ``tls-memory-bio`` and ``plain`` is what TLS adds to every consumed message
+The difference between ``tls-channel`` and ``plain`` is what TLS adds to every consumed message
 (about 1 KiB); see ``orbit bench e2e --tls`` for the end-to-end ratio.
 
     python -m benchmarks.tls_transport [--mib 2048] [--chunk-kib 130] [--rounds 2] [--out FILE]
@@ -32,9 +35,10 @@ import orjson
 from benchmarks.machine import python_loop_ns
 from benchmarks.output import emit, header
 from data_plane.interpreter import interpreter_facts
+from data_plane.remoting.tls_channel import ChannelContext, TlsChannel, open_connection
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, client_context, make_local_ca
 
-MODES = ("plain", "tls-memory-bio", "tls-socket")
+MODES = ("plain", "tls-channel", "tls-memory-bio", "tls-socket")
 TIMEOUT_S = 300.0  # a measurement's transfer, at most
 
 
@@ -77,6 +81,7 @@ class _Pump(asyncio.Protocol):
         self.piece, self.left, self.done = piece, total, done
         self.paused = False
         self.transport: Any = None
+        self.connected: asyncio.Future[None] = done.get_loop().create_future()
         self.closed: asyncio.Future[None] = done.get_loop().create_future()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -85,6 +90,7 @@ class _Pump(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
+        self.connected.set_result(None)
 
     def pause_writing(self) -> None:
         self.paused = True
@@ -121,9 +127,15 @@ async def _send(mode: str, files: dict[str, str], listener: socket.socket, piece
         return spent
     done: asyncio.Future[None] = loop.create_future()
     pump = _Pump(piece, total, done)
-    transport, _ = await loop.connect_accepted_socket(
-        lambda: pump, sock, ssl=_server_context(files) if mode == "tls-memory-bio" else None
-    )
+    if mode == "tls-channel":
+        channel = ChannelContext.for_server(files["cert"], files["key"])
+        await loop.connect_accepted_socket(lambda: TlsChannel(channel, lambda: pump), sock)
+    else:
+        await loop.connect_accepted_socket(
+            lambda: pump, sock, ssl=_server_context(files) if mode == "tls-memory-bio" else None
+        )
+    await asyncio.wait_for(pump.connected, TIMEOUT_S)  # (the handshake done)
+    transport = pump.transport
     started = time.process_time()
     pump.pump()
     await done
@@ -187,9 +199,14 @@ async def _receive(mode: str, files: dict[str, str], port: int, total: int) -> f
         return spent
     sink = _Sink(total, done)
     tls = mode == "tls-memory-bio"
-    transport, _ = await loop.create_connection(
-        lambda: sink, "127.0.0.1", port, ssl=ctx if tls else None, server_hostname="localhost" if tls else None
-    )
+    transport: asyncio.BaseTransport
+    if mode == "tls-channel":
+        channel = ChannelContext.for_client(files["ca"])
+        transport = await open_connection(lambda: sink, "127.0.0.1", port, channel, server_hostname="localhost")
+    else:
+        transport, _ = await loop.create_connection(
+            lambda: sink, "127.0.0.1", port, ssl=ctx if tls else None, server_hostname="localhost" if tls else None
+        )
     started = time.process_time()
     await asyncio.wait_for(done, TIMEOUT_S)
     spent = time.process_time() - started
@@ -265,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs[mode].append(measure(mode, files, args.mib, args.chunk_kib))
                 print(mode, runs[mode][-1], file=sys.stderr, flush=True)
     median = {mode: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for mode, rs in runs.items()}
-    plain, tls = median["plain"], median["tls-memory-bio"]
+    plain, tls, stdlib = median["plain"], median["tls-channel"], median["tls-memory-bio"]
     result = {
         **header("tls_transport", argv),
         "options": {"mib": args.mib, "chunk_kib": args.chunk_kib, "rounds": args.rounds},
@@ -275,6 +292,10 @@ def main(argv: list[str] | None = None) -> int:
         "tls_adds_us_per_kib": {
             "sender": round(tls["sender_us_per_kib"] - plain["sender_us_per_kib"], 3),
             "receiver": round(tls["receiver_us_per_kib"] - plain["receiver_us_per_kib"], 3),
+        },
+        "stdlib_tls_adds_us_per_kib": {
+            "sender": round(stdlib["sender_us_per_kib"] - plain["sender_us_per_kib"], 3),
+            "receiver": round(stdlib["receiver_us_per_kib"] - plain["receiver_us_per_kib"], 3),
         },
     }
     emit(result, args.out)

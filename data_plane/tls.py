@@ -76,11 +76,26 @@ class ServerTls:
         return ctx
 
 
+class ClientSslContext(ssl.SSLContext):
+    """A client's SSLContext that remembers what it trusts (``ca_file``, ``verify``), so that a
+    remoting client can build the same trust for its own TLS channel
+    (``data_plane.remoting.tls_channel``)."""
+
+    ca_file: str | None = None
+    verify: bool = True
+
+
 def client_context(*, ca_file: str | None = None, verify: bool = True) -> ssl.SSLContext:
     """A client SSLContext: verifies the server's certificate and name against ``ca_file`` (else
     the system's trust store); ``verify=False`` only for a test against a server of one's own."""
-    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca_file or None)
+    ctx = ClientSslContext(ssl.PROTOCOL_TLS_CLIENT)  # (certificate and name checks on)
+    if ca_file:
+        ctx.load_verify_locations(cafile=ca_file)
+    else:
+        ctx.load_default_certs(ssl.Purpose.SERVER_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.ca_file = ca_file or None
+    ctx.verify = verify
     if not verify:
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE

@@ -11,6 +11,8 @@ from collections.abc import Awaitable
 from data_plane.remoting.command import MAX_FRAME_BYTES, RemotingCommand
 from data_plane.remoting.connection import Connection, Dispatch, TlsReader
 from data_plane.remoting.errors import RemotingConnectError, RemotingTimeoutError
+from data_plane.remoting.tls_channel import ChannelContext, available, open_connection
+from data_plane.tls import ClientSslContext
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,14 @@ class RemotingClient:
         """``local_host``: the local address connections are made from (None: the system's
         choice) — a broker registers with name servers from the address it serves on, which is
         the one the fleet lists for it. ``ssl_context``: connect over TLS, checking the server's
-        certificate and name as the context says (``data_plane.tls.client_context``)."""
+        certificate and name as the context says; one from ``data_plane.tls.client_context`` runs
+        on ``tls_channel.TlsChannel`` where it is available, any other on the event loop's TLS."""
         self.dispatch = dispatch
         self.local_host = local_host
         self.ssl_context = ssl_context
+        self._channel: ChannelContext | None = None
+        if isinstance(ssl_context, ClientSslContext) and available():
+            self._channel = ChannelContext.for_client(ssl_context.ca_file, verify=ssl_context.verify)
         self.connect_timeout_ms = connect_timeout_ms
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
@@ -72,17 +78,26 @@ class RemotingClient:
                     idle_timeout_s=self.idle_timeout_s,
                     on_close=lambda c: self._forget(addr, c),
                 )
-                await asyncio.wait_for(
-                    loop.create_connection(
+                local_addr = None if self.local_host is None else (self.local_host, 0)
+                if self._channel is not None:
+                    opened: Awaitable[object] = open_connection(
+                        lambda: TlsReader(conn),
+                        host,
+                        port,
+                        self._channel,
+                        local_addr=local_addr,
+                        handshake_timeout_s=self.connect_timeout_ms / 1000,
+                    )
+                else:
+                    opened = loop.create_connection(
                         (lambda: conn) if self.ssl_context is None else (lambda: TlsReader(conn)),
                         host,
                         port,
-                        local_addr=None if self.local_host is None else (self.local_host, 0),
+                        local_addr=local_addr,
                         ssl=self.ssl_context,
                         server_hostname=host if self.ssl_context is not None else None,
-                    ),
-                    self.connect_timeout_ms / 1000,
-                )
+                    )
+                await asyncio.wait_for(opened, self.connect_timeout_ms / 1000)
             except (OSError, TimeoutError) as e:
                 raise RemotingConnectError(addr, str(e) or type(e).__name__) from None
             self._conns[addr] = conn

@@ -44,6 +44,7 @@ import functools
 import itertools
 import logging
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -182,9 +183,10 @@ class Connection(asyncio.Protocol):
     # --- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's transports are not subclasses
-        # Over TLS every piece written becomes a TLS record of its own (a header, a MAC and a pass
-        # through the SSL object each): what one flush writes goes as one buffer instead.
-        self._join_all = transport.get_extra_info("ssl_object") is not None
+        # Over the event loop's TLS every piece written becomes a TLS record of its own (a header,
+        # a MAC and a pass through the SSL object each): what one flush writes goes as one buffer
+        # instead. (TlsChannel joins small pieces itself and encrypts large ones where they are.)
+        self._join_all = isinstance(transport.get_extra_info("ssl_object"), ssl.SSLObject)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):

@@ -12,6 +12,9 @@ TCP on one port, telling them apart by each connection's first byte (read with M
 the connection is handed to asyncio, so nothing is consumed): 0x16 opens a TLS handshake record.
 A peer has ``TLS_SNIFF_TIMEOUT_S`` to send that byte and ``TLS_HANDSHAKE_TIMEOUT_S`` to finish the
 handshake; connections waiting for their first byte count against ``max_connections_total``.
+TLS runs on ``tls_channel.TlsChannel`` (cryptography's OpenSSL) where it is available, else on
+the event loop's own TLS transport; either way a connection reaches the processors only once its
+handshake is done.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable
 
 from data_plane.remoting.codes import ResponseCode
@@ -33,7 +37,8 @@ from data_plane.remoting.connection import (
     TlsReader,
 )
 from data_plane.remoting.limits import InboundGuard, InboundLimits
-from data_plane.tls import TLS_RECORD_HANDSHAKE, ServerTls
+from data_plane.remoting.tls_channel import ChannelContext, TlsChannel, available
+from data_plane.tls import TLS_RECORD_HANDSHAKE, ServerTls, TlsConfigError
 
 log = logging.getLogger(__name__)
 
@@ -114,11 +119,19 @@ class RemotingServer:
     ) -> None:
         self.processors = processors
         self.tls = (tls or ServerTls()).validate()
-        self._ssl = self.tls.context()
+        self._channel: ChannelContext | None = None  # TLS on TlsChannel
+        self._ssl: ssl.SSLContext | None = None  # TLS on the event loop's transport
+        if self.tls.enabled and available():
+            try:
+                self._channel = ChannelContext.for_server(self.tls.cert_file, self.tls.key_file)
+            except ssl.SSLError as e:
+                raise TlsConfigError(str(e)) from None
+        else:
+            self._ssl = self.tls.context()
         self._listen_sock: socket.socket | None = None  # permissive: our own accept loop
         self._accept_task: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
-        self.tls_connections = 0  # permissive: connections served over TLS (the rest are plain)
+        self.tls_connections = 0  # connections served over TLS (in permissive mode the rest are plain)
         # Passed to every new Connection (see there); the broker sets it once its store runs.
         self.before_write: Callable[[], object] | None = None
         # Passed to every new Connection: called with each FLOW_CONTROL answer (the broker's throttle).
@@ -178,7 +191,15 @@ class RemotingServer:
         return conn
 
     def _make_tls(self) -> TlsReader:
+        self.tls_connections += 1
         return TlsReader(self._make())
+
+    def _make_channel(self) -> TlsChannel:
+        assert self._channel is not None
+        return TlsChannel(self._channel, self._make_tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S)
+
+    def _tls_factory(self) -> Callable[[], asyncio.BaseProtocol]:
+        return self._make_channel if self._channel is not None else self._make_tls
 
     async def start(self, *, serving: bool = True) -> None:
         """Bind (port 0 picks a free port, read back into ``port``) and, with ``serving``,
@@ -194,7 +215,7 @@ class RemotingServer:
                 await self.start_serving()
         else:
             self._server = await loop.create_server(
-                self._make if self._ssl is None else self._make_tls,
+                self._make if not self.tls.enabled else self._tls_factory(),
                 self.host,
                 self.port,
                 reuse_address=True,
@@ -259,17 +280,14 @@ class RemotingServer:
         use_tls = first[0] == TLS_RECORD_HANDSHAKE
         try:
             await loop.connect_accepted_socket(
-                self._make_tls if use_tls else self._make,
+                self._tls_factory() if use_tls else self._make,
                 sock,
                 ssl=self._ssl if use_tls else None,
-                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if use_tls else None,
+                ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT_S if use_tls and self._ssl is not None else None,
             )
         except (OSError, TimeoutError) as e:  # a failed TLS handshake
             log.info("a connection's TLS handshake failed: %s", e)
             sock.close()
-            return
-        if use_tls:
-            self.tls_connections += 1
 
     @property
     def address(self) -> str:

@@ -76,6 +76,7 @@ SDK_MAY_LOAD = {
     "data_plane.remoting.errors",
     "data_plane.remoting.limits",
     "data_plane.remoting.server",
+    "data_plane.remoting.tls_channel",
     "data_plane.store",
     "data_plane.store._records",
     "data_plane.store.compiled",
