@@ -63,6 +63,9 @@ class Tenants:
     # most at its consume quota (0: none) while the other tenants publish and consume as always.
     noisy_backlog_msgs: int = 0
     noisy_consume_quota_msgs_per_s: int = 0
+    # Tenant 0's own publish quota (0: ``publish_quota_msgs_per_s``, as the others'): a burst case
+    # gives it one far above what the broker can do, so its burst is within its quota.
+    noisy_publish_quota_msgs_per_s: int = 0
     # A control case: a process at ``noisy_nice`` spins through the run beside tenant 0's producers
     # (loadtest.workers.burner_main) — what a busy co-located client costs the others by its CPU alone.
     noisy_cpu_burn: bool = False
@@ -148,6 +151,7 @@ TENANT_FIELDS = {
     "noisy_connections": ("int", 0, 10_000),
     "noisy_backlog_msgs": ("int", 0, 100_000_000),
     "noisy_consume_quota_msgs_per_s": ("int", 0, 10_000_000),
+    "noisy_publish_quota_msgs_per_s": ("int", 0, 10_000_000),
     "noisy_cpu_burn": ("bool", 0, 0),
 }
 TENANT_OPTIONAL = {
@@ -155,6 +159,7 @@ TENANT_OPTIONAL = {
     "noisy_connections",
     "noisy_backlog_msgs",
     "noisy_consume_quota_msgs_per_s",
+    "noisy_publish_quota_msgs_per_s",
     "noisy_cpu_burn",
 }
 TOP_ONLY = {"name", "description", "peers", "variants"}

@@ -330,12 +330,14 @@ BACKLOG_IN_FLIGHT = 16
 def _quota(tenants: Any, *, noisy: bool) -> dict[str, int]:
     """A tenant's quota override: the case's publish quota; for the noisy tenant of a backlog
     case, none to speak of on publishing (its backlog is stored before the run) and the case's
-    consume quota."""
+    consume quota; for the noisy tenant of a burst case, its own publish quota."""
     if noisy and tenants.noisy_backlog_msgs:
         quota = {"publish_msgs_per_s": BACKLOG_PUBLISH_QUOTA}
         if tenants.noisy_consume_quota_msgs_per_s:
             quota["consume_msgs_per_s"] = tenants.noisy_consume_quota_msgs_per_s
         return quota
+    if noisy and tenants.noisy_publish_quota_msgs_per_s:
+        return {"publish_msgs_per_s": tenants.noisy_publish_quota_msgs_per_s}
     return {"publish_msgs_per_s": tenants.publish_quota_msgs_per_s}
 
 

@@ -470,6 +470,8 @@ class Broker:
             info["quotaThrottles"] = self.tenancy.throttled  # connections paused for a retry-after
             info["quotaEarlyRefusals"] = self.tenancy.early_refusals  # sends refused off their frames
             info["quotaRefusals"] = self.tenancy.quota_refusals  # publishes refused on the command path
+            share = self.tenancy.fair_share  # requests that waited for their tenant's share of the loop
+            info["fairShareQueued"] = share.queued if share is not None else 0
             info.update({f"refused.auth.{r}": n for r, n in self.tenancy.refusals.counts.items()})
         return {k: str(v) for k, v in info.items()}
 

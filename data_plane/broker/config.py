@@ -143,6 +143,12 @@ class BrokerConfig:
     # tenant of its first authenticated request; past the limit that request is answered
     # SYSTEM_BUSY and the connection closed, so one tenant cannot use up the broker's sockets.
     max_connections_per_tenant: int = 1000
+    # Fair share of the broker's loop between tenants when it is saturated (remoting/fair_share.py):
+    # requests are handled as read until a loop turn's take fair_share_quantum_us; past that they
+    # wait per tenant and are taken least-served tenant first, fair_share_slice_us at a time.
+    fair_share: bool = True
+    fair_share_quantum_us: int = 200
+    fair_share_slice_us: int = 200
     # How often tenants' stored bytes are measured (metered, and checked against their storage share).
     storage_check_interval_s: float = 30.0
     # OpenTelemetry (docs/broker.md#observability): "none", "console" or "otlp" (OTLP/HTTP to
@@ -289,6 +295,10 @@ class BrokerConfig:
             problems.append("quota_burst_s must be > 0")
         if self.max_connections_per_tenant < 0:
             problems.append("max_connections_per_tenant must be >= 0 (0: no limit)")
+        if not 0 <= self.fair_share_quantum_us <= 1_000_000:
+            problems.append("fair_share_quantum_us must be 0..1000000")
+        if not 1 <= self.fair_share_slice_us <= 1_000_000:
+            problems.append("fair_share_slice_us must be 1..1000000")
         if self.usage_report_interval_s <= 0:
             problems.append("usage_report_interval_s must be > 0")
         roll_ms = round(self.usage_roll_interval_s * 1000)

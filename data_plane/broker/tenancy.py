@@ -37,6 +37,7 @@ from data_plane.refusal_log import RefusalLog
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import Body, RemotingCommand
 from data_plane.remoting.connection import Connection
+from data_plane.remoting.fair_share import FairShare
 from data_plane.remoting.send_frame import flow_control_frame, send_fields
 from data_plane.store.message import Message, RecordError, parse_record
 from data_plane.tasks import cancel_all
@@ -208,6 +209,7 @@ class BrokerTenancy:
         self.tenant_max_connections: dict[str, int] = {}
         self.tenant_load: dict[str, list[int]] = {}
         self.tenant_inflight_limits: dict[str, int] = {}
+        self.fair_share: FairShare | None = None  # made in start (it needs the loop)
 
     @property
     def token_source(self) -> ClientCredentials | None:
@@ -240,6 +242,10 @@ class BrokerTenancy:
             )
             self.reporter.start()
         loop = asyncio.get_running_loop()
+        if cfg.fair_share:
+            self.fair_share = FairShare(
+                loop, quantum_s=cfg.fair_share_quantum_us / 1e6, slice_s=cfg.fair_share_slice_us / 1e6
+            )
         reporter = self.reporter
         on_spooled = (lambda _n: reporter.wake()) if reporter is not None else None
         self._tasks = [
@@ -315,6 +321,8 @@ class BrokerTenancy:
         if cell is None:
             cell = self.tenant_load[tenant] = [0, self.tenant_inflight_limits.get(tenant, 0)]
         conn.tenant_load = cell
+        if self.fair_share is not None:
+            conn.share = self.fair_share.tenant(tenant)
         return None
 
     def connection_closed(self, conn: Connection) -> None:
@@ -329,6 +337,8 @@ class BrokerTenancy:
             cell = self.tenant_load.get(tenant)
             if cell is not None and cell[0] <= 0:
                 del self.tenant_load[tenant]
+            if self.fair_share is not None:
+                self.fair_share.forget(tenant)
 
     # --- sends and pulls ------------------------------------------------------------------------------
     def before_put(self, conn: Connection, cmd: RemotingCommand, msgs: list[Message]) -> RemotingCommand | None:

@@ -70,6 +70,7 @@ from data_plane.remoting.errors import (
     RemotingTimeoutError,
     RemotingTooMuchRequestError,
 )
+from data_plane.remoting.fair_share import TenantShare
 from data_plane.remoting.limits import FRAME_COMPLETE_TIMEOUT, MALFORMED_FRAME, InboundGuard
 from data_plane.remoting.limits import MAX_FRAME_BYTES as REFUSED_FRAME_BYTES
 
@@ -152,6 +153,11 @@ class Connection(asyncio.Protocol):
         # [requests in flight, their limit (0: none)]: a cell the connections of one
         # tenant share (set by the layer above once the connection is known to be the tenant's).
         self.tenant_load: list[int] | None = None
+        # The tenant's share of the loop (fair_share.py), set with ``tenant_load`` when the server
+        # shares its loop between tenants; None: requests are handled as they are read.
+        self.share: TenantShare | None = None
+        self.waiting_frames: deque[Body] = deque()  # read, waiting for the fair share's drain
+        self._held = False  # not read until the drain takes what it holds (fair_share.py)
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
         self._pending: dict[int, tuple[Waiter, int]] = {}  # opaque -> (its future or waiter, code)
         # Per timeout (ms): (deadline, opaque) in the order sent, i.e. by deadline. Never the
@@ -225,13 +231,39 @@ class Connection(asyncio.Protocol):
                 pending, bool(frames)
             ):
                 return
+        if self.share is not None:
+            if frames:
+                self.share.submit(self, frames)
+            return
         self._handle_frames(frames)
 
     def whole_frame_received(self, frame: Body) -> None:
         """One whole frame (without its length prefix) a reader assembled itself (``TlsReader``,
         on a connection with no guard), as ``data_received`` would have split it off."""
         self._last_active = self.loop.time()
+        if self.share is not None:
+            self.share.submit(self, [frame])
+            return
         self._handle_frames([frame])
+
+    def handle_frames(self, frames: list[Body]) -> None:
+        """Requests the fair share's drain hands over (``fair_share.py``)."""
+        if not self.closed:
+            self._handle_frames(frames)
+
+    def hold_reading(self, held: bool) -> None:
+        """Stop reading the peer while the fair share holds this connection's requests, or read
+        again (unless something else keeps it stopped)."""
+        self._held = held
+        if self.transport is None or not self.server_side or self.closed:
+            return
+        if held:
+            self.transport.pause_reading()
+        elif self._may_read():
+            self.transport.resume_reading()
+
+    def _may_read(self) -> bool:
+        return not (self._write_paused or self._held or self._throttle_timer is not None)
 
     def _handle_frames(self, frames: list[Body]) -> None:
         self._in_read = True
@@ -373,8 +405,7 @@ class Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
-        throttled = self._throttle_timer is not None
-        if self.transport is not None and self.server_side and not self.closed and not throttled:
+        if self.transport is not None and self.server_side and not self.closed and self._may_read():
             self.transport.resume_reading()
 
     # --- throttling (a client over its quota) ------------------------------------------------
@@ -397,7 +428,7 @@ class Connection(asyncio.Protocol):
 
     def _end_throttle(self) -> None:
         self._throttle_timer = None
-        if self.transport is not None and not self.closed and not self._write_paused:
+        if self.transport is not None and not self.closed and self._may_read():
             self.transport.resume_reading()
 
     @property

@@ -18,6 +18,7 @@ control plane served by this very event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import os
 import time
@@ -299,11 +300,12 @@ async def flood(
     concurrency: int,
     seconds: float,
     saturated_after: int,
+    connections: int = 1,
 ) -> dict[str, int]:
-    """``concurrency`` SDK senders, each sending one message after another for ``seconds`` or
-    until stdin is closed; prints ``{"started": true}`` once ``saturated_after`` sends were
-    acknowledged (past the bucket's burst, the flood is then held to the quota), and at the end
-    its counts as JSON."""
+    """``concurrency`` SDK senders over ``connections`` client instances (a connection each),
+    each sending one message after another for ``seconds`` or until stdin is closed; prints
+    ``{"started": true}`` once ``saturated_after`` sends were acknowledged (past the bucket's
+    burst, the flood is then held to the quota), and at the end its counts as JSON."""
     import sys
 
     from sdk import Message, Producer
@@ -312,21 +314,33 @@ async def flood(
     creds = ClientCredentials(access_key, secret, token_url)
     acked = flow_errors = other_errors = requests = refusals = 0
     started = False
+    producers = [
+        Producer(
+            f"{topic.partition('%')[0]}%flood",
+            namesrv_addrs=namesrv,
+            credentials=creds,
+            send_timeout_ms=2000,
+            instance_name=f"flood-{i}",
+        )
+        for i in range(max(1, connections))
+    ]
     try:
-        async with Producer(
-            f"{topic.partition('%')[0]}%flood", namesrv_addrs=namesrv, credentials=creds, send_timeout_ms=2000
-        ) as p:
-            inst = p.instance
-            plain_invoke = inst.invoke
+        async with contextlib.AsyncExitStack() as stack:
+            for p in producers:
+                await stack.enter_async_context(p)
+                inst = p.instance
 
-            async def counting_invoke(addr: str, cmd: Any, timeout_ms: int | None = None) -> Any:
-                nonlocal requests, refusals
-                resp = await plain_invoke(addr, cmd, timeout_ms)
-                requests += 1
-                refusals += resp.code == ResponseCode.FLOW_CONTROL
-                return resp
+                def counting(plain_invoke: Any) -> Any:
+                    async def counting_invoke(addr: str, cmd: Any, timeout_ms: int | None = None) -> Any:
+                        nonlocal requests, refusals
+                        resp = await plain_invoke(addr, cmd, timeout_ms)
+                        requests += 1
+                        refusals += resp.code == ResponseCode.FLOW_CONTROL
+                        return resp
 
-            inst.invoke = counting_invoke  # type: ignore[method-assign]  # counts what the broker answered
+                    return counting_invoke
+
+                inst.invoke = counting(inst.invoke)  # type: ignore[method-assign]  # counts what the broker answered
             end = time.monotonic() + seconds
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
@@ -339,7 +353,7 @@ async def flood(
 
             watcher = loop.create_task(watch_stdin())
 
-            async def sender() -> None:
+            async def sender(p: Producer) -> None:
                 nonlocal acked, flow_errors, other_errors, started
                 while time.monotonic() < end and not stop.is_set():
                     try:
@@ -356,7 +370,7 @@ async def flood(
                         sys.stdout.write('{"started": true}\n')
                         sys.stdout.flush()
 
-            await asyncio.gather(*(sender() for _ in range(concurrency)))
+            await asyncio.gather(*(sender(producers[i % len(producers)]) for i in range(concurrency)))
             watcher.cancel()
     finally:
         await creds.aclose()
@@ -384,9 +398,20 @@ def _main() -> None:
     ap.add_argument("--concurrency", type=int, default=100)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--saturated-after", type=int, default=1)
+    ap.add_argument("--connections", type=int, default=1)
     a = ap.parse_args()
     out = asyncio.run(
-        flood(a.namesrv, a.token_url, a.access_key, a.secret, a.topic, a.concurrency, a.seconds, a.saturated_after)
+        flood(
+            a.namesrv,
+            a.token_url,
+            a.access_key,
+            a.secret,
+            a.topic,
+            a.concurrency,
+            a.seconds,
+            a.saturated_after,
+            a.connections,
+        )
     )
     sys.stdout.write(orjson.dumps(out).decode() + "\n")
 

@@ -168,13 +168,15 @@ def test_the_shipped_files_say_what_they_promise() -> None:
         assert noisy.tenants.noisy_nice == baseline.tenants.noisy_nice  # the same machine, only the rate differs
         factors.append(noisy.tenants.noisy_rate_msgs_per_s / noisy.tenants.publish_quota_msgs_per_s)
     named = {c.name: c.tenants for c in floods}
-    assert {n: t.noisy_rate_msgs_per_s / t.publish_quota_msgs_per_s for n, t in named.items() if t} == {
+    own_quota = {n: t.noisy_publish_quota_msgs_per_s or t.publish_quota_msgs_per_s for n, t in named.items() if t}
+    assert {n: t.noisy_rate_msgs_per_s / own_quota[n] for n, t in named.items() if t} == {
         "at-quota": 0.97,  # what a flood gets acknowledged, no more
         "cpu-neighbour": 0.5,
         "noisy-4x": 4.0,
         "noisy-20x": 20.0,
         "connection-storm": 4.0,
         "backlog-drain": 0.5,
+        "burst-in-quota": 0.06,  # far within its own quota, far past what the broker can do
     }
     assert len(factors) == len(named)
     assert [n for n, t in named.items() if t and t.noisy_cpu_burn] == ["cpu-neighbour"]  # the control
@@ -206,3 +208,13 @@ def test_the_backlog_tenant_stores_its_backlog_unthrottled_and_drains_it_at_its_
     flood = cases["noisy-4x"].tenants
     assert flood is not None
     assert _quota(flood, noisy=True) == {"publish_msgs_per_s": flood.publish_quota_msgs_per_s}
+
+
+def test_the_bursting_tenant_gets_its_own_quota_and_the_others_keep_theirs() -> None:
+    from loadtest.targets import _quota
+
+    burst = {c.name: c for c in sc.load("noisy-neighbour").cases}["burst-in-quota"].tenants
+    assert burst is not None
+    assert burst.noisy_publish_quota_msgs_per_s > burst.noisy_rate_msgs_per_s  # the burst is within it
+    assert _quota(burst, noisy=True) == {"publish_msgs_per_s": burst.noisy_publish_quota_msgs_per_s}
+    assert _quota(burst, noisy=False) == {"publish_msgs_per_s": burst.publish_quota_msgs_per_s}
