@@ -47,7 +47,7 @@ import socket
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from data_plane.remoting.codes import FLAG_ONEWAY, FLAG_RESPONSE, ResponseCode
 from data_plane.remoting.command import (
@@ -70,9 +70,11 @@ from data_plane.remoting.errors import (
     RemotingTimeoutError,
     RemotingTooMuchRequestError,
 )
-from data_plane.remoting.fair_share import TenantShare
 from data_plane.remoting.limits import FRAME_COMPLETE_TIMEOUT, MALFORMED_FRAME, InboundGuard
 from data_plane.remoting.limits import MAX_FRAME_BYTES as REFUSED_FRAME_BYTES
+
+if TYPE_CHECKING:  # (the fair share is the broker's: clients do not load it)
+    from data_plane.remoting.fair_share import TenantShare
 
 log = logging.getLogger(__name__)
 
