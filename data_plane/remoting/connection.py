@@ -159,6 +159,7 @@ class Connection(asyncio.Protocol):
         # shares its loop between tenants; None: requests are handled as they are read.
         self.share: TenantShare | None = None
         self.waiting_frames: deque[Body] = deque()  # read, waiting for the fair share's drain
+        self.waiting_bytes = 0  # ... and their size
         self._held = False  # not read until the drain takes what it holds (fair_share.py)
         self.attrs: dict[str, Any] = {}  # per-connection state of the layer above (client id, auth)
         self._pending: dict[int, tuple[Waiter, int]] = {}  # opaque -> (its future or waiter, code)
@@ -264,6 +265,13 @@ class Connection(asyncio.Protocol):
         elif self._may_read():
             self.transport.resume_reading()
 
+    def eof_received(self) -> bool | None:
+        """The peer ended the connection: what it sent before, still waiting for its tenant's
+        share of the loop, is handled now (nothing read is lost)."""
+        if self.share is not None and self.waiting_frames:
+            self.share.flush(self)
+        return None
+
     def _may_read(self) -> bool:
         return not (self._write_paused or self._held or self._throttle_timer is not None)
 
@@ -355,7 +363,7 @@ class Connection(asyncio.Protocol):
         """The deadline sweep's check (server side): close the connection when its incomplete
         frame began more than ``timeout_s`` ago. While we do not read from it (back-pressure)
         the clock starts again: the peer cannot complete a frame we do not read."""
-        if self._write_paused:
+        if not self._may_read():  # (back-pressure, a quota throttle or the fair share's hold)
             self.partial_since = now
             return
         guard = self.guard

@@ -11,7 +11,9 @@ TLS (``data_plane/tls.py``): ``enforcing`` serves TLS only; ``permissive`` serve
 TCP on one port, telling them apart by each connection's first byte (read with MSG_PEEK before
 the connection is handed to asyncio, so nothing is consumed): 0x16 opens a TLS handshake record.
 A peer has ``TLS_SNIFF_TIMEOUT_S`` to send that byte and ``TLS_HANDSHAKE_TIMEOUT_S`` to finish the
-handshake; connections waiting for their first byte count against ``max_connections_total``.
+handshake; connections waiting for their first byte or in their handshake count against
+``max_connections_total`` (past it a connection is closed as it is accepted), and handshakes under
+way end with the server.
 TLS runs on ``tls_channel.TlsChannel`` (cryptography's OpenSSL) where it is available, else on
 the event loop's own TLS transport; either way a connection reaches the processors only once its
 handshake is done.
@@ -102,6 +104,13 @@ async def _decide_later(
     return await answer
 
 
+class _Refused(asyncio.Protocol):
+    """A connection past the server's limit: closed as it is accepted."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.abort()  # type: ignore[attr-defined]  # (a socket transport)
+
+
 class RemotingServer:
     def __init__(
         self,
@@ -131,6 +140,7 @@ class RemotingServer:
         self._listen_sock: socket.socket | None = None  # permissive: our own accept loop
         self._accept_task: asyncio.Task[None] | None = None
         self._sniffing: set[asyncio.Task[None]] = set()
+        self._handshaking: set[TlsChannel] = set()  # TLS connections whose handshake is under way
         self.tls_connections = 0  # connections served over TLS (in permissive mode the rest are plain)
         # Passed to every new Connection (see there); the broker sets it once its store runs.
         self.before_write: Callable[[], object] | None = None
@@ -194,9 +204,22 @@ class RemotingServer:
         self.tls_connections += 1
         return TlsReader(self._make())
 
-    def _make_channel(self) -> TlsChannel:
+    def _make_channel(self) -> asyncio.BaseProtocol:
+        """A TLS connection's channel. Connections still in their handshake count against
+        ``max_connections_total`` (past it the connection is closed as it is accepted) and are
+        aborted when the server closes."""
         assert self._channel is not None
-        return TlsChannel(self._channel, self._make_tls, handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S)
+        if len(self._handshaking) + len(self.connections) + len(self._sniffing) >= self.limits.max_connections_total:
+            self.guard.refused["max_connections_total"] += 1
+            return _Refused()
+        channel = TlsChannel(
+            self._channel,
+            self._make_tls,
+            handshake_timeout_s=TLS_HANDSHAKE_TIMEOUT_S,
+            on_handshake_end=self._handshaking.discard,
+        )
+        self._handshaking.add(channel)
+        return channel
 
     def _tls_factory(self) -> Callable[[], asyncio.BaseProtocol]:
         return self._make_channel if self._channel is not None else self._make_tls
@@ -294,6 +317,9 @@ class RemotingServer:
         return f"{self.host}:{self.port}"
 
     async def close(self, grace_s: float = 1.0) -> None:
+        for channel in list(self._handshaking):
+            channel.abort()
+        self._handshaking.clear()
         if self._sweep_timer is not None:
             self._sweep_timer.cancel()
             self._sweep_timer = None

@@ -107,8 +107,8 @@ def _openssl() -> Any:
                 log.info("cryptography's OpenSSL lacks %s: TLS runs on the standard library", ", ".join(missing))
                 _binding = False
             else:
-                _binding = (b.lib, b.ffi)
                 _uncleared = b.ffi.new_allocator(should_clear_after_alloc=False)
+                _binding = (b.lib, b.ffi)
         except ImportError as e:
             log.info("cryptography's OpenSSL bindings cannot be loaded (%s): TLS runs on the standard library", e)
             _binding = False
@@ -254,6 +254,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
         self._closing = False
         self._reading_paused = False
         self._read_scheduled = False
+        self._failure: Exception | None = None  # why the channel failed, for connection_lost
 
     # --- the socket's side ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -319,7 +320,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
         self._closing = True
         if self._app is not None:
             app, self._app = self._app, None
-            app.connection_lost(exc)
+            app.connection_lost(exc or self._failure)
         elif self._waiter is not None and not self._waiter.done():
             self._waiter.set_exception(exc or ConnectionResetError("the connection closed during the TLS handshake"))
         self._raw = None
@@ -335,6 +336,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
     # --- the handshake ----------------------------------------------------------------------------
     def _handshake(self) -> None:
         lib, ffi = self._lib, self._ffi
+        lib.ERR_clear_error()  # (SSL_get_error reads the queue: it must hold only this call's errors)
         r = lib.SSL_do_handshake(self._ssl)
         err = 0 if r == 1 else lib.SSL_get_error(self._ssl, r)  # (asked before anything else runs)
         self._flush()
@@ -391,6 +393,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
         else:
             log.warning("TLS connection failed: %s", exc)
         self._closing = True
+        self._failure = exc
         if self._raw is not None:
             self._raw.abort()
 
@@ -405,6 +408,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
         self._read_scheduled = False
         lib = self._lib
         ssl_obj = self._ssl
+        lib.ERR_clear_error()
         while not self._reading_paused and self._app is not None and not self._closing:
             if self._buffered:
                 buf = self._app.get_buffer(-1)
@@ -473,6 +477,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
         if n == 0:
             return True
         lib = self._lib
+        lib.ERR_clear_error()
         if lib.SSL_write(self._ssl, self._ffi.from_buffer(data), n) <= 0:
             self._fail(ssl.SSLError(f"TLS write failed: {_errors(lib, self._ffi)}"))
             return False

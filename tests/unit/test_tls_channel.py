@@ -19,6 +19,7 @@ from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.errors import RemotingError
+from data_plane.remoting.limits import InboundLimits
 from data_plane.remoting.server import Processors, RemotingServer
 from data_plane.remoting.tls_channel import ENGINE_ENV, ChannelContext, TlsChannel, available, open_connection
 from data_plane.tls import ServerTls, client_context, make_local_ca
@@ -348,3 +349,39 @@ async def test_the_standard_librarys_tls_is_used_when_asked(
         await client.close()
         await untrusting.close()
         await server.close()
+
+
+async def test_handshakes_under_way_count_against_the_connection_limit_and_end_with_the_server(
+    ca: dict[str, str],
+) -> None:
+    server = RemotingServer(
+        Processors(),
+        tls=ServerTls("enforcing", ca["server.pem"], ca["server-key.pem"]),
+        limits=InboundLimits(max_connections_total=3),
+    )
+    await server.start()
+    stalled = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(5)]  # never say hello
+    try:
+        for s in stalled:
+            s.settimeout(DEADLINE_S)
+        # Two past the limit are closed as they are accepted, long before the handshake deadline.
+        refused = [await asyncio.to_thread(_closed_within, s, 3.0) for s in stalled[3:]]
+        assert refused == [True, True]
+        assert server.refused.get("max_connections_total") == 2
+        assert not any([await asyncio.to_thread(_closed_within, s, 0.3) for s in stalled[:3]])  # held
+        await server.close()  # and the three under way end with the server
+        assert all([await asyncio.to_thread(_closed_within, s, 3.0) for s in stalled[:3]])
+    finally:
+        for s in stalled:
+            s.close()
+        await server.close()
+
+
+def _closed_within(s: socket.socket, seconds: float) -> bool:
+    s.settimeout(seconds)
+    try:
+        return s.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
