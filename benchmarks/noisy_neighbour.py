@@ -21,6 +21,7 @@ that only spins, at the same niceness as its clients — what a co-located clien
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -142,11 +143,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of the whole scenario (default 3)")
     ap.add_argument("--case", action="append", default=[], help="only this case (repeatable; baseline always runs)")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--broker-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker setting for every case (repeatable), e.g. fair_share=false for the comparison",
+    )
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
     if not 1 <= args.repeat <= 20:
         ap.error("--repeat: 1..20")
     scen = sc.load("noisy-neighbour")
+    broker_set = []
+    for kv in args.broker_set:
+        key, sep, value = kv.partition("=")
+        if not sep or not key.strip():
+            ap.error(f"--broker-set: {kv!r} is not KEY=VALUE")
+        broker_set.append((key.strip(), value.strip()))
+    if broker_set:
+        cases = tuple(dataclasses.replace(c, broker_set=tuple(sorted(broker_set))) for c in scen.cases)
+        scen = dataclasses.replace(scen, cases=cases)
     names = {c.name for c in scen.cases}
     unknown = sorted(set(args.case) - names)
     if unknown:
@@ -179,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         **header("noisy_neighbour", argv),
         "machine": {"cpus": os.cpu_count(), **interpreter_facts()},
+        "broker_set": dict(broker_set),
         "targets": {"quiet_ratio_max": RATIO_TARGET, "noisy_quota_share_min": QUOTA_SHARE_TARGET},
         "summary": summarize(reps) if reps else {},
         "repetitions": reps,

@@ -98,6 +98,7 @@ class Case:
     slaves: int = 0
     tenants: Tenants | None = None
     store_set: tuple[tuple[str, str], ...] = ()
+    broker_set: tuple[tuple[str, str], ...] = ()  # broker settings (``--set``), as store_set is the store's
 
     @property
     def open_loop(self) -> bool:
@@ -141,6 +142,7 @@ FIELDS: dict[str, tuple[str, float, float]] = {
     "burst": ("table", 0, 0),
     "tenants": ("table", 0, 0),
     "store_set": ("table", 0, 0),
+    "broker_set": ("table", 0, 0),
 }
 BURST_FIELDS = {"at_s": ("float", 0, 86_400), "duration_s": ("float", 0.1, 86_400), "factor": ("float", 0.01, 1_000)}
 TENANT_FIELDS = {
@@ -221,9 +223,10 @@ def _settings(src: str, path: str, doc: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = Burst(**_table(src, where, value, BURST_FIELDS))
         elif key == "tenants":
             out[key] = Tenants(**_table(src, where, value, TENANT_FIELDS, TENANT_OPTIONAL))
-        elif key == "store_set":
+        elif key in ("store_set", "broker_set"):
             if not isinstance(value, dict) or not all(isinstance(v, str | int | float | bool) for v in value.values()):
-                raise ScenarioError(f"{src}: {where}: expected a table of broker store settings, got {value!r}")
+                what = "broker store settings" if key == "store_set" else "broker settings"
+                raise ScenarioError(f"{src}: {where}: expected a table of {what}, got {value!r}")
             pairs = ((str(k), str(v).lower() if isinstance(v, bool) else str(v)) for k, v in value.items())
             out[key] = tuple(sorted(pairs))
         else:

@@ -222,6 +222,8 @@ class OrbitServer:
         flags: list[str] = []
         for k, v in case.store_set:
             flags += ["--store-set", f"{k}={v}"]
+        for k, v in case.broker_set:
+            flags += ["--set", f"{k}={v}"]
         options: dict[str, Any] = {}
         if case.slaves:  # LocalCluster gives the master its role and each slave its own
             have = {f.name for f in dataclasses.fields(LocalCluster)}

@@ -35,6 +35,7 @@ message_bytes = [100, 2000]
 rate_msgs_per_s = 800
 peers = ["redis"]
 store_set = { reserve_ahead_bytes = 0, check = true }
+broker_set = { fair_share = false }
 [burst]
 at_s = 1
 duration_s = 2
@@ -58,6 +59,7 @@ producers = 1
         assert c.duration_s == 5.0
         assert c.burst == sc.Burst(at_s=1.0, duration_s=2.0, factor=10.0)
         assert c.store_set == (("check", "true"), ("reserve_ahead_bytes", "0"))
+        assert c.broker_set == (("fair_share", "false"),)
         assert c.open_loop
 
 
@@ -121,6 +123,7 @@ def test_no_file_at_all_is_a_case_of_defaults_and_flags() -> None:
         ({"variants": [{"name": "a", "peers": []}]}, "variants[0].peers", "top of the file"),
         ({"variants": [{"name": "a", "queues": 0}]}, "variants[0].queues", "outside"),
         ({"store_set": {"a": [1]}}, "store_set", "broker store settings"),
+        ({"broker_set": {"a": {"b": 1}}}, "broker_set", "a table of broker settings"),
     ],
 )
 def test_a_bad_field_is_refused_naming_it(doc: dict[str, Any], field: str, why: str) -> None:
