@@ -10,8 +10,10 @@
 
 A sender process writes ``--mib`` MiB in pieces of ``--chunk-kib`` KiB (a pull's answer) to a receiver
 process; each reports its CPU seconds, and the figures are CPU microseconds per KiB on each side.
-The difference between ``tls-channel`` and ``plain`` is what TLS adds to every consumed message
-(about 1 KiB); see ``orbit bench e2e --tls`` for the end-to-end ratio.
+It also reports AES-256-GCM's speed in the system's OpenSSL and in the one ``cryptography``
+bundles (``cipher_gb_per_s``). The difference between ``tls-channel`` and ``plain`` is what TLS
+adds to every consumed message (about 1 KiB); see ``orbit bench e2e --tls`` for the end-to-end
+ratio.
 
     python -m benchmarks.tls_transport [--mib 2048] [--chunk-kib 130] [--rounds 2] [--out FILE]
 """
@@ -25,6 +27,7 @@ import signal
 import socket
 import ssl
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -264,6 +267,37 @@ def measure(mode: str, files: dict[str, str], mib: int, chunk_kib: int) -> dict[
     }
 
 
+def cipher_gb_per_s(seconds: float = 1.0) -> dict[str, float | None]:
+    """AES-256-GCM over 16 KiB records (what TLS 1.3 negotiates here), one core: the system's
+    OpenSSL (``openssl speed``; None without the binary) and the release ``cryptography`` bundles
+    (its AESGCM, called from Python: a little under what OpenSSL itself does)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    out: dict[str, float | None] = {"system_openssl": None}
+    try:
+        run = subprocess.run(
+            ["openssl", "speed", "-seconds", str(max(1, round(seconds))), "-bytes", "16384", "-evp", "aes-256-gcm"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        last = run.stdout.strip().splitlines()[-1].split()
+        out["system_openssl"] = round(float(last[-1].rstrip("k")) * 1000 / 1e9, 2)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        pass
+    key = AESGCM(os.urandom(32))
+    nonce, record = os.urandom(12), os.urandom(16384)
+    done = 0
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        for _ in range(100):
+            key.encrypt(nonce, record, None)
+        done += 100
+    out["bundled_openssl"] = round(done * 16384 / (time.perf_counter() - began) / 1e9, 2)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.tls_transport", description=__doc__.split("\n")[0])
     ap.add_argument("--mib", type=int, default=2048, help="MiB sent in each measurement (default 2048)")
@@ -287,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         **header("tls_transport", argv),
         "options": {"mib": args.mib, "chunk_kib": args.chunk_kib, "rounds": args.rounds},
         "machine": {"cpus": os.cpu_count(), **interpreter_facts(), "python_loop_ns": python_loop_ns()},
+        "cipher_gb_per_s": cipher_gb_per_s(),
         "runs": runs,
         "median": median,
         "tls_adds_us_per_kib": {
