@@ -160,7 +160,6 @@ class FairShare:
         self.turn_spent = 0.0  # seconds of requests handled as read in this turn
         self.armed = False  # the next turn's callback is scheduled
         self.queued = 0  # requests that waited for a drain, since start (a metric)
-        self.drains = 0  # drains run, since start (a metric)
 
     def tenant(self, name: str, weight: float = 1.0) -> TenantShare:
         got = self.tenants.get(name)
@@ -194,7 +193,6 @@ class FairShare:
         waiting = self.waiting
         if not waiting:
             return
-        self.drains += 1
         clock = self.clock
         now = clock()
         until = now + self.slice_s

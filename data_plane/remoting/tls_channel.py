@@ -365,8 +365,7 @@ class TlsChannel(asyncio.BufferedProtocol, asyncio.Transport):
         except Exception as e:  # a refused connection (a listener's limits)
             self._fail(e)
             return
-        self._app = app
-        self._buffered = isinstance(app, asyncio.BufferedProtocol)
+        self.set_protocol(app)
         app.connection_made(self)
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)

@@ -297,12 +297,38 @@ async def test_a_refused_protocol_closes_the_connection(ca: dict[str, str]) -> N
         port = srv.sockets[0].getsockname()[1]
         try:
             channel = await open_connection(lambda: client, "127.0.0.1", port, ChannelContext.for_client(ca["ca.pem"]))
-        except (OSError, ssl.SSLError):
-            return  # (TLS 1.3: the server may cut it before the client's handshake ends)
-        channel.write(b"hello")
-        await asyncio.wait_for(client.lost, DEADLINE_S)
+        except (OSError, ssl.SSLError):  # (TLS 1.3: the server may cut it before the client's handshake ends)
+            refused_in_handshake = True
+        else:
+            refused_in_handshake = False
+            channel.write(b"hello")
+            await asyncio.wait_for(client.lost, DEADLINE_S)  # the server cut it after the handshake
+        assert refused_in_handshake or client.lost.done()
+        assert client.data == b""  # nothing was served either way
     finally:
         srv.close()
+
+
+async def test_a_plain_protocol_gets_data_received_in_order(server: ChannelServer, ca: dict[str, str]) -> None:
+    got = bytearray()
+    lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    class Plain(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            assert isinstance(data, bytes)
+            got.extend(data)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            lost.set_result(None)
+
+    channel = await open_connection(Plain, "127.0.0.1", server.port, ChannelContext.for_client(ca["ca.pem"]))
+    await poll(lambda: len(server.protocols) == 1 and server.protocols[0].transport is not None, "server side made")
+    blob = bytes(range(256)) * 4096  # 1 MiB: more than one read's worth
+    server.protocols[0].transport.write(blob)
+    await poll(lambda: len(got) >= len(blob), "the blob arrived")
+    assert got == blob
+    channel.close()
+    await asyncio.wait_for(lost, DEADLINE_S)
 
 
 async def test_the_remoting_server_makes_no_connection_for_a_failed_handshake(ca: dict[str, str]) -> None:
