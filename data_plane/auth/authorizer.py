@@ -34,7 +34,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Final, NamedTuple
 
-from data_plane.auth import signature
+from data_plane.auth import signature, v2_signature
 from data_plane.auth.config import AuthConfig
 from data_plane.auth.credential_store import CredentialStore
 from data_plane.auth.errors import AuthError, UnknownKeyIdError
@@ -164,6 +164,25 @@ class Authorizer:
             if access_key is not None:
                 return self._signed(cmd, ext, access_key)
         raise AuthError("no credentials: send a token (Authorization: Bearer) or an AccessKey and Signature")
+
+    def authenticate_headers(self, authorization: str, date_time: str, *, max_skew_s: float) -> Principal:
+        """The principal of a gRPC call (the RocketMQ 5 clients): a Bearer token, or an
+        ``MQv2-HMAC-SHA1`` signature of ``date_time`` checked against the access key's secret
+        exactly as an ACL signature is. Raises AuthError (UnknownKeyIdError as authenticate)."""
+        if authorization.startswith(BEARER):
+            return self._bearer(authorization)
+        if not authorization:
+            raise AuthError("no credentials: send a token (authorization: Bearer) or an MQv2-HMAC-SHA1 signature")
+        signed = v2_signature.parse(authorization)
+        cred = self.credentials.lookup(signed.access_key) if self.credentials is not None else None
+        if self.credentials is None:
+            raise AuthError("access keys are not accepted by this server")
+        if cred is None:
+            raise AuthError("unknown access key")
+        if not cred.active:
+            raise AuthError("access key revoked")
+        v2_signature.verify(signed, cred.secret, date_time, max_skew_s=max_skew_s)
+        return cred.principal
 
     def _bearer(self, value: str) -> Principal:
         if not value.startswith(BEARER):

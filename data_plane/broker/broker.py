@@ -70,6 +70,8 @@ from data_plane.tls import client_context
 
 if TYPE_CHECKING:
     from data_plane.broker.failover import FailoverAgent
+    from data_plane.broker.pop import PopService
+    from data_plane.proxy.server import GrpcEndpoint
     from data_plane.telemetry import BrokerMetrics, Telemetry
 
 log = logging.getLogger(__name__)
@@ -140,6 +142,8 @@ class Broker:
         self.is_master = config.is_master
         self.writable = config.is_master and not config.failover_enabled
         self.failover: FailoverAgent | None = None
+        self.pop: PopService | None = None  # lease-based consumption, with the gRPC endpoint
+        self.grpc: GrpcEndpoint | None = None
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
         self.before_put_plain: BeforePutPlain | None = None  # ... of a plain batch body (before_put_plain)
         self.tenancy: BrokerTenancy | None = None
@@ -194,6 +198,16 @@ class Broker:
             self._start_transaction_check()
         await self.replication.start()
         self._register_processors()
+        if cfg_grpc := self.config.grpc_listen:
+            from data_plane.broker.pop import PopService
+            from data_plane.proxy.server import GrpcEndpoint
+
+            self.pop = PopService(self)
+            self.hold.on_notify = self.pop.on_stored
+            self.grpc = GrpcEndpoint(self)
+            await self.grpc.bind()
+            await self.grpc.start(self.address.rpartition(":")[0])
+            log.info("gRPC listen %s", cfg_grpc)
         await self.server.start_serving()
         self.gc_watch.install()
         loop = asyncio.get_running_loop()
@@ -224,6 +238,8 @@ class Broker:
 
     async def on_became_master(self) -> None:
         """Promoted (failover): the master-only services start, the name servers hear at once."""
+        if self.pop is not None:
+            self.pop.recovered = False  # rebuilt from the replicated journal on first use
         if self.schedule.levels is None:
             await self.schedule.start(self.store, self.hold.notify)
         if self.transaction_check is None:
@@ -233,6 +249,8 @@ class Broker:
 
     async def on_became_slave(self) -> None:
         """Demoted (failover): the master-only services stop before the log is truncated."""
+        if self.pop is not None:
+            self.pop.recovered = False
         await self.schedule.stop()
         self.schedule = Schedule(self.config)
         if self.transaction_check is not None:
@@ -363,6 +381,8 @@ class Broker:
         if self.config.namesrv_addrs and self.store is not None:
             await self._unregister_all()
         await self.namesrv_client.close()
+        if self.grpc is not None:
+            await self.grpc.stop()
         await self.server.close()
         if self.replication is not None:
             await self.replication.stop()
@@ -614,6 +634,7 @@ async def serve(config: BrokerConfig, ready_file: str | None = None) -> int:
                 "pid": os.getpid(),
                 "broker_name": config.broker_name,
                 "store_dir": config.store_dir,
+                **({"grpc_address": f"{broker.address.rpartition(':')[0]}:{broker.grpc.port}"} if broker.grpc else {}),
             },
         )
     print(f"broker {config.broker_name} listening on {broker.address}", flush=True)

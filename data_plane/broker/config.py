@@ -168,6 +168,10 @@ class BrokerConfig:
     # A master's replication port (RocketMQ's haListenPort). "" = the listen host and listen port + 1
     # (10912 next to 10911); port 0 picks a free port (tests), published to name servers.
     ha_listen: str = ""
+    # --- RocketMQ 5 clients (docs/rocketmq5.md) ---------------------------------------------------------
+    # The gRPC endpoint (apache.rocketmq.v2.MessagingService) for the official v5 clients, with
+    # lease-based (POP) consumption. "" = none; port 0 picks a free port. TLS as the broker's.
+    grpc_listen: str = ""
     # A slave's master HA address (host:port). "" = learned from the name server's answer to the
     # slave's registration (the master's published HA address), as RocketMQ does.
     ha_master_address: str = ""
@@ -256,6 +260,8 @@ class BrokerConfig:
             problems.append(f"broker_id {self.broker_id} does not match role {self.broker_role.value}")
         if self.broker_id >= 100:
             problems.append("broker_id must be < 100 (100 is a former master's id while it is a slave)")
+        if self.grpc_listen and not self.grpc_listen.rpartition(":")[2].isdigit():
+            problems.append(f"grpc_listen {self.grpc_listen!r} is not host:port")
         if self.ha_listen and not self.ha_listen.rpartition(":")[2].isdigit():
             problems.append(f"ha_listen {self.ha_listen!r} is not host:port")
         if self.ha_master_address and not self.ha_master_address.rpartition(":")[2].isdigit():

@@ -73,6 +73,8 @@ class PullRequestHoldService:
         self.max_per_owner = max_per_owner
         self.held: dict[tuple[str, int], list[_Held]] = {}
         self.count = 0  # pulls held now
+        # Told of every notify (the POP lease book wakes its waiting receivers): (topic, queue id).
+        self.on_notify: Callable[[str, int], None] | None = None
         self._by_owner: dict[int, set[_Held]] = {}  # id(owner) → its pulls still held
         # Per suspend time (in DEADLINE_STEP_S): the pulls in the order held (so by deadline),
         # the done ones left in place until they reach the front or a compaction drops them.
@@ -133,6 +135,8 @@ class PullRequestHoldService:
 
     def notify(self, topic: str, queue_id: int, max_offset: int, tags_code: int | None = None) -> None:
         """Messages up to ``max_offset`` (exclusive) are readable in the queue."""
+        if self.on_notify is not None:
+            self.on_notify(topic, queue_id)
         key = (topic, queue_id)
         lst = self.held.get(key)
         if not lst:

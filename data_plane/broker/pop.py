@@ -1,0 +1,543 @@
+"""Lease-based (POP) consumption: what RocketMQ 5 clients receive, acknowledge and hand back.
+
+A consumer group receives messages from a queue under a lease: each message handed out is
+invisible to the group's other receivers until its lease ends, then it is handed out again with
+its delivery attempt counted, and after the group's last attempt it goes to the group's
+dead-letter topic. An acknowledgement ends the lease for good. Every queue a group consumes this
+way is a ``PopQueue``:
+
+* ``next``: where the next scan for new messages starts; every offset below it is leased or done;
+* ``leases``: offset -> ``Lease`` (deadline, attempt, the handle's random ``seq``);
+* ``done``: offsets at or above ``next`` that are finished (acknowledged, filtered out, dead-lettered).
+
+FIFO groups: a message whose message group (``__SHARDINGKEY``) has an earlier message leased or
+skipped is not handed out, so a group's next message waits for the previous one's acknowledgement.
+
+Receipt handles are ``<queue id>:<offset>:<seq>``, ``seq`` 64 random bits drawn per lease: a
+handle is good only while its lease is the one the book holds, so it cannot be guessed, and a
+handle of a lease that was renewed or handed to another receiver is refused as stale.
+
+Durability: every change is a record on the system topic ``rmq_sys_POP_JOURNAL`` (queue 0) in
+the CommitLog, so it survives a restart like a message and reaches the slaves with the
+CommitLog; acknowledgements are answered only once their record is stored (and, on a
+SYNC_MASTER, replicated). Every ``SNAPSHOT_EVERY`` records the whole book is written to queue 1;
+recovery (start, promotion) loads the newest snapshot and replays the records after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from data_plane.store.message import Message, StoredMessage, decode_record
+from data_plane.store.status import GetMessageStatus, PutMessageStatus
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+JOURNAL_TOPIC = "rmq_sys_POP_JOURNAL"
+JOURNAL_QUEUE = 0
+SNAPSHOT_QUEUE = 1
+SNAPSHOT_EVERY = 4096
+PROPERTY_MESSAGE_GROUP = "__SHARDINGKEY"
+# Bounds: leases a group may hold on one queue, how far past ``next`` a receive scans, and the
+# most a receive hands out.
+MAX_LEASES_PER_QUEUE = 65536
+SCAN_WINDOW = 2048
+MAX_BATCH = 64
+READ_CHUNK = 64
+
+Key = tuple[str, str, int]  # (group, topic, queue id)
+
+
+class PopError(Exception):
+    """A POP request the book refuses; ``code`` names why ("handle", "not_master", "leases")."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(slots=True)
+class Lease:
+    deadline_ms: int
+    attempt: int
+    seq: int
+    group_key: str | None = None  # the message group (FIFO), for the blocking rule
+
+
+@dataclass(slots=True)
+class PopQueue:
+    next: int = 0
+    leases: dict[int, Lease] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+    def settle(self) -> None:
+        """Move ``next`` past offsets that are leased or done (``done`` keeps only those above)."""
+        n, done, leases = self.next, self.done, self.leases
+        while n in done or n in leases:
+            done.discard(n)
+            n += 1
+        self.next = n
+
+    def committed(self) -> int:
+        """Every offset below this one is finished: the group's offset for 4.x tools and lag."""
+        return min(self.leases, default=self.next) if self.leases else self.next
+
+
+@dataclass(slots=True)
+class Delivery:
+    message: StoredMessage
+    handle: str
+    attempt: int
+    deadline_ms: int
+
+
+def handle_of(queue_id: int, offset: int, seq: int) -> str:
+    return f"{queue_id}:{offset}:{seq:016x}"
+
+
+def parse_handle(handle: str) -> tuple[int, int, int]:
+    """``(queue id, offset, seq)`` of a receipt handle; PopError("handle") if it is not one."""
+    parts = handle.split(":") if len(handle) <= 64 else ()
+    if len(parts) != 3 or not (parts[0].isdigit() and parts[1].isdigit()) or len(parts[2]) != 16:
+        raise PopError("handle", "not a receipt handle this broker issued")
+    try:
+        return int(parts[0]), int(parts[1]), int(parts[2], 16)
+    except ValueError:
+        raise PopError("handle", "not a receipt handle this broker issued") from None
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PopService:
+    """The lease book of every group consuming this broker's queues by POP (masters only)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.queues: dict[Key, PopQueue] = {}
+        self.fifo_groups: set[str] = set()
+        self.groups: set[str] = set()  # groups that consumed by POP here (the 4.x/5.x mix rule)
+        self._expiry: list[tuple[int, int, str, str, int, int]] = []  # (deadline, seq, group, topic, qid, off)
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._records = 0
+        self.recovered = False
+        self.delivered = 0
+        self.acked = 0
+        self.dead_lettered = 0
+
+    # --- journal ----------------------------------------------------------------------------------
+    def _append(self, queue_id: int, record: list[Any]) -> tuple[PutMessageStatus, int]:
+        store = self.broker.store
+        assert store is not None
+        msg = Message(JOURNAL_TOPIC, orjson.dumps(record), queue_id, born_timestamp=now_ms())
+        result, _end = store.entry.append([msg])
+        a = result.append
+        end = a.wrote_offset + a.wrote_bytes if a is not None else 0
+        if queue_id == JOURNAL_QUEUE:
+            self._records += 1
+        return result.status, end
+
+    async def _journal(self, record: list[Any], *, wait: bool) -> None:
+        status, end = self._append(JOURNAL_QUEUE, record)
+        if status is not PutMessageStatus.PUT_OK:
+            raise PopError("store", f"the lease journal could not be written ({status.name})")
+        replication = self.broker.replication
+        if wait and replication is not None and replication.sync_master:
+            got = await replication.replicated(end)
+            if got is not PutMessageStatus.PUT_OK:
+                raise PopError("replication", f"the acknowledgement is not replicated ({got.name})")
+        elif replication is not None:
+            replication.notify()
+        if self._records >= SNAPSHOT_EVERY:
+            self.snapshot()
+
+    def snapshot(self) -> None:
+        store = self.broker.store
+        assert store is not None
+        covered = store.max_offset_in_queue(JOURNAL_TOPIC, JOURNAL_QUEUE)
+        book = [
+            [g, t, q, pq.next, [[o, x.deadline_ms, x.attempt, x.seq, x.group_key] for o, x in pq.leases.items()],
+             sorted(pq.done)]
+            for (g, t, q), pq in self.queues.items()
+        ]  # fmt: skip
+        self._append(SNAPSHOT_QUEUE, ["S", covered, book, sorted(self.fifo_groups)])
+        self._records = 0
+
+    def recover(self) -> None:
+        """Rebuild the book from the newest snapshot and the journal records after it."""
+        store = self.broker.store
+        assert store is not None
+        self.queues.clear()
+        self._expiry.clear()
+        start = store.min_offset_in_queue(JOURNAL_TOPIC, JOURNAL_QUEUE)
+        last = store.max_offset_in_queue(JOURNAL_TOPIC, SNAPSHOT_QUEUE) - 1
+        if last >= 0:
+            snap = self._read_one(SNAPSHOT_QUEUE, last)
+            if snap is not None:
+                _s, covered, book, fifo = orjson.loads(snap.body)
+                self.fifo_groups.update(fifo)
+                for g, t, q, nxt, leases, done in book:
+                    pq = self.queues[(g, t, q)] = PopQueue(nxt, {}, set(done))
+                    for o, deadline, attempt, seq, gk in leases:
+                        pq.leases[o] = Lease(deadline, attempt, seq, gk)
+                        heapq.heappush(self._expiry, (deadline, seq, g, t, q, o))
+                    self.groups.add(g)
+                start = max(start, covered)
+        replayed = 0
+        end = store.max_offset_in_queue(JOURNAL_TOPIC, JOURNAL_QUEUE)
+        offset = start
+        while offset < end:
+            got = store.get_message(JOURNAL_TOPIC, JOURNAL_QUEUE, offset, READ_CHUNK)
+            if got.status is not GetMessageStatus.FOUND:
+                if got.next_begin_offset <= offset:
+                    break
+                offset = got.next_begin_offset
+                continue
+            for view in got.messages:
+                self._apply(orjson.loads(decode_record(view, check_crc=False).body))
+                replayed += 1
+            offset = got.next_begin_offset
+        self._records = replayed
+        self.recovered = True
+        log.info("POP leases recovered: %d queues, %d records replayed", len(self.queues), replayed)
+
+    def _read_one(self, queue_id: int, offset: int) -> StoredMessage | None:
+        store = self.broker.store
+        assert store is not None
+        got = store.get_message(JOURNAL_TOPIC, queue_id, offset, 1)
+        if got.status is not GetMessageStatus.FOUND or not got.messages:
+            return None
+        return decode_record(got.messages[0], check_crc=False)
+
+    def _apply(self, rec: list[Any]) -> None:
+        kind = rec[0]
+        if kind == "R":
+            _k, g, t, q, nxt, leases, done, fifo = rec
+            pq = self._queue(g, t, q)
+            if fifo:
+                self.fifo_groups.add(g)
+            for o, deadline, attempt, seq, gk in leases:
+                pq.leases[o] = Lease(deadline, attempt, seq, gk)
+                heapq.heappush(self._expiry, (deadline, seq, g, t, q, o))
+            for o in done:
+                pq.leases.pop(o, None)
+                if o >= pq.next:
+                    pq.done.add(o)
+            pq.next = max(pq.next, nxt)
+            pq.settle()
+        elif kind == "A":
+            _k, g, t, q, offsets = rec
+            pq = self._queue(g, t, q)
+            for o in offsets:
+                if pq.leases.pop(o, None) is not None and o >= pq.next:
+                    pq.done.add(o)
+            pq.settle()
+        elif kind == "C":
+            _k, g, t, q, o, deadline, seq = rec
+            lease = self._queue(g, t, q).leases.get(o)
+            if lease is not None:
+                lease.deadline_ms, lease.seq = deadline, seq
+                heapq.heappush(self._expiry, (deadline, seq, g, t, q, o))
+
+    def _queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
+        key = (group, topic, queue_id)
+        pq = self.queues.get(key)
+        if pq is None:
+            pq = self.queues[key] = PopQueue()
+            store = self.broker.store
+            assert store is not None
+            # A group new to POP starts where its committed offset is, else at the queue's start.
+            committed = self.broker.offsets.query(group, topic, queue_id)
+            pq.next = committed if committed >= 0 else store.min_offset_in_queue(topic, queue_id)
+            self.groups.add(group)
+        return pq
+
+    # --- receiving --------------------------------------------------------------------------------
+    def _take(
+        self,
+        group: str,
+        topic: str,
+        queue_id: int,
+        batch: int,
+        invisible_ms: int,
+        accepts: Callable[[StoredMessage], bool],
+        *,
+        fifo: bool,
+        max_attempts: int,
+        record: list[Any],
+        dead: list[StoredMessage],
+    ) -> list[Delivery]:
+        """Hand out up to ``batch`` messages of one queue (expired leases first, then new ones);
+        what changed goes into ``record`` (leases granted, offsets done)."""
+        store = self.broker.store
+        assert store is not None
+        pq = self._queue(group, topic, queue_id)
+        now = now_ms()
+        out: list[Delivery] = []
+        granted: list[list[Any]] = record[5]
+        done: list[int] = record[6]
+        blocked: set[str] = set()
+        if fifo:
+            blocked = {x.group_key for x in pq.leases.values() if x.group_key is not None and x.deadline_ms > now}
+        # Expired leases of this queue, in offset order (a FIFO group's oldest first).
+        expired = sorted(o for o, x in pq.leases.items() if x.deadline_ms <= now)
+        for o in expired:
+            if len(out) >= batch:
+                break
+            lease = pq.leases[o]
+            if fifo and lease.group_key is not None and lease.group_key in blocked:
+                continue
+            msg = self._read(topic, queue_id, o)
+            if msg is None:  # gone with retention: nothing left to deliver
+                del pq.leases[o]
+                done.append(o)
+                continue
+            if lease.attempt >= max_attempts:
+                del pq.leases[o]
+                if o >= pq.next:
+                    pq.done.add(o)
+                done.append(o)
+                dead.append(msg)
+                if lease.group_key is not None:
+                    blocked.discard(lease.group_key)
+                continue
+            seq = secrets.randbits(64)
+            lease.attempt += 1
+            lease.deadline_ms = now + invisible_ms
+            lease.seq = seq
+            heapq.heappush(self._expiry, (lease.deadline_ms, seq, group, topic, queue_id, o))
+            granted.append([o, lease.deadline_ms, lease.attempt, seq, lease.group_key])
+            out.append(Delivery(msg, handle_of(queue_id, o, seq), lease.attempt, lease.deadline_ms))
+            if fifo and lease.group_key is not None:
+                blocked.add(lease.group_key)
+        # New messages from ``next``, within the scan window.
+        pos = pq.next
+        limit = pq.next + SCAN_WINDOW
+        while len(out) < batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
+            got = store.get_message(topic, queue_id, pos, min(READ_CHUNK, limit - pos))
+            if got.status is not GetMessageStatus.FOUND:
+                if got.status is GetMessageStatus.OFFSET_TOO_SMALL or got.next_begin_offset > pos:
+                    # retention removed what we would read next: skip to what is there
+                    if got.next_begin_offset > pos and pq.next == pos:
+                        pq.next = got.next_begin_offset
+                    pos = got.next_begin_offset
+                    if pos >= store.max_offset_in_queue(topic, queue_id):
+                        break
+                    continue
+                break
+            for view in got.messages:
+                msg = decode_record(view, check_crc=False)
+                o = msg.queue_offset
+                pos = o + 1
+                if o in pq.leases or o in pq.done:
+                    continue
+                gk = msg.properties.get(PROPERTY_MESSAGE_GROUP) if fifo else None
+                if not accepts(msg):
+                    if gk is not None and gk in blocked:
+                        continue  # decided when its group's turn comes
+                    pq.done.add(o)
+                    done.append(o)
+                    continue
+                if gk is not None and gk in blocked:
+                    continue
+                if len(out) >= batch:
+                    pos = o
+                    break
+                seq = secrets.randbits(64)
+                deadline = now + invisible_ms
+                pq.leases[o] = Lease(deadline, 1, seq, gk)
+                heapq.heappush(self._expiry, (deadline, seq, group, topic, queue_id, o))
+                granted.append([o, deadline, 1, seq, gk])
+                out.append(Delivery(msg, handle_of(queue_id, o, seq), 1, deadline))
+                if gk is not None:
+                    blocked.add(gk)
+            else:
+                continue
+            break
+        pq.settle()
+        record[4] = pq.next
+        return out
+
+    def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        store = self.broker.store
+        assert store is not None
+        got = store.get_message(topic, queue_id, offset, 1)
+        if got.status is not GetMessageStatus.FOUND or not got.messages:
+            return None
+        return decode_record(got.messages[0], check_crc=False)
+
+    async def receive(
+        self,
+        group: str,
+        topic: str,
+        queue_ids: Iterable[int],
+        batch: int,
+        invisible_ms: int,
+        accepts: Callable[[StoredMessage], bool],
+        *,
+        fifo: bool,
+        max_attempts: int,
+        wait_ms: int,
+        dead_letter: Callable[[str, StoredMessage], Any],
+    ) -> list[Delivery]:
+        """Messages for ``group`` from ``queue_ids`` of ``topic`` (up to ``batch``), waiting up to
+        ``wait_ms`` for some to arrive or for a lease to end when there are none."""
+        self._check_master()
+        batch = max(1, min(batch, MAX_BATCH))
+        queue_ids = list(queue_ids)
+        deadline = time.monotonic() + wait_ms / 1000
+        if fifo:
+            self.fifo_groups.add(group)
+        while True:
+            out: list[Delivery] = []
+            for qid in queue_ids:
+                if len(out) >= batch:
+                    break
+                record: list[Any] = ["R", group, topic, qid, 0, [], [], fifo]
+                dead: list[StoredMessage] = []
+                got = self._take(
+                    group, topic, qid, batch - len(out), invisible_ms, accepts,
+                    fifo=fifo, max_attempts=max_attempts, record=record, dead=dead,
+                )  # fmt: skip
+                for msg in dead:
+                    await dead_letter(group, msg)
+                    self.dead_lettered += 1
+                if got or record[6]:
+                    await self._journal(record, wait=bool(record[6]))
+                    self._commit(group, topic, qid)
+                out += got
+            if out:
+                self.delivered += len(out)
+                return out
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return out
+            await self._wait(topic, left)
+
+    async def _wait(self, topic: str, timeout_s: float) -> None:
+        """Until a message arrives on ``topic``, a lease ends, or ``timeout_s`` passes."""
+        if self._expiry:
+            soonest = (self._expiry[0][0] - now_ms()) / 1000
+            timeout_s = min(timeout_s, max(soonest, 0.005))
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters.setdefault(topic, set())
+        waiters.add(fut)
+        try:
+            await asyncio.wait_for(fut, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            waiters.discard(fut)
+            if not waiters:
+                self._waiters.pop(topic, None)
+        self._prune_expiry()
+
+    def _prune_expiry(self) -> None:
+        """Drop expiry entries of leases that were acknowledged or renewed."""
+        heap = self._expiry
+        now = now_ms()
+        while heap and heap[0][0] <= now:
+            deadline, seq, g, t, q, o = heap[0]
+            pq = self.queues.get((g, t, q))
+            lease = pq.leases.get(o) if pq is not None else None
+            if lease is not None and lease.seq == seq and lease.deadline_ms == deadline:
+                break  # live and due: a receive will hand it out again
+            heapq.heappop(heap)
+
+    def on_stored(self, topic: str, queue_id: int) -> None:
+        """The hold service's hook: messages arrived on ``topic``; wake its receivers."""
+        waiters = self._waiters.pop(topic, None)
+        if waiters:
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    # --- acknowledging, changing leases -------------------------------------------------------------
+    def _lease(self, group: str, topic: str, handle: str) -> tuple[PopQueue, int, int, Lease]:
+        qid, offset, seq = parse_handle(handle)
+        pq = self.queues.get((group, topic, qid))
+        lease = pq.leases.get(offset) if pq is not None else None
+        if pq is None or lease is None or lease.seq != seq:
+            raise PopError("handle", "the receipt handle is stale: the message was acknowledged or handed out again")
+        return pq, qid, offset, lease
+
+    async def ack(self, group: str, topic: str, handles: list[str]) -> list[PopError | None]:
+        """End the leases of ``handles``; one answer each (None: acknowledged)."""
+        self._check_master()
+        answers: list[PopError | None] = []
+        by_queue: dict[int, list[int]] = {}
+        for h in handles:
+            try:
+                pq, qid, offset, _lease = self._lease(group, topic, h)
+            except PopError as e:
+                answers.append(e)
+                continue
+            del pq.leases[offset]
+            if offset >= pq.next:
+                pq.done.add(offset)
+            pq.settle()
+            by_queue.setdefault(qid, []).append(offset)
+            answers.append(None)
+        records = [["A", group, topic, qid, offs] for qid, offs in by_queue.items()]
+        for i, rec in enumerate(records):
+            await self._journal(rec, wait=i == len(records) - 1)
+            self._commit(group, topic, rec[3])
+        self.acked += sum(a is None for a in answers)
+        return answers
+
+    async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> Delivery | None:
+        """Give the lease of ``handle`` a new deadline; its new handle (the old one stops working)."""
+        self._check_master()
+        _pq, qid, offset, lease = self._lease(group, topic, handle)
+        seq = secrets.randbits(64)
+        lease.deadline_ms = now_ms() + invisible_ms
+        lease.seq = seq
+        heapq.heappush(self._expiry, (lease.deadline_ms, seq, group, topic, qid, offset))
+        await self._journal(["C", group, topic, qid, offset, lease.deadline_ms, seq], wait=True)
+        if invisible_ms == 0:
+            self.on_stored(topic, qid)
+        msg = self._read(topic, qid, offset)
+        if msg is None:
+            return None
+        return Delivery(msg, handle_of(qid, offset, seq), lease.attempt, lease.deadline_ms)
+
+    async def finish(self, group: str, topic: str, handle: str) -> tuple[StoredMessage | None, int]:
+        """End a lease without an acknowledgement of success (the message was forwarded to the
+        dead-letter topic by the caller): the message and its attempt."""
+        self._check_master()
+        pq, qid, offset, lease = self._lease(group, topic, handle)
+        msg = self._read(topic, qid, offset)
+        del pq.leases[offset]
+        if offset >= pq.next:
+            pq.done.add(offset)
+        pq.settle()
+        await self._journal(["A", group, topic, qid, [offset]], wait=True)
+        self._commit(group, topic, qid)
+        return msg, lease.attempt
+
+    def _commit(self, group: str, topic: str, queue_id: int) -> None:
+        pq = self.queues.get((group, topic, queue_id))
+        if pq is not None:
+            self.broker.offsets.commit(group, topic, queue_id, pq.committed())
+
+    def _check_master(self) -> None:
+        if not self.broker.writable:
+            raise PopError("not_master", "this broker does not take POP requests now (a slave, or fenced)")
+        if not self.recovered:
+            self.recover()
+
+    def in_flight(self) -> int:
+        return sum(len(pq.leases) for pq in self.queues.values())

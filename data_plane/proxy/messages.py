@@ -1,0 +1,166 @@
+"""Messages between the RocketMQ 5 API and the store: a v2 ``Message`` to the properties a
+stored message carries, and a stored message back to a v2 ``Message`` with the system
+properties the v5 clients read (id, digest, encoding, attempt, receipt handle, …)."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final
+
+from data_plane.proxy.v2 import definition_pb2 as pb
+from data_plane.store.message import (
+    FLAG_COMPRESSED,
+    PROPERTY_KEYS,
+    PROPERTY_TAGS,
+    PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_UNIQ_KEY,
+    StoredMessage,
+)
+from data_plane.tenancy.namespace import parse_wire_name
+
+PROPERTY_MESSAGE_GROUP: Final = "__SHARDINGKEY"
+PROPERTY_TIMER_DELIVER_MS: Final = "TIMER_DELIVER_MS"
+PROPERTY_TRACEPARENT: Final = "traceparent"
+PROPERTY_PRODUCER_GROUP: Final = "PGROUP"
+# Properties the broker and the 4.x protocol use themselves: not shown as user properties.
+SYSTEM_PROPERTIES: Final = frozenset({
+    PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_KEY, PROPERTY_MESSAGE_GROUP, PROPERTY_TRANSACTION_PREPARED,
+    PROPERTY_PRODUCER_GROUP, PROPERTY_TIMER_DELIVER_MS, "TIMER_OUT_MS", "TIMER_DELAY_MS", "TIMER_DELAY_SEC",
+    "__STARTDELIVERTIME", "DELAY", "REAL_TOPIC", "REAL_QID", "WAIT", "MIN_OFFSET", "MAX_OFFSET", "CLUSTER",
+    "MSG_REGION", "TRACE_ON", "RETRY_TOPIC", "ORIGIN_MESSAGE_ID", "TRAN_PREPARED_QUEUE_OFFSET",
+    "ORBIT_REPUT_FROM", "REAL_TOPIC_CHECK_TIMES", "TRANSACTION_CHECK_TIMES", "PROPERTY_V5_MESSAGE_TYPE",
+    "CHECK_IMMUNITY_TIME_IN_SECONDS", "V5_TYPE",
+})  # fmt: skip
+PROPERTY_V5_TYPE: Final = "V5_TYPE"  # the message type the v5 producer declared
+# A tag may not hold "||" (the tag expression's separator) nor control characters.
+TAG_RE: Final = re.compile(r"[^|\x00-\x1f]{1,128}")
+PROPERTY_KEY_RE: Final = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+MAX_KEYS: Final = 32
+MAX_PROPERTIES_BYTES: Final = 16 * 1024
+
+
+class MessageRefused(ValueError):
+    """A v2 message this broker will not store; ``code`` is the v2 status code to answer."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def resource_of(wire: str) -> pb.Resource:
+    """The v2 resource (namespace, name) of a wire name ``tenant%name``."""
+    _special, tenant, name = parse_wire_name(wire)
+    if tenant is None:
+        return pb.Resource(name=wire)
+    return pb.Resource(resource_namespace=tenant, name=name)
+
+
+def to_properties(m: pb.Message, *, epoch_ms: int) -> tuple[dict[str, str], int]:
+    """The stored properties of a v2 message, and its declared type; MessageRefused when it is
+    not one the v5 rules allow (a FIFO message with no group, a delay with no time, …)."""
+    sp = m.system_properties
+    props: dict[str, str] = {}
+    size = 0
+    for k, v in m.user_properties.items():
+        if not PROPERTY_KEY_RE.fullmatch(k) or k in SYSTEM_PROPERTIES:
+            raise MessageRefused(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {k[:64]!r} is not allowed")
+        size += len(k) + len(v)
+        props[k] = v
+    if size > MAX_PROPERTIES_BYTES:
+        raise MessageRefused(pb.MESSAGE_PROPERTIES_TOO_LARGE, f"the properties take more than {MAX_PROPERTIES_BYTES} bytes")
+    if not sp.message_id or len(sp.message_id) > 128:
+        raise MessageRefused(pb.ILLEGAL_MESSAGE_ID, "the message has no message_id (or one over 128 characters)")
+    props[PROPERTY_UNIQ_KEY] = sp.message_id
+    if sp.HasField("tag"):
+        if not TAG_RE.fullmatch(sp.tag):
+            raise MessageRefused(pb.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag[:128]!r} is empty, too long or holds '|'")
+        props[PROPERTY_TAGS] = sp.tag
+    if sp.keys:
+        if len(sp.keys) > MAX_KEYS or any(not k or " " in k or len(k) > 128 for k in sp.keys):
+            raise MessageRefused(pb.ILLEGAL_MESSAGE_KEY, "keys are 1 to 128 characters without spaces, at most 32")
+        props[PROPERTY_KEYS] = " ".join(sp.keys)
+    mtype = sp.message_type or pb.NORMAL
+    if sp.HasField("message_group"):
+        if not sp.message_group or len(sp.message_group) > 128:
+            raise MessageRefused(pb.ILLEGAL_MESSAGE_GROUP, "the message group is empty or over 128 characters")
+        if mtype not in (pb.FIFO,):
+            raise MessageRefused(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "only a FIFO message has a message group")
+        props[PROPERTY_MESSAGE_GROUP] = sp.message_group
+    elif mtype == pb.FIFO:
+        raise MessageRefused(pb.ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
+    if sp.HasField("delivery_timestamp"):
+        ts = sp.delivery_timestamp
+        due = ts.seconds * 1000 + ts.nanos // 1_000_000
+        if ts.seconds > 100_000_000_000:  # clients that put milliseconds in the seconds field
+            due = ts.seconds
+        if mtype not in (pb.DELAY,):
+            raise MessageRefused(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "only a DELAY message has a delivery time")
+        if due > epoch_ms:
+            props[PROPERTY_TIMER_DELIVER_MS] = str(due)
+    elif mtype == pb.DELAY:
+        raise MessageRefused(pb.ILLEGAL_DELIVERY_TIME, "a DELAY message needs a delivery timestamp")
+    if mtype == pb.TRANSACTION:
+        props[PROPERTY_TRANSACTION_PREPARED] = "true"
+    if mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION):
+        raise MessageRefused(pb.BAD_REQUEST, f"message type {pb.MessageType.Name(mtype)} is not supported here")
+    if sp.HasField("trace_context") and sp.trace_context:
+        props[PROPERTY_TRACEPARENT] = sp.trace_context[:512]
+    props[PROPERTY_V5_TYPE] = str(mtype)
+    return props, mtype
+
+
+def _timestamp(ms: int) -> dict[str, int]:
+    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
+
+
+def to_message(
+    rec: StoredMessage,
+    *,
+    handle: str | None = None,
+    attempt: int | None = None,
+    invisible_ms: int | None = None,
+) -> pb.Message:
+    """The v2 form of a stored message, with its receipt handle and delivery attempt when it
+    is handed out under a lease."""
+    props = rec.properties
+    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
+    sp = pb.SystemProperties(
+        message_id=props.get(PROPERTY_UNIQ_KEY) or rec.msg_id,
+        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(rec.body, usedforsecurity=False).hexdigest().upper()),
+        body_encoding=pb.GZIP if rec.flag & FLAG_COMPRESSED else pb.IDENTITY,
+        born_host=rec.born_host[0],
+        store_host=f"{rec.store_host[0]}:{rec.store_host[1]}",
+        queue_id=rec.queue_id,
+        queue_offset=rec.queue_offset,
+    )
+    sp.born_timestamp.FromMilliseconds(rec.born_timestamp)
+    sp.store_timestamp.FromMilliseconds(rec.store_timestamp)
+    tags = props.get(PROPERTY_TAGS)
+    if tags is not None:
+        sp.tag = tags
+    keys = props.get(PROPERTY_KEYS)
+    if keys:
+        sp.keys.extend(keys.split())
+    group = props.get(PROPERTY_MESSAGE_GROUP)
+    declared = props.get(PROPERTY_V5_TYPE)
+    if group is not None:
+        sp.message_group = group
+        sp.message_type = pb.FIFO
+    elif declared is not None and declared.isdigit():
+        sp.message_type = int(declared)  # type: ignore[assignment]
+    else:
+        sp.message_type = pb.NORMAL
+    due = props.get("TIMER_OUT_MS") or props.get(PROPERTY_TIMER_DELIVER_MS)
+    if due is not None and due.isdigit():
+        sp.delivery_timestamp.FromMilliseconds(int(due))
+    trace = props.get(PROPERTY_TRACEPARENT)
+    if trace:
+        sp.trace_context = trace
+    if handle is not None:
+        sp.receipt_handle = handle
+    if attempt is not None:
+        sp.delivery_attempt = attempt
+    if invisible_ms is not None:
+        sp.invisible_duration.FromMilliseconds(invisible_ms)
+    return pb.Message(topic=resource_of(rec.topic), user_properties=user, system_properties=sp, body=rec.body)

@@ -1,0 +1,683 @@
+"""``apache.rocketmq.v2.MessagingService`` served by a broker for its own queues (RocketMQ 5's
+"local" proxy mode): every call is authenticated from its metadata, checked against the tenant's
+grants, then done with the broker's own machinery (the send handler, the POP lease book, the
+transaction service), so quotas, metering, telemetry and replication apply as on the remoting path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import grpc
+
+from data_plane.auth.errors import AuthError, UnknownKeyIdError
+from data_plane.auth.principal import Principal
+from data_plane.auth.request_access import PUBLISH, SUBSCRIBE
+from data_plane.broker.pop import PopError
+from data_plane.broker.pull import parse_tag_expression
+from data_plane.filter.sql92 import SqlParseError, compile_sql92
+from data_plane.proxy.connection import GrpcConnection
+from data_plane.proxy.messages import MessageRefused, resource_of, to_message, to_properties
+from data_plane.proxy.v2 import definition_pb2 as pb
+from data_plane.proxy.v2 import service_pb2 as rpc
+from data_plane.proxy.v2 import service_pb2_grpc
+from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
+from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
+from data_plane.store.message import PROPERTY_TAGS, StoredMessage, encode_message_id, encode_properties
+from data_plane.tenancy.namespace import NAME_RE, dlq_topic, parse_wire_name
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INVISIBLE_MS: Final = 30_000
+MIN_INVISIBLE_MS: Final = 1_000
+MAX_INVISIBLE_MS: Final = 12 * 3600 * 1000
+MAX_POLL_MS: Final = 30_000
+MAX_BATCH_MESSAGES: Final = 64
+SIGNATURE_SKEW_S: Final = 900.0
+# The retry schedule push consumers follow between attempts (RocketMQ's 4.x delay ladder, cut).
+RETRY_BACKOFF_S: Final = (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600)
+ALL_TYPES: Final = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
+
+_CODES: Final = {
+    ResponseCode.SUCCESS: pb.OK,
+    ResponseCode.FLOW_CONTROL: pb.TOO_MANY_REQUESTS,
+    ResponseCode.SYSTEM_BUSY: pb.TOO_MANY_REQUESTS,
+    ResponseCode.NO_PERMISSION: pb.FORBIDDEN,
+    ResponseCode.TOPIC_NOT_EXIST: pb.TOPIC_NOT_FOUND,
+    ResponseCode.MESSAGE_ILLEGAL: pb.BAD_REQUEST,
+    ResponseCode.FLUSH_DISK_TIMEOUT: pb.MASTER_PERSISTENCE_TIMEOUT,
+    ResponseCode.FLUSH_SLAVE_TIMEOUT: pb.SLAVE_PERSISTENCE_TIMEOUT,
+    ResponseCode.SLAVE_NOT_AVAILABLE: pb.HA_NOT_AVAILABLE,
+    ResponseCode.SERVICE_NOT_AVAILABLE: pb.HA_NOT_AVAILABLE,
+}
+_POP_CODES: Final = {
+    "handle": pb.INVALID_RECEIPT_HANDLE,
+    "not_master": pb.HA_NOT_AVAILABLE,
+    "store": pb.INTERNAL_ERROR,
+    "replication": pb.SLAVE_PERSISTENCE_TIMEOUT,
+    "leases": pb.TOO_MANY_REQUESTS,
+}
+
+
+class Refused(Exception):
+    """Answer the call with this v2 status."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+    def status(self) -> pb.Status:
+        return pb.Status(code=self.code, message=self.message)  # type: ignore[arg-type]
+
+
+def ok() -> pb.Status:
+    return pb.Status(code=pb.OK, message="OK")
+
+
+class Caller:
+    """Who is calling, and the namespace their names are in."""
+
+    __slots__ = ("principal", "namespace", "client_id", "peer")
+
+    def __init__(self, principal: Principal | None, namespace: str, client_id: str, peer: str) -> None:
+        self.principal = principal
+        self.namespace = namespace
+        self.client_id = client_id
+        self.peer = peer
+
+
+def _peer_address(context: grpc.aio.ServicerContext) -> str:
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return rest
+    if kind == "ipv6":
+        return "127.0.0.1:0" if rest.startswith("[::1]") else "0.0.0.0:0"
+    return "127.0.0.1:0"
+
+
+class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+    def __init__(self, broker: Broker, *, advertised: tuple[str, int]) -> None:
+        self.broker = broker
+        self.advertised = advertised
+        self.connections: dict[str, GrpcConnection] = {}
+        self.max_clients = 10_000
+        self.refused = 0
+
+    # --- who is calling ---------------------------------------------------------------------------
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        md: dict[str, str] = {}
+        for item in context.invocation_metadata() or ():
+            k, v = item[0], item[1]
+            if isinstance(v, str) and len(v) <= 4096:
+                md[k] = v
+        namespace = md.get("x-mq-namespace", "")
+        client_id = md.get("x-mq-client-id", "")[:256]
+        peer = _peer_address(context)
+        tenancy = self.broker.tenancy
+        if tenancy is None or not tenancy.enabled:
+            return Caller(None, namespace, client_id, peer)
+        auth = tenancy.auth
+        authorization = md.get("authorization", "")
+        date_time = md.get("x-mq-date-time", "")
+        try:
+            try:
+                principal = auth.authenticate_headers(authorization, date_time, max_skew_s=SIGNATURE_SKEW_S)
+            except UnknownKeyIdError as e:
+                if auth.jwks is None or not auth.jwks.unknown_kid_refresh_allowed():
+                    raise
+                await auth.jwks.refresh_for_unknown_kid(e.kid)
+                principal = auth.authenticate_headers(authorization, date_time, max_skew_s=SIGNATURE_SKEW_S)
+        except AuthError as e:
+            auth.denied += 1
+            tenancy.refusals("credentials", "refused a gRPC call from %s: %s", peer, e.remark)
+            raise Refused(pb.UNAUTHORIZED, e.remark) from None
+        if principal.role == "tenant":
+            if principal.tenant in tenancy.suspended:
+                raise Refused(pb.FORBIDDEN, f"tenant {principal.tenant} is suspended")
+            if namespace and namespace != principal.tenant:
+                auth.denied += 1
+                raise Refused(pb.FORBIDDEN, f"namespace {namespace!r} is not the credential's tenant's")
+        return Caller(principal, namespace, client_id, peer)
+
+    def _wire(self, caller: Caller, res: pb.Resource, kind: str) -> str:
+        ns = res.resource_namespace or caller.namespace
+        name = res.name
+        if not NAME_RE.fullmatch(name):
+            code = pb.ILLEGAL_TOPIC if kind == "topic" else pb.ILLEGAL_CONSUMER_GROUP
+            raise Refused(code, f"{kind} name {name[:64]!r} is not 1 to 64 letters, digits, '_' or '-'")
+        return f"{ns}%{name}" if ns else name
+
+    def _allow(self, caller: Caller, kind: str, wire: str, action: str, nbytes: int = 0) -> None:
+        tenancy = self.broker.tenancy
+        if caller.principal is None or tenancy is None:
+            return
+        d = tenancy.auth.check_resource(caller.principal, kind, wire, action)
+        if d is not None:
+            tenancy.auth.denied += 1
+            tenancy.refusals("permission", "refused a gRPC call from %s: %s", caller.peer, d.remark)
+            raise Refused(pb.FORBIDDEN, d.remark)
+        if caller.principal.role == "tenant":
+            tenancy.meter.record_request(caller.principal.tenant, nbytes, 0)
+
+    def _connection(self, caller: Caller) -> GrpcConnection:
+        key = caller.client_id or caller.peer
+        conn = self.connections.get(key)
+        if conn is None:
+            if len(self.connections) >= self.max_clients:
+                self._expire_idle()
+                if len(self.connections) >= self.max_clients:
+                    raise Refused(pb.TOO_MANY_REQUESTS, "this broker holds too many gRPC clients")
+            conn = self.connections[key] = GrpcConnection(key, caller.peer)
+        conn.seen = time.monotonic()
+        return conn
+
+    def _expire_idle(self, idle_s: float = 120.0) -> None:
+        now = time.monotonic()
+        for key, conn in list(self.connections.items()):
+            if now - conn.seen > idle_s and conn.telemetry is None:
+                self._drop(key)
+
+    def _drop(self, key: str) -> None:
+        conn = self.connections.pop(key, None)
+        if conn is not None:
+            conn.closed = True
+            self.broker._connection_closed(conn)  # type: ignore[arg-type]
+
+    async def _guard(self, answer: Callable[[pb.Status], Any], work: Awaitable[Any]) -> Any:
+        try:
+            return await work
+        except Refused as e:
+            self.refused += 1
+            return answer(e.status())
+        except PopError as e:
+            self.refused += 1
+            return answer(pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))  # type: ignore[arg-type]
+
+    # --- routes and membership ------------------------------------------------------------------
+    def _queues(self, wire: str, perm_needed: int = 0) -> list[pb.MessageQueue]:
+        tc = self.broker.topics.get(wire)
+        if tc is None:
+            raise Refused(pb.TOPIC_NOT_FOUND, f"topic {wire!r} does not exist")
+        perm = int(tc["perm"])
+        host, port = self.advertised
+        broker = pb.Broker(
+            name=self.broker.config.broker_name,
+            id=0,
+            endpoints=pb.Endpoints(scheme=pb.IPv4, addresses=[pb.Address(host=host, port=port)]),
+        )
+        res = resource_of(wire)
+        n = max(int(tc["readQueueNums"]), int(tc["writeQueueNums"]))
+        out = []
+        for qid in range(n):
+            p = 0
+            if perm & PERM_READ and qid < int(tc["readQueueNums"]):
+                p |= 1
+            if perm & PERM_WRITE and qid < int(tc["writeQueueNums"]):
+                p |= 2
+            permission = {0: pb.NONE, 1: pb.READ, 2: pb.WRITE, 3: pb.READ_WRITE}[p]
+            out.append(pb.MessageQueue(topic=res, id=qid, permission=permission, broker=broker,
+                                       accept_message_types=ALL_TYPES))  # fmt: skip
+        return out
+
+    async def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> rpc.QueryRouteResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            self._allow(caller, "topic", wire, "namespace")
+            return rpc.QueryRouteResponse(status=ok(), message_queues=self._queues(wire))
+
+        return await self._guard(lambda s: rpc.QueryRouteResponse(status=s), work())
+
+    async def QueryAssignment(self, request: rpc.QueryAssignmentRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> rpc.QueryAssignmentResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            group = self._wire(caller, request.group, "group")
+            self._allow(caller, "group", group, SUBSCRIBE)
+            self._allow(caller, "topic", wire, SUBSCRIBE)
+            readable = [q for q in self._queues(wire) if q.permission in (pb.READ, pb.READ_WRITE)]
+            return rpc.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=q) for q in readable])
+
+        return await self._guard(lambda s: rpc.QueryAssignmentResponse(status=s), work())
+
+    async def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> rpc.HeartbeatResponse:
+            caller = await self._caller(context)
+            conn = self._connection(caller)
+            if request.HasField("group") and request.group.name:
+                group = self._wire(caller, request.group, "group")
+                self._allow(caller, "group", group, SUBSCRIBE)
+                self._check_not_v4_group(group)
+                conn.groups.add(group)
+            return rpc.HeartbeatResponse(status=ok())
+
+        return await self._guard(lambda s: rpc.HeartbeatResponse(status=s), work())
+
+    async def NotifyClientTermination(
+        self, request: rpc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def work() -> rpc.NotifyClientTerminationResponse:
+            caller = await self._caller(context)
+            self._drop(caller.client_id or caller.peer)
+            return rpc.NotifyClientTerminationResponse(status=ok())
+
+        return await self._guard(lambda s: rpc.NotifyClientTerminationResponse(status=s), work())
+
+    def _check_not_v4_group(self, group: str) -> None:
+        info = self.broker.clients.find_group(group)
+        if info is not None and getattr(info, "channels", None):
+            raise Refused(
+                pb.FORBIDDEN,
+                f"group {group!r} is consumed by RocketMQ 4.x push consumers on this broker: a group "
+                "consumes either by pull (4.x) or by lease (5.x), not both",
+            )
+
+    # --- sending ------------------------------------------------------------------------------------
+    async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> rpc.SendMessageResponse:
+            caller = await self._caller(context)
+            if not request.messages:
+                raise Refused(pb.BAD_REQUEST, "the request holds no message")
+            if len(request.messages) > MAX_BATCH_MESSAGES:
+                raise Refused(pb.BAD_REQUEST, f"at most {MAX_BATCH_MESSAGES} messages a call")
+            conn = self._connection(caller)
+            entries = [await self._send_one(caller, conn, m) for m in request.messages]
+            bad = [e.status for e in entries if e.status.code != pb.OK]
+            if not bad:
+                status = ok()
+            elif len(bad) == len(entries) or len(entries) == 1:
+                status = bad[0]
+            else:
+                status = pb.Status(code=pb.MULTIPLE_RESULTS, message=f"{len(bad)} of {len(entries)} messages failed")
+            return rpc.SendMessageResponse(status=status, entries=entries)
+
+        return await self._guard(lambda s: rpc.SendMessageResponse(status=s), work())
+
+    async def _send_one(self, caller: Caller, conn: GrpcConnection, m: pb.Message) -> rpc.SendResultEntry:
+        try:
+            wire = self._wire(caller, m.topic, "topic")
+            self._allow(caller, "topic", wire, PUBLISH, len(m.body))
+            if not m.body:
+                raise Refused(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
+            store = self.broker.store
+            assert store is not None
+            if len(m.body) > store.config.max_message_size_bytes:
+                raise Refused(pb.MESSAGE_BODY_TOO_LARGE, f"the body is over {store.config.max_message_size_bytes} bytes")
+            now_ms = int(time.time() * 1000)
+            props, mtype = to_properties(m, epoch_ms=now_ms)
+            group = ""
+            if mtype == pb.TRANSACTION:
+                group = transaction_group(wire)
+                props["PGROUP"] = group
+            born = m.system_properties.born_timestamp
+            born_ms = born.seconds * 1000 + born.nanos // 1_000_000 or now_ms
+            cmd = RemotingCommand(
+                RequestCode.SEND_MESSAGE,
+                serialize_type=SERIALIZE_ROCKETMQ,
+                ext_fields={
+                    "producerGroup": group or "CLIENT_INNER_PRODUCER",
+                    "topic": wire,
+                    "defaultTopic": "TBW102",
+                    "defaultTopicQueueNums": "4",
+                    "queueId": "-1" if mtype != pb.FIFO else str(self._fifo_queue(wire, props["__SHARDINGKEY"])),
+                    "sysFlag": "0",
+                    "bornTimestamp": str(born_ms),
+                    "flag": "0",
+                    "properties": encode_properties(props).decode(),
+                    "reconsumeTimes": "0",
+                },
+                body=bytes(m.body),
+            )
+            handler = self.broker.processors.handlers[RequestCode.SEND_MESSAGE]
+            r = handler(conn, cmd)  # type: ignore[arg-type]
+            if not isinstance(r, RemotingCommand):
+                r = await r
+            if r is None or r.code != ResponseCode.SUCCESS:
+                code = _CODES.get(ResponseCode(r.code), pb.INTERNAL_ERROR) if r is not None else pb.INTERNAL_ERROR
+                return rpc.SendResultEntry(status=pb.Status(code=code, message=(r.remark if r else "") or "refused"))  # type: ignore[arg-type]
+            ext = r.ext_fields or {}
+            return rpc.SendResultEntry(
+                status=ok(),
+                message_id=m.system_properties.message_id,
+                transaction_id=ext.get("msgId", "") if mtype == pb.TRANSACTION else "",
+                offset=int(ext.get("queueOffset", "0") or 0),
+            )
+        except MessageRefused as e:
+            return rpc.SendResultEntry(status=pb.Status(code=e.code, message=str(e)))  # type: ignore[arg-type]
+        except Refused as e:
+            return rpc.SendResultEntry(status=e.status())
+
+    def _fifo_queue(self, wire: str, message_group: str) -> int:
+        """A message group's queue: the same one for every message of the group."""
+        tc = self.broker.topics.get(wire)
+        n = int(tc["writeQueueNums"]) if tc is not None else 1
+        import zlib
+
+        return zlib.crc32(message_group.encode()) % max(n, 1)
+
+    # --- receiving (POP) ------------------------------------------------------------------------------
+    async def ReceiveMessage(
+        self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        try:
+            caller = await self._caller(context)
+            deliveries, wire, invisible_ms = await self._receive(caller, request)
+        except Refused as e:
+            self.refused += 1
+            yield rpc.ReceiveMessageResponse(status=e.status())
+            return
+        except PopError as e:
+            yield rpc.ReceiveMessageResponse(status=pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))  # type: ignore[arg-type]
+            return
+        if not deliveries:
+            yield rpc.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
+            return
+        yield rpc.ReceiveMessageResponse(status=ok())
+        now = rpc.ReceiveMessageResponse()
+        now.delivery_timestamp.GetCurrentTime()
+        yield now
+        for d in deliveries:
+            yield rpc.ReceiveMessageResponse(
+                message=to_message(d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms)
+            )
+
+    async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], str, int]:
+        wire = self._wire(caller, request.message_queue.topic, "topic")
+        group = self._wire(caller, request.group, "group")
+        self._allow(caller, "group", group, SUBSCRIBE)
+        self._allow(caller, "topic", wire, SUBSCRIBE)
+        self._check_not_v4_group(group)
+        tenancy = self.broker.tenancy
+        if tenancy is not None:
+            cmd = RemotingCommand(RequestCode.PULL_MESSAGE)
+            refused = tenancy.before_pull(cmd, wire)
+            if refused is not None:
+                raise Refused(pb.TOO_MANY_REQUESTS, refused.remark or "over the consume quota")
+        g = self.broker.groups.find(group)
+        if g is None:
+            raise Refused(pb.CONSUMER_GROUP_NOT_FOUND, f"consumer group {group!r} does not exist")
+        tc = self.broker.topics.get(wire)
+        if tc is None:
+            raise Refused(pb.TOPIC_NOT_FOUND, f"topic {wire!r} does not exist")
+        if not int(tc["perm"]) & PERM_READ:
+            raise Refused(pb.FORBIDDEN, f"topic {wire!r} is not readable")
+        invisible_ms = DEFAULT_INVISIBLE_MS
+        if request.HasField("invisible_duration"):
+            invisible_ms = request.invisible_duration.ToMilliseconds()
+            if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
+                raise Refused(pb.ILLEGAL_INVISIBLE_TIME, f"the invisible duration must be {MIN_INVISIBLE_MS} ms to 12 h")
+        wait_ms = 0
+        if request.HasField("long_polling_timeout"):
+            wait_ms = request.long_polling_timeout.ToMilliseconds()
+            if not 0 <= wait_ms <= MAX_POLL_MS:
+                raise Refused(pb.ILLEGAL_POLLING_TIME, f"the long-polling timeout must be 0 to {MAX_POLL_MS} ms")
+        accepts = self._filter(request.filter_expression)
+        nq = int(tc["readQueueNums"])
+        first = request.message_queue.id if 0 <= request.message_queue.id < nq else 0
+        order = [(first + i) % nq for i in range(nq)]
+        fifo = bool(g.get("consumeMessageOrderly", False))
+        max_attempts = int(g.get("retryMaxTimes", 16)) + 1
+        pop = self.broker.pop
+        if pop is None:
+            raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
+        deliveries = await pop.receive(
+            group, wire, order, request.batch_size or 32, invisible_ms, accepts,
+            fifo=fifo, max_attempts=max_attempts, wait_ms=wait_ms, dead_letter=self._dead_letter,
+        )  # fmt: skip
+        if deliveries and tenancy is not None:
+            tenancy.after_pull(wire, len(deliveries), sum(len(d.message.body) for d in deliveries))
+        return deliveries, wire, invisible_ms
+
+    def _filter(self, expr: pb.FilterExpression) -> Callable[[StoredMessage], bool]:
+        text = expr.expression.strip()
+        if expr.type == pb.SQL:
+            if not self.broker.config.enable_property_filter:
+                raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, "SQL92 filters are not enabled on this broker")
+            try:
+                predicate = compile_sql92(text)
+            except SqlParseError as e:
+                raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, f"bad SQL92 filter: {e}") from None
+            return lambda m: bool(predicate(m.properties))
+        if not text or text == "*":
+            return lambda m: True
+        if len(text) > 1024 or parse_tag_expression(text) is None:
+            raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text[:64]!r}")
+        tags = frozenset(t.strip() for t in text.split("||") if t.strip())
+        return lambda m: m.properties.get(PROPERTY_TAGS) in tags
+
+    async def _dead_letter(self, group: str, msg: StoredMessage) -> None:
+        """Copy ``msg`` to ``group``'s dead-letter topic (its last attempt ran out)."""
+        special, tenant, name = parse_wire_name(group)
+        topic = dlq_topic(tenant, name) if tenant is not None else f"%DLQ%{group}"
+        topics = self.broker.topics
+        if topics.get(topic) is None:
+            topics.create_or_update(topic, read_queue_nums=1, write_queue_nums=1, perm=6)
+            self.broker.topics_changed()
+        props = dict(msg.properties)
+        props.setdefault("RETRY_TOPIC", msg.topic)
+        props.setdefault("ORIGIN_MESSAGE_ID", msg.msg_id)
+        for stale in ("DELAY", "TRAN_MSG", "WAIT", "TIMER_DELIVER_MS", "TIMER_OUT_MS"):
+            props.pop(stale, None)
+        cmd = RemotingCommand(
+            RequestCode.SEND_MESSAGE,
+            serialize_type=SERIALIZE_ROCKETMQ,
+            ext_fields={
+                "producerGroup": group, "topic": topic, "defaultTopic": "TBW102", "defaultTopicQueueNums": "1",
+                "queueId": "0", "sysFlag": "0", "bornTimestamp": str(msg.born_timestamp), "flag": str(msg.flag),
+                "properties": encode_properties(props).decode(), "reconsumeTimes": str(msg.reconsume_times + 1),
+            },
+            body=msg.body,
+        )  # fmt: skip
+        conn = GrpcConnection("broker-dlq", "127.0.0.1:0")
+        r = self.broker.processors.handlers[RequestCode.SEND_MESSAGE](conn, cmd)  # type: ignore[arg-type]
+        if not isinstance(r, RemotingCommand):
+            r = await r
+        if r is None or r.code != ResponseCode.SUCCESS:
+            raise PopError("store", f"the dead-letter copy was refused: {r.remark if r else 'no answer'}")
+
+    async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> rpc.AckMessageResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            group = self._wire(caller, request.group, "group")
+            self._allow(caller, "group", group, SUBSCRIBE)
+            self._allow(caller, "topic", wire, SUBSCRIBE)
+            if not request.entries or len(request.entries) > 1024:
+                raise Refused(pb.BAD_REQUEST, "an acknowledgement names 1 to 1024 receipt handles")
+            pop = self.broker.pop
+            if pop is None:
+                raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
+            answers = await pop.ack(group, wire, [e.receipt_handle for e in request.entries])
+            entries = []
+            for e, a in zip(request.entries, answers, strict=True):
+                st = ok() if a is None else pb.Status(code=_POP_CODES.get(a.code, pb.INTERNAL_ERROR), message=str(a))  # type: ignore[arg-type]
+                entries.append(rpc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st))
+            bad = [x.status for x in entries if x.status.code != pb.OK]
+            if not bad:
+                status = ok()
+            elif len(bad) == len(entries):
+                status = bad[0]
+            else:
+                status = pb.Status(code=pb.MULTIPLE_RESULTS, message=f"{len(bad)} of {len(entries)} failed")
+            return rpc.AckMessageResponse(status=status, entries=entries)
+
+        return await self._guard(lambda s: rpc.AckMessageResponse(status=s), work())
+
+    async def ChangeInvisibleDuration(
+        self, request: rpc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def work() -> rpc.ChangeInvisibleDurationResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            group = self._wire(caller, request.group, "group")
+            self._allow(caller, "group", group, SUBSCRIBE)
+            self._allow(caller, "topic", wire, SUBSCRIBE)
+            ms = request.invisible_duration.ToMilliseconds()
+            if not 0 <= ms <= MAX_INVISIBLE_MS:
+                raise Refused(pb.ILLEGAL_INVISIBLE_TIME, "the invisible duration must be 0 to 12 h")
+            pop = self.broker.pop
+            if pop is None:
+                raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
+            d = await pop.change_invisible(group, wire, request.receipt_handle, ms)
+            return rpc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=d.handle if d else "")
+
+        return await self._guard(
+            lambda s: rpc.ChangeInvisibleDurationResponse(status=s, receipt_handle=request.receipt_handle), work()
+        )
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: rpc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+    ) -> Any:
+        async def work() -> rpc.ForwardMessageToDeadLetterQueueResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            group = self._wire(caller, request.group, "group")
+            self._allow(caller, "group", group, SUBSCRIBE)
+            self._allow(caller, "topic", wire, SUBSCRIBE)
+            pop = self.broker.pop
+            if pop is None:
+                raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
+            pop._lease(group, wire, request.receipt_handle)  # refuse a stale handle before copying
+            msg, _attempt = await pop.finish(group, wire, request.receipt_handle)
+            if msg is not None:
+                await self._dead_letter(group, msg)
+                pop.dead_lettered += 1
+            return rpc.ForwardMessageToDeadLetterQueueResponse(status=ok())
+
+        return await self._guard(lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), work())
+
+    # --- transactions ---------------------------------------------------------------------------------
+    async def EndTransaction(self, request: rpc.EndTransactionRequest, context: grpc.aio.ServicerContext) -> Any:
+        async def work() -> rpc.EndTransactionResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            self._allow(caller, "topic", wire, PUBLISH)
+            if request.resolution not in (pb.COMMIT, pb.ROLLBACK):
+                return rpc.EndTransactionResponse(status=ok())  # unknown: the check asks again later
+            transactions = self.broker.transactions
+            store = self.broker.store
+            if transactions is None or store is None or not self.broker.writable:
+                raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take transactions now")
+            try:
+                _host, offset = decode_transaction_id(request.transaction_id)
+            except ValueError:
+                raise Refused(pb.INVALID_TRANSACTION_ID, "not a transaction id this broker issued") from None
+            half = store.look_message_by_offset(offset)
+            if (
+                half is None
+                or half.topic != "RMQ_SYS_TRANS_HALF_TOPIC"
+                or half.properties.get("REAL_TOPIC") != wire
+                or half.properties.get("UNIQ_KEY") != request.message_id
+            ):
+                raise Refused(pb.INVALID_TRANSACTION_ID, "no prepared message of this topic has this transaction id")
+            r = transactions.resolve(None, half, commit=request.resolution == pb.COMMIT)
+            if r is not None and not isinstance(r, RemotingCommand):
+                r = await r
+            if isinstance(r, RemotingCommand) and r.code != ResponseCode.SUCCESS:
+                code = _CODES.get(ResponseCode(r.code), pb.INTERNAL_ERROR)
+                raise Refused(code, r.remark or "the transaction could not be ended")
+            return rpc.EndTransactionResponse(status=ok())
+
+        return await self._guard(lambda s: rpc.EndTransactionResponse(status=s), work())
+
+    # --- the telemetry stream ------------------------------------------------------------------------
+    async def Telemetry(
+        self, request_iterator: AsyncIterator[pb.Settings], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[rpc.TelemetryCommand]:
+        try:
+            caller = await self._caller(context)
+            conn = self._connection(caller)
+        except Refused as e:
+            yield rpc.TelemetryCommand(status=e.status())
+            return
+        outbox: asyncio.Queue[rpc.TelemetryCommand | None] = asyncio.Queue(maxsize=1024)
+        conn.telemetry = outbox
+
+        async def read() -> None:
+            try:
+                async for cmd in request_iterator:
+                    if cmd.HasField("settings"):
+                        try:
+                            answer = self._settings(caller, conn, cmd.settings)
+                        except Refused as e:
+                            answer = rpc.TelemetryCommand(status=e.status())
+                        outbox.put_nowait(answer)
+            except (asyncio.QueueFull, grpc.aio.AioRpcError, asyncio.CancelledError):
+                pass
+            finally:
+                outbox.put_nowait(None) if not outbox.full() else None
+
+        reader = asyncio.get_running_loop().create_task(read())
+        try:
+            while True:
+                item = await outbox.get()
+                if item is None:
+                    break
+                yield item
+        finally:
+            reader.cancel()
+            if conn.telemetry is outbox:
+                conn.telemetry = None
+
+    def _settings(self, caller: Caller, conn: GrpcConnection, s: pb.Settings) -> rpc.TelemetryCommand:
+        out = pb.Settings()
+        out.CopyFrom(s)
+        out.ClearField("metric")
+        out.request_timeout.FromSeconds(3)
+        if s.client_type == pb.PRODUCER:
+            store = self.broker.store
+            out.publishing.max_body_size = store.config.max_message_size_bytes if store is not None else 4 << 20
+            out.publishing.validate_message_type = True
+            out.backoff_policy.max_attempts = 3
+            eb = out.backoff_policy.exponential_backoff
+            eb.initial.FromMilliseconds(10)
+            eb.max.FromSeconds(1)
+            eb.multiplier = 2.0
+            for t in s.publishing.topics:
+                wire = self._wire(caller, t, "topic")
+                self._allow(caller, "topic", wire, PUBLISH)
+                conn.producer_topics.add(wire)
+                self.broker.clients.note_half_sender(conn, transaction_group(wire))  # type: ignore[arg-type]
+        elif s.client_type in (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER):
+            group = self._wire(caller, s.subscription.group, "group")
+            self._allow(caller, "group", group, SUBSCRIBE)
+            g = self.broker.groups.find(group)
+            fifo = bool(g.get("consumeMessageOrderly", False)) if g is not None else False
+            max_attempts = int(g.get("retryMaxTimes", 16)) + 1 if g is not None else 17
+            out.subscription.fifo = fifo
+            out.subscription.receive_batch_size = 32
+            if not s.subscription.HasField("long_polling_timeout"):
+                out.subscription.long_polling_timeout.FromSeconds(20)
+            out.backoff_policy.max_attempts = max_attempts
+            out.backoff_policy.customized_backoff.SetInParent()
+            for sec in RETRY_BACKOFF_S[: max(1, max_attempts - 1)]:
+                out.backoff_policy.customized_backoff.next.add().FromSeconds(sec)
+            conn.groups.add(group)
+        return rpc.TelemetryCommand(status=ok(), settings=out)
+
+
+def transaction_group(topic_wire: str) -> str:
+    """The producer group a v5 transactional message is checked under: one per topic (the v5
+    producer has no group), in the topic's tenant."""
+    _special, tenant, name = parse_wire_name(topic_wire)
+    base = f"v5tx-{name if tenant is not None else topic_wire}"[:64]
+    return f"{tenant}%{base}" if tenant is not None else base
+
+
+def decode_transaction_id(tid: str) -> tuple[str, int]:
+    """The (store host, CommitLog offset) of a transaction id: the half message's offset id."""
+    if len(tid) != 32 or any(c not in "0123456789ABCDEFabcdef" for c in tid):
+        raise ValueError(tid)
+    return tid[:16], int(tid[16:], 16)
+
+
+_ = encode_message_id  # the form decode_transaction_id reads
