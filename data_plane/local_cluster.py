@@ -211,6 +211,8 @@ class LocalCluster:
             "--store-dir", store_dir,
             "--flush", self.flush,
             *tenancy_flags,
+            # The RocketMQ 5 clients' gRPC endpoint: two above the remoting port (the HA port is one above).
+            "--set", f"grpc_listen={self.host}:{port + 2 if port else 0}",
         ]  # fmt: skip
         if self.slaves:
             role = "SLAVE" if member else self.master_role
@@ -239,6 +241,7 @@ class LocalCluster:
         out: dict[str, Any] = {
             "namesrv": self.namesrv,
             "brokers": self.brokers,
+            "grpc": self._child("broker-a").info.get("grpc_address", ""),
             "data_dir": self.root,
             "logs": self.run_dir,
         }

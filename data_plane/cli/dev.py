@@ -24,7 +24,7 @@ from data_plane.dev_tenancy import BootstrapError, Demo
 from data_plane.local_cluster import ClusterError, LocalCluster
 
 
-def _print_demo(namesrv: str, url: str, demo: Demo) -> None:
+def _print_demo(namesrv: str, url: str, demo: Demo, grpc: str) -> None:
     """Working credentials for the demo tenant — the secret is printed here, to the developer's
     own terminal, once per run; it also sits in a 0600 file under the data directory."""
     print(f"Demo tenant {demo.tenant!r}: topic {demo.topic!r}, consumer group {demo.group!r}")
@@ -40,6 +40,10 @@ def _print_demo(namesrv: str, url: str, demo: Demo) -> None:
     print(f"  creds = ClientCredentials('{demo.access_key}', '<secret>', '{url}/oauth/token')")
     print(f"  Producer('my-producer', namesrv_addrs='{namesrv}', credentials=creds)")
     print("Stock RocketMQ client (ACL signature): AccessKey / SecretKey above, name server as above.")
+    if grpc:
+        topic, group = demo.topic.partition("%")[2], demo.group.partition("%")[2]
+        print(f"RocketMQ 5 clients (gRPC): endpoint {grpc}, namespace '{demo.tenant}', topic '{topic}',")
+        print(f"  consumer group '{group}', AccessKey / SecretKey above (plaintext; tls_enable=False)")
 
 
 _PORT_FLAGS = (
@@ -167,6 +171,8 @@ def dev_up(args: argparse.Namespace) -> int:
     print(f"  name server   {cluster.namesrv}")
     for name, addr in cluster.brokers.items():
         print(f"  {name:<13} {addr}")
+    if endpoints.get("grpc"):
+        print(f"  gRPC (v5)     {endpoints['grpc']}  (RocketMQ 5 clients)")
     if cluster.tls:
         ca = cluster.tls_files["ca.pem"]
         print(f"  TLS           CA {ca}: clients trust it with  export ORBIT_TLS_CA={ca}")
@@ -178,7 +184,7 @@ def dev_up(args: argparse.Namespace) -> int:
         print(f"Try:  export ORBIT_NAMESRV={cluster.namesrv}")
         print("      orbit produce --topic demo --body hello && orbit consume --topic demo --earliest --max 1")
     else:
-        _print_demo(cluster.namesrv, cluster.control_plane_url, demo)
+        _print_demo(cluster.namesrv, cluster.control_plane_url, demo, endpoints.get("grpc", ""))
     print("Ctrl-C stops the cluster.", flush=True)
     code = 0
     reported: set[str] = set()

@@ -47,17 +47,17 @@ class GrpcEndpoint:
             ],
             maximum_concurrent_rpcs=4096,
         )
-        host, _, port = cfg.grpc_listen.rpartition(":")
         tls = cfg.server_tls
-        if tls is not None and tls.mode != "disabled":
-            creds = grpc.ssl_server_credentials(
-                [(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())]
-            )
-            self.port = self.server.add_secure_port(f"{host}:{port}", creds)
-        else:
-            self.port = self.server.add_insecure_port(f"{host}:{port}")
+        try:
+            if tls is not None and tls.mode != "disabled":
+                creds = grpc.ssl_server_credentials([(Path(tls.key_file).read_bytes(), Path(tls.cert_file).read_bytes())])
+                self.port = self.server.add_secure_port(cfg.grpc_listen, creds)
+            else:
+                self.port = self.server.add_insecure_port(cfg.grpc_listen)
+        except RuntimeError:
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen for gRPC on {cfg.grpc_listen}")
+            raise OSError(f"cannot listen for gRPC on {cfg.grpc_listen}: address already in use, or not this host's")
         return self.port
 
     async def start(self, advertised_host: str) -> None:

@@ -145,7 +145,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(pb.FORBIDDEN, f"tenant {principal.tenant} is suspended")
             if namespace and namespace != principal.tenant:
                 auth.denied += 1
-                raise Refused(pb.FORBIDDEN, f"namespace {namespace!r} is not the credential's tenant's")
+                remark = f"namespace {namespace!r} is not the credential's tenant's"
+                tenancy.refusals("permission", "refused a gRPC call from %s: %s", peer, remark)
+                raise Refused(pb.FORBIDDEN, remark)
         return Caller(principal, namespace, client_id, peer)
 
     def _wire(self, caller: Caller, res: pb.Resource, kind: str) -> str:
