@@ -19,9 +19,8 @@ CLIENT_PYTHON = Path(sys.prefix) / "opt" / "rocketmq5" / "bin" / "python"
 
 
 def client_python() -> Path:
-    assert CLIENT_PYTHON.exists(), (
-        f"the official RocketMQ 5 Python client is not in {CLIENT_PYTHON.parent.parent}: scripts/venv.sh dev installs it"
-    )
+    where = CLIENT_PYTHON.parent.parent
+    assert CLIENT_PYTHON.exists(), f"the official RocketMQ 5 Python client is not in {where} (scripts/venv.sh dev)"
     return CLIENT_PYTHON
 
 

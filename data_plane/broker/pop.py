@@ -96,6 +96,23 @@ class PopQueue:
 
 
 @dataclass(slots=True)
+class _Turn:
+    """One queue's part of a receive: what it reads and what it hands out."""
+
+    group: str
+    topic: str
+    queue_id: int
+    pq: PopQueue
+    now: int
+    invisible_ms: int
+    batch: int
+    blocked: set[str]
+    granted: list[list[Any]]
+    done: list[int]
+    out: list[Delivery] = field(default_factory=list)
+
+
+@dataclass(slots=True)
 class Delivery:
     message: StoredMessage
     handle: str
@@ -282,94 +299,83 @@ class PopService:
     ) -> list[Delivery]:
         """Hand out up to ``batch`` messages of one queue (expired leases first, then new ones);
         what changed goes into ``record`` (leases granted, offsets done)."""
-        store = self.broker.store
-        assert store is not None
         pq = self._queue(group, topic, queue_id)
         now = now_ms()
-        out: list[Delivery] = []
-        granted: list[list[Any]] = record[5]
-        done: list[int] = record[6]
         blocked: set[str] = set()
         if fifo:
             blocked = {x.group_key for x in pq.leases.values() if x.group_key is not None and x.deadline_ms > now}
-        # Expired leases of this queue, in offset order (a FIFO group's oldest first).
-        expired = sorted(o for o, x in pq.leases.items() if x.deadline_ms <= now)
-        for o in expired:
-            if len(out) >= batch:
-                break
+        turn = _Turn(group, topic, queue_id, pq, now, invisible_ms, batch, blocked, record[5], record[6])
+        self._redeliver(turn, fifo=fifo, max_attempts=max_attempts, dead=dead)
+        self._scan(turn, accepts, fifo=fifo)
+        pq.settle()
+        record[4] = pq.next
+        return turn.out
+
+    def _grant(self, t: _Turn, offset: int, lease: Lease, msg: StoredMessage) -> None:
+        heapq.heappush(self._expiry, (lease.deadline_ms, lease.seq, t.group, t.topic, t.queue_id, offset))
+        t.granted.append([offset, lease.deadline_ms, lease.attempt, lease.seq, lease.group_key])
+        t.out.append(Delivery(msg, handle_of(t.queue_id, offset, lease.seq), lease.attempt, lease.deadline_ms))
+        if lease.group_key is not None:
+            t.blocked.add(lease.group_key)
+
+    def _redeliver(self, t: _Turn, *, fifo: bool, max_attempts: int, dead: list[StoredMessage]) -> None:
+        """Expired leases, in offset order (a FIFO group's oldest first): out again with the
+        attempt counted, or, past the last attempt, done and handed to the dead-letter copy."""
+        pq = t.pq
+        for o in sorted(o for o, x in pq.leases.items() if x.deadline_ms <= t.now):
+            if len(t.out) >= t.batch:
+                return
             lease = pq.leases[o]
-            if fifo and lease.group_key is not None and lease.group_key in blocked:
+            if fifo and lease.group_key is not None and lease.group_key in t.blocked:
                 continue
-            msg = self._read(topic, queue_id, o)
-            if msg is None:  # gone with retention: nothing left to deliver
-                del pq.leases[o]
-                done.append(o)
-                continue
-            if lease.attempt >= max_attempts:
-                del pq.leases[o]
+            msg = self._read(t.topic, t.queue_id, o)
+            if msg is None or lease.attempt >= max_attempts:
+                del pq.leases[o]  # gone with retention, or out of attempts
                 if o >= pq.next:
                     pq.done.add(o)
-                done.append(o)
-                dead.append(msg)
-                if lease.group_key is not None:
-                    blocked.discard(lease.group_key)
+                t.done.append(o)
+                if msg is not None:
+                    dead.append(msg)
                 continue
-            seq = secrets.randbits(64)
             lease.attempt += 1
-            lease.deadline_ms = now + invisible_ms
-            lease.seq = seq
-            heapq.heappush(self._expiry, (lease.deadline_ms, seq, group, topic, queue_id, o))
-            granted.append([o, lease.deadline_ms, lease.attempt, seq, lease.group_key])
-            out.append(Delivery(msg, handle_of(queue_id, o, seq), lease.attempt, lease.deadline_ms))
-            if fifo and lease.group_key is not None:
-                blocked.add(lease.group_key)
-        # New messages from ``next``, within the scan window.
+            lease.deadline_ms = t.now + t.invisible_ms
+            lease.seq = secrets.randbits(64)
+            self._grant(t, o, lease, msg)
+
+    def _scan(self, t: _Turn, accepts: Callable[[StoredMessage], bool], *, fifo: bool) -> None:
+        """New messages from ``next``, within the scan window."""
+        store = self.broker.store
+        assert store is not None
+        pq = t.pq
         pos = pq.next
         limit = pq.next + SCAN_WINDOW
-        while len(out) < batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
-            got = store.get_message(topic, queue_id, pos, min(READ_CHUNK, limit - pos))
+        while len(t.out) < t.batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
+            got = store.get_message(t.topic, t.queue_id, pos, min(READ_CHUNK, limit - pos))
             if got.status is not GetMessageStatus.FOUND:
-                if got.status is GetMessageStatus.OFFSET_TOO_SMALL or got.next_begin_offset > pos:
-                    # retention removed what we would read next: skip to what is there
-                    if got.next_begin_offset > pos and pq.next == pos:
-                        pq.next = got.next_begin_offset
-                    pos = got.next_begin_offset
-                    if pos >= store.max_offset_in_queue(topic, queue_id):
-                        break
-                    continue
-                break
+                if got.next_begin_offset <= pos or pos >= store.max_offset_in_queue(t.topic, t.queue_id):
+                    return
+                if pq.next == pos:  # retention removed what was next: go on from what is there
+                    pq.next = got.next_begin_offset
+                pos = got.next_begin_offset
+                continue
             for view in got.messages:
+                if len(t.out) >= t.batch:
+                    return
                 msg = decode_record(view, check_crc=False)
                 o = msg.queue_offset
                 pos = o + 1
                 if o in pq.leases or o in pq.done:
                     continue
                 gk = msg.properties.get(PROPERTY_MESSAGE_GROUP) if fifo else None
+                if gk is not None and gk in t.blocked:
+                    continue  # its group's earlier message is out: it waits its turn
                 if not accepts(msg):
-                    if gk is not None and gk in blocked:
-                        continue  # decided when its group's turn comes
                     pq.done.add(o)
-                    done.append(o)
+                    t.done.append(o)
                     continue
-                if gk is not None and gk in blocked:
-                    continue
-                if len(out) >= batch:
-                    pos = o
-                    break
-                seq = secrets.randbits(64)
-                deadline = now + invisible_ms
-                pq.leases[o] = Lease(deadline, 1, seq, gk)
-                heapq.heappush(self._expiry, (deadline, seq, group, topic, queue_id, o))
-                granted.append([o, deadline, 1, seq, gk])
-                out.append(Delivery(msg, handle_of(queue_id, o, seq), 1, deadline))
-                if gk is not None:
-                    blocked.add(gk)
-            else:
-                continue
-            break
-        pq.settle()
-        record[4] = pq.next
-        return out
+                lease = Lease(t.now + t.invisible_ms, 1, secrets.randbits(64), gk)
+                pq.leases[o] = lease
+                self._grant(t, o, lease, msg)
 
     def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         store = self.broker.store
@@ -491,10 +497,10 @@ class PopService:
             pq.settle()
             by_queue.setdefault(qid, []).append(offset)
             answers.append(None)
-        records = [["A", group, topic, qid, offs] for qid, offs in by_queue.items()]
-        for i, rec in enumerate(records):
-            await self._journal(rec, wait=i == len(records) - 1)
-            self._commit(group, topic, rec[3])
+        last = len(by_queue) - 1
+        for i, (qid, offs) in enumerate(by_queue.items()):
+            await self._journal(["A", group, topic, qid, offs], wait=i == last)
+            self._commit(group, topic, qid)
         self.acked += sum(a is None for a in answers)
         return answers
 

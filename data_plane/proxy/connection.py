@@ -20,8 +20,19 @@ log = logging.getLogger(__name__)
 
 
 class GrpcConnection:
-    __slots__ = ("key", "peer", "attrs", "closed", "seen", "telemetry", "groups", "producer_topics",
-                 "share", "tenant_load", "__weakref__")  # fmt: skip
+    __slots__ = (
+        "__weakref__",
+        "attrs",
+        "closed",
+        "groups",
+        "key",
+        "peer",
+        "producer_topics",
+        "seen",
+        "share",
+        "telemetry",
+        "tenant_load",
+    )  # fmt: skip
 
     def __init__(self, key: str, peer: str) -> None:
         self.key = key

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
 
 log = logging.getLogger(__name__)
+Context = grpc.aio.ServicerContext[Any, Any]
 
 DEFAULT_INVISIBLE_MS: Final = 30_000
 MIN_INVISIBLE_MS: Final = 1_000
@@ -85,7 +86,7 @@ def ok() -> pb.Status:
 class Caller:
     """Who is calling, and the namespace their names are in."""
 
-    __slots__ = ("principal", "namespace", "client_id", "peer")
+    __slots__ = ("client_id", "namespace", "peer", "principal")
 
     def __init__(self, principal: Principal | None, namespace: str, client_id: str, peer: str) -> None:
         self.principal = principal
@@ -94,7 +95,7 @@ class Caller:
         self.peer = peer
 
 
-def _peer_address(context: grpc.aio.ServicerContext) -> str:
+def _peer_address(context: Context) -> str:
     peer = context.peer() or ""
     kind, _, rest = peer.partition(":")
     if kind == "ipv4":
@@ -113,7 +114,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.refused = 0
 
     # --- who is calling ---------------------------------------------------------------------------
-    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+    async def _caller(self, context: Context) -> Caller:
         md: dict[str, str] = {}
         for item in context.invocation_metadata() or ():
             k, v = item[0], item[1]
@@ -202,7 +203,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return answer(e.status())
         except PopError as e:
             self.refused += 1
-            return answer(pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))  # type: ignore[arg-type]
+            return answer(pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))
 
     # --- routes and membership ------------------------------------------------------------------
     def _queues(self, wire: str, perm_needed: int = 0) -> list[pb.MessageQueue]:
@@ -230,7 +231,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                                        accept_message_types=ALL_TYPES))  # fmt: skip
         return out
 
-    async def QueryRoute(self, request: rpc.QueryRouteRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def QueryRoute(self, request: rpc.QueryRouteRequest, context: Context) -> Any:
         async def work() -> rpc.QueryRouteResponse:
             caller = await self._caller(context)
             wire = self._wire(caller, request.topic, "topic")
@@ -239,7 +240,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
         return await self._guard(lambda s: rpc.QueryRouteResponse(status=s), work())
 
-    async def QueryAssignment(self, request: rpc.QueryAssignmentRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def QueryAssignment(self, request: rpc.QueryAssignmentRequest, context: Context) -> Any:
         async def work() -> rpc.QueryAssignmentResponse:
             caller = await self._caller(context)
             wire = self._wire(caller, request.topic, "topic")
@@ -247,11 +248,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             self._allow(caller, "group", group, SUBSCRIBE)
             self._allow(caller, "topic", wire, SUBSCRIBE)
             readable = [q for q in self._queues(wire) if q.permission in (pb.READ, pb.READ_WRITE)]
-            return rpc.QueryAssignmentResponse(status=ok(), assignments=[pb.Assignment(message_queue=q) for q in readable])
+            return rpc.QueryAssignmentResponse(
+                status=ok(), assignments=[pb.Assignment(message_queue=q) for q in readable]
+            )
 
         return await self._guard(lambda s: rpc.QueryAssignmentResponse(status=s), work())
 
-    async def Heartbeat(self, request: rpc.HeartbeatRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def Heartbeat(self, request: rpc.HeartbeatRequest, context: Context) -> Any:
         async def work() -> rpc.HeartbeatResponse:
             caller = await self._caller(context)
             conn = self._connection(caller)
@@ -264,9 +267,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
         return await self._guard(lambda s: rpc.HeartbeatResponse(status=s), work())
 
-    async def NotifyClientTermination(
-        self, request: rpc.NotifyClientTerminationRequest, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def NotifyClientTermination(self, request: rpc.NotifyClientTerminationRequest, context: Context) -> Any:
         async def work() -> rpc.NotifyClientTerminationResponse:
             caller = await self._caller(context)
             self._drop(caller.client_id or caller.peer)
@@ -284,7 +285,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             )
 
     # --- sending ------------------------------------------------------------------------------------
-    async def SendMessage(self, request: rpc.SendMessageRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def SendMessage(self, request: rpc.SendMessageRequest, context: Context) -> Any:
         async def work() -> rpc.SendMessageResponse:
             caller = await self._caller(context)
             if not request.messages:
@@ -313,7 +314,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             store = self.broker.store
             assert store is not None
             if len(m.body) > store.config.max_message_size_bytes:
-                raise Refused(pb.MESSAGE_BODY_TOO_LARGE, f"the body is over {store.config.max_message_size_bytes} bytes")
+                raise Refused(
+                    pb.MESSAGE_BODY_TOO_LARGE, f"the body is over {store.config.max_message_size_bytes} bytes"
+                )
             now_ms = int(time.time() * 1000)
             props, mtype = to_properties(m, epoch_ms=now_ms)
             group = ""
@@ -339,13 +342,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 },
                 body=bytes(m.body),
             )
-            handler = self.broker.processors.handlers[RequestCode.SEND_MESSAGE]
-            r = handler(conn, cmd)  # type: ignore[arg-type]
-            if not isinstance(r, RemotingCommand):
-                r = await r
+            r = await self._handle(conn, cmd)
             if r is None or r.code != ResponseCode.SUCCESS:
                 code = _CODES.get(ResponseCode(r.code), pb.INTERNAL_ERROR) if r is not None else pb.INTERNAL_ERROR
-                return rpc.SendResultEntry(status=pb.Status(code=code, message=(r.remark if r else "") or "refused"))  # type: ignore[arg-type]
+                return rpc.SendResultEntry(status=pb.Status(code=code, message=(r.remark if r else "") or "refused"))
             ext = r.ext_fields or {}
             return rpc.SendResultEntry(
                 status=ok(),
@@ -358,6 +358,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except Refused as e:
             return rpc.SendResultEntry(status=e.status())
 
+    async def _handle(self, conn: GrpcConnection, cmd: RemotingCommand) -> RemotingCommand | None:
+        """``cmd`` through the broker's own handler for its code (a gRPC client is its connection)."""
+        r = self.broker.processors.handlers[cmd.code](conn, cmd)  # type: ignore[arg-type]
+        if r is None or isinstance(r, RemotingCommand):
+            return r
+        return await r
+
     def _fifo_queue(self, wire: str, message_group: str) -> int:
         """A message group's queue: the same one for every message of the group."""
         tc = self.broker.topics.get(wire)
@@ -368,17 +375,19 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     # --- receiving (POP) ------------------------------------------------------------------------------
     async def ReceiveMessage(
-        self, request: rpc.ReceiveMessageRequest, context: grpc.aio.ServicerContext
+        self, request: rpc.ReceiveMessageRequest, context: Context
     ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
         try:
             caller = await self._caller(context)
-            deliveries, wire, invisible_ms = await self._receive(caller, request)
+            deliveries, invisible_ms = await self._receive(caller, request)
         except Refused as e:
             self.refused += 1
             yield rpc.ReceiveMessageResponse(status=e.status())
             return
         except PopError as e:
-            yield rpc.ReceiveMessageResponse(status=pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))  # type: ignore[arg-type]
+            yield rpc.ReceiveMessageResponse(
+                status=pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e))
+            )
             return
         if not deliveries:
             yield rpc.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
@@ -392,7 +401,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 message=to_message(d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms)
             )
 
-    async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], str, int]:
+    async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], int]:
         wire = self._wire(caller, request.message_queue.topic, "topic")
         group = self._wire(caller, request.group, "group")
         self._allow(caller, "group", group, SUBSCRIBE)
@@ -416,7 +425,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if request.HasField("invisible_duration"):
             invisible_ms = request.invisible_duration.ToMilliseconds()
             if not MIN_INVISIBLE_MS <= invisible_ms <= MAX_INVISIBLE_MS:
-                raise Refused(pb.ILLEGAL_INVISIBLE_TIME, f"the invisible duration must be {MIN_INVISIBLE_MS} ms to 12 h")
+                raise Refused(
+                    pb.ILLEGAL_INVISIBLE_TIME, f"the invisible duration must be {MIN_INVISIBLE_MS} ms to 12 h"
+                )
         wait_ms = 0
         if request.HasField("long_polling_timeout"):
             wait_ms = request.long_polling_timeout.ToMilliseconds()
@@ -437,7 +448,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         )  # fmt: skip
         if deliveries and tenancy is not None:
             tenancy.after_pull(wire, len(deliveries), sum(len(d.message.body) for d in deliveries))
-        return deliveries, wire, invisible_ms
+        return deliveries, invisible_ms
 
     def _filter(self, expr: pb.FilterExpression) -> Callable[[StoredMessage], bool]:
         text = expr.expression.strip()
@@ -458,7 +469,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     async def _dead_letter(self, group: str, msg: StoredMessage) -> None:
         """Copy ``msg`` to ``group``'s dead-letter topic (its last attempt ran out)."""
-        special, tenant, name = parse_wire_name(group)
+        _special, tenant, name = parse_wire_name(group)
         topic = dlq_topic(tenant, name) if tenant is not None else f"%DLQ%{group}"
         topics = self.broker.topics
         if topics.get(topic) is None:
@@ -480,13 +491,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             body=msg.body,
         )  # fmt: skip
         conn = GrpcConnection("broker-dlq", "127.0.0.1:0")
-        r = self.broker.processors.handlers[RequestCode.SEND_MESSAGE](conn, cmd)  # type: ignore[arg-type]
-        if not isinstance(r, RemotingCommand):
-            r = await r
+        r = await self._handle(conn, cmd)
         if r is None or r.code != ResponseCode.SUCCESS:
             raise PopError("store", f"the dead-letter copy was refused: {r.remark if r else 'no answer'}")
 
-    async def AckMessage(self, request: rpc.AckMessageRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def AckMessage(self, request: rpc.AckMessageRequest, context: Context) -> Any:
         async def work() -> rpc.AckMessageResponse:
             caller = await self._caller(context)
             wire = self._wire(caller, request.topic, "topic")
@@ -501,8 +510,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             answers = await pop.ack(group, wire, [e.receipt_handle for e in request.entries])
             entries = []
             for e, a in zip(request.entries, answers, strict=True):
-                st = ok() if a is None else pb.Status(code=_POP_CODES.get(a.code, pb.INTERNAL_ERROR), message=str(a))  # type: ignore[arg-type]
-                entries.append(rpc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st))
+                st = ok() if a is None else pb.Status(code=_POP_CODES.get(a.code, pb.INTERNAL_ERROR), message=str(a))
+                entries.append(
+                    rpc.AckMessageResultEntry(message_id=e.message_id, receipt_handle=e.receipt_handle, status=st)
+                )
             bad = [x.status for x in entries if x.status.code != pb.OK]
             if not bad:
                 status = ok()
@@ -514,9 +525,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
         return await self._guard(lambda s: rpc.AckMessageResponse(status=s), work())
 
-    async def ChangeInvisibleDuration(
-        self, request: rpc.ChangeInvisibleDurationRequest, context: grpc.aio.ServicerContext
-    ) -> Any:
+    async def ChangeInvisibleDuration(self, request: rpc.ChangeInvisibleDurationRequest, context: Context) -> Any:
         async def work() -> rpc.ChangeInvisibleDurationResponse:
             caller = await self._caller(context)
             wire = self._wire(caller, request.topic, "topic")
@@ -537,7 +546,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         )
 
     async def ForwardMessageToDeadLetterQueue(
-        self, request: rpc.ForwardMessageToDeadLetterQueueRequest, context: grpc.aio.ServicerContext
+        self, request: rpc.ForwardMessageToDeadLetterQueueRequest, context: Context
     ) -> Any:
         async def work() -> rpc.ForwardMessageToDeadLetterQueueResponse:
             caller = await self._caller(context)
@@ -558,7 +567,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         return await self._guard(lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), work())
 
     # --- transactions ---------------------------------------------------------------------------------
-    async def EndTransaction(self, request: rpc.EndTransactionRequest, context: grpc.aio.ServicerContext) -> Any:
+    async def EndTransaction(self, request: rpc.EndTransactionRequest, context: Context) -> Any:
         async def work() -> rpc.EndTransactionResponse:
             caller = await self._caller(context)
             wire = self._wire(caller, request.topic, "topic")
@@ -593,7 +602,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     # --- the telemetry stream ------------------------------------------------------------------------
     async def Telemetry(
-        self, request_iterator: AsyncIterator[pb.Settings], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[rpc.TelemetryCommand], context: Context
     ) -> AsyncIterator[rpc.TelemetryCommand]:
         try:
             caller = await self._caller(context)

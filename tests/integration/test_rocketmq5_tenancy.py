@@ -24,9 +24,11 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 
 async def query_route(endpoint: str, topic: str, namespace: str, authorization: str) -> pb.Status:
     async with grpc.aio.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)
+        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
         md = (("x-mq-namespace", namespace), ("authorization", authorization))
-        r = await stub.QueryRoute(rpc.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=md, timeout=10)
+        r: rpc.QueryRouteResponse = await stub.QueryRoute(
+            rpc.QueryRouteRequest(topic=pb.Resource(name=topic)), metadata=md, timeout=10
+        )
         return r.status
 
 
@@ -52,17 +54,18 @@ async def test_v5_clients_authenticate_as_their_tenant_and_stay_in_its_namespace
     sent = await asyncio.to_thread(run, "produce", topic="orders", messages=[{"body": f"m{i}"} for i in range(3)])
     assert len(sent["sent"]) == 3
     got = await asyncio.to_thread(run, "simple", topic="orders", group="workers", count=3, timeout_s=20)
-    assert sorted(m["body"] for m in got["received"]) == ["m0", "m1", "m2"] and got["errors"] == []
+    assert sorted(m["body"] for m in got["received"]) == ["m0", "m1", "m2"]
+    assert got["errors"] == []
 
     # A wrong secret: the signature does not verify.
     bad = await asyncio.to_thread(run, "error", sk="not-the-secret", topic="orders", call="send")
-    assert bad["error"] is not None and "route" in bad["error"], bad  # the client says only that much
+    assert "route" in (bad["error"] or ""), bad  # the client says only that much
     assert "signature does not match" in tenancy.broker.log_text()  # the broker logs why
     # Beta's own credential, naming acme's namespace: refused before anything is read.
     other = await asyncio.to_thread(
         run, "error", ak=beta.access_key, sk=beta.secret, topic="orders", group="workers", call="receive"
     )
-    assert other["error"] is not None and "route" in other["error"], other
+    assert "route" in (other["error"] or ""), other
     assert "namespace 'acme' is not the credential's tenant's" in tenancy.broker.log_text()
     assert (await query_route(endpoint, "orders", "acme", f"Bearer {beta.token}")).code == pb.FORBIDDEN
     # Beta in its own namespace finds no topic of acme's there.

@@ -4,7 +4,7 @@ result is one JSON line on stdout.
 
 Roles:
   produce     {"endpoint", "ak", "sk", "namespace", "topic", "messages": [{"body", "tag", "keys",
-              "props", "group", "delivery_ms"}]}                  -> {"sent": [{"message_id", "offset", "recall_handle"}]}
+              "props", "group", "delivery_ms"}]}  -> {"sent": [{"message_id", "offset", "recall_handle"}]}
   transaction {..., "topic", "messages": [{"body", "resolution": "commit" | "rollback" | "none"}],
               "check": "commit" | "rollback", "check_wait_s"}   -> {"sent": [...], "checked": [message ids]}
   simple      {..., "group", "topic", "expression", "sql", "count", "invisible_s", "timeout_s",
@@ -133,7 +133,7 @@ def simple(a: dict[str, Any]) -> dict[str, Any]:
         while len(received) < a["count"] and time.time() < deadline:
             try:
                 msgs = c.receive(min(32, a["count"] - len(received)), a.get("invisible_s", 15))
-            except Exception as e:  # noqa: BLE001 - reported to the test
+            except Exception as e:
                 errors.append(f"{type(e).__name__}: {e}")
                 time.sleep(0.2)
                 continue
@@ -188,7 +188,7 @@ def error(a: dict[str, Any]) -> dict[str, Any]:
                 c.receive(1, 15)
             finally:
                 c.shutdown()
-    except Exception as e:  # noqa: BLE001 - the error is the result
+    except Exception as e:
         return {"error": f"{type(e).__name__}: {e}"}
     return {"error": None}
 
