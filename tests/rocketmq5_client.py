@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +40,31 @@ def run(role: str, args: dict[str, Any], *, home: Path, timeout_s: float = 90.0)
     assert r.returncode == 0, f"the v5 client's {role} exited {r.returncode}; stderr:\n{r.stderr[-4000:]}"
     lines = r.stdout.strip().splitlines()
     assert lines, f"the v5 client's {role} printed nothing; stderr:\n{r.stderr[-4000:]}"
+    out: dict[str, Any] = json.loads(lines[-1])
+    return out
+
+
+NODE_SCENARIO = ROOT / "tests" / "clients" / "rocketmq5-node" / "scenario.js"
+NODE_MODULES = Path(sys.prefix) / "opt" / "rocketmq5-node" / "node_modules"
+
+
+def run_node(role: str, args: dict[str, Any], *, home: Path, timeout_s: float = 90.0) -> dict[str, Any]:
+    """``run`` for the official Node.js client (rocketmq-client-nodejs, .venv/opt/rocketmq5-node)."""
+    node = shutil.which("node")
+    assert node is not None, "Node.js is not installed: the Node.js client's tests need it"
+    assert (NODE_MODULES / "rocketmq-client-nodejs").exists(), f"{NODE_MODULES} lacks the client (scripts/venv.sh dev)"
+    env = dict(os.environ, HOME=str(home), NODE_PATH=str(NODE_MODULES), TZ="UTC")
+    home.mkdir(parents=True, exist_ok=True)
+    try:
+        r = subprocess.run(
+            [node, str(NODE_SCENARIO), role],
+            input=json.dumps(args), capture_output=True, text=True, env=env, timeout=timeout_s, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"the Node.js client's {role} hung for {timeout_s} s; stderr:\n{e.stderr!r}") from None
+    assert r.returncode == 0, f"the Node.js client's {role} exited {r.returncode}; stderr:\n{r.stderr[-4000:]}"
+    lines = [line for line in r.stdout.strip().splitlines() if line.startswith("{")]
+    assert lines, f"the Node.js client's {role} printed nothing; stderr:\n{r.stderr[-4000:]}"
     out: dict[str, Any] = json.loads(lines[-1])
     return out
 

@@ -201,6 +201,7 @@ class Schedule:
             units_per_segment=cfg.timer_log_segment_units,
         )
         timer_scan = await asyncio.to_thread(timers.load, timer_doc, self.clock_ms())
+        await asyncio.to_thread(timers.recalls.load, store, self.clock_ms())
         if delay_doc is not None and isinstance(delay_doc.get("scanFrom"), int):
             delay_scan = int(delay_doc["scanFrom"])
         else:  # progress unknown: any re-put in the log may be one of ours

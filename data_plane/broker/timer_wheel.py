@@ -32,6 +32,7 @@ import logging
 import os
 from typing import Any
 
+from data_plane.broker.recall import RecallBook
 from data_plane.broker.reput import Reputter, read_queue
 from data_plane.broker.timer_log import NO_PREV, TimerLog, TimerLogError, TimerUnit
 from data_plane.store import MessageStore
@@ -39,6 +40,7 @@ from data_plane.store.message import (
     OFF_PHYSICAL_OFFSET,
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
+    PROPERTY_UNIQ_KEY,
     RecordError,
     decode_properties,
     parse_record,
@@ -118,6 +120,7 @@ class TimerMessageService:
         self.enqueue_blocked = False
         self.rolled = 0
         self.lost = 0
+        self.recalls = RecallBook()  # timed messages recalled before their time (recall.py)
 
     # --- life cycle ----------------------------------------------------------------------------
     def load(self, doc: dict[str, Any] | None, now_ms: int) -> int:
@@ -277,6 +280,8 @@ class TimerMessageService:
             log.error("%s: message %s has no REAL_TOPIC/REAL_QID; dropped", TIMER_TOPIC, m.msg_id)
             self.reputter.dropped += 1
             return True
+        if self.recalls.take(props.get(PROPERTY_UNIQ_KEY)):
+            return True  # recalled: not delivered
         for name in TIMER_REQUEST_PROPERTIES:
             props.pop(name, None)
         return self.reputter.reput(m, topic, int(qid), props)

@@ -19,15 +19,23 @@ from data_plane.auth.principal import Principal
 from data_plane.auth.request_access import PUBLISH, SUBSCRIBE
 from data_plane.broker.pop import PopError
 from data_plane.broker.pull import parse_tag_expression
+from data_plane.broker.recall import parse_recall_handle, recall_handle
 from data_plane.filter.sql92 import SqlParseError, compile_sql92
 from data_plane.proxy.connection import GrpcConnection
-from data_plane.proxy.messages import MessageRefused, resource_of, to_message, to_properties
+from data_plane.proxy.messages import (
+    PROPERTY_TIMER_DELIVER_MS,
+    MessageRefused,
+    resource_of,
+    to_message,
+    to_properties,
+)
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.proxy.v2 import service_pb2_grpc
 from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
 from data_plane.store.message import PROPERTY_TAGS, StoredMessage, encode_message_id, encode_properties
+from data_plane.store.status import PutMessageStatus
 from data_plane.tenancy.namespace import NAME_RE, dlq_topic, parse_wire_name
 
 if TYPE_CHECKING:
@@ -347,11 +355,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 code = _CODES.get(ResponseCode(r.code), pb.INTERNAL_ERROR) if r is not None else pb.INTERNAL_ERROR
                 return rpc.SendResultEntry(status=pb.Status(code=code, message=(r.remark if r else "") or "refused"))
             ext = r.ext_fields or {}
+            due = props.get(PROPERTY_TIMER_DELIVER_MS)
             return rpc.SendResultEntry(
                 status=ok(),
                 message_id=m.system_properties.message_id,
                 transaction_id=ext.get("msgId", "") if mtype == pb.TRANSACTION else "",
                 offset=int(ext.get("queueOffset", "0") or 0),
+                recall_handle=recall_handle(wire, m.system_properties.message_id, int(due)) if due else "",
             )
         except MessageRefused as e:
             return rpc.SendResultEntry(status=pb.Status(code=e.code, message=str(e)))  # type: ignore[arg-type]
@@ -599,6 +609,75 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return rpc.EndTransactionResponse(status=ok())
 
         return await self._guard(lambda s: rpc.EndTransactionResponse(status=s), work())
+
+    async def RecallMessage(self, request: rpc.RecallMessageRequest, context: Context) -> Any:
+        async def work() -> rpc.RecallMessageResponse:
+            caller = await self._caller(context)
+            wire = self._wire(caller, request.topic, "topic")
+            self._allow(caller, "topic", wire, PUBLISH)
+            try:
+                topic, message_id, due_ms = parse_recall_handle(request.recall_handle)
+            except ValueError:
+                raise Refused(pb.BAD_REQUEST, "not a recall handle this broker issued") from None
+            if topic != wire:
+                raise Refused(pb.BAD_REQUEST, "the recall handle is for another topic")
+            timers = self.broker.schedule.timers
+            store = self.broker.store
+            if timers is None or store is None or not self.broker.writable:
+                raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take recalls now")
+            if due_ms <= int(time.time() * 1000):
+                raise Refused(pb.NOT_FOUND, "the message was due already: it is delivered, or about to be")
+            status, end = timers.recalls.recall(store, wire, message_id, due_ms)
+            if status is not PutMessageStatus.PUT_OK:
+                raise Refused(pb.INTERNAL_ERROR, f"the recall could not be stored ({status.name})")
+            replication = self.broker.replication
+            if replication is not None and replication.sync_master:
+                got = await replication.replicated(end)
+                if got is not PutMessageStatus.PUT_OK:
+                    raise Refused(pb.SLAVE_PERSISTENCE_TIMEOUT, f"the recall is not replicated ({got.name})")
+            elif replication is not None:
+                replication.notify()
+            return rpc.RecallMessageResponse(status=ok(), message_id=message_id)
+
+        return await self._guard(lambda s: rpc.RecallMessageResponse(status=s), work())
+
+    # --- what this endpoint does not serve --------------------------------------------------------------
+    async def _unsupported(self, context: Context, what: str) -> pb.Status:
+        await self._caller(context)  # unauthenticated callers learn nothing, not even this
+        return pb.Status(code=pb.UNSUPPORTED, message=f"{what} is not supported by this endpoint")
+
+    async def PullMessage(self, request: rpc.PullMessageRequest, context: Context) -> AsyncIterator[Any]:
+        try:
+            status = await self._unsupported(context, "PullMessage")
+        except Refused as e:
+            status = e.status()
+        yield rpc.PullMessageResponse(status=status)
+
+    async def UpdateOffset(self, request: rpc.UpdateOffsetRequest, context: Context) -> Any:
+        return await self._guard(
+            lambda s: rpc.UpdateOffsetResponse(status=s),
+            self._unsupported_as(context, "UpdateOffset", rpc.UpdateOffsetResponse),
+        )
+
+    async def GetOffset(self, request: rpc.GetOffsetRequest, context: Context) -> Any:
+        return await self._guard(
+            lambda s: rpc.GetOffsetResponse(status=s), self._unsupported_as(context, "GetOffset", rpc.GetOffsetResponse)
+        )
+
+    async def QueryOffset(self, request: rpc.QueryOffsetRequest, context: Context) -> Any:
+        return await self._guard(
+            lambda s: rpc.QueryOffsetResponse(status=s),
+            self._unsupported_as(context, "QueryOffset", rpc.QueryOffsetResponse),
+        )
+
+    async def SyncLiteSubscription(self, request: rpc.SyncLiteSubscriptionRequest, context: Context) -> Any:
+        return await self._guard(
+            lambda s: rpc.SyncLiteSubscriptionResponse(status=s),
+            self._unsupported_as(context, "SyncLiteSubscription (lite topics)", rpc.SyncLiteSubscriptionResponse),
+        )
+
+    async def _unsupported_as(self, context: Context, what: str, response: Callable[..., Any]) -> Any:
+        return response(status=await self._unsupported(context, what))
 
     # --- the telemetry stream ------------------------------------------------------------------------
     async def Telemetry(

@@ -71,6 +71,15 @@ async def test_v5_clients_authenticate_as_their_tenant_and_stay_in_its_namespace
     # Beta in its own namespace finds no topic of acme's there.
     beta_route = await query_route(endpoint, "orders", "beta", f"Bearer {beta.token}")
     assert beta_route.code == pb.TOPIC_NOT_FOUND
+    # The Node.js client signs the same way: its access key works, a wrong secret does not.
+    node_sent = await asyncio.to_thread(
+        v5.run_node, "produce", {**acme_client, "topic": "orders", "messages": [{"body": "from-node"}]}, home=home
+    )
+    assert len(node_sent["sent"]) == 1
+    node_bad = await asyncio.to_thread(
+        v5.run_node, "error", {**acme_client, "sk": "wrong", "topic": "orders", "call": "send"}, home=home
+    )
+    assert node_bad["error"] is not None
     # A Bearer token from the control plane is accepted as the access key's signature is.
     assert (await query_route(endpoint, "orders", "acme", f"Bearer {acme.token}")).code == pb.OK
     assert (await query_route(endpoint, "orders", "acme", "Bearer not-a-token")).code == pb.UNAUTHORIZED
