@@ -64,11 +64,14 @@ from typing import Any
 from benchmarks.machine import page_cache_write, python_loop_ns
 from data_plane.interpreter import interpreter_facts
 from data_plane.local_cluster import LocalCluster
+from loadtest import grpc_e2e
 from loadtest.cpu import CpuWindow, us_per_msg
 from loadtest.histogram import encode_hist, hist_of, latency_log, merge, summary_ms
 from loadtest.rate import OpenLoop, RateProfile
 from loadtest.ticker import Ticker
 from loadtest.verdict import targets, verdict
+
+GRPC_TOPICS = ("bench-grpc", "bench-grpc-unary", "bench-grpc-lat")
 
 # The open-loop publisher's beat: every TICK_US it sends what has come due (~15 messages at
 # 30,000/s), sleeping in between instead of spinning a core the broker needs. 500 µs against
@@ -103,6 +106,8 @@ class E2EOptions:
     # Every client connection over TLS (the broker and name server in permissive mode, with a local
     # CA's certificate; clients verify it): what TLS costs, beside a plain run (``compare_tls``).
     tls: bool = False
+    # The broker's RocketMQ 5 gRPC endpoint measured after the remoting phases (loadtest/grpc_e2e.py).
+    grpc: bool = True
 
     @classmethod
     def quick(cls, directory: str | None = None) -> E2EOptions:
@@ -516,7 +521,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
         with LocalCluster(root, namesrv_port=0, broker_port=0, tls=opts.tls) as cluster:
             ns = cluster.namesrv
             base["broker_pid"] = next(c.proc.pid for c in cluster.children if c.name.startswith("broker"))
-            _create_topics(ns, ["bench", "bench-lat", "bench-e2e"], opts.queues)
+            _create_topics(ns, ["bench", "bench-lat", "bench-e2e", *GRPC_TOPICS], opts.queues)
 
             def batched() -> None:
                 log("batched publish")
@@ -544,6 +549,9 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
             for n, phase in enumerate(phases, 1):
                 log(f"phase {n}:")
                 phase()
+            grpc_endpoint = cluster.endpoints().get("grpc")
+            if opts.grpc and grpc_endpoint and not opts.tls:
+                grpc_e2e.run_phases(grpc_endpoint, base, opts.queues, result, log)
         # What the machine gave this hour (its speed drifts 2-3x between hours): measured after the phases, so
         # that the probe's page-cache writes do not change what the broker finds.
         result["machine"]["python_loop_ns"] = python_loop_ns()

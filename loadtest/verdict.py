@@ -41,6 +41,11 @@ TARGETS = (
     Target("publish_sync_16_msgs_per_s", ("publish_sync_16", "msgs_per_s"), 50_000, True),
     Target("consume_msgs_per_s", ("consume", "msgs_per_s"), 300_000, True),
     Target("half_peak_send_p99_ms", ("half_peak", "send_latency_ms", "p99"), 5.0, False),
+    # The RocketMQ 5 gRPC endpoint (loadtest/grpc_e2e.py; docs/rocketmq5.md).
+    Target("grpc_batched_msgs_per_s", ("grpc_batched", "msgs_per_s"), 100_000, True),
+    Target("grpc_unary_16_msgs_per_s", ("grpc_unary_16", "msgs_per_s"), 15_000, True),
+    Target("grpc_receive_ack_msgs_per_s", ("grpc_receive_ack", "msgs_per_s"), 50_000, True),
+    Target("grpc_half_peak_send_p99_ms", ("grpc_half_peak", "send_latency_ms", "p99"), 10.0, False),
 )
 
 

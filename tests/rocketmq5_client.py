@@ -37,7 +37,10 @@ def run(role: str, args: dict[str, Any], *, home: Path, timeout_s: float = 90.0)
         )  # fmt: skip
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"the v5 client's {role} hung for {timeout_s} s; stderr:\n{e.stderr!r}") from None
-    assert r.returncode == 0, f"the v5 client's {role} exited {r.returncode}; stderr:\n{r.stderr[-4000:]}"
+    assert r.returncode == 0, (
+        f"the v5 client's {role} exited {r.returncode}; stderr:\n{r.stderr[-4000:]}\nstdout:\n{r.stdout[-2000:]}"
+        f"\nthe client's log:\n{client_log(home)[-3000:]}"
+    )
     lines = r.stdout.strip().splitlines()
     assert lines, f"the v5 client's {role} printed nothing; stderr:\n{r.stderr[-4000:]}"
     out: dict[str, Any] = json.loads(lines[-1])

@@ -204,6 +204,8 @@ class Broker:
 
             self.pop = PopService(self)
             self.hold.on_notify = self.pop.on_stored
+            if self.replication.writable:
+                await asyncio.to_thread(self.pop.recover)  # which groups consume by lease, before serving
             self.grpc = GrpcEndpoint(self)
             await self.grpc.bind()
             await self.grpc.start(self.address.rpartition(":")[0])

@@ -46,6 +46,13 @@ class ClientProcessor:
             g = broker.groups.find(group)
             if g is None:
                 return cmd.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group {group} not exist")
+            pop = broker.pop
+            if pop is not None and group in pop.groups:
+                return cmd.response(
+                    ResponseCode.NO_PERMISSION,
+                    f"group {group} consumes by lease (RocketMQ 5 clients) on this broker: a group consumes "
+                    "either by pull (4.x) or by lease (5.x), not both",
+                )
             if c.get("messageModel", "CLUSTERING") == "CLUSTERING" and broker.is_master:
                 try:
                     if broker.topics.create_retry_topic(group):

@@ -101,6 +101,8 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         opts = dataclasses.replace(opts, latency_first=True)
     if args.warm_memory_mb is not None:
         opts = dataclasses.replace(opts, warm_memory_mb=args.warm_memory_mb)
+    if args.no_grpc:
+        opts = dataclasses.replace(opts, grpc=False)
     if args.tls:
         try:
             compared = e2e.compare_tls(opts, log=_log, pairs=args.runs)
@@ -219,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run it plain, then with every connection over TLS, and report each throughput's TLS/plain ratio "
         "(with --runs N: N such pairs, the order alternating, and the median ratios)",
+    )
+    e2e.add_argument(
+        "--no-grpc", action="store_true", help="leave out the RocketMQ 5 gRPC endpoint's phases (docs/rocketmq5.md)"
     )
     e2e.add_argument("--out", help="also write the JSON here (with --runs: every run's full result too)")
     e2e.set_defaults(func=_bench_e2e)

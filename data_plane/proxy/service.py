@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
+import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
@@ -23,6 +26,7 @@ from data_plane.broker.recall import parse_recall_handle, recall_handle
 from data_plane.filter.sql92 import SqlParseError, compile_sql92
 from data_plane.proxy.connection import GrpcConnection
 from data_plane.proxy.messages import (
+    PROPERTY_MESSAGE_GROUP,
     PROPERTY_TIMER_DELIVER_MS,
     MessageRefused,
     resource_of,
@@ -32,9 +36,16 @@ from data_plane.proxy.messages import (
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.proxy.v2 import service_pb2_grpc
+from data_plane.remoting.bodies import encode_batch_item
 from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
-from data_plane.store.message import PROPERTY_TAGS, StoredMessage, encode_message_id, encode_properties
+from data_plane.store.message import (
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    StoredMessage,
+    encode_message_id,
+    encode_properties,
+)
 from data_plane.store.status import PutMessageStatus
 from data_plane.tenancy.namespace import NAME_RE, dlq_topic, parse_wire_name
 
@@ -73,6 +84,21 @@ _POP_CODES: Final = {
     "replication": pb.SLAVE_PERSISTENCE_TIMEOUT,
     "leases": pb.TOO_MANY_REQUESTS,
 }
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A v2 message checked and turned into what the store takes."""
+
+    wire: str
+    props: dict[str, str]
+    mtype: int
+    born_ms: int
+    body: bytes
+
+    @property
+    def batchable(self) -> bool:
+        return self.mtype == pb.NORMAL
 
 
 class Refused(Exception):
@@ -285,7 +311,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
     def _check_not_v4_group(self, group: str) -> None:
         info = self.broker.clients.find_group(group)
-        if info is not None and getattr(info, "channels", None):
+        if info is not None and info.members:
             raise Refused(
                 pb.FORBIDDEN,
                 f"group {group!r} is consumed by RocketMQ 4.x push consumers on this broker: a group "
@@ -301,7 +327,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             if len(request.messages) > MAX_BATCH_MESSAGES:
                 raise Refused(pb.BAD_REQUEST, f"at most {MAX_BATCH_MESSAGES} messages a call")
             conn = self._connection(caller)
-            entries = [await self._send_one(caller, conn, m) for m in request.messages]
+            prepared: list[Prepared | rpc.SendResultEntry] = [self._prepare(caller, m) for m in request.messages]
+            ready = [p for p in prepared if isinstance(p, Prepared)]
+            if len(ready) == len(prepared) > 1 and all(p.batchable and p.wire == ready[0].wire for p in ready):
+                entries = await self._send_batch(conn, ready)
+            else:
+                entries = [p if isinstance(p, rpc.SendResultEntry) else await self._send_one(conn, p) for p in prepared]
             bad = [e.status for e in entries if e.status.code != pb.OK]
             if not bad:
                 status = ok()
@@ -313,7 +344,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
         return await self._guard(lambda s: rpc.SendMessageResponse(status=s), work())
 
-    async def _send_one(self, caller: Caller, conn: GrpcConnection, m: pb.Message) -> rpc.SendResultEntry:
+    def _prepare(self, caller: Caller, m: pb.Message) -> Prepared | rpc.SendResultEntry:
+        """What storing ``m`` takes (its topic, properties, type), or the entry refusing it."""
         try:
             wire = self._wire(caller, m.topic, "topic")
             self._allow(caller, "topic", wire, PUBLISH, len(m.body))
@@ -327,46 +359,80 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 )
             now_ms = int(time.time() * 1000)
             props, mtype = to_properties(m, epoch_ms=now_ms)
-            group = ""
-            if mtype == pb.TRANSACTION:
-                group = transaction_group(wire)
-                props["PGROUP"] = group
-            born = m.system_properties.born_timestamp
-            born_ms = born.seconds * 1000 + born.nanos // 1_000_000 or now_ms
-            cmd = RemotingCommand(
-                RequestCode.SEND_MESSAGE,
-                serialize_type=SERIALIZE_ROCKETMQ,
-                ext_fields={
-                    "producerGroup": group or "CLIENT_INNER_PRODUCER",
-                    "topic": wire,
-                    "defaultTopic": "TBW102",
-                    "defaultTopicQueueNums": "4",
-                    "queueId": "-1" if mtype != pb.FIFO else str(self._fifo_queue(wire, props["__SHARDINGKEY"])),
-                    "sysFlag": "0",
-                    "bornTimestamp": str(born_ms),
-                    "flag": "0",
-                    "properties": encode_properties(props).decode(),
-                    "reconsumeTimes": "0",
-                },
-                body=bytes(m.body),
-            )
-            r = await self._handle(conn, cmd)
-            if r is None or r.code != ResponseCode.SUCCESS:
-                code = _CODES.get(ResponseCode(r.code), pb.INTERNAL_ERROR) if r is not None else pb.INTERNAL_ERROR
-                return rpc.SendResultEntry(status=pb.Status(code=code, message=(r.remark if r else "") or "refused"))
-            ext = r.ext_fields or {}
-            due = props.get(PROPERTY_TIMER_DELIVER_MS)
-            return rpc.SendResultEntry(
-                status=ok(),
-                message_id=m.system_properties.message_id,
-                transaction_id=ext.get("msgId", "") if mtype == pb.TRANSACTION else "",
-                offset=int(ext.get("queueOffset", "0") or 0),
-                recall_handle=recall_handle(wire, m.system_properties.message_id, int(due)) if due else "",
-            )
         except MessageRefused as e:
             return rpc.SendResultEntry(status=pb.Status(code=e.code, message=str(e)))  # type: ignore[arg-type]
         except Refused as e:
             return rpc.SendResultEntry(status=e.status())
+        born = m.system_properties.born_timestamp
+        return Prepared(wire, props, mtype, born.seconds * 1000 + born.nanos // 1_000_000 or now_ms, m.body)
+
+    def _failed(self, r: RemotingCommand | None) -> rpc.SendResultEntry | None:
+        if r is not None and r.code == ResponseCode.SUCCESS:
+            return None
+        code = _CODES.get(ResponseCode(r.code), pb.INTERNAL_ERROR) if r is not None else pb.INTERNAL_ERROR
+        return rpc.SendResultEntry(status=pb.Status(code=code, message=(r.remark if r else "") or "refused"))
+
+    async def _send_one(self, conn: GrpcConnection, p: Prepared) -> rpc.SendResultEntry:
+        """One message through the broker's SEND_MESSAGE_V2 handler (its plain fast path when it is
+        a plain message)."""
+        props, mtype = p.props, p.mtype
+        group = ""
+        if mtype == pb.TRANSACTION:
+            group = props["PGROUP"] = transaction_group(p.wire)
+        qid = self._fifo_queue(p.wire, props[PROPERTY_MESSAGE_GROUP]) if mtype == pb.FIFO else -1
+        if qid < 0:
+            tc = self.broker.topics.get(p.wire)
+            qid = random.randrange(max(int(tc["writeQueueNums"]), 1)) if tc is not None else 0
+        cmd = RemotingCommand(
+            RequestCode.SEND_MESSAGE_V2,
+            serialize_type=SERIALIZE_ROCKETMQ,
+            ext_fields={
+                "a": group or "CLIENT_INNER_PRODUCER", "b": p.wire, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
+                "g": str(p.born_ms), "h": "0", "i": encode_properties(props).decode(), "j": "0", "k": "false",
+            },
+            body=bytes(p.body),
+        )  # fmt: skip
+        r = await self._handle(conn, cmd)
+        failed = self._failed(r)
+        if failed is not None:
+            return failed
+        assert r is not None
+        ext = r.ext_fields or {}
+        due = props.get(PROPERTY_TIMER_DELIVER_MS)
+        message_id = props[PROPERTY_UNIQ_KEY]
+        return rpc.SendResultEntry(
+            status=ok(),
+            message_id=message_id,
+            transaction_id=ext.get("msgId", "") if mtype == pb.TRANSACTION else "",
+            offset=int(ext.get("queueOffset", "0") or 0),
+            recall_handle=recall_handle(p.wire, message_id, int(due)) if due else "",
+        )
+
+    async def _send_batch(self, conn: GrpcConnection, batch: list[Prepared]) -> list[rpc.SendResultEntry]:
+        """Plain messages of one topic as one SEND_BATCH_MESSAGE: one queue, one append."""
+        wire = batch[0].wire
+        tc = self.broker.topics.get(wire)
+        qid = random.randrange(max(int(tc["writeQueueNums"]), 1)) if tc is not None else 0
+        body = b"".join([encode_batch_item(bytes(p.body), 0, encode_properties(p.props)) for p in batch])
+        cmd = RemotingCommand(
+            RequestCode.SEND_BATCH_MESSAGE,
+            serialize_type=SERIALIZE_ROCKETMQ,
+            ext_fields={
+                "a": "CLIENT_INNER_PRODUCER", "b": wire, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
+                "g": str(batch[0].born_ms), "h": "0", "i": "", "j": "0", "k": "false", "m": "true",
+            },
+            body=body,
+        )  # fmt: skip
+        r = await self._handle(conn, cmd)
+        failed = self._failed(r)
+        if failed is not None:
+            return [failed] * len(batch)
+        assert r is not None
+        first = int((r.ext_fields or {}).get("queueOffset", "0") or 0)
+        return [
+            rpc.SendResultEntry(status=ok(), message_id=p.props[PROPERTY_UNIQ_KEY], offset=first + i)
+            for i, p in enumerate(batch)
+        ]
 
     async def _handle(self, conn: GrpcConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         """``cmd`` through the broker's own handler for its code (a gRPC client is its connection)."""
@@ -379,8 +445,6 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """A message group's queue: the same one for every message of the group."""
         tc = self.broker.topics.get(wire)
         n = int(tc["writeQueueNums"]) if tc is not None else 1
-        import zlib
-
         return zlib.crc32(message_group.encode()) % max(n, 1)
 
     # --- receiving (POP) ------------------------------------------------------------------------------

@@ -46,6 +46,7 @@ class HaGroup:
     secret_file: Path
     members: dict[int, ServerProcess] = field(default_factory=dict)
     admin: AdminClient | None = None
+    extra: tuple[str, ...] = ()  # more broker flags, for every member
 
     def flags(self, member: int) -> list[str]:
         role = "SLAVE" if member else self.role
@@ -58,6 +59,7 @@ class HaGroup:
             "--set", f"broker_credentials_file={self.credentials_file}",
             "--set", "register_interval_s=2",
             "--set", f"ha_secret_file={self.secret_file}",
+            *self.extra,
         ]  # fmt: skip
 
     async def start(self, member: int) -> ServerProcess:
@@ -84,7 +86,7 @@ class HaGroup:
 
 async def new_group(
     cp: ControlPlaneHarness, namesrv: ServerProcess, start_broker: Callable[..., ServerProcess], tmp: Path,
-    *, role: str, flush: str,
+    *, role: str, flush: str, extra: tuple[str, ...] = (),
 ) -> HaGroup:  # fmt: skip
     made = await cp.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
     assert made.status == 201, made.body
@@ -94,7 +96,7 @@ async def new_group(
     secret_file = tmp / "ha.secret"
     secret_file.write_text(secrets.token_urlsafe(32))
     os.chmod(secret_file, 0o600)
-    g = HaGroup(cp, namesrv, start_broker, tmp, creds, role, flush, secret_file)
+    g = HaGroup(cp, namesrv, start_broker, tmp, creds, role, flush, secret_file, extra=extra)
     g.admin = AdminClient(namesrv.address)
     await g.start(0)
     await g.wait_role(0, role)

@@ -256,6 +256,14 @@ def test_bench_e2e_prints_and_writes_every_figure(
     assert (late["wakeups_over_5ms"] > 0) == (late["max_ms"] > 5), late
     assert half["with_consumer"]["errors"] == 0
     assert half["with_consumer"]["consumed"] >= half["with_consumer"]["acked"] > 0, half
+    # The gRPC endpoint's phases (loadtest/grpc_e2e.py), beside the remoting ones.
+    for path in ("grpc_batched.msgs_per_s", "grpc_unary_16.msgs_per_s", "grpc_receive_ack.msgs_per_s"):
+        positive(figure(result, path), path)
+    for phase in ("grpc_batched", "grpc_unary_16", "grpc_receive_ack", "grpc_half_peak"):
+        assert result[phase]["errors"] == 0, result[phase]
+    positive(figure(result, "grpc_half_peak.send_latency_ms.p99"), "grpc_half_peak.send_latency_ms.p99")
+    # Every message the batched gRPC phase stored was received and acknowledged (at least once).
+    assert result["grpc_receive_ack"]["consumed"] >= result["grpc_batched"]["msgs_per_s"], result["grpc_receive_ack"]
     # The issue's targets, and whether this run met each (its figures against them).
     assert result["targets"] == targets()
     assert result["met"] == verdict(result)
@@ -267,7 +275,7 @@ def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targe
     the --out file the same with every run's full result."""
     out = tmp_path / "runs.json"
     stdout = orbit_bench(
-        "e2e", "--quick", "--seconds", "1", "--runs", "2", "--warm-memory-mb", "16",
+        "e2e", "--quick", "--seconds", "1", "--runs", "2", "--warm-memory-mb", "16", "--no-grpc",
         "--dir", str(tmp_path / "cluster"), "--out", str(out),
     )  # fmt: skip
     printed = json.loads(stdout)
@@ -297,6 +305,10 @@ def test_bench_e2e_runs_several_times_on_fresh_clusters_and_summarizes_the_targe
         assert t["target"] == bound
         assert t["values"] == values
         assert t["met_runs"] == sum(r["met"][name] for r in results)
+        if name.startswith("grpc_"):  # --no-grpc: no figure, never met
+            assert values == [None, None]
+            assert (t["min"], t["max"], t["median"], t["met_runs"]) == (None, None, None, 0)
+            continue
         assert (t["min"], t["max"]) == (min(values), max(values))
         assert t["median"] == pytest.approx(statistics.median(values))
     assert printed["runs"] == [brief(r) for r in results]

@@ -14,6 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from data_plane.remoting import bodies
+from data_plane.remoting.client import RemotingClient
+from data_plane.remoting.codes import RequestCode, ResponseCode
+from data_plane.remoting.command import RemotingCommand
 from tests import rocketmq5_client as v5
 from tests.integration.conftest import ServerProcess
 from tests.integration.rocketmq5_endpoint import GRPC, Endpoint, names
@@ -164,3 +168,44 @@ async def test_leases_and_acknowledgements_survive_a_kill_9_of_the_broker(
     assert sorted(m["body"] for m in got) == sorted(m["body"] for m in leased)
     assert all(m["attempt"] == 2 for m in got)
     assert min(m["at"] for m in got) >= min(m["at"] for m in leased) + 4 - 0.5
+
+
+def v4_heartbeat(group: str, topic: str) -> bytes:
+    data = {
+        "clientID": "v4-consumer@1",
+        "producerDataSet": [],
+        "consumerDataSet": [
+            {
+                "groupName": group, "consumeType": "CONSUME_PASSIVELY", "messageModel": "CLUSTERING",
+                "consumeFromWhere": "CONSUME_FROM_LAST_OFFSET", "unitMode": False,
+                "subscriptionDataSet": [{"classFilterMode": False, "topic": topic, "subString": "*", "tagsSet": [],
+                                         "codeSet": [], "subVersion": 1, "expressionType": "TAG"}],
+            }
+        ],
+    }  # fmt: skip
+    return bodies.dumps(data)
+
+
+async def test_a_group_consumes_by_pull_or_by_lease_not_both(endpoint: Endpoint) -> None:
+    topic, group = names()
+    await endpoint.topic(topic, queues=1)
+    await endpoint.group(group)
+    await endpoint.group(group + "v5")
+    endpoint.run("produce", topic=topic, messages=[{"body": "x"}])
+    client = RemotingClient()
+    try:
+        # A 4.x push consumer of the group is connected: a 5.x receive for the group is refused.
+        hb = RemotingCommand(RequestCode.HEART_BEAT, body=v4_heartbeat(group, topic))
+        assert (await client.invoke(endpoint.proc.address, hb, 5000)).code == ResponseCode.SUCCESS
+        refused = endpoint.run("simple", topic=topic, group=group, count=1, timeout_s=3, await_s=1)
+        assert refused["received"] == []
+        assert any("by pull (4.x) or by lease (5.x)" in e for e in refused["errors"]), refused
+        # A group that consumed by lease: a 4.x consumer's heartbeat for it is refused, saying why.
+        got = endpoint.run("simple", topic=topic, group=group + "v5", count=1, timeout_s=10)
+        assert [m["body"] for m in got["received"]] == ["x"]
+        hb5 = RemotingCommand(RequestCode.HEART_BEAT, body=v4_heartbeat(group + "v5", topic))
+        answer = await client.invoke(endpoint.proc.address, hb5, 5000)
+        assert answer.code == ResponseCode.NO_PERMISSION
+        assert "by pull (4.x) or by lease (5.x)" in (answer.remark or "")
+    finally:
+        await client.close()
