@@ -476,6 +476,8 @@ class Broker:
             "answerSlice": self.server.answer_slice,
             "retentionHours": st.retention_hours,
         }
+        if self.grpc is not None:  # the RocketMQ 5 endpoint, for orbit proxy (docs/rocketmq5.md)
+            info["grpcAddress"] = f"{self.address.rpartition(':')[0]}:{self.grpc.port}"
         info.update(self.schedule.runtime_info())
         info.update(self.gc_watch.runtime_info())
         if self.stall_watch is not None:

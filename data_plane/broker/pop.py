@@ -513,8 +513,7 @@ class PopService:
         lease.seq = seq
         heapq.heappush(self._expiry, (lease.deadline_ms, seq, group, topic, qid, offset))
         await self._journal(["C", group, topic, qid, offset, lease.deadline_ms, seq], wait=True)
-        if invisible_ms == 0:
-            self.on_stored(topic, qid)
+        self.on_stored(topic, qid)  # waiting receivers look again: the lease may end sooner now
         msg = self._read(topic, qid, offset)
         if msg is None:
             return None

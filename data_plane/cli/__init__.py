@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     servers.add_namesrv_parser(sub)
     servers.add_broker_parser(sub)
+    servers.add_proxy_parser(sub)
     servers.add_control_plane_parser(sub)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="what", required=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import sys
 from typing import Any
@@ -128,3 +129,66 @@ def run_namesrv(args: argparse.Namespace) -> int:
     from data_plane.namesrv.server import main
 
     return int(main(args.rest))
+
+
+def add_proxy_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "proxy",
+        help="run the RocketMQ 5 gRPC endpoint in front of a cluster (docs/rocketmq5.md)",
+        description="The RocketMQ 5 clients' gRPC endpoint for a whole cluster: routes from the name servers, "
+        "each call forwarded to the broker it concerns, which authenticates the client.",
+    )
+    p.add_argument("--listen", default="0.0.0.0:8081", help="host:port (port 0: a free one; default 0.0.0.0:8081)")
+    p.add_argument("--namesrv", required=True, help="name servers, host:port;host:port")
+    p.add_argument(
+        "--advertised-host", default="", help="the host clients reach the proxy at (default: the listen host)"
+    )
+    p.add_argument(
+        "--credentials-file",
+        help="a broker or operator credential (JSON or TOML: access_key, secret) for the name servers and brokers",
+    )
+    p.add_argument("--ready-file", help="write {address, pid} here as JSON once serving")
+    p.add_argument("--log-level", default="info")
+    p.set_defaults(func=run_proxy)
+
+
+def run_proxy(args: argparse.Namespace) -> int:
+    import os
+
+    from data_plane.broker.broker import write_ready_file
+    from data_plane.broker.tenancy import load_broker_credentials
+    from data_plane.proxy.cluster import serve
+
+    setup_logging(args.log_level)
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        print(f"orbit proxy: --listen {args.listen!r} is not host:port", file=sys.stderr)
+        return 2
+    namesrv = [a for a in args.namesrv.split(";") if a]
+    credential = None
+    if args.credentials_file:
+        try:
+            credential = load_broker_credentials(args.credentials_file)
+        except (OSError, ValueError) as e:
+            print(f"orbit proxy: {e}", file=sys.stderr)
+            return 2
+    advertised = args.advertised_host or ("127.0.0.1" if host in ("0.0.0.0", "::") else host)
+
+    def ready(address: str) -> None:
+        print(f"proxy listening on {address}", flush=True)
+        if args.ready_file:
+            write_ready_file(args.ready_file, {"address": address, "pid": os.getpid()})
+
+    return run_loop(_serve_until_stopped(serve(args.listen, namesrv, advertised, credential, ready)))
+
+
+async def _serve_until_stopped(serving: Any) -> int:
+    import signal
+
+    task = asyncio.ensure_future(serving)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return 0

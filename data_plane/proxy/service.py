@@ -33,6 +33,7 @@ from data_plane.proxy.messages import (
     to_message,
     to_properties,
 )
+from data_plane.proxy.unsupported import Unsupported
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.proxy.v2 import service_pb2_grpc
@@ -139,7 +140,7 @@ def _peer_address(context: Context) -> str:
     return "127.0.0.1:0"
 
 
-class MessagingService(service_pb2_grpc.MessagingServiceServicer):
+class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     def __init__(self, broker: Broker, *, advertised: tuple[str, int]) -> None:
         self.broker = broker
         self.advertised = advertised
@@ -705,43 +706,12 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
 
         return await self._guard(lambda s: rpc.RecallMessageResponse(status=s), work())
 
-    # --- what this endpoint does not serve --------------------------------------------------------------
-    async def _unsupported(self, context: Context, what: str) -> pb.Status:
-        await self._caller(context)  # unauthenticated callers learn nothing, not even this
-        return pb.Status(code=pb.UNSUPPORTED, message=f"{what} is not supported by this endpoint")
-
-    async def PullMessage(self, request: rpc.PullMessageRequest, context: Context) -> AsyncIterator[Any]:
+    async def _unsupported_status(self, context: Context, what: str) -> pb.Status:
         try:
-            status = await self._unsupported(context, "PullMessage")
+            await self._caller(context)  # unauthenticated callers learn nothing, not even this
         except Refused as e:
-            status = e.status()
-        yield rpc.PullMessageResponse(status=status)
-
-    async def UpdateOffset(self, request: rpc.UpdateOffsetRequest, context: Context) -> Any:
-        return await self._guard(
-            lambda s: rpc.UpdateOffsetResponse(status=s),
-            self._unsupported_as(context, "UpdateOffset", rpc.UpdateOffsetResponse),
-        )
-
-    async def GetOffset(self, request: rpc.GetOffsetRequest, context: Context) -> Any:
-        return await self._guard(
-            lambda s: rpc.GetOffsetResponse(status=s), self._unsupported_as(context, "GetOffset", rpc.GetOffsetResponse)
-        )
-
-    async def QueryOffset(self, request: rpc.QueryOffsetRequest, context: Context) -> Any:
-        return await self._guard(
-            lambda s: rpc.QueryOffsetResponse(status=s),
-            self._unsupported_as(context, "QueryOffset", rpc.QueryOffsetResponse),
-        )
-
-    async def SyncLiteSubscription(self, request: rpc.SyncLiteSubscriptionRequest, context: Context) -> Any:
-        return await self._guard(
-            lambda s: rpc.SyncLiteSubscriptionResponse(status=s),
-            self._unsupported_as(context, "SyncLiteSubscription (lite topics)", rpc.SyncLiteSubscriptionResponse),
-        )
-
-    async def _unsupported_as(self, context: Context, what: str, response: Callable[..., Any]) -> Any:
-        return response(status=await self._unsupported(context, what))
+            return e.status()
+        return await super()._unsupported_status(context, what)
 
     # --- the telemetry stream ------------------------------------------------------------------------
     async def Telemetry(

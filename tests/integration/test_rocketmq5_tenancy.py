@@ -84,3 +84,10 @@ async def test_v5_clients_authenticate_as_their_tenant_and_stay_in_its_namespace
     assert (await query_route(endpoint, "orders", "acme", f"Bearer {acme.token}")).code == pb.OK
     assert (await query_route(endpoint, "orders", "acme", "Bearer not-a-token")).code == pb.UNAUTHORIZED
     assert (await query_route(endpoint, "orders", "acme", "")).code == pb.UNAUTHORIZED
+    # What the endpoint does not serve is answered UNSUPPORTED, to an authenticated caller only.
+    for authorization, code in ((f"Bearer {acme.token}", pb.UNSUPPORTED), ("", pb.UNAUTHORIZED)):
+        async with grpc.aio.insecure_channel(endpoint) as channel:
+            stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+            md = (("x-mq-namespace", "acme"), ("authorization", authorization))
+            r: rpc.GetOffsetResponse = await stub.GetOffset(rpc.GetOffsetRequest(), metadata=md, timeout=10)
+            assert r.status.code == code, r.status

@@ -153,6 +153,7 @@ def push(a: dict[str, Any]) -> dict[str, Any]:
     consumed: list[dict[str, Any]] = []
     lock = threading.Lock()
     failures: dict[str, int] = {}
+    succeeded: set[str] = set()
     done = threading.Event()
 
     class Listener(MessageListener):
@@ -163,7 +164,8 @@ def push(a: dict[str, Any]) -> dict[str, Any]:
                 if n < a.get("fail_first", 0):
                     failures[msg.message_id] = n + 1
                     return ConsumeResult.FAILURE
-                if len({c["message_id"] for c in consumed}) >= a["count"]:
+                succeeded.add(msg.message_id)
+                if len(succeeded) >= a["count"]:
                     done.set()
                 return ConsumeResult.SUCCESS
 
