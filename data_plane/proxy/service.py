@@ -230,6 +230,13 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             conn.closed = True
             self.broker._connection_closed(conn)  # type: ignore[arg-type]
 
+    def _written(self) -> None:
+        """What this call appended is in the CommitLog file before its answer leaves (as the
+        remoting server's before_write does): a kill -9 after the answer loses none of it."""
+        store = self.broker.store
+        if store is not None:
+            store.write_staged()
+
     async def _guard(self, answer: Callable[[pb.Status], Any], work: Awaitable[Any]) -> Any:
         try:
             return await work
@@ -239,6 +246,8 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         except PopError as e:
             self.refused += 1
             return answer(pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))
+        finally:
+            self._written()
 
     # --- routes and membership ------------------------------------------------------------------
     def _queues(self, wire: str, perm_needed: int = 0) -> list[pb.MessageQueue]:
@@ -452,17 +461,19 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     async def ReceiveMessage(
         self, request: rpc.ReceiveMessageRequest, context: Context
     ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+        refusal: pb.Status | None = None
         try:
             caller = await self._caller(context)
             deliveries, invisible_ms = await self._receive(caller, request)
         except Refused as e:
             self.refused += 1
-            yield rpc.ReceiveMessageResponse(status=e.status())
-            return
+            refusal = e.status()
         except PopError as e:
-            yield rpc.ReceiveMessageResponse(
-                status=pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e))
-            )
+            refusal = pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e))
+        finally:
+            self._written()  # the leases' journal record, and any dead-letter copy
+        if refusal is not None:
+            yield rpc.ReceiveMessageResponse(status=refusal)
             return
         if not deliveries:
             yield rpc.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
