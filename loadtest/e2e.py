@@ -559,7 +559,7 @@ def run(opts: E2EOptions, log: Callable[[str], None] = lambda m: None) -> dict[s
     finally:
         if own_dir:
             shutil.rmtree(root, ignore_errors=True)
-    result["targets"] = targets()
+    result["targets"] = targets(result)
     result["met"] = verdict(result)
     return result
 

@@ -215,8 +215,8 @@ def run_phases(
     log("gRPC: ReceiveMessage + AckMessage of what the batched phase stored (2 processes, 4 receivers each)")
     half = [list(range(queues))[i::2] for i in range(2)]
     rs = _pool_run(
-        [("receive_ack", endpoint, "bench-grpc", {"group": "bench-grpc-pop", "queues": q, "idle_s": 3.0,
-                                                  "timeout_s": 300}) for q in half]
+        [("receive_ack", endpoint, "bench-grpc", {"group": "bench-grpc-pop", "queues": q,
+                                                  "idle_s": min(3.0, seconds), "timeout_s": 300}) for q in half]
     )  # fmt: skip
     consumed = sum(r["consumed"] for r in rs)
     firsts = [r["first"] for r in rs if r["consumed"]]

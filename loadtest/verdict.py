@@ -41,7 +41,10 @@ TARGETS = (
     Target("publish_sync_16_msgs_per_s", ("publish_sync_16", "msgs_per_s"), 50_000, True),
     Target("consume_msgs_per_s", ("consume", "msgs_per_s"), 300_000, True),
     Target("half_peak_send_p99_ms", ("half_peak", "send_latency_ms", "p99"), 5.0, False),
-    # The RocketMQ 5 gRPC endpoint (loadtest/grpc_e2e.py; docs/rocketmq5.md).
+)
+# The RocketMQ 5 gRPC endpoint's (loadtest/grpc_e2e.py; docs/rocketmq5.md): targets of the runs
+# that measured it (``options.grpc``; ``--no-grpc`` leaves them out).
+GRPC_TARGETS = (
     Target("grpc_batched_msgs_per_s", ("grpc_batched", "msgs_per_s"), 100_000, True),
     Target("grpc_unary_16_msgs_per_s", ("grpc_unary_16", "msgs_per_s"), 15_000, True),
     Target("grpc_receive_ack_msgs_per_s", ("grpc_receive_ack", "msgs_per_s"), 50_000, True),
@@ -49,14 +52,21 @@ TARGETS = (
 )
 
 
-def targets() -> dict[str, float]:
+def applicable(result: dict[str, Any] | None = None) -> tuple[Target, ...]:
+    """The targets a run is judged by: the gRPC ones too when it measured the gRPC endpoint."""
+    if result is not None and result.get("options", {}).get("grpc"):
+        return TARGETS + GRPC_TARGETS
+    return TARGETS
+
+
+def targets(result: dict[str, Any] | None = None) -> dict[str, float]:
     """The targets as a result lists them (``result["targets"]``)."""
-    return {t.name: t.bound for t in TARGETS}
+    return {t.name: t.bound for t in applicable(result)}
 
 
 def verdict(result: dict[str, Any]) -> dict[str, bool]:
     """Whether ``result`` met each target (a missing figure did not), and ``all`` of them."""
-    met = {t.name: t.met(t.figure(result)) for t in TARGETS}
+    met = {t.name: t.met(t.figure(result)) for t in applicable(result)}
     met["all"] = all(met.values())
     return met
 
@@ -67,7 +77,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     if not results:
         raise ValueError("no run to summarize")
     per_target: dict[str, Any] = {}
-    for t in TARGETS:
+    judged = max((applicable(r) for r in results), key=len)
+    for t in judged:
         values = [t.figure(r) for r in results]
         present = [v for v in values if v is not None]
         per_target[t.name] = {
@@ -92,7 +103,7 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def missed(result: dict[str, Any]) -> str:
     """A line for the log: "met every target", or the targets missed with their figures."""
-    figures = [(t, t.figure(result)) for t in TARGETS]
+    figures = [(t, t.figure(result)) for t in applicable(result)]
     out = [f"{t.name} {value}" for t, value in figures if not t.met(value)]
     return "met every target" if not out else "missed " + ", ".join(out)
 
@@ -101,7 +112,7 @@ def brief(result: dict[str, Any]) -> dict[str, Any]:
     """One run in a line: its target figures, what it met, and the machine's speed then (and the
     error it ended in, if it did)."""
     out = {
-        "figures": {t.name: t.figure(result) for t in TARGETS},
+        "figures": {t.name: t.figure(result) for t in applicable(result)},
         "met": verdict(result),
         "python_loop_ns": result.get("machine", {}).get("python_loop_ns"),
     }

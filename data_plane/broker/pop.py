@@ -501,6 +501,8 @@ class PopService:
         for i, (qid, offs) in enumerate(by_queue.items()):
             await self._journal(["A", group, topic, qid, offs], wait=i == last)
             self._commit(group, topic, qid)
+            if group in self.fifo_groups:  # a message group's next message may go out now
+                self.on_stored(topic, qid)
         self.acked += sum(a is None for a in answers)
         return answers
 
@@ -531,6 +533,7 @@ class PopService:
         pq.settle()
         await self._journal(["A", group, topic, qid, [offset]], wait=True)
         self._commit(group, topic, qid)
+        self.on_stored(topic, qid)  # (a FIFO group's next message may go out now)
         return msg, lease.attempt
 
     def _commit(self, group: str, topic: str, queue_id: int) -> None:

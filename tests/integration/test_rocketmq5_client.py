@@ -145,8 +145,8 @@ async def test_transactions_commit_roll_back_and_are_checked_back(endpoint: Endp
              {"body": "checked", "resolution": "none"}]  # fmt: skip
     out = endpoint.run("transaction", topic=topic, messages=specs, check="commit", check_wait_s=20)
     assert out["checked"] == [out["sent"][2]["message_id"]]  # only the unresolved one is checked
-    got = endpoint.run("simple", topic=topic, group=group, count=3, timeout_s=8, await_s=2)
-    assert sorted(m["body"] for m in got["received"]) == ["checked", "committed"]
+    got = endpoint.run("simple", topic=topic, group=group, count=2, timeout_s=8, await_s=2)
+    assert sorted(m["body"] for m in got["received"]) == ["checked", "committed"]  # never the rolled-back one
 
 
 async def test_leases_and_acknowledgements_survive_a_kill_9_of_the_broker(
@@ -163,9 +163,10 @@ async def test_leases_and_acknowledgements_survive_a_kill_9_of_the_broker(
     assert (len(acked), len(leased)) == (5, 5)
     ep.proc.kill()
     ep = Endpoint(start_broker(None, *GRPC, store_dir=store), tmp_path / "client-home")
-    got = ep.run("simple", topic=topic, group=group, count=10, invisible_s=30, timeout_s=20, await_s=5)["received"]
+    got = ep.run("simple", topic=topic, group=group, count=5, invisible_s=30, timeout_s=20, await_s=5)["received"]
     # The leased five come back once their lease ends; the acknowledged five never do.
     assert sorted(m["body"] for m in got) == sorted(m["body"] for m in leased)
+    assert ep.run("simple", topic=topic, group=group, count=1, timeout_s=2, await_s=1)["received"] == []
     assert all(m["attempt"] == 2 for m in got)
     assert min(m["at"] for m in got) >= min(m["at"] for m in leased) + 4 - 0.5
 
@@ -209,3 +210,15 @@ async def test_a_group_consumes_by_pull_or_by_lease_not_both(endpoint: Endpoint)
         assert "by pull (4.x) or by lease (5.x)" in (answer.remark or "")
     finally:
         await client.close()
+
+
+async def test_a_fifo_push_consumer_forwards_a_message_to_the_dlq_after_its_last_attempt(endpoint: Endpoint) -> None:
+    topic, group = names()
+    await endpoint.topic(topic, queues=1)
+    await endpoint.group(group, consumeMessageOrderly=True, retryMaxTimes=1)  # two attempts in all
+    endpoint.run("produce", topic=topic, messages=[{"body": "poison", "group": "g"}, {"body": "next", "group": "g"}])
+    got = endpoint.run("push", topic=topic, group=group, count=1, always_fail=["poison"], timeout_s=20)["consumed"]
+    # The FIFO client retries locally, then ForwardMessageToDeadLetterQueue: the group moves on.
+    assert [m["body"] for m in got][:2] == ["poison", "poison"], got
+    assert "next" in [m["body"] for m in got], got  # its group went on after the first was dead-lettered
+    assert await endpoint.max_offset(f"%DLQ%{group}") >= 1

@@ -201,3 +201,39 @@ async def test_the_ha_link_runs_over_tls_and_a_plain_peer_gets_nothing(
         assert not got.startswith(b"ORH")  # no challenge in the clear: at most a TLS alert
     finally:
         writer.close()
+
+
+@pytest.mark.asyncio
+async def test_the_grpc_endpoint_serves_tls_with_the_brokers_certificate(
+    ca: dict[str, str], tmp_path: Path, start_broker: Callable[..., ServerProcess]
+) -> None:
+    """With tls_mode on, a broker's RocketMQ 5 endpoint serves TLS only: a client that trusts the
+    local CA (as the v5 clients do with GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) gets answers; a plain
+    client and one trusting another CA get none."""
+    import grpc
+
+    from data_plane.proxy.v2 import definition_pb2 as pb
+    from data_plane.proxy.v2 import service_pb2 as rpc
+    from data_plane.proxy.v2 import service_pb2_grpc
+
+    broker = start_broker(None, *broker_tls("enforcing", ca), "--set", "grpc_listen=127.0.0.1:0")
+    endpoint = broker.info["grpc_address"]
+    request = rpc.QueryRouteRequest(topic=pb.Resource(name="TBW102"))
+
+    async def route(channel: grpc.aio.Channel) -> int:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+        r: rpc.QueryRouteResponse = await stub.QueryRoute(request, timeout=5)
+        return r.status.code
+
+    trusted = grpc.ssl_channel_credentials(await asyncio.to_thread(Path(ca[CA_FILE]).read_bytes))
+    options = (("grpc.ssl_target_name_override", "localhost"),)
+    async with grpc.aio.secure_channel(endpoint, trusted, options=options) as channel:
+        assert await route(channel) in (pb.OK, pb.TOPIC_NOT_FOUND)  # answered, over TLS
+    async with grpc.aio.insecure_channel(endpoint) as channel:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await route(channel)
+    other = make_local_ca(str(tmp_path / "other-ca"))
+    untrusted = grpc.ssl_channel_credentials(await asyncio.to_thread(Path(other[CA_FILE]).read_bytes))
+    async with grpc.aio.secure_channel(endpoint, untrusted, options=options) as channel:
+        with pytest.raises(grpc.aio.AioRpcError):
+            await route(channel)

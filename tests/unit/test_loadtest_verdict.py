@@ -154,3 +154,26 @@ def test_a_run_that_ended_in_an_error_is_counted_as_failed_and_missed_everything
     assert set(b["figures"].values()) == {None}
     assert not any(b["met"].values())
     assert "error" not in brief(result(250_000, 60_000, 600_000, 3.0))
+
+
+def test_a_run_that_measured_the_grpc_endpoint_is_judged_by_its_targets_too() -> None:
+    run = result(250_000, 60_000, 600_000, 3.0)
+    run["options"] = {"grpc": True}
+    assert set(targets(run)) - set(targets()) == {
+        "grpc_batched_msgs_per_s", "grpc_unary_16_msgs_per_s", "grpc_receive_ack_msgs_per_s",
+        "grpc_half_peak_send_p99_ms",
+    }  # fmt: skip
+    assert verdict(run)["all"] is False  # no gRPC figure: missed
+    run |= {
+        "grpc_batched": {"msgs_per_s": 100_000},
+        "grpc_unary_16": {"msgs_per_s": 15_000},
+        "grpc_receive_ack": {"msgs_per_s": 50_000},
+        "grpc_half_peak": {"send_latency_ms": {"p99": 10.0}},
+    }
+    assert verdict(run)["all"] is True  # each exactly on its bound
+    run["grpc_half_peak"]["send_latency_ms"]["p99"] = 10.5
+    met = verdict(run)
+    assert (met["grpc_half_peak_send_p99_ms"], met["all"]) == (False, False)
+    assert "grpc_half_peak_send_p99_ms 10.5" in missed(run)
+    # Several runs: the gRPC targets are summarized when any run measured them.
+    assert "grpc_batched_msgs_per_s" in summarize([run, result(250_000, 60_000, 600_000, 3.0)])["targets"]

@@ -9,7 +9,8 @@ Roles:
               "check": "commit" | "rollback", "check_wait_s"}   -> {"sent": [...], "checked": [message ids]}
   simple      {..., "group", "topic", "expression", "sql", "count", "invisible_s", "timeout_s",
               "ack": bool, "change_invisible_s": int | null, "await_s"} -> {"received": [...], "errors": [...]}
-  push        {..., "group", "topic", "expression", "count", "fail_first": int, "timeout_s"} -> {"consumed": [...]}
+  push        {..., "group", "topic", "expression", "count", "fail_first": int, "always_fail": [bodies],
+              "timeout_s"} -> {"consumed": [...]}
   error       {..., "topic", "call": "send" | "receive", "group"}   -> {"error": "<exception class>: <text>"}
 """
 
@@ -161,7 +162,7 @@ def push(a: dict[str, Any]) -> dict[str, Any]:
             with lock:
                 consumed.append(shown(msg))
                 n = failures.get(msg.message_id, 0)
-                if n < a.get("fail_first", 0):
+                if n < a.get("fail_first", 0) or msg.body.decode(errors="replace") in a.get("always_fail", ()):
                     failures[msg.message_id] = n + 1
                     return ConsumeResult.FAILURE
                 succeeded.add(msg.message_id)
