@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
-import secrets
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -133,6 +133,24 @@ def parse_handle(handle: str) -> tuple[int, int, int]:
         return int(parts[0]), int(parts[1]), int(parts[2], 16)
     except ValueError:
         raise PopError("handle", "not a receipt handle this broker issued") from None
+
+
+class _SeqPool:
+    """Random 64-bit lease numbers from the OS's CSPRNG, drawn 512 at a time (one read each)."""
+
+    __slots__ = ("_left",)
+
+    def __init__(self) -> None:
+        self._left: list[int] = []
+
+    def __call__(self) -> int:
+        if not self._left:
+            raw = os.urandom(8 * 512)
+            self._left = [int.from_bytes(raw[i : i + 8], "big") for i in range(0, len(raw), 8)]
+        return self._left.pop()
+
+
+_new_seq = _SeqPool()
 
 
 def now_ms() -> int:
@@ -339,7 +357,7 @@ class PopService:
                 continue
             lease.attempt += 1
             lease.deadline_ms = t.now + t.invisible_ms
-            lease.seq = secrets.randbits(64)
+            lease.seq = _new_seq()
             self._grant(t, o, lease, msg)
 
     def _scan(self, t: _Turn, accepts: Callable[[StoredMessage], bool], *, fifo: bool) -> None:
@@ -373,7 +391,7 @@ class PopService:
                     pq.done.add(o)
                     t.done.append(o)
                     continue
-                lease = Lease(t.now + t.invisible_ms, 1, secrets.randbits(64), gk)
+                lease = Lease(t.now + t.invisible_ms, 1, _new_seq(), gk)
                 pq.leases[o] = lease
                 self._grant(t, o, lease, msg)
 
@@ -510,7 +528,7 @@ class PopService:
         """Give the lease of ``handle`` a new deadline; its new handle (the old one stops working)."""
         self._check_master()
         _pq, qid, offset, lease = self._lease(group, topic, handle)
-        seq = secrets.randbits(64)
+        seq = _new_seq()
         lease.deadline_ms = now_ms() + invisible_ms
         lease.seq = seq
         heapq.heappush(self._expiry, (lease.deadline_ms, seq, group, topic, qid, offset))
