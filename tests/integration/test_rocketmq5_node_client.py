@@ -39,6 +39,28 @@ async def test_node_client_produces_and_consumes(endpoint: Endpoint) -> None:
     assert again == []  # acknowledged
 
 
+async def test_node_push_consumer_retries_and_change_invisible_duration(endpoint: Endpoint) -> None:
+    topic, group = names()
+    await endpoint.topic(topic)
+    await endpoint.group(group)
+    await endpoint.group(group + "-simple")
+    endpoint.run_node("produce", topic=topic, messages=[{"body": f"p{i}"} for i in range(6)])
+    got = endpoint.run_node("push", topic=topic, group=group, count=6, failFirst=1, timeoutMs=30000)["consumed"]
+    attempts: dict[str, list[int]] = {}
+    for m in got:
+        attempts.setdefault(m["body"], []).append(m["attempt"])
+    assert sorted(attempts) == [f"p{i}" for i in range(6)]
+    assert all(a[:2] == [1, 2] for a in attempts.values()), attempts
+    # changeInvisibleDuration: a message held for a minute is handed out again after one second.
+    first = endpoint.run_node(
+        "simple", topic=topic, group=group + "-simple", count=1, invisibleMs=60000, ack=False, changeInvisibleMs=1000
+    )["received"]
+    assert len(first) == 1
+    again = endpoint.run_node("simple", topic=topic, group=group + "-simple", count=6, timeoutMs=15000)["received"]
+    assert first[0]["body"] in [m["body"] for m in again]
+    assert next(m["attempt"] for m in again if m["body"] == first[0]["body"]) == 2
+
+
 async def test_node_client_recalls_a_delayed_message_before_its_time(endpoint: Endpoint) -> None:
     topic, group = names()
     await endpoint.topic(topic, queues=1)

@@ -7,11 +7,14 @@
 //   recall       {..., topic, handle}                          -> {messageId}
 //   simple       {..., group, topic, tag, count, invisibleMs, ack, changeInvisibleMs, timeoutMs}
 //                -> {received: [{messageId, body, tag, keys, attempt, group, at}]}
+//   push         {..., group, topic, tag, count, failFirst, timeoutMs} -> {consumed: [...]}
 //   transaction  {..., topic, messages: [{body, resolution}], check, checkWaitMs} -> {sent, checked}
 //   error        {..., topic, call}                            -> {error}
 'use strict';
 
-const { Producer, SimpleConsumer, FilterExpression } = require('rocketmq-client-nodejs');
+const {
+  Producer, SimpleConsumer, PushConsumer, FilterExpression, ConsumeResult,
+} = require('rocketmq-client-nodejs');
 
 function options(a) {
   const o = { endpoints: a.endpoint, namespace: a.namespace || '', requestTimeout: 5000 };
@@ -83,6 +86,34 @@ async function simple(a) {
   }
 }
 
+async function push(a) {
+  const consumed = [];
+  const succeeded = new Set();
+  const failures = new Map();
+  let finish;
+  const done = new Promise((resolve) => { finish = resolve; });
+  const listener = {
+    consume(m) {
+      consumed.push(shown(m));
+      const n = failures.get(m.messageId) || 0;
+      if (n < (a.failFirst || 0)) {
+        failures.set(m.messageId, n + 1);
+        return ConsumeResult.FAILURE;
+      }
+      succeeded.add(m.messageId);
+      if (succeeded.size >= a.count) finish();
+      return ConsumeResult.SUCCESS;
+    },
+  };
+  const subs = new Map().set(a.topic, new FilterExpression(a.tag || '*'));
+  const c = new PushConsumer({ ...options(a), consumerGroup: a.group, subscriptions: subs, messageListener: listener });
+  await c.startup();
+  await Promise.race([done, new Promise((r) => setTimeout(r, a.timeoutMs || 30000))]);
+  await new Promise((r) => setTimeout(r, 500)); // the last acknowledgements leave
+  // (no shutdown: it waits out the receives in flight, a long-poll each; the process ends instead)
+  return { consumed };
+}
+
 async function transaction(a) {
   const checked = [];
   const verdict = a.check === 'commit' ? 1 : 2; // TransactionResolution COMMIT / ROLLBACK
@@ -124,7 +155,7 @@ async function error(a) {
   return { error: null };
 }
 
-const ROLES = { produce, recall, simple, transaction, error };
+const ROLES = { produce, recall, simple, push, transaction, error };
 
 async function main() {
   const chunks = [];
