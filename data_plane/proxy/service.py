@@ -149,7 +149,16 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         self.refused = 0
 
     # --- who is calling ---------------------------------------------------------------------------
-    async def _caller(self, context: Context) -> Caller:
+    async def _caller(self, context: Context, nbytes_in: int = 0) -> Caller:
+        """Who is calling (authenticated when authentication is on); the call is metered for
+        their tenant once, with the bytes it brings (message bodies), as a remoting request is."""
+        caller = await self._authenticate(context)
+        tenancy = self.broker.tenancy
+        if caller.principal is not None and caller.principal.role == "tenant" and tenancy is not None:
+            tenancy.meter.record_request(caller.principal.tenant, nbytes_in, 0)
+        return caller
+
+    async def _authenticate(self, context: Context) -> Caller:
         md: dict[str, str] = {}
         for item in context.invocation_metadata() or ():
             k, v = item[0], item[1]
@@ -194,7 +203,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             raise Refused(code, f"{kind} name {name[:64]!r} is not 1 to 64 letters, digits, '_' or '-'")
         return f"{ns}%{name}" if ns else name
 
-    def _allow(self, caller: Caller, kind: str, wire: str, action: str, nbytes: int = 0) -> None:
+    def _allow(self, caller: Caller, kind: str, wire: str, action: str) -> None:
         tenancy = self.broker.tenancy
         if caller.principal is None or tenancy is None:
             return
@@ -203,8 +212,6 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             tenancy.auth.denied += 1
             tenancy.refusals("permission", "refused a gRPC call from %s: %s", caller.peer, d.remark)
             raise Refused(pb.FORBIDDEN, d.remark)
-        if caller.principal.role == "tenant":
-            tenancy.meter.record_request(caller.principal.tenant, nbytes, 0)
 
     def _connection(self, caller: Caller) -> GrpcConnection:
         key = caller.client_id or caller.peer
@@ -331,7 +338,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     # --- sending ------------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: Context) -> Any:
         async def work() -> rpc.SendMessageResponse:
-            caller = await self._caller(context)
+            caller = await self._caller(context, sum(len(m.body) for m in request.messages))
             if not request.messages:
                 raise Refused(pb.BAD_REQUEST, "the request holds no message")
             if len(request.messages) > MAX_BATCH_MESSAGES:
@@ -358,7 +365,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         """What storing ``m`` takes (its topic, properties, type), or the entry refusing it."""
         try:
             wire = self._wire(caller, m.topic, "topic")
-            self._allow(caller, "topic", wire, PUBLISH, len(m.body))
+            self._allow(caller, "topic", wire, PUBLISH)
             if not m.body:
                 raise Refused(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
             store = self.broker.store
