@@ -27,7 +27,6 @@ recovery (start, promotion) loads the newest snapshot and replays the records af
 from __future__ import annotations
 
 import asyncio
-import heapq
 import logging
 import os
 import time
@@ -92,7 +91,7 @@ class PopQueue:
 
     def committed(self) -> int:
         """Every offset below this one is finished: the group's offset for 4.x tools and lag."""
-        return min(self.leases, default=self.next) if self.leases else self.next
+        return min(self.next, min(self.leases, default=self.next))
 
 
 @dataclass(slots=True)
@@ -165,7 +164,6 @@ class PopService:
         self.queues: dict[Key, PopQueue] = {}
         self.fifo_groups: set[str] = set()
         self.groups: set[str] = set()  # groups that consumed by POP here (the 4.x/5.x mix rule)
-        self._expiry: list[tuple[int, int, str, str, int, int]] = []  # (deadline, seq, group, topic, qid, off)
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
         self._records = 0
         self.recovered = False
@@ -216,7 +214,6 @@ class PopService:
         store = self.broker.store
         assert store is not None
         self.queues.clear()
-        self._expiry.clear()
         start = store.min_offset_in_queue(JOURNAL_TOPIC, JOURNAL_QUEUE)
         last = store.max_offset_in_queue(JOURNAL_TOPIC, SNAPSHOT_QUEUE) - 1
         if last >= 0:
@@ -228,7 +225,6 @@ class PopService:
                     pq = self.queues[(g, t, q)] = PopQueue(nxt, {}, set(done))
                     for o, deadline, attempt, seq, gk in leases:
                         pq.leases[o] = Lease(deadline, attempt, seq, gk)
-                        heapq.heappush(self._expiry, (deadline, seq, g, t, q, o))
                     self.groups.add(g)
                 start = max(start, covered)
         replayed = 0
@@ -260,32 +256,36 @@ class PopService:
     def _apply(self, rec: list[Any]) -> None:
         kind = rec[0]
         if kind == "R":
-            _k, g, t, q, nxt, leases, done, fifo = rec
-            pq = self._queue(g, t, q)
+            _k, g, t, q, nxt, leases, done, fifo, start = rec
+            pq = self.queues.get((g, t, q))
+            if pq is None:  # first seen since the snapshot: it started where its first receive did
+                pq = self.queues[(g, t, q)] = PopQueue(next=start)
+                self.groups.add(g)
             if fifo:
                 self.fifo_groups.add(g)
             for o, deadline, attempt, seq, gk in leases:
                 pq.leases[o] = Lease(deadline, attempt, seq, gk)
-                heapq.heappush(self._expiry, (deadline, seq, g, t, q, o))
             for o in done:
                 pq.leases.pop(o, None)
-                if o >= pq.next:
-                    pq.done.add(o)
+                pq.done.add(o)
             pq.next = max(pq.next, nxt)
+            pq.done = {o for o in pq.done if o >= pq.next}
             pq.settle()
         elif kind == "A":
             _k, g, t, q, offsets = rec
-            pq = self._queue(g, t, q)
+            pq = self.queues.get((g, t, q))
+            if pq is None:
+                return
             for o in offsets:
                 if pq.leases.pop(o, None) is not None and o >= pq.next:
                     pq.done.add(o)
             pq.settle()
         elif kind == "C":
             _k, g, t, q, o, deadline, seq = rec
-            lease = self._queue(g, t, q).leases.get(o)
+            cq = self.queues.get((g, t, q))
+            lease = cq.leases.get(o) if cq is not None else None
             if lease is not None:
                 lease.deadline_ms, lease.seq = deadline, seq
-                heapq.heappush(self._expiry, (deadline, seq, g, t, q, o))
 
     def _queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
         key = (group, topic, queue_id)
@@ -313,7 +313,7 @@ class PopService:
         fifo: bool,
         max_attempts: int,
         record: list[Any],
-        dead: list[StoredMessage],
+        dead: list[tuple[int, StoredMessage]],
     ) -> list[Delivery]:
         """Hand out up to ``batch`` messages of one queue (expired leases first, then new ones);
         what changed goes into ``record`` (leases granted, offsets done)."""
@@ -330,13 +330,18 @@ class PopService:
         return turn.out
 
     def _grant(self, t: _Turn, offset: int, lease: Lease, msg: StoredMessage) -> None:
-        heapq.heappush(self._expiry, (lease.deadline_ms, lease.seq, t.group, t.topic, t.queue_id, offset))
         t.granted.append([offset, lease.deadline_ms, lease.attempt, lease.seq, lease.group_key])
         t.out.append(Delivery(msg, handle_of(t.queue_id, offset, lease.seq), lease.attempt, lease.deadline_ms))
         if lease.group_key is not None:
             t.blocked.add(lease.group_key)
 
-    def _redeliver(self, t: _Turn, *, fifo: bool, max_attempts: int, dead: list[StoredMessage]) -> None:
+    @staticmethod
+    def _end(pq: PopQueue, offset: int) -> None:
+        del pq.leases[offset]
+        if offset >= pq.next:
+            pq.done.add(offset)
+
+    def _redeliver(self, t: _Turn, *, fifo: bool, max_attempts: int, dead: list[tuple[int, StoredMessage]]) -> None:
         """Expired leases, in offset order (a FIFO group's oldest first): out again with the
         attempt counted, or, past the last attempt, done and handed to the dead-letter copy."""
         pq = t.pq
@@ -347,13 +352,12 @@ class PopService:
             if fifo and lease.group_key is not None and lease.group_key in t.blocked:
                 continue
             msg = self._read(t.topic, t.queue_id, o)
-            if msg is None or lease.attempt >= max_attempts:
-                del pq.leases[o]  # gone with retention, or out of attempts
-                if o >= pq.next:
-                    pq.done.add(o)
+            if msg is None:  # gone with retention: nothing to deliver
+                self._end(pq, o)
                 t.done.append(o)
-                if msg is not None:
-                    dead.append(msg)
+                continue
+            if lease.attempt >= max_attempts:
+                dead.append((o, msg))  # ended once its dead-letter copy is stored (receive)
                 continue
             lease.attempt += 1
             lease.deadline_ms = t.now + t.invisible_ms
@@ -430,15 +434,27 @@ class PopService:
             for qid in queue_ids:
                 if len(out) >= batch:
                     break
-                record: list[Any] = ["R", group, topic, qid, 0, [], [], fifo]
-                dead: list[StoredMessage] = []
+                start = self._queue(group, topic, qid).next
+                record: list[Any] = ["R", group, topic, qid, 0, [], [], fifo, start]
+                dead: list[tuple[int, StoredMessage]] = []
                 got = self._take(
                     group, topic, qid, batch - len(out), invisible_ms, accepts,
                     fifo=fifo, max_attempts=max_attempts, record=record, dead=dead,
                 )  # fmt: skip
-                for msg in dead:
-                    await dead_letter(group, msg)
+                pq = self.queues[(group, topic, qid)]
+                for o, msg in dead:
+                    try:
+                        await dead_letter(group, msg)
+                    except PopError as e:  # the lease stays: the copy is tried again next time
+                        log.warning("dead-letter copy for %s of %s/%d@%d refused: %s", group, topic, qid, o, e)
+                        continue
+                    if o in pq.leases:
+                        self._end(pq, o)
+                        record[6].append(o)
                     self.dead_lettered += 1
+                if dead:
+                    pq.settle()
+                    record[4] = pq.next
                 if got or record[6]:
                     await self._journal(record, wait=bool(record[6]))
                     self._commit(group, topic, qid)
@@ -449,13 +465,19 @@ class PopService:
             left = deadline - time.monotonic()
             if left <= 0:
                 return out
-            await self._wait(topic, left)
+            await self._wait(group, topic, queue_ids, left)
 
-    async def _wait(self, topic: str, timeout_s: float) -> None:
-        """Until a message arrives on ``topic``, a lease ends, or ``timeout_s`` passes."""
-        if self._expiry:
-            soonest = (self._expiry[0][0] - now_ms()) / 1000
-            timeout_s = min(timeout_s, max(soonest, 0.005))
+    async def _wait(self, group: str, topic: str, queue_ids: list[int], timeout_s: float) -> None:
+        """Until a message arrives on ``topic``, one of the group's leases on these queues ends,
+        or ``timeout_s`` passes."""
+        now = now_ms()
+        soonest = min(
+            (x.deadline_ms for q in queue_ids if (pq := self.queues.get((group, topic, q))) is not None
+             for x in pq.leases.values() if x.deadline_ms > now),
+            default=None,
+        )  # fmt: skip
+        if soonest is not None:
+            timeout_s = min(timeout_s, (soonest - now) / 1000 + 0.001)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         waiters = self._waiters.setdefault(topic, set())
         waiters.add(fut)
@@ -467,19 +489,6 @@ class PopService:
             waiters.discard(fut)
             if not waiters:
                 self._waiters.pop(topic, None)
-        self._prune_expiry()
-
-    def _prune_expiry(self) -> None:
-        """Drop expiry entries of leases that were acknowledged or renewed."""
-        heap = self._expiry
-        now = now_ms()
-        while heap and heap[0][0] <= now:
-            deadline, seq, g, t, q, o = heap[0]
-            pq = self.queues.get((g, t, q))
-            lease = pq.leases.get(o) if pq is not None else None
-            if lease is not None and lease.seq == seq and lease.deadline_ms == deadline:
-                break  # live and due: a receive will hand it out again
-            heapq.heappop(heap)
 
     def on_stored(self, topic: str, queue_id: int) -> None:
         """The hold service's hook: messages arrived on ``topic``; wake its receivers."""
@@ -531,7 +540,6 @@ class PopService:
         seq = _new_seq()
         lease.deadline_ms = now_ms() + invisible_ms
         lease.seq = seq
-        heapq.heappush(self._expiry, (lease.deadline_ms, seq, group, topic, qid, offset))
         await self._journal(["C", group, topic, qid, offset, lease.deadline_ms, seq], wait=True)
         self.on_stored(topic, qid)  # waiting receivers look again: the lease may end sooner now
         msg = self._read(topic, qid, offset)
@@ -539,12 +547,17 @@ class PopService:
             return None
         return Delivery(msg, handle_of(qid, offset, seq), lease.attempt, lease.deadline_ms)
 
-    async def finish(self, group: str, topic: str, handle: str) -> tuple[StoredMessage | None, int]:
-        """End a lease without an acknowledgement of success (the message was forwarded to the
-        dead-letter topic by the caller): the message and its attempt."""
+    def leased_message(self, group: str, topic: str, handle: str) -> StoredMessage | None:
+        """The message a live lease holds (PopError for a stale or forged handle)."""
         self._check_master()
-        pq, qid, offset, lease = self._lease(group, topic, handle)
-        msg = self._read(topic, qid, offset)
+        _pq, qid, offset, _lease = self._lease(group, topic, handle)
+        return self._read(topic, qid, offset)
+
+    async def finish(self, group: str, topic: str, handle: str) -> None:
+        """End a lease without an acknowledgement of success: the caller stored the message's
+        dead-letter copy first."""
+        self._check_master()
+        pq, qid, offset, _lease = self._lease(group, topic, handle)
         del pq.leases[offset]
         if offset >= pq.next:
             pq.done.add(offset)
@@ -552,7 +565,6 @@ class PopService:
         await self._journal(["A", group, topic, qid, [offset]], wait=True)
         self._commit(group, topic, qid)
         self.on_stored(topic, qid)  # (a FIFO group's next message may go out now)
-        return msg, lease.attempt
 
     def _commit(self, group: str, topic: str, queue_id: int) -> None:
         pq = self.queues.get((group, topic, queue_id))

@@ -2,9 +2,10 @@
 
 A recall is a record on the system topic ``rmq_sys_RECALL`` (in the CommitLog, so it survives a
 restart and reaches the slaves like the timed message itself) naming the message's topic, its
-message id and its delivery time. The timer service asks the book before it delivers a message
-and drops a recalled one instead. A broker rebuilds the book from the records whose delivery time
-is not long past when its schedule starts.
+message id and its delivery time; a recall drops only a message of the topic it names (the caller
+may publish to that topic), so naming another tenant's message id reaches nothing. The timer
+service asks the book before it delivers a message and drops a recalled one instead. A broker
+rebuilds the book from the records whose delivery time is not long past when its schedule starts.
 
 Recall handles are what a v5 producer is given for a timed message: base64url of
 ``topic \\n message id \\n delivery ms``. A handle names nothing the holder could not name anyway;
@@ -53,7 +54,7 @@ def parse_recall_handle(handle: str) -> tuple[str, str, int]:
 
 class RecallBook:
     def __init__(self) -> None:
-        self.recalled: dict[str, int] = {}  # message id -> delivery ms
+        self.recalled: dict[tuple[str, str], int] = {}  # (topic, message id) -> delivery ms
         self.dropped = 0  # recalled messages the timer did not deliver
 
     def load(self, store: MessageStore, now_ms: int | None = None) -> None:
@@ -68,29 +69,32 @@ class RecallBook:
                 offset = got.next_begin_offset
                 continue
             for view in got.messages:
-                _topic, message_id, due = orjson.loads(decode_record(view, check_crc=False).body)
+                topic, message_id, due = orjson.loads(decode_record(view, check_crc=False).body)
                 if due > now - KEEP_PAST_DUE_MS and len(self.recalled) < MAX_RECALLS:
-                    self.recalled[message_id] = due
+                    self.recalled[(topic, message_id)] = due
             offset = got.next_begin_offset
         if self.recalled:
             log.info("recalled timed messages not yet due: %d", len(self.recalled))
 
     def recall(self, store: MessageStore, topic: str, message_id: str, due_ms: int) -> tuple[PutMessageStatus, int]:
-        """Record the recall; (status, CommitLog end) of its record."""
+        """Record the recall; (status, CommitLog end) of its record. ValueError when the book is
+        full (MAX_RECALLS recalls not yet due)."""
         if len(self.recalled) >= MAX_RECALLS:
             self.expire()
+            if len(self.recalled) >= MAX_RECALLS:
+                raise ValueError(f"{MAX_RECALLS} recalls wait already")
         record = Message(
             RECALL_TOPIC, orjson.dumps([topic, message_id, due_ms]), 0, born_timestamp=int(time.time() * 1000)
         )
         result, _end = store.entry.append([record])
         a = result.append
         if result.status is PutMessageStatus.PUT_OK:
-            self.recalled[message_id] = due_ms
+            self.recalled[(topic, message_id)] = due_ms
         return result.status, (a.wrote_offset + a.wrote_bytes) if a is not None else 0
 
-    def take(self, message_id: str | None) -> bool:
-        """Whether the timer must drop this message (recalled); forgets the recall."""
-        if message_id is None or self.recalled.pop(message_id, None) is None:
+    def take(self, topic: str | None, message_id: str | None) -> bool:
+        """Whether the timer must drop this message of ``topic`` (recalled); forgets the recall."""
+        if topic is None or message_id is None or self.recalled.pop((topic, message_id), None) is None:
             return False
         self.dropped += 1
         return True

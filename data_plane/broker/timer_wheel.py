@@ -280,7 +280,7 @@ class TimerMessageService:
             log.error("%s: message %s has no REAL_TOPIC/REAL_QID; dropped", TIMER_TOPIC, m.msg_id)
             self.reputter.dropped += 1
             return True
-        if self.recalls.take(props.get(PROPERTY_UNIQ_KEY)):
+        if self.recalls.take(topic, props.get(PROPERTY_UNIQ_KEY)):
             return True  # recalled: not delivered
         for name in TIMER_REQUEST_PROPERTIES:
             props.pop(name, None)

@@ -6,7 +6,8 @@ no tenant secret). What the proxy adds:
 
 * routes: QueryRoute and QueryAssignment merge the brokers' answers and name the proxy as every
   queue's endpoint;
-* sends: a SendMessage goes to one of the topic's brokers, in turn;
+* sends: a SendMessage goes to one of the topic's brokers, in turn (a message group's always to
+  the same one, so that its order holds);
 * handles: receipt handles, transaction ids and recall handles leave the proxy prefixed with the
   broker's name (``<broker>@<handle>``), so the calls that bring them back reach that broker;
 * Telemetry: a client's stream is opened to each broker of its topics; the first broker's Settings
@@ -22,6 +23,7 @@ import asyncio
 import itertools
 import logging
 import time
+import zlib
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
@@ -74,7 +76,8 @@ class ClusterProxy(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         self.credential = credential
         self.remoting = RemotingClient()
         self.channels: dict[str, grpc.aio.Channel] = {}
-        self.grpc_of: dict[str, str] = {}  # broker name -> its gRPC endpoint
+        self.grpc_of: dict[str, str] = {}  # broker name -> its master's gRPC endpoint
+        self.master_of: dict[str, str] = {}  # broker name -> the master address that endpoint is of
         self.routes: dict[str, tuple[float, list[str]]] = {}  # topic wire name -> (fetched, broker names)
         self.turn = itertools.count()
 
@@ -117,14 +120,19 @@ class ClusterProxy(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             master = (bd.get("brokerAddrs") or {}).get("0")
             if not name or not master:
                 continue
-            if name not in self.grpc_of:
-                info = await self.remoting.invoke(
-                    master, self._signed(RemotingCommand(RequestCode.GET_BROKER_RUNTIME_INFO)), 3000
-                )
+            if self.master_of.get(name) != master:  # new, or a failover moved the master
+                try:
+                    info = await self.remoting.invoke(
+                        master, self._signed(RemotingCommand(RequestCode.GET_BROKER_RUNTIME_INFO)), 3000
+                    )
+                except RemotingError as e:
+                    log.warning("broker %s at %s did not answer: %s", name, master, e)
+                    continue
                 table = bodies.loads_object(info.body_bytes()).get("table", {}) if info.code == 0 else {}
                 if not table.get("grpcAddress"):
                     continue  # a broker without a gRPC endpoint serves no v5 client
                 self.grpc_of[name] = table["grpcAddress"]
+                self.master_of[name] = master
             names.append(name)
         if not names:
             raise ProxyRefused(pb.TOPIC_NOT_FOUND, f"no master with a gRPC endpoint holds topic {wire!r}")
@@ -218,8 +226,12 @@ class ClusterProxy(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         async def work() -> rpc.SendMessageResponse:
             if not request.messages:
                 raise ProxyRefused(pb.BAD_REQUEST, "the request holds no message")
-            brokers = await self._brokers(self._wire(context, request.messages[0].topic))
-            broker = brokers[next(self.turn) % len(brokers)]
+            first = request.messages[0]
+            brokers = await self._brokers(self._wire(context, first.topic))
+            if first.system_properties.HasField("message_group"):  # a message group stays on one broker
+                broker = brokers[zlib.crc32(first.system_properties.message_group.encode()) % len(brokers)]
+            else:
+                broker = brokers[next(self.turn) % len(brokers)]
             r: rpc.SendMessageResponse = await self._stub(broker).SendMessage(
                 request, metadata=self._metadata(context), timeout=CALL_TIMEOUT_S
             )

@@ -40,6 +40,9 @@ MAX_KEYS: Final = 32
 MAX_PROPERTIES_BYTES: Final = 16 * 1024
 
 
+_DECLARED_TYPES: Final = {str(t): t for t in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)}
+
+
 class MessageRefused(ValueError):
     """A v2 message this broker will not store; ``code`` is the v2 status code to answer."""
 
@@ -158,12 +161,12 @@ def to_message(
     if group is not None:
         sp.message_group = group
         sp.message_type = pb.FIFO
-    elif declared is not None and declared.isdigit():
-        sp.message_type = int(declared)  # type: ignore[assignment]
+    elif declared in _DECLARED_TYPES:  # (any producer may set the property: only these count)
+        sp.message_type = _DECLARED_TYPES[declared]
     else:
         sp.message_type = pb.NORMAL
     due = props.get("TIMER_OUT_MS") or props.get(PROPERTY_TIMER_DELIVER_MS)
-    if due is not None and due.isdigit():
+    if due is not None and due.isdigit() and len(due) <= 15:  # (up to the year 33658)
         sp.delivery_timestamp.FromMilliseconds(int(due))
     trace = props.get(PROPERTY_TRACEPARENT)
     if trace:

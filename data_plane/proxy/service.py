@@ -213,8 +213,15 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             tenancy.refusals("permission", "refused a gRPC call from %s: %s", caller.peer, d.remark)
             raise Refused(pb.FORBIDDEN, d.remark)
 
+    @staticmethod
+    def _key(caller: Caller) -> str:
+        """A client's connection key: its id under the identity that proved it (so a client id
+        another tenant names reaches nothing of this one's, its check-backs included)."""
+        who = caller.principal.subject if caller.principal is not None else ""
+        return f"{who}\x00{caller.client_id or caller.peer}"
+
     def _connection(self, caller: Caller) -> GrpcConnection:
-        key = caller.client_id or caller.peer
+        key = self._key(caller)
         conn = self.connections.get(key)
         if conn is None:
             if len(self.connections) >= self.max_clients:
@@ -321,7 +328,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     async def NotifyClientTermination(self, request: rpc.NotifyClientTerminationRequest, context: Context) -> Any:
         async def work() -> rpc.NotifyClientTerminationResponse:
             caller = await self._caller(context)
-            self._drop(caller.client_id or caller.peer)
+            self._drop(self._key(caller))
             return rpc.NotifyClientTerminationResponse(status=ok())
 
         return await self._guard(lambda s: rpc.NotifyClientTerminationResponse(status=s), work())
@@ -650,11 +657,11 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             pop = self.broker.pop
             if pop is None:
                 raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
-            pop._lease(group, wire, request.receipt_handle)  # refuse a stale handle before copying
-            msg, _attempt = await pop.finish(group, wire, request.receipt_handle)
-            if msg is not None:
+            msg = pop.leased_message(group, wire, request.receipt_handle)  # a stale handle: refused
+            if msg is not None:  # the copy first: if it is refused, the lease stays
                 await self._dead_letter(group, msg)
                 pop.dead_lettered += 1
+            await pop.finish(group, wire, request.receipt_handle)
             return rpc.ForwardMessageToDeadLetterQueueResponse(status=ok())
 
         return await self._guard(lambda s: rpc.ForwardMessageToDeadLetterQueueResponse(status=s), work())
@@ -708,9 +715,15 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             store = self.broker.store
             if timers is None or store is None or not self.broker.writable:
                 raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take recalls now")
-            if due_ms <= int(time.time() * 1000):
+            now = int(time.time() * 1000)
+            if due_ms <= now:
                 raise Refused(pb.NOT_FOUND, "the message was due already: it is delivered, or about to be")
-            status, end = timers.recalls.recall(store, wire, message_id, due_ms)
+            if due_ms > now + self.broker.config.timer_max_delay_s * 1000:
+                raise Refused(pb.BAD_REQUEST, "no timed message here is due that late")
+            try:
+                status, end = timers.recalls.recall(store, wire, message_id, due_ms)
+            except ValueError as e:
+                raise Refused(pb.TOO_MANY_REQUESTS, str(e)) from None
             if status is not PutMessageStatus.PUT_OK:
                 raise Refused(pb.INTERNAL_ERROR, f"the recall could not be stored ({status.name})")
             replication = self.broker.replication

@@ -8,7 +8,7 @@ import base64
 import pytest
 
 from data_plane.broker.pop import Lease, PopError, PopQueue, handle_of, parse_handle
-from data_plane.broker.recall import parse_recall_handle, recall_handle
+from data_plane.broker.recall import RecallBook, parse_recall_handle, recall_handle
 
 
 def test_next_moves_past_leased_and_done_offsets_and_committed_waits_for_the_oldest_lease() -> None:
@@ -23,6 +23,28 @@ def test_next_moves_past_leased_and_done_offsets_and_committed_waits_for_the_old
     q.done.add(12)
     q.settle()
     assert (q.next, q.done, q.committed()) == (14, set(), 14)
+
+
+def test_committed_never_passes_a_message_a_fifo_group_skipped() -> None:
+    # offsets 0 and 1 of message group g, 2 of group h: 0 and 2 leased, 1 waits its turn
+    q = PopQueue(next=0)
+    q.leases[0] = Lease(deadline_ms=1, attempt=1, seq=1, group_key="g")
+    q.leases[2] = Lease(deadline_ms=1, attempt=1, seq=2, group_key="h")
+    q.settle()
+    assert q.next == 1
+    del q.leases[0]  # 0 acknowledged: 1 is still to deliver, so the group's offset is 1, not 2
+    q.settle()
+    assert q.committed() == 1
+
+
+def test_a_recall_drops_only_the_message_of_its_own_topic() -> None:
+    book = RecallBook()
+    book.recalled[("acme%orders", "ID1")] = 1
+    assert not book.take("evil%own", "ID1")  # another topic naming the same id: nothing
+    assert not book.take("acme%orders", None)
+    assert book.take("acme%orders", "ID1")
+    assert not book.take("acme%orders", "ID1")  # once
+    assert book.dropped == 1
 
 
 def test_receipt_handles_round_trip_and_forgeries_are_refused() -> None:
