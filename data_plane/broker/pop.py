@@ -188,8 +188,8 @@ class PopService:
         if status is not PutMessageStatus.PUT_OK:
             raise PopError("store", f"the lease journal could not be written ({status.name})")
         replication = self.broker.replication
-        if wait and replication is not None and replication.sync_master:
-            got = await replication.replicated(end)
+        if wait and replication is not None:
+            got = await replication.acknowledged(end)
             if got is not PutMessageStatus.PUT_OK:
                 raise PopError("replication", f"the acknowledgement is not replicated ({got.name})")
         elif replication is not None:

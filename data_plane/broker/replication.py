@@ -327,6 +327,14 @@ class Replication:
             return PutMessageStatus.PUT_OK
         return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
 
+    async def acknowledged(self, end_offset: int) -> PutMessageStatus:
+        """What a write of the broker's own up to ``end_offset`` (a lease, a recall) may be
+        answered with: on a SYNC_MASTER once a slave holds it, else at once (slaves are told)."""
+        if self.sync_master:
+            return await self.replicated(end_offset)
+        self.notify()
+        return PutMessageStatus.PUT_OK
+
     def suggest_broker_id(self, far_behind: bool) -> str:
         """Where a consumer should pull next (seed 7.15): a master sends readers of data no
         longer in memory to a slave; a slave sends readers back once they read hot data and

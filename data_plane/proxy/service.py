@@ -23,6 +23,8 @@ from data_plane.auth.request_access import PUBLISH, SUBSCRIBE
 from data_plane.broker.pop import PopError
 from data_plane.broker.pull import parse_tag_expression
 from data_plane.broker.recall import parse_recall_handle, recall_handle
+from data_plane.broker.send_back import copy_properties
+from data_plane.broker.transaction import RMQ_SYS_TRANS_HALF_TOPIC
 from data_plane.filter.sql92 import SqlParseError, compile_sql92
 from data_plane.proxy.connection import GrpcConnection
 from data_plane.proxy.messages import (
@@ -41,6 +43,7 @@ from data_plane.remoting.bodies import encode_batch_item
 from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
 from data_plane.store.message import (
+    PROPERTY_REAL_TOPIC,
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     StoredMessage,
@@ -575,10 +578,8 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         if topics.get(topic) is None:
             topics.create_or_update(topic, read_queue_nums=1, write_queue_nums=1, perm=6)
             self.broker.topics_changed()
-        props = dict(msg.properties)
-        props.setdefault("RETRY_TOPIC", msg.topic)
-        props.setdefault("ORIGIN_MESSAGE_ID", msg.msg_id)
-        for stale in ("DELAY", "TRAN_MSG", "WAIT", "TIMER_DELIVER_MS", "TIMER_OUT_MS"):
+        props = copy_properties(msg, delay_level=None)  # as the 4.x send-back's dead-letter copy
+        for stale in (PROPERTY_TIMER_DELIVER_MS, "TIMER_OUT_MS"):
             props.pop(stale, None)
         cmd = RemotingCommand(
             RequestCode.SEND_MESSAGE,
@@ -685,9 +686,9 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             half = store.look_message_by_offset(offset)
             if (
                 half is None
-                or half.topic != "RMQ_SYS_TRANS_HALF_TOPIC"
-                or half.properties.get("REAL_TOPIC") != wire
-                or half.properties.get("UNIQ_KEY") != request.message_id
+                or half.topic != RMQ_SYS_TRANS_HALF_TOPIC
+                or half.properties.get(PROPERTY_REAL_TOPIC) != wire
+                or half.properties.get(PROPERTY_UNIQ_KEY) != request.message_id
             ):
                 raise Refused(pb.INVALID_TRANSACTION_ID, "no prepared message of this topic has this transaction id")
             r = transactions.resolve(None, half, commit=request.resolution == pb.COMMIT)
@@ -727,12 +728,9 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             if status is not PutMessageStatus.PUT_OK:
                 raise Refused(pb.INTERNAL_ERROR, f"the recall could not be stored ({status.name})")
             replication = self.broker.replication
-            if replication is not None and replication.sync_master:
-                got = await replication.replicated(end)
-                if got is not PutMessageStatus.PUT_OK:
-                    raise Refused(pb.SLAVE_PERSISTENCE_TIMEOUT, f"the recall is not replicated ({got.name})")
-            elif replication is not None:
-                replication.notify()
+            got = await replication.acknowledged(end) if replication is not None else PutMessageStatus.PUT_OK
+            if got is not PutMessageStatus.PUT_OK:
+                raise Refused(pb.SLAVE_PERSISTENCE_TIMEOUT, f"the recall is not replicated ({got.name})")
             return rpc.RecallMessageResponse(status=ok(), message_id=message_id)
 
         return await self._guard(lambda s: rpc.RecallMessageResponse(status=s), work())
