@@ -124,6 +124,10 @@ class Conflict(ControlPlaneError):
     status = 409
 
 
+class MemberRunsElsewhere(Conflict):
+    code = "member_runs_elsewhere"
+
+
 class TenantExists(Conflict):
     code = "tenant_exists"
 

@@ -3,6 +3,8 @@ view of every broker group's master, epoch and replication lag (``GET /v1/fleet/
 
 from __future__ import annotations
 
+import re
+
 from aiohttp import web
 
 from control_plane import auth, context
@@ -10,9 +12,28 @@ from control_plane.errors import InvalidField
 from control_plane.names import BROKER_GROUP_NAME
 from control_plane.request_body import ADDRESS, BIGINT_FIELD_MAX
 from control_plane.routes import Route, json_response
-from control_plane.services.ha import ROLES
+from control_plane.services.ha import ROLES, Heartbeat
 
 MAX_OFFSET = BIGINT_FIELD_MAX
+MAX_MEMBER_ID = 99
+INSTANCE = re.compile(r"[0-9a-f]{8,64}")
+
+
+def _number(value: object, field: str, lo: float, hi: float) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not lo <= value <= hi:
+        raise InvalidField(field, f"must be a number within {lo:g}..{hi:g}")
+    return float(value)
+
+
+def _member_ids(value: object) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or len(value) > MAX_MEMBER_ID + 1:
+        raise InvalidField("in_sync", f"must be a list of at most {MAX_MEMBER_ID + 1} member ids")
+    for i, v in enumerate(value):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_MEMBER_ID:
+            raise InvalidField(f"in_sync[{i}]", f"must be a member id within 0..{MAX_MEMBER_ID}")
+    return tuple(value)
 
 
 async def heartbeat(request: web.Request) -> web.StreamResponse:
@@ -20,25 +41,27 @@ async def heartbeat(request: web.Request) -> web.StreamResponse:
     body = await context.body(
         request,
         ("cluster", "broker_name", "member_id", "addr", "ha_addr", "max_offset", "epoch", "acting_master",
-         "master_role", "lag_bytes", "lease_s"),
+         "master_role", "lag_bytes", "lease_s", "instance", "heard", "log_epoch", "in_sync", "interval_s"),
     )  # fmt: skip
-    lease_s = body.data.get("lease_s")
-    if not isinstance(lease_s, int | float) or isinstance(lease_s, bool) or not 1 <= lease_s <= 300:
-        raise InvalidField("lease_s", "must be a number of seconds within 1..300")
-    lag = body.integer("lag_bytes", maximum=MAX_OFFSET)
-    answer = await context.services(request).ha.heartbeat(
+    beat = Heartbeat(
         cluster=body.name("cluster", BROKER_GROUP_NAME, what="a cluster name"),
         broker_name=body.name("broker_name", BROKER_GROUP_NAME, what="a broker name"),
-        member_id=body.required_integer("member_id", maximum=99),
+        member_id=body.required_integer("member_id", maximum=MAX_MEMBER_ID),
         addr=body.name("addr", ADDRESS, what="HOST:PORT"),
         ha_addr=body.name("ha_addr", ADDRESS, what="HOST:PORT") if body.data.get("ha_addr") else "",
         max_offset=body.required_integer("max_offset", maximum=MAX_OFFSET),
         epoch=body.required_integer("epoch", maximum=MAX_OFFSET),
         acting_master=bool(body.boolean("acting_master", default=False)),
         master_role=body.choice("master_role", ROLES),
-        lag_bytes=lag,
-        lease_s=float(lease_s),
+        lag_bytes=body.integer("lag_bytes", maximum=MAX_OFFSET),
+        lease_s=_number(body.data.get("lease_s"), "lease_s", 1, 300),
+        instance=body.name("instance", INSTANCE, what="8..64 lower-case hex digits") if body.has("instance") else "",
+        heard=body.integer("heard", maximum=MAX_OFFSET) or 0,
+        log_epoch=body.integer("log_epoch", maximum=MAX_OFFSET) or 0,
+        in_sync=_member_ids(body.data.get("in_sync")),
+        interval_s=_number(body.data.get("interval_s", 1.0), "interval_s", 0.05, 60),
     )
+    answer = await context.services(request).ha.heartbeat(beat)
     return json_response(answer)
 
 
@@ -69,6 +92,15 @@ ROUTES = [
                 "master_role": {"type": "string", "enum": list(ROLES)},
                 "lag_bytes": {"type": "integer", "minimum": 0},
                 "lease_s": {"type": "number", "minimum": 1, "maximum": 300},
+                "instance": {"type": "string", "pattern": "^[0-9a-f]{8,64}$"},
+                "heard": {"type": "integer", "minimum": 0},
+                "log_epoch": {"type": "integer", "minimum": 0},
+                "in_sync": {
+                    "type": "array",
+                    "items": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "maxItems": 100,
+                },
+                "interval_s": {"type": "number", "minimum": 0.05, "maximum": 60},
             },
             "required": ["cluster", "broker_name", "member_id", "addr", "max_offset", "epoch", "lease_s"],
         },

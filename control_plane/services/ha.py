@@ -1,125 +1,209 @@
 """HaService: the leases behind automatic failover (docs/ha.md#failover).
 
-Every member of a broker group calls ``heartbeat`` every ``failover_check_interval_s`` with what
-it knows of itself. In one transaction, the group's row locked (``SELECT ... FOR UPDATE``), so
-two members never both win:
+Every process of a broker group's members calls ``heartbeat`` every ``failover_check_interval_s``
+with what it knows of itself. In one transaction, the group's row locked (``SELECT ... FOR
+UPDATE``), so two members never both win:
 
-- the master of the current epoch renews its lease (now + ``lease_s``);
-- once the lease has run out, the live member (seen within ``lease_s``) whose CommitLog reaches
-  furthest becomes master under epoch + 1 (ties: the lowest member id); it may be the old master
-  itself, back in time;
-- a new group waits ``lease_s`` for its configured master (member 0) before electing anyone, so
-  a slave that starts first does not take over;
-- everyone else is told the epoch and the master's addresses, and follows.
+- A member **hears** the control plane when its heartbeat echoes the sequence number of the last
+  answer sent to its process (``heard``). A member that does not hear (its answers are lost on
+  the way back: an asymmetric cut) is neither renewed nor elected: electing it would hand the
+  group to a member that cannot learn it won.
+- The lease belongs to one process (``instance``) of the master member; it is renewed while
+  that process hears. A master that fenced itself on its own clock has, by construction, missed
+  the answers: its heartbeats renew nothing and its lease lapses. Each answer to the master says
+  how much of the lease is left, so it never writes past the lease kept here.
+- Once the lease has run out, a member is elected master under epoch + 1 from the candidates:
+  live (heard from within ``lease_s``), hearing, and in the **in-sync set** — the members that
+  hold every acknowledged message, as the master reports them each heartbeat (just the winner
+  right after an election; NULL for a group that never reported: everyone). Candidates are
+  ordered by the epoch of the log they hold (``log_epoch``: the epoch of the master their log
+  last followed), then by how far it reaches, then by the lowest id. A candidate that has not
+  reported since the lease ran out is waited for a short grace (its offset may have moved on).
+- A new group waits ``lease_s`` for its configured master (member 0) before electing anyone.
+- A second process for a member already heard from recently is refused (409): one member id,
+  one process.
+- Everyone else is told the epoch and the master's addresses, and follows.
 
-A master that cannot renew stops writing on its own clock before the lease ends here
-(data_plane/broker/failover.py), so an old master and a new one never both take writes.
+Every election is kept in ``ha_epoch`` (the fleet view shows the latest).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from control_plane.db import Pool
+from control_plane.errors import MemberRunsElsewhere
 
 ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
+HISTORY_SHOWN = 20  # elections per group in the fleet view
+HISTORY_KEPT = 1000  # elections per group kept
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    cluster: str
+    broker_name: str
+    member_id: int
+    addr: str
+    ha_addr: str
+    max_offset: int
+    epoch: int
+    acting_master: bool
+    master_role: str | None
+    lag_bytes: int | None
+    lease_s: float
+    instance: str = ""
+    heard: int = 0  # the seq of the last answer this process took (0: none yet)
+    log_epoch: int = 0
+    in_sync: tuple[int, ...] | None = None  # a master's slaves holding every acknowledged message
+    interval_s: float = 1.0
 
 
 class HaService:
     def __init__(self, pool: Pool) -> None:
         self.pool = pool
 
-    async def heartbeat(
-        self,
-        *,
-        cluster: str,
-        broker_name: str,
-        member_id: int,
-        addr: str,
-        ha_addr: str,
-        max_offset: int,
-        epoch: int,
-        acting_master: bool,
-        master_role: str | None,
-        lag_bytes: int | None,
-        lease_s: float,
-    ) -> dict[str, Any]:
-        lease = dt.timedelta(seconds=lease_s)
+    async def heartbeat(self, beat: Heartbeat) -> dict[str, Any]:
+        lease = dt.timedelta(seconds=beat.lease_s)
+        cluster, name, member = beat.cluster, beat.broker_name, beat.member_id
         async with self.pool.acquire() as conn, conn.transaction():
             now: dt.datetime = await conn.fetchval("SELECT now()")
             await conn.execute(
                 """INSERT INTO ha_group (cluster_name, broker_name, lease_expires_at, master_role)
                    VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING""",
-                cluster, broker_name, now + lease, master_role or "SYNC_MASTER",
+                cluster, name, now + lease, beat.master_role or "SYNC_MASTER",
             )  # fmt: skip
             group = await conn.fetchrow(
-                "SELECT * FROM ha_group WHERE cluster_name = $1 AND broker_name = $2 FOR UPDATE", cluster, broker_name
+                "SELECT * FROM ha_group WHERE cluster_name = $1 AND broker_name = $2 FOR UPDATE", cluster, name
             )
             assert group is not None
+            prev = await conn.fetchrow(
+                """SELECT instance, answers, last_seen, interval_s FROM ha_member
+                   WHERE cluster_name = $1 AND broker_name = $2 AND member_id = $3""",
+                cluster, name, member,
+            )  # fmt: skip
+            if prev is not None and prev["instance"] and prev["instance"] != beat.instance:
+                quiet = (now - prev["last_seen"]).total_seconds()
+                if quiet < 2 * float(prev["interval_s"]):
+                    raise MemberRunsElsewhere(
+                        f"member {member} of {name} already runs as another process, heard {quiet:.1f} s ago",
+                        member_id=member,
+                    )
+            answers = 0 if prev is None or prev["instance"] != beat.instance else int(prev["answers"])
+            hearing = beat.heard == answers
+            seq = answers + 1
             await conn.execute(
                 """INSERT INTO ha_member AS m (cluster_name, broker_name, member_id, addr, ha_addr, max_offset, epoch,
-                                               acting_master, lag_bytes, last_seen)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+                                               acting_master, lag_bytes, last_seen, instance, answers, hearing,
+                                               log_epoch, interval_s)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
                    ON CONFLICT (cluster_name, broker_name, member_id) DO UPDATE
                    SET addr = $4, ha_addr = $5, max_offset = $6, epoch = $7, acting_master = $8, lag_bytes = $9,
-                       last_seen = $10""",
-                cluster, broker_name, member_id, addr, ha_addr, max_offset, epoch, acting_master, lag_bytes, now,
+                       last_seen = $10, instance = $11, answers = $12, hearing = $13, log_epoch = $14,
+                       interval_s = $15""",
+                cluster, name, member, beat.addr, beat.ha_addr, beat.max_offset, beat.epoch, beat.acting_master,
+                beat.lag_bytes, now, beat.instance, seq, hearing, beat.log_epoch, beat.interval_s,
             )  # fmt: skip
             g_epoch = int(group["epoch"])
             master_id = group["master_id"]
-            expired = group["lease_expires_at"] <= now
-            if master_id == member_id and not expired:
-                await conn.execute(
-                    "UPDATE ha_group SET lease_expires_at = $3 WHERE cluster_name = $1 AND broker_name = $2",
-                    cluster, broker_name, now + lease,
+            expires: dt.datetime = group["lease_expires_at"]
+            expired = expires <= now
+            holder = master_id == member and group["master_instance"] == beat.instance
+            if holder and not expired:
+                if hearing:
+                    expires = now + lease
+                    sync_set = group["sync_set"]
+                    if beat.in_sync is not None and beat.epoch == g_epoch:
+                        sync_set = sorted({member, *beat.in_sync})
+                    await conn.execute(
+                        """UPDATE ha_group SET lease_expires_at = $3, sync_set = $4
+                           WHERE cluster_name = $1 AND broker_name = $2""",
+                        cluster, name, expires, sync_set,
+                    )  # fmt: skip
+                return _answer(
+                    "MASTER", g_epoch, group["master_role"], beat, seq, beat.addr, beat.ha_addr,
+                    remaining_s=(expires - now).total_seconds(),
                 )  # fmt: skip
-                return _answer("MASTER", g_epoch, group["master_role"], lease_s, addr, ha_addr)
-            if master_id is None and not expired and member_id == 0 and master_role is not None:
+            if master_id is None and not expired and member == 0 and beat.master_role is not None and hearing:
                 # The configured master of a new group: the first epoch is its.
-                return await self._elect(conn, cluster, broker_name, member_id, g_epoch, master_role, now, lease)
-            if expired:
-                winner = await conn.fetchrow(
-                    """SELECT member_id FROM ha_member
-                       WHERE cluster_name = $1 AND broker_name = $2 AND last_seen > $3
-                       ORDER BY max_offset DESC, member_id LIMIT 1""",
-                    cluster, broker_name, now - lease,
-                )  # fmt: skip
-                if winner is not None and winner["member_id"] == member_id:
-                    role = group["master_role"] if master_id is not None else (master_role or group["master_role"])
-                    return await self._elect(conn, cluster, broker_name, member_id, g_epoch, role, now, lease)
+                return await self._elect(conn, group, beat, beat.master_role, now, lease, seq)
+            if expired and hearing and await self._wins(conn, group, beat, now, lease):
+                role = group["master_role"] if master_id is not None else (beat.master_role or group["master_role"])
+                return await self._elect(conn, group, beat, role, now, lease, seq)
             master = None
-            if master_id is not None:
+            if master_id is not None and master_id != member and not expired:
                 master = await conn.fetchrow(
                     """SELECT addr, ha_addr FROM ha_member
                        WHERE cluster_name = $1 AND broker_name = $2 AND member_id = $3""",
-                    cluster, broker_name, master_id,
+                    cluster, name, master_id,
                 )  # fmt: skip
             return _answer(
-                "SLAVE", g_epoch, group["master_role"], lease_s,
-                master["addr"] if master and not expired else "", master["ha_addr"] if master and not expired else "",
+                "SLAVE", g_epoch, group["master_role"], beat, seq,
+                master["addr"] if master else "", master["ha_addr"] if master else "",
             )  # fmt: skip
 
+    async def _wins(
+        self, conn: Any, group: Any, beat: Heartbeat, now: dt.datetime, lease: dt.timedelta
+    ) -> bool:  # fmt: skip
+        """Whether the caller (hearing) is the best candidate of an election held now."""
+        sync_set = group["sync_set"]
+        if sync_set is not None and beat.member_id not in sync_set:
+            return False
+        rows = await conn.fetch(
+            """SELECT member_id, log_epoch, max_offset, last_seen FROM ha_member
+               WHERE cluster_name = $1 AND broker_name = $2 AND last_seen > $3 AND hearing
+                 AND ($4::integer[] IS NULL OR member_id = ANY($4::integer[]))""",
+            beat.cluster, beat.broker_name, now - lease, sync_set,
+        )  # fmt: skip
+        if not rows:
+            return False
+        best = max(rows, key=lambda r: (int(r["log_epoch"]), int(r["max_offset"]), -int(r["member_id"])))
+        if best["member_id"] != beat.member_id:
+            return False
+        # A candidate last heard before the lease ran out may since have received more: wait a
+        # moment for it to report (it would be compared on what it has now).
+        grace = dt.timedelta(seconds=min(beat.lease_s / 2, 2 * beat.interval_s))
+        expired_at: dt.datetime = group["lease_expires_at"]
+        stale = [r for r in rows if r["member_id"] != beat.member_id and r["last_seen"] < expired_at]
+        return not stale or now >= expired_at + grace
+
     async def _elect(
-        self, conn: Any, cluster: str, broker_name: str, member_id: int, epoch: int, role: str,
-        now: dt.datetime, lease: dt.timedelta,
+        self, conn: Any, group: Any, beat: Heartbeat, role: str, now: dt.datetime, lease: dt.timedelta, seq: int,
     ) -> dict[str, Any]:  # fmt: skip
+        epoch = int(group["epoch"]) + 1
+        cluster, name = beat.cluster, beat.broker_name
         await conn.execute(
-            """UPDATE ha_group SET epoch = $3, master_id = $4, master_role = $5, lease_expires_at = $6, changed_at = $7
+            """UPDATE ha_group SET epoch = $3, master_id = $4, master_role = $5, lease_expires_at = $6,
+                                   changed_at = $7, master_instance = $8, sync_set = $9
                WHERE cluster_name = $1 AND broker_name = $2""",
-            cluster, broker_name, epoch + 1, member_id, role, now + lease, now,
+            cluster, name, epoch, beat.member_id, role, now + lease, now, beat.instance, [beat.member_id],
         )  # fmt: skip
-        me = await conn.fetchrow(
-            "SELECT addr, ha_addr FROM ha_member WHERE cluster_name = $1 AND broker_name = $2 AND member_id = $3",
-            cluster, broker_name, member_id,
+        await conn.execute(
+            """INSERT INTO ha_epoch (cluster_name, broker_name, epoch, master_id, log_epoch, max_offset, elected_at)
+               VALUES ($1, $2, $3, $4, $5, $6, $7)""",
+            cluster, name, epoch, beat.member_id, beat.log_epoch, beat.max_offset, now,
         )  # fmt: skip
-        return _answer("MASTER", epoch + 1, role, lease.total_seconds(), me["addr"], me["ha_addr"])
+        await conn.execute(
+            "DELETE FROM ha_epoch WHERE cluster_name = $1 AND broker_name = $2 AND epoch <= $3",
+            cluster, name, epoch - HISTORY_KEPT,
+        )  # fmt: skip
+        return _answer("MASTER", epoch, role, beat, seq, beat.addr, beat.ha_addr, remaining_s=lease.total_seconds())
 
     async def groups(self) -> list[dict[str, Any]]:
-        """The fleet view: every broker group with its epoch, master and members' lag."""
+        """The fleet view: every broker group with its epoch, master, in-sync set, members' lag
+        and latest elections."""
         async with self.pool.acquire() as conn:
             groups = await conn.fetch("SELECT * FROM ha_group ORDER BY cluster_name, broker_name")
             members = await conn.fetch("SELECT * FROM ha_member ORDER BY cluster_name, broker_name, member_id")
+            history = await conn.fetch(
+                """SELECT * FROM (
+                       SELECT *, row_number() OVER (PARTITION BY cluster_name, broker_name ORDER BY epoch DESC) AS n
+                       FROM ha_epoch) h
+                   WHERE n <= $1 ORDER BY cluster_name, broker_name, epoch""",
+                HISTORY_SHOWN,
+            )
             now: dt.datetime = await conn.fetchval("SELECT now()")
         out = []
         for g in groups:
@@ -133,30 +217,52 @@ class HaService:
                     "master_role": g["master_role"],
                     "lease_remaining_s": round(max(0.0, (g["lease_expires_at"] - now).total_seconds()), 3),
                     "changed_at": g["changed_at"].isoformat(),
+                    "sync_set": list(g["sync_set"]) if g["sync_set"] is not None else None,
                     "members": [
                         {
                             "member_id": m["member_id"],
                             "addr": m["addr"],
                             "ha_addr": m["ha_addr"],
                             "acting_master": m["acting_master"],
+                            "hearing": m["hearing"],
                             "max_offset": int(m["max_offset"]),
+                            "epoch": int(m["epoch"]),
+                            "log_epoch": int(m["log_epoch"]),
                             "lag_bytes": m["lag_bytes"],
                             "seen_s_ago": round((now - m["last_seen"]).total_seconds(), 3),
                         }
                         for m in members
                         if (m["cluster_name"], m["broker_name"]) == key
                     ],
+                    "history": [
+                        {
+                            "epoch": int(h["epoch"]),
+                            "master_id": h["master_id"],
+                            "log_epoch": int(h["log_epoch"]),
+                            "max_offset": int(h["max_offset"]),
+                            "elected_at": h["elected_at"].isoformat(),
+                        }
+                        for h in history
+                        if (h["cluster_name"], h["broker_name"]) == key
+                    ],
                 }
             )
         return out
 
 
-def _answer(role: str, epoch: int, master_role: str, lease_s: float, addr: str, ha_addr: str) -> dict[str, Any]:
-    return {
+def _answer(
+    role: str, epoch: int, master_role: str, beat: Heartbeat, seq: int, addr: str, ha_addr: str,
+    *, remaining_s: float | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    out: dict[str, Any] = {
         "role": role,
         "epoch": epoch,
         "master_role": master_role,
-        "lease_s": lease_s,
+        "lease_s": beat.lease_s,
         "master_addr": addr,
         "master_ha_addr": ha_addr,
+        "seq": seq,
     }
+    if remaining_s is not None:
+        out["lease_remaining_s"] = round(max(0.0, remaining_s), 3)
+    return out

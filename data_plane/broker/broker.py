@@ -545,9 +545,13 @@ class Broker:
                 log.warning("name server %s refused the registration: %s %s", addr, r.code, r.remark)
                 return
             self._registered.add(addr)
-            if self.replication.follows_namesrv:
-                ext = r.ext_fields or {}  # a slave learns its master here (RocketMQ's way)
+            ext = r.ext_fields or {}
+            if self.replication.follows_namesrv:  # a slave learns its master here (RocketMQ's way)
                 self.replication.follow(ext.get("masterAddr", ""), ext.get("haServerAddr", ""))
+            elif self.failover is not None and self.failover.out_of_touch and ext.get("haServerAddr"):
+                # A fenced master the control plane does not answer: another member registers
+                # as master (elected while this one could not hear): follow it, if it proves it.
+                await self.replication.follow_without_control_plane(ext.get("masterAddr", ""), ext["haServerAddr"])
 
         await asyncio.gather(*(one(a) for a in self.config.namesrv_addrs))
 

@@ -5,17 +5,29 @@ Every ``failover_check_interval_s`` the broker tells the control plane where it 
 does what the answer says: stay or become master under the answer's epoch, or follow the master
 it names. The control plane's election is transactional in PostgreSQL (control_plane/services/ha.py).
 
-Fencing: a master writes only while it holds a lease. The lease the control plane grants ends
-``lease_s`` after it answered; this broker counts its own copy from the moment it *sent* the
-heartbeat, less one check interval, and refuses writes (``Replication.fence``) when it runs
+Each heartbeat names this process (``instance``, random per start: a lease belongs to one
+process) and echoes the sequence number of the last answer it took (``heard``): the control
+plane renews and elects only members that hear it, so a broker whose answers are lost on the
+way back (an asymmetric cut) neither keeps nor wins the group.
+
+Fencing: a master writes only while it holds a lease. An answer says how much of the lease is
+left there (``lease_remaining_s``); this broker counts its own copy from the moment it *sent*
+the heartbeat, less one check interval, and refuses writes (``Replication.fence``) when it runs
 out — always before the control plane could elect someone else. A broker that starts with
 failover on takes no writes until its first answer.
+
+Out of touch: a fenced master that has had no answer for a whole lease asks the name servers
+who registers as its group's master (``out_of_touch``; ``Broker.register_all`` hands their
+answer to ``Replication.follow_without_control_plane``) and follows that member once it proves
+a later epoch over the authenticated HA link — so a control-plane-only cut does not leave the
+new master without its slave.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +59,10 @@ class FailoverAgent:
         self.lease_s = cfg.failover_lease_s
         self.heartbeats = 0
         self.failures = 0
+        self.instance = secrets.token_hex(8)  # this process: the lease is this process's, not the member id's
+        self.heard = 0  # the seq of the last answer taken
+        self.answered_at = time.monotonic()  # when the last answer was taken (start: as if just now)
+        self._asked_namesrv_at = 0.0
         self._session: aiohttp.ClientSession | None = None
         self._fence_timer: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -80,6 +96,25 @@ class FailoverAgent:
             except Exception:
                 self.failures += 1
                 log.exception("failover heartbeat failed")
+            if self.out_of_touch and self.broker.replication.is_master:
+                await self._ask_namesrv()
+
+    @property
+    def out_of_touch(self) -> bool:
+        """No answer from the control plane for a whole lease: it may have elected another."""
+        return time.monotonic() - self.answered_at > self.lease_s
+
+    async def _ask_namesrv(self) -> None:
+        """Register now (at most every two check intervals): the name servers' answer names the
+        group's master, if another member registers as one."""
+        now = time.monotonic()
+        if now - self._asked_namesrv_at < 2 * self.interval_s:
+            return
+        self._asked_namesrv_at = now
+        try:
+            await self.broker.register_all()
+        except Exception:
+            log.exception("registering with the name servers failed")
 
     def _request(self) -> dict[str, Any]:
         b = self.broker
@@ -99,6 +134,11 @@ class FailoverAgent:
             "master_role": cfg.broker_role.value if cfg.is_master else rep.master_role.value,
             **({"lag_bytes": lag} if isinstance(lag, int) and lag >= 0 else {}),
             "lease_s": self.lease_s,
+            "interval_s": self.interval_s,
+            "instance": self.instance,
+            "heard": self.heard,
+            "log_epoch": rep.log_epoch,
+            **({"in_sync": in_sync} if (in_sync := rep.in_sync()) is not None else {}),
         }
 
     async def beat(self) -> None:
@@ -118,6 +158,8 @@ class FailoverAgent:
         except Exception as e:  # transport, timeout, and the token endpoint's errors (sdk.errors)
             raise FailoverError(f"{type(e).__name__}: {e}") from None
         if status != 200:
+            # 409: another process runs as this member (or its previous process was heard a
+            # moment ago: a fast restart waits a check interval or two).
             raise FailoverError(f"HTTP {status}: {raw[:300]!r}")
         try:
             answer = orjson.loads(raw)
@@ -126,16 +168,22 @@ class FailoverAgent:
             master_role = BrokerRole(str(answer["master_role"]))
             master_addr = str(answer.get("master_addr") or "")
             master_ha_addr = str(answer.get("master_ha_addr") or "")
+            seq = int(answer["seq"])
+            remaining = float(answer.get("lease_remaining_s", 0.0)) if role == "MASTER" else 0.0
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise FailoverError(f"unusable answer: {e}") from None
-        self.heartbeats += 1
         rep = self.broker.replication
         if role == "MASTER":
             # Counted from when the heartbeat was sent, one interval short: never past the
-            # control plane's own expiry. An answer that arrives after that is no lease at all.
-            deadline = sent_at + self.lease_s - self.interval_s
+            # control plane's own expiry. An answer that arrives after that is no lease at all
+            # (and is not taken: the control plane sees this broker did not hear it).
+            deadline = sent_at + min(self.lease_s, remaining) - self.interval_s
             if time.monotonic() >= deadline:
                 raise FailoverError("the lease answer came after the lease's own deadline")
+        self.heartbeats += 1
+        self.heard = seq
+        self.answered_at = time.monotonic()
+        if role == "MASTER":
             self._hold_lease(deadline)
             await rep.become_master(epoch, master_role)
         elif master_ha_addr:

@@ -86,6 +86,16 @@ class Replication:
         self._state = ConfigFile(os.path.join(cfg.store_dir, "config", "ha.json"))
         doc = self._state.load() or {}
         self.epoch = int(doc.get("epoch", 0))
+        # The epoch of the master whose log this broker's log last followed (or wrote, as that
+        # master): what an election compares first. A member whose log belongs to an older
+        # epoch may hold bytes no later master ever had.
+        self.log_epoch = int(doc.get("log_epoch", 0))
+        # Following a master learned without the control plane: it must prove an epoch above
+        # this one over the (authenticated) link before anything is truncated.
+        self._awaiting_epoch: int | None = None
+        # The end of the last write answered as acknowledged (a SYNC_MASTER: held by a slave).
+        # Slaves holding the log up to here make the in-sync set reported for failover.
+        self.acked_end = 0
         # With failover on, nothing is written until the control plane confirms this master.
         self.fenced = cfg.failover_enabled
         self.role_changes = 0
@@ -175,6 +185,7 @@ class Replication:
             auth=self.link.auth(),
             refused=self.link_refused,
             ssl_context=cfg.server_tls.context(),  # the broker's certificate, TLS only, when tls_mode is on
+            epoch=lambda: self.epoch,
         )
         await self.service.start()
         adv = cfg.advertised_host or ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
@@ -195,8 +206,23 @@ class Replication:
             self.broker.store, host, port, on_metadata=self.on_metadata, offsets_to_report=self.offsets_to_report,
             auth=self.link.auth(),
             ssl_context=self._ha_client_tls(),
+            member_id=self.broker.config.broker_id,
+            min_master_epoch=self._least_master_epoch,
+            on_master_epoch=self._on_master_epoch,
         )  # fmt: skip
         self.client.start()
+
+    def _least_master_epoch(self) -> int:
+        return self._awaiting_epoch if self._awaiting_epoch is not None else self.epoch
+
+    def _on_master_epoch(self, epoch: int) -> None:
+        """A master's stream started: this log is now a prefix of that epoch's log."""
+        if self._awaiting_epoch is not None:
+            log.warning("the master at %s proved epoch %d: following it", self.master_ha_addr, epoch)
+            self._awaiting_epoch = None
+        self.epoch = max(self.epoch, epoch)
+        self.log_epoch = epoch
+        self._save_state()
 
     def _ha_client_tls(self) -> ssl.SSLContext | None:
         """TLS to the master's HA port when this group's brokers serve TLS (tls_mode), verified
@@ -242,7 +268,10 @@ class Replication:
     def save_epoch(self, epoch: int) -> None:
         if epoch != self.epoch:
             self.epoch = epoch
-            self._state.save({"epoch": epoch})
+            self._save_state()
+
+    def _save_state(self) -> None:
+        self._state.save({"epoch": self.epoch, "log_epoch": self.log_epoch})
 
     async def become_master(self, epoch: int, role: BrokerRole) -> None:
         async with self._lock:
@@ -252,6 +281,8 @@ class Replication:
                 was_fenced = self.fenced
                 self.role = role
                 self.fenced = False
+                if was_fenced:
+                    self._take_epoch(epoch)
                 self._publish()
                 if was_fenced:  # confirmed (at start, or after a lapse): serve as master again
                     log.info("master of %s confirmed (epoch %d)", self.broker.config.broker_name, epoch)
@@ -272,30 +303,73 @@ class Replication:
             self.local_offsets.clear()
             self.role = role
             self.fenced = False
+            self._awaiting_epoch = None
+            self._take_epoch(epoch)
             self.master_addr = ""
             self.role_changes += 1
             self._publish()
             await self.broker.on_became_master()
 
+    def _take_epoch(self, epoch: int) -> None:
+        """Writable under ``epoch``: its log is that epoch's log from here on; everything it
+        holds may have been acknowledged by an earlier master."""
+        if self.log_epoch != epoch:
+            self.log_epoch = epoch
+            self._save_state()
+        self.acked_end = max(self.acked_end, self.broker.store.max_phy_offset())
+
+    def in_sync(self) -> list[int] | None:
+        """A master's in-sync set (failover): the member ids of its slaves that hold every
+        acknowledged message (an ASYNC_MASTER acknowledges without them: its slaves within
+        ``ha_max_gap_bytes``). None for a slave."""
+        if self.service is None or not self.is_master:
+            return None
+        if self.sync_master:
+            return self.service.in_sync(self.acked_end)
+        top = self.broker.store.max_phy_offset()
+        return self.service.in_sync(max(0, top - self.broker.config.ha_max_gap_bytes))
+
     async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> bool:
         """True when something changed (demoted, or following another master)."""
         async with self._lock:
             self.save_epoch(epoch)
+            self._awaiting_epoch = None
             if not self.is_master:
                 return self.follow(master_addr, master_ha_addr)
             log.warning(
                 "demoted to slave of %s (epoch %d, master %s)", self.broker.config.broker_name, epoch, master_addr
             )
-            self.role = BrokerRole.SLAVE
-            self.fenced = True
-            self._publish()
-            await self.broker.on_became_slave()
-            await self._stop_service()
-            self._forget_timer_progress()
-            self.role_changes += 1
-            self.master_ha_addr = ""
-            self.follow(master_addr, master_ha_addr)
+            await self._demote(master_addr, master_ha_addr)
             return True
+
+    async def follow_without_control_plane(self, master_addr: str, master_ha_addr: str) -> bool:
+        """A fenced master cut off from the control plane learned (from the name servers) that
+        another member registers as the group's master: demote itself and follow it — but only
+        once that master proves, over the authenticated link, an epoch above this one (the
+        handshake is refused before any truncation otherwise). True when it now follows."""
+        async with self._lock:
+            if not self.is_master or not self.fenced or not master_ha_addr or master_ha_addr == self.ha_addr:
+                return False
+            log.warning(
+                "no answer from the control plane; the name servers name %s (HA %s) master of %s: following it "
+                "once it proves an epoch above %d", master_addr, master_ha_addr, self.broker.config.broker_name,
+                self.epoch,
+            )  # fmt: skip
+            self._awaiting_epoch = self.epoch + 1
+            await self._demote(master_addr, master_ha_addr)
+            return True
+
+    async def _demote(self, master_addr: str, master_ha_addr: str) -> None:
+        """Master → slave of ``master_ha_addr``: fenced, master-only services stopped."""
+        self.role = BrokerRole.SLAVE
+        self.fenced = True
+        self._publish()
+        await self.broker.on_became_slave()
+        await self._stop_service()
+        self._forget_timer_progress()
+        self.role_changes += 1
+        self.master_ha_addr = ""
+        self.follow(master_addr, master_ha_addr)
 
     def fence(self, why: str, *, reregister: bool = True) -> None:
         """Stop taking writes now (a master whose lease lapsed, or one shutting down)."""
@@ -324,6 +398,7 @@ class Replication:
         if service is None or not service.is_slave_ok(end_offset):
             return PutMessageStatus.SLAVE_NOT_AVAILABLE
         if await service.wait_for_slave(end_offset, self.broker.config.ha_sync_timeout_ms):
+            self.acked_end = max(self.acked_end, end_offset)
             return PutMessageStatus.PUT_OK
         return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
 
@@ -547,7 +622,14 @@ class Replication:
         return None
 
     def runtime_info(self) -> dict[str, Any]:
-        info: dict[str, Any] = {"haEpoch": self.epoch, "haFenced": self.fenced, "haRoleChanges": self.role_changes}
+        info: dict[str, Any] = {
+            "haEpoch": self.epoch,
+            "haLogEpoch": self.log_epoch,
+            "haFenced": self.fenced,
+            "haRoleChanges": self.role_changes,
+        }
+        if (in_sync := self.in_sync()) is not None:
+            info["haInSync"] = ",".join(map(str, in_sync))
         # How the link authenticates ("off", "ha_secret_file", "control plane", or waiting), and
         # what it refused: connections by reason ("haLinkRefused.<reason>"), offsets entries.
         info["haLinkAuth"] = self.link.status()
@@ -570,6 +652,8 @@ class Replication:
             info["haLagBytes"] = max(0, c.master_max_offset - self.broker.store.max_phy_offset()) if c.connected else -1
             info["haBytesReceived"] = c.bytes_received
             info["haLinkAuthFailures"] = c.auth_failures
+            info["haMasterEpoch"] = c.master_epoch
+            info["haStaleMasters"] = c.stale_masters
         return info
 
 

@@ -81,7 +81,22 @@ class HaGroup:
                 return st["brokerRole"] == "SLAVE" and st.get("haConnected") == "True"
             return st["brokerRole"] == role and st.get("haFenced") == "False"
 
-        await until(ok, f"member {member} {role}", timeout_s=timeout_s)
+        try:
+            await until(ok, f"member {member} {role}", timeout_s=timeout_s)
+        except BaseException:
+            print("fleet view:", (await self.cp.call("GET", "/v1/fleet/ha", operator=True)).body)
+            raise
+
+    async def wait_in_sync(self, member: int, timeout_s: float = 20.0) -> None:
+        """Until the master has reported ``member`` in its in-sync set: only then is it
+        electable (a master killed before that leaves the group waiting for it)."""
+
+        async def ok() -> bool:
+            view = await self.cp.call("GET", "/v1/fleet/ha", operator=True)
+            groups = [g for g in view.body["broker_groups"] if g["broker_name"] == "broker-a"]
+            return bool(groups) and member in (groups[0]["sync_set"] or [])
+
+        await until(ok, f"member {member} in the in-sync set", timeout_s=timeout_s)
 
 
 async def new_group(
@@ -102,6 +117,7 @@ async def new_group(
     await g.wait_role(0, role)
     await g.start(1)
     await g.wait_role(1, "SLAVE")
+    await g.wait_in_sync(1)
     return g
 
 

@@ -5,6 +5,7 @@ ends (with their attempt counted), and none is lost."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,17 @@ async def test_sync_master_failover_keeps_leases_and_acknowledgements(
         await group.admin.create_topic(TOPIC, queue_nums=2)
         master = group.members[0].info["grpc_address"]
 
-        def run(endpoint: str, role: str, **args: Any) -> dict[str, Any]:
-            return v5.run(role, {"endpoint": endpoint, "topic": TOPIC, "group": GROUP, **args}, home=home)
+        async def run(endpoint: str, role: str, **args: Any) -> dict[str, Any]:
+            # In a thread: the control plane serving the group's heartbeats runs on this loop.
+            args = {"endpoint": endpoint, "topic": TOPIC, "group": GROUP, **args}
+            return await asyncio.to_thread(v5.run, role, args, home=home)
 
-        sent = run(master, "produce", messages=[{"body": f"m{i}"} for i in range(30)])["sent"]
+        sent = (await run(master, "produce", messages=[{"body": f"m{i}"} for i in range(30)]))["sent"]
         assert len(sent) == 30
-        acked = run(master, "simple", count=12, invisible_s=60)["received"]
-        leased = run(master, "simple", count=8, invisible_s=6, ack=False, crash=True)["received"]
+        acked = (await run(master, "simple", count=12, invisible_s=60))["received"]
+        leased = (await run(master, "simple", count=8, invisible_s=6, ack=False, crash=True))["received"]
         assert (len(acked), len(leased)) == (12, 8)
+        await group.wait_in_sync(1)
         group.members[0].kill()
         await group.wait_role(1, "SYNC_MASTER", timeout_s=30)
         # A SYNC_MASTER answers an acknowledgement once a slave holds its record: the old master
@@ -52,7 +56,7 @@ async def test_sync_master_failover_keeps_leases_and_acknowledgements(
         await group.start(0)
         await group.wait_role(0, "SLAVE")
         promoted = group.members[1].info["grpc_address"]
-        got = run(promoted, "simple", count=18, invisible_s=60, timeout_s=40, await_s=5)["received"]
+        got = (await run(promoted, "simple", count=18, invisible_s=60, timeout_s=40, await_s=5))["received"]
         bodies = sorted(m["body"] for m in got)
         acked_bodies = {m["body"] for m in acked}
         leased_bodies = {m["body"] for m in leased}

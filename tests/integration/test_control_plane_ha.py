@@ -6,11 +6,13 @@ operators see it all in the fleet view."""
 from __future__ import annotations
 
 import asyncio
+import secrets
+import time
 from typing import Any
 
 import pytest
 
-from tests.postgres_fixture import (  # noqa: F401  # noqa: F401
+from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
     postgres_dsn_fixture,
@@ -28,25 +30,69 @@ async def broker_token(cp: ControlPlaneHarness) -> str:
     return await cp.token_for(made.body["access_key"], made.body["secret"])
 
 
-async def beat(cp: ControlPlaneHarness, token: str, member: int, max_offset: int, **extra: Any) -> dict[str, Any]:
-    body = {
-        "cluster": "c1", "broker_name": "broker-x", "member_id": member, "addr": f"127.0.0.1:{10911 + 10 * member}",
-        "ha_addr": f"127.0.0.1:{10912 + 10 * member}", "max_offset": max_offset, "epoch": extra.pop("epoch", 0),
-        "acting_master": False, "lease_s": LEASE_S, **extra,
-    }  # fmt: skip
-    reply = await cp.call("POST", "/internal/v1/ha/heartbeat", token=token, json=body)
-    assert reply.status == 200, reply.body
-    return dict(reply.body)
+class Member:
+    """One process of a group member as the control plane sees it: it names its instance and
+    echoes the last answer it heard (``deaf``: its answers are lost on the way back)."""
+
+    def __init__(self, cp: ControlPlaneHarness, token: str, member: int, *, group: str = "broker-x") -> None:
+        self.cp, self.token, self.member, self.group = cp, token, member, group
+        self.instance = secrets.token_hex(8)
+        self.heard = 0
+        self.deaf = False
+
+    def restart(self) -> None:
+        self.instance = secrets.token_hex(8)
+        self.heard = 0
+
+    async def call(self, max_offset: int, **extra: Any) -> Any:
+        body = {
+            "cluster": "c1", "broker_name": self.group, "member_id": self.member,
+            "addr": f"127.0.0.1:{10911 + 10 * self.member}", "ha_addr": f"127.0.0.1:{10912 + 10 * self.member}",
+            "max_offset": max_offset, "epoch": extra.pop("epoch", 0), "acting_master": False, "lease_s": LEASE_S,
+            "instance": self.instance, "heard": self.heard, **extra,
+        }  # fmt: skip
+        return await self.cp.call("POST", "/internal/v1/ha/heartbeat", token=self.token, json=body)
+
+    async def beat(self, max_offset: int, **extra: Any) -> dict[str, Any]:
+        reply = await self.call(max_offset, **extra)
+        assert reply.status == 200, reply.body
+        if not self.deaf:
+            self.heard = reply.body["seq"]
+        return dict(reply.body)
+
+
+async def fleet_group(cp: ControlPlaneHarness, name: str) -> dict[str, Any]:
+    view = await cp.call("GET", "/v1/fleet/ha", operator=True)
+    assert view.status == 200
+    (group,) = [g for g in view.body["broker_groups"] if g["broker_name"] == name]
+    return dict(group)
+
+
+async def until_master(
+    candidate: Member, max_offset: int, others: list[tuple[Member, int]], **extra: Any
+) -> dict[str, Any]:
+    """Beat ``candidate`` (and the others, each with its offset) until it is elected; fails
+    after 30 lease periods."""
+    for _ in range(120):
+        one = await candidate.beat(max_offset, **extra)
+        if one["role"] == "MASTER":
+            return one
+        for other, offset in others:
+            assert (await other.beat(offset))["role"] == "SLAVE"
+        await asyncio.sleep(LEASE_S / 4)
+    raise AssertionError(f"member {candidate.member} was never elected")
 
 
 async def test_election_renewal_and_failover(control_plane: ControlPlaneHarness) -> None:
     token = await broker_token(control_plane)
+    m0, m1, m2 = (Member(control_plane, token, i) for i in range(3))
     # A slave heard first does not take a new group: it waits for the configured master.
-    first = await beat(control_plane, token, 1, 0)
+    first = await m1.beat(0)
     assert (first["role"], first["master_addr"]) == ("SLAVE", "")
-    m = await beat(control_plane, token, 0, 0, master_role="SYNC_MASTER")
+    m = await m0.beat(0, master_role="SYNC_MASTER")
     assert (m["role"], m["epoch"], m["master_role"]) == ("MASTER", 1, "SYNC_MASTER")
-    s = await beat(control_plane, token, 1, 100)
+    assert m["lease_remaining_s"] == LEASE_S
+    s = await m1.beat(100)
     assert (s["role"], s["epoch"], s["master_addr"], s["master_ha_addr"]) == (
         "SLAVE",
         1,
@@ -55,38 +101,157 @@ async def test_election_renewal_and_failover(control_plane: ControlPlaneHarness)
     )
     # Renewals keep the master; a slave that is further ahead does not steal it. (The master
     # renews for longer than the test's short lease here, so a stall of the host cannot end it.)
+    # The master reports both slaves in sync.
     for _ in range(3):
-        renewed = await beat(control_plane, token, 0, 500, epoch=1, master_role="SYNC_MASTER", lease_s=60)
+        renewed = await m0.beat(500, epoch=1, master_role="SYNC_MASTER", lease_s=60, in_sync=[1, 2])
         assert renewed["role"] == "MASTER"
-        assert (await beat(control_plane, token, 1, 100))["role"] == "SLAVE"
-        assert (await beat(control_plane, token, 2, 900))["role"] == "SLAVE"
+        assert (await m1.beat(100))["role"] == "SLAVE"
+        assert (await m2.beat(900))["role"] == "SLAVE"
         await asyncio.sleep(LEASE_S / 3)
+    assert (await fleet_group(control_plane, "broker-x"))["sync_set"] == [0, 1, 2]
     # Its last renewal is for LEASE_S; then the master goes quiet and the slaves go on (member 2
     # now behind member 1). Once the lease has run out, the live member furthest ahead (1) wins
     # the next epoch, never member 2.
-    assert (await beat(control_plane, token, 0, 500, epoch=1, master_role="SYNC_MASTER"))["role"] == "MASTER"
-    winner = None
-    for _ in range(20):
-        one = await beat(control_plane, token, 1, 100)
-        if one["role"] == "MASTER":
-            winner = one
-            break
-        assert one["master_addr"] in ("127.0.0.1:10911", "")
-        two = await beat(control_plane, token, 2, 90)
-        assert two["role"] == "SLAVE"
-        await asyncio.sleep(LEASE_S / 4)
-    assert winner is not None
+    assert (await m0.beat(500, epoch=1, master_role="SYNC_MASTER"))["role"] == "MASTER"
+    winner = await until_master(m1, 100, [(m2, 90)])
     assert winner["epoch"] == 2
-    two = await beat(control_plane, token, 2, 90)
+    two = await m2.beat(90)
     assert (two["role"], two["epoch"], two["master_addr"]) == ("SLAVE", 2, "127.0.0.1:10921")
     # The old master comes back: told to follow the new one under the new epoch.
-    old = await beat(control_plane, token, 0, 500, epoch=1, master_role="SYNC_MASTER")
+    old = await m0.beat(500, epoch=1, master_role="SYNC_MASTER")
     assert (old["role"], old["epoch"], old["master_addr"]) == ("SLAVE", 2, "127.0.0.1:10921")
-    view = await control_plane.call("GET", "/v1/fleet/ha", operator=True)
-    assert view.status == 200
-    (group,) = [g for g in view.body["broker_groups"] if g["broker_name"] == "broker-x"]
-    assert (group["epoch"], group["master_id"]) == (2, 1)
+    group = await fleet_group(control_plane, "broker-x")
+    assert (group["epoch"], group["master_id"], group["sync_set"]) == (2, 1, [1])
     assert {m["member_id"] for m in group["members"]} == {0, 1, 2}
+    assert [(h["epoch"], h["master_id"]) for h in group["history"]] == [(1, 0), (2, 1)]
+
+
+async def test_a_master_that_does_not_hear_its_answers_loses_the_group(control_plane: ControlPlaneHarness) -> None:
+    """The asymmetric cut: the master's heartbeats arrive, its answers never come back. It
+    fences itself on its own clock, so renewing it would leave the group without a writer."""
+    token = await broker_token(control_plane)
+    m0, m1 = Member(control_plane, token, 0, group="broker-deaf"), Member(control_plane, token, 1, group="broker-deaf")
+    assert (await m0.beat(0, master_role="SYNC_MASTER"))["role"] == "MASTER"
+    assert (await m0.beat(1000, epoch=1, master_role="SYNC_MASTER", in_sync=[1]))["role"] == "MASTER"
+    assert (await m1.beat(1000, epoch=1))["role"] == "SLAVE"
+    m0.deaf = True
+    began = time.monotonic()
+    # The deaf master keeps calling, further ahead than the slave. Its answers still say MASTER
+    # while the lease runs, with what is left of it: never renewed.
+    winner = None
+    remaining = []
+    while winner is None and time.monotonic() - began < 30 * LEASE_S:
+        deaf = await m0.beat(5000, epoch=1, log_epoch=1)
+        if deaf["role"] == "MASTER":
+            remaining.append(deaf["lease_remaining_s"])
+        one = await m1.beat(1000, epoch=1, log_epoch=1)
+        winner = one if one["role"] == "MASTER" else None
+        await asyncio.sleep(LEASE_S / 8)
+    took = time.monotonic() - began
+    print(f"a hearing slave elected {took:.2f} s after its master stopped hearing (lease {LEASE_S} s)")
+    assert winner is not None
+    assert winner["epoch"] == 2
+    assert remaining == sorted(remaining, reverse=True), remaining
+    assert remaining[0] <= LEASE_S
+    assert took < 3 * LEASE_S
+    # The deaf member is never elected, however far ahead: it could not learn that it won. (Nor
+    # is it while the new master lives on, as then no election is held.)
+    m1_quiet_until = time.monotonic() + 3 * LEASE_S
+    while time.monotonic() < m1_quiet_until:
+        assert (await m0.beat(9000, epoch=1))["role"] == "SLAVE"
+        assert (await m1.beat(1000, epoch=2, log_epoch=2))["role"] == "MASTER"
+        await asyncio.sleep(LEASE_S / 4)
+    # Hearing again, it is told to follow the new master.
+    m0.deaf = False
+    await m0.beat(9000, epoch=1)
+    follow = await m0.beat(9000, epoch=1)
+    assert (follow["role"], follow["epoch"], follow["master_addr"]) == ("SLAVE", 2, "127.0.0.1:10921")
+
+
+async def test_only_in_sync_members_are_electable_and_the_newest_log_wins(control_plane: ControlPlaneHarness) -> None:
+    """Epoch 1: master 0, slave 1 in sync, member 2 never caught up. Master 0 dies; 1 wins
+    epoch 2 though 2 reports more bytes (its tail was never acknowledged). Then 1 dies before
+    any slave joined its in-sync set: nobody else is electable until it returns. Candidates with
+    logs of different epochs: the newer log wins over more bytes."""
+    token = await broker_token(control_plane)
+    name = "broker-sync"
+    m0, m1, m2 = (Member(control_plane, token, i, group=name) for i in range(3))
+    assert (await m0.beat(0, master_role="SYNC_MASTER"))["role"] == "MASTER"
+    assert (await m0.beat(800, epoch=1, log_epoch=1, master_role="SYNC_MASTER", in_sync=[1]))["role"] == "MASTER"
+    await m1.beat(800, epoch=1, log_epoch=1)
+    await m2.beat(900, epoch=1, log_epoch=1)
+    assert (await fleet_group(control_plane, name))["sync_set"] == [0, 1]
+    won = await until_master(m1, 800, [(m2, 900)], epoch=1, log_epoch=1)
+    assert won["epoch"] == 2
+    # Member 1 (epoch 2, alone in its in-sync set) stops; 0 and 2 live on, neither electable.
+    deadline = time.monotonic() + 4 * LEASE_S
+    while time.monotonic() < deadline:
+        for member, offset in ((m0, 5000), (m2, 900)):
+            answer = await member.beat(offset, epoch=2, log_epoch=1)
+            assert answer["role"] == "SLAVE", answer
+        await asyncio.sleep(LEASE_S / 4)
+    group = await fleet_group(control_plane, name)
+    assert (group["epoch"], group["master_id"], group["sync_set"]) == (2, 1, [1])
+    # It returns (the same process) and is elected again, epoch 3; it reports both in sync.
+    back = await until_master(m1, 1200, [], epoch=2, log_epoch=2)
+    assert back["epoch"] == 3
+    assert (await m1.beat(1200, epoch=3, log_epoch=3, in_sync=[0, 2]))["role"] == "MASTER"
+    # Now 1 dies again: 0 (log of epoch 1, 5000 bytes) and 2 (log of epoch 3, 1200 bytes):
+    # the newer log wins.
+    won = await until_master(m2, 1200, [(m0, 5000)], epoch=3, log_epoch=3)
+    assert won["epoch"] == 4
+    history = (await fleet_group(control_plane, name))["history"]
+    assert [(h["epoch"], h["master_id"], h["log_epoch"]) for h in history] == [
+        (1, 0, 0),
+        (2, 1, 1),
+        (3, 1, 2),
+        (4, 2, 3),
+    ]
+
+
+async def test_a_lease_belongs_to_one_process(control_plane: ControlPlaneHarness) -> None:
+    """A second process for a member heard from a moment ago is refused; a restarted process
+    does not inherit its predecessor's lease: it is elected only once that lease ran out."""
+    token = await broker_token(control_plane)
+    name = "broker-proc"
+    m0 = Member(control_plane, token, 0, group=name)
+    assert (await m0.beat(0, master_role="SYNC_MASTER"))["role"] == "MASTER"
+    twin = Member(control_plane, token, 0, group=name)
+    refused = await twin.call(0, master_role="SYNC_MASTER")
+    assert refused.status == 409, refused.body
+    assert refused.body["error"]["code"] == "member_runs_elsewhere"
+    assert "already runs as another process" in refused.body["error"]["message"]
+    # The first process stops (kill -9) and comes back as a new one after two intervals.
+    await asyncio.sleep(2.1)
+    m0.restart()
+    began = time.monotonic()
+    answer = await m0.beat(100, epoch=1, log_epoch=1, master_role="SYNC_MASTER")
+    if answer["role"] != "MASTER":  # not while its predecessor's lease runs
+        assert answer["master_addr"] == ""
+        answer = await until_master(m0, 100, [], epoch=1, log_epoch=1, master_role="SYNC_MASTER")
+    assert answer["epoch"] == 2
+    print(f"the restarted process was elected {time.monotonic() - began:.2f} s after its first heartbeat")
+
+
+async def test_an_election_waits_a_moment_for_a_candidate_not_heard_since_the_lease_ran_out(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    token = await broker_token(control_plane)
+    name = "broker-grace"
+    lease = 3.0  # grace: min(lease / 2, 2 intervals) = 1.5 s
+    m0, m1, m2 = (Member(control_plane, token, i, group=name) for i in range(3))
+    assert (await m0.beat(0, master_role="SYNC_MASTER", lease_s=lease))["role"] == "MASTER"
+    renewed = await m0.beat(100, epoch=1, log_epoch=1, master_role="SYNC_MASTER", in_sync=[1, 2], lease_s=lease)
+    assert renewed["role"] == "MASTER"
+    expires = time.monotonic() + lease
+    await asyncio.sleep(lease - 1.0)
+    await m1.beat(40, epoch=1, log_epoch=1, lease_s=lease)  # last heard before the lease runs out
+    await m2.beat(50, epoch=1, log_epoch=1, lease_s=lease)
+    await asyncio.sleep(max(0.0, expires - time.monotonic()) + 0.2)
+    # Member 2 calls first: best on what it knows, but 1 has not reported since the lease ran out.
+    assert (await m2.beat(50, epoch=1, log_epoch=1, lease_s=lease))["role"] == "SLAVE"
+    # Member 1 reports: it had received more meanwhile, and wins.
+    assert (await m1.beat(60, epoch=1, log_epoch=1, lease_s=lease))["role"] == "MASTER"
 
 
 async def test_bad_heartbeats_are_refused(control_plane: ControlPlaneHarness) -> None:

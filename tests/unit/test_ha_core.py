@@ -86,15 +86,15 @@ def handshake(ha: HAService, slave: MessageStore, limit: int = 1024) -> tuple[in
 
 def test_frame_layouts() -> None:
     assert (HANDSHAKE_HEAD.size, CANDIDATE.size, HANDSHAKE_REPLY.size, REPORT.size, DATA_HEADER.size) == (
-        20,
+        24,
         16,
-        20,
+        28,
         8,
         12,
     )
-    raw = encode_handshake(1234, [(1000, 234, 7), (900, 100, 8)])
-    magic, version, top, count = HANDSHAKE_HEAD.unpack_from(raw)
-    assert (magic, version, top, count) == (MAGIC, VERSION, 1234, 2)
+    raw = encode_handshake(1234, [(1000, 234, 7), (900, 100, 8)], member_id=3)
+    magic, version, member, top, count = HANDSHAKE_HEAD.unpack_from(raw)
+    assert (magic, version, member, top, count) == (MAGIC, VERSION, 3, 1234, 2)
     assert CANDIDATE.unpack_from(raw, HANDSHAKE_HEAD.size + CANDIDATE.size) == (900, 100, 8)
 
 

@@ -58,7 +58,7 @@ def test_frame_layouts() -> None:
     assert frame[:4] == b"ORHA"
     assert MAGIC == 0x4F524841
     assert frame[4:8] == VERSION.to_bytes(4, "big")
-    assert VERSION == 2
+    assert VERSION == 3
     assert frame[8:12] == AUTH_HMAC.to_bytes(4, "big")
     assert frame[12:] == nonce
     assert decode_challenge(frame) == (AUTH_HMAC, nonce)

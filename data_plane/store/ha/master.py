@@ -50,6 +50,7 @@ from data_plane.store.ha.protocol import (
     MAX_CANDIDATES,
     MAX_CHUNK_BYTES,
     MAX_DOCUMENT_BYTES,
+    MAX_MEMBER_ID,
     METADATA,
     REPLY_RETRY,
     REPLY_STREAM,
@@ -95,6 +96,7 @@ class _SlaveConnection:
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self.acked = -1
         self.next_offset = -1
+        self.member_id: int | None = None  # the broker id its handshake named
         self.wake = asyncio.Event()
         # (log offset at a record boundary, store timestamp of the record ending there): the
         # newest sample at or below the acked offset dates the slave's newest record.
@@ -187,16 +189,20 @@ class _SlaveConnection:
     # --- handshake -------------------------------------------------------------------------
     async def _handshake(self) -> int:
         while True:
-            magic, version, slave_max, count = HANDSHAKE_HEAD.unpack(await self.reader.readexactly(HANDSHAKE_HEAD.size))
+            head = await self.reader.readexactly(HANDSHAKE_HEAD.size)
+            magic, version, member, slave_max, count = HANDSHAKE_HEAD.unpack(head)
             if magic != MAGIC or version != VERSION:
                 raise ProtocolError(f"not an Orbit HA handshake (magic {magic:#x}, version {version})")
+            if not -1 <= member <= MAX_MEMBER_ID:
+                raise ProtocolError(f"member id {member}")
+            self.member_id = member if member >= 0 else None
             if count > MAX_CANDIDATES:
                 raise ProtocolError(f"{count} candidates")
             raw = await self.reader.readexactly(count * CANDIDATE.size)
             candidates = [CANDIDATE.unpack_from(raw, i * CANDIDATE.size) for i in range(count)]
             code, offset = self.service.decide_start(slave_max, candidates)
             store = self.service.store
-            self.writer.write(HANDSHAKE_REPLY.pack(code, offset, store.max_phy_offset()))
+            self.writer.write(HANDSHAKE_REPLY.pack(code, offset, store.max_phy_offset(), self.service.epoch()))
             await self.writer.drain()
             log.info(
                 "HA slave %s reports max offset %d: %s %d",
@@ -299,6 +305,7 @@ class HAService:
         auth: LinkAuth | None = None,
         refused: collections.Counter[str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        epoch: Callable[[], int] | None = None,
     ) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be 1..{MAX_CHUNK_BYTES}")
@@ -319,6 +326,8 @@ class HAService:
         # service: a broker whose role changes makes a new one).
         self.auth = auth
         self.ssl_context = ssl_context  # TLS only on the HA port when given (members are ours)
+        # The failover epoch this master serves, told to each slave in the handshake reply.
+        self.epoch: Callable[[], int] = epoch if epoch is not None else (lambda: 0)
         self.refused: collections.Counter[str] = refused if refused is not None else collections.Counter()
         self._refusal_log = RefusalLog(log, "HA connections refused", counts=self.refused)
         self._no_secret_logged = False
@@ -435,6 +444,11 @@ class HAService:
         """RocketMQ's isSlaveOK: a slave is connected and not too far behind ``offset`` to wait
         for (otherwise a SYNC_MASTER answers SLAVE_NOT_AVAILABLE at once)."""
         return any(c.acked >= 0 and offset - c.acked < self.max_gap_not_in_sync_bytes for c in self.connections)
+
+    def in_sync(self, offset: int) -> list[int]:
+        """The member ids of the slaves holding the log up to ``offset`` (everything this
+        master acknowledged): the in-sync set it reports for failover."""
+        return sorted({c.member_id for c in self.connections if c.member_id is not None and c.acked >= offset})
 
     async def wait_for_slave(self, offset: int, timeout_ms: int) -> bool:
         """True once some slave has acknowledged the log up to ``offset`` (the end of a

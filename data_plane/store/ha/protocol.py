@@ -29,21 +29,24 @@ frames::
       random bytes per connection, so the HMAC's input is unambiguous (the variable part first)
 
     slave ─▶ master, once authenticated: HANDSHAKE
-      +-------+---------+------------+-------+----------------------------------------+
-      | magic | version | max offset | count | count x candidate: offset | size | crc |
-      |   4   |    4    |     8      |   4   |               8     |  4   |  4   |
-      +-------+---------+------------+-------+----------------------------------------+
+      +-------+---------+--------+------------+-------+----------------------------------------+
+      | magic | version | member | max offset | count | count x candidate: offset | size | crc |
+      |   4   |    4    |   4    |     8      |   4   |               8     |  4   |  4   |
+      +-------+---------+--------+------------+-------+----------------------------------------+
+      member: the slave's broker id (-1: not said), what the master's in-sync set names;
       candidates: the slave's last records (newest first), each as [offset, offset + size)
       of its log and the CRC-32C of those bytes (an end-of-file blank counts as a record)
 
     master ─▶ slave: HANDSHAKE_REPLY
-      +------+--------+------------------+
-      | code | offset | master max offset|
-      |  4   |   8    |        8         |
-      +------+--------+------------------+
+      +------+--------+-------------------+-------+
+      | code | offset | master max offset | epoch |
+      |  4   |   8    |         8         |   8   |
+      +------+--------+-------------------+-------+
       code STREAM (0): truncate to ``offset`` if the log is longer, then data follows from it
       code RETRY  (1): none of the candidates matched: truncate to ``offset`` (the oldest
                        candidate) and send a new HANDSHAKE
+      epoch: the failover epoch this master serves (0 without failover); a slave refuses a
+             master older than the epoch it knows of, before it truncates anything
 
     slave ─▶ master, then: REPORT (RocketMQ's)      master ─▶ slave, then: DATA (RocketMQ's)
       +------------+                                 +------------+------+--------+
@@ -82,7 +85,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 MAGIC = 0x4F524841  # "ORHA"
-VERSION = 2
+VERSION = 3
 
 NONCE_BYTES = 32
 MAC_BYTES = 32
@@ -96,11 +99,13 @@ MASTER_LABEL = b"orbit-ha master"
 # The whole exchange (challenge to the master's proof) completes within this, or the link closes.
 AUTH_TIMEOUT_MS = 5_000
 
-HANDSHAKE_HEAD = struct.Struct(">IIqI")
+HANDSHAKE_HEAD = struct.Struct(">IIiqI")
 CANDIDATE = struct.Struct(">qII")
-HANDSHAKE_REPLY = struct.Struct(">Iqq")
+HANDSHAKE_REPLY = struct.Struct(">Iqqq")
 REPORT = struct.Struct(">q")
 DATA_HEADER = struct.Struct(">qI")
+
+MAX_MEMBER_ID = 99  # broker ids of a group: 0 the master, 1..99 slaves
 
 METADATA = -1
 SLAVE_OFFSETS = -2
@@ -189,7 +194,7 @@ def check_master_proof(secret: bytes, group: str, master_nonce: bytes, slave_non
     return hmac.compare_digest(mac, master_proof(secret, group, master_nonce, slave_nonce))
 
 
-def encode_handshake(max_offset: int, candidates: list[tuple[int, int, int]]) -> bytes:
-    parts = [HANDSHAKE_HEAD.pack(MAGIC, VERSION, max_offset, len(candidates))]
+def encode_handshake(max_offset: int, candidates: list[tuple[int, int, int]], member_id: int = -1) -> bytes:
+    parts = [HANDSHAKE_HEAD.pack(MAGIC, VERSION, member_id, max_offset, len(candidates))]
     parts.extend(CANDIDATE.pack(o, n, c) for o, n, c in candidates)
     return b"".join(parts)

@@ -59,6 +59,8 @@ from data_plane.tasks import cancel_all
 
 log = logging.getLogger(__name__)
 
+STALE_MASTER_RETRY_MS = 250  # a master behind the epoch this slave knows of: asked again this soon
+
 
 def last_records(store: MessageStore, limit: int = MAX_CANDIDATES) -> list[tuple[int, int, int]]:
     """The newest ``limit`` whole records of the log (an end-of-file blank counts as one) as
@@ -103,6 +105,9 @@ class HAClient:
         offsets_to_report: Callable[[], bytes | None] | None = None,
         auth: LinkAuth | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        member_id: int = -1,
+        min_master_epoch: Callable[[], int] | None = None,
+        on_master_epoch: Callable[[int], None] | None = None,
     ) -> None:
         self.store = store
         self.master_host = master_host
@@ -118,6 +123,14 @@ class HAClient:
         self.offsets_to_report = offsets_to_report
         self.auth = auth
         self.ssl_context = ssl_context  # TLS to the master's HA port, verifying it, when given
+        # This slave's broker id, told in the handshake (the master's in-sync set names it); a
+        # master serving an epoch below min_master_epoch() is refused before anything is
+        # truncated (a stale master); on_master_epoch(epoch) once a master's stream starts.
+        self.member_id = member_id
+        self.min_master_epoch = min_master_epoch
+        self.on_master_epoch = on_master_epoch
+        self.master_epoch = -1
+        self.stale_masters = 0
         self.auth_failures = 0  # sessions ended by the link's authentication
         self.connected = False
         self.master_max_offset = -1
@@ -196,6 +209,7 @@ class HAClient:
                 self.connects += 1
                 self._writer = writer
                 chunks_before = self.chunks_received
+                stale_before = self.stale_masters
                 try:
                     await self._session(reader, writer)
                 except LinkAuthError as e:
@@ -207,6 +221,8 @@ class HAClient:
                 finally:
                     if self.chunks_received > chunks_before:  # it worked for a while: retry soon
                         backoff = self.reconnect_initial_ms
+                    elif self.stale_masters > stale_before:  # it may take its new epoch any moment
+                        backoff = min(backoff, STALE_MASTER_RETRY_MS)
                     self.connected = False
                     self._writer = None
                     writer.close()
@@ -259,26 +275,12 @@ class HAClient:
         if self._said:
             log.info("HA link to %s:%d authenticated", self.master_host, self.master_port)
             self._said = ""
-        while True:  # handshake until the master says where to stream from
-            writer.write(encode_handshake(store.max_phy_offset(), last_records(store)))
-            await writer.drain()
-            code, offset, master_max = HANDSHAKE_REPLY.unpack(
-                await asyncio.wait_for(reader.readexactly(HANDSHAKE_REPLY.size), idle_s)
-            )
-            self.master_max_offset = master_max
-            if code == REPLY_RETRY:
-                self._truncate(offset)
-                continue
-            if code != REPLY_STREAM:
-                raise ProtocolError(f"unknown handshake reply {code}")
-            if offset < store.max_phy_offset():
-                self._truncate(offset)
-            elif offset > store.max_phy_offset() and store.max_phy_offset() > store.min_phy_offset():
-                raise ProtocolError(f"master streams from {offset}, past this log's end {store.max_phy_offset()}")
-            break
+        offset, epoch = await self._handshake(reader, writer)
         expected = offset
         self._position = offset
         self.connected = True
+        if self.on_master_epoch is not None:
+            self.on_master_epoch(epoch)  # this log is now a prefix of that epoch's log
         log.info("HA replicating from %s:%d at offset %d", self.master_host, self.master_port, offset)
         reporter = asyncio.create_task(self._report_loop(writer), name="ha-report")
         try:
@@ -307,6 +309,33 @@ class HAClient:
                 store.dispatch_pending()
         finally:
             await cancel_all([reporter])
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> tuple[int, int]:
+        """Handshake until the master says where to stream from: (that offset, its epoch)."""
+        store = self.store
+        idle_s = self.idle_timeout_ms / 1000
+        while True:  # handshake until the master says where to stream from
+            writer.write(encode_handshake(store.max_phy_offset(), last_records(store), self.member_id))
+            await writer.drain()
+            code, offset, master_max, epoch = HANDSHAKE_REPLY.unpack(
+                await asyncio.wait_for(reader.readexactly(HANDSHAKE_REPLY.size), idle_s)
+            )
+            least = self.min_master_epoch() if self.min_master_epoch is not None else 0
+            if epoch < least:
+                self.stale_masters += 1
+                raise ProtocolError(f"the master serves epoch {epoch}, older than epoch {least} this slave knows of")
+            self.master_epoch = epoch
+            self.master_max_offset = master_max
+            if code == REPLY_RETRY:
+                self._truncate(offset)
+                continue
+            if code != REPLY_STREAM:
+                raise ProtocolError(f"unknown handshake reply {code}")
+            if offset < store.max_phy_offset():
+                self._truncate(offset)
+            elif offset > store.max_phy_offset() and store.max_phy_offset() > store.min_phy_offset():
+                raise ProtocolError(f"master streams from {offset}, past this log's end {store.max_phy_offset()}")
+            return offset, epoch
 
     async def _report_loop(self, writer: asyncio.StreamWriter) -> None:
         interval = self.report_interval_ms / 1000
