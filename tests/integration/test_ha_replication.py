@@ -290,3 +290,38 @@ async def test_a_report_past_what_was_sent_is_refused(tmp_path: Path, seed: int)
             await until(lambda: not r.service.connections, "the lying connection dropped", timeout_s=5)
         finally:
             writer.close()
+
+
+async def test_a_master_of_an_older_epoch_is_refused_before_anything_is_truncated(tmp_path: Path, seed: int) -> None:
+    """A diverged slave that knows of epoch 5 meets a master still serving epoch 4 (a stale
+    master, or one not yet told of its election): refused, its log untouched. Once the master
+    serves epoch 5 the slave truncates, follows, learns the epoch, and is in the in-sync set
+    under its member id."""
+    rng = random.Random(seed)
+    epoch = {"master": 4}
+    async with replication(tmp_path, connect=False, epoch=lambda: epoch["master"]) as r:
+        master, slave = r.master, r.replica
+        put_many(master, rng, 100)
+        put_many(slave, rng, 150, tag="own")  # its own, never replicated tail
+        slave.write_staged()
+        before = log_bytes(slave)
+        learned: list[int] = []
+        client = HAClient(
+            slave, "127.0.0.1", r.service.port, report_interval_ms=50, reconnect_initial_ms=20,
+            member_id=7, min_master_epoch=lambda: 5, on_master_epoch=learned.append,
+        )  # fmt: skip
+        r.client = client
+        client.start()
+        await until(lambda: client.stale_masters >= 2, "the stale master refused twice")
+        assert (client.truncations, client.connected, learned) == (0, False, [])
+        assert log_bytes(slave) == before
+        epoch["master"] = 5
+        await until(lambda: r.caught_up() and client.connected, "following the epoch-5 master")
+        assert client.truncations > 0
+        assert learned == [5]
+        assert client.master_epoch == 5
+        assert_replica(master, slave, keys=())
+        await until(r.acked, "ack")
+        assert r.service.in_sync(master.max_phy_offset()) == [7]
+        put_many(master, rng, 10, start=100)
+        assert r.service.in_sync(master.max_phy_offset()) == []  # not until it holds those too
