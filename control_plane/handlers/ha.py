@@ -37,7 +37,7 @@ def _member_ids(value: object) -> tuple[int, ...] | None:
 
 
 async def heartbeat(request: web.Request) -> web.StreamResponse:
-    await auth.broker(request)
+    principal = await auth.broker(request)
     body = await context.body(
         request,
         ("cluster", "broker_name", "member_id", "addr", "ha_addr", "max_offset", "epoch", "acting_master",
@@ -60,6 +60,7 @@ async def heartbeat(request: web.Request) -> web.StreamResponse:
         log_epoch=body.integer("log_epoch", maximum=MAX_OFFSET) or 0,
         in_sync=_member_ids(body.data.get("in_sync")),
         interval_s=_number(body.data.get("interval_s", 1.0), "interval_s", 0.05, 60),
+        access_key=principal.access_key,
     )
     answer = await context.services(request).ha.heartbeat(beat)
     return json_response(answer)

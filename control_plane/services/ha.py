@@ -21,7 +21,8 @@ UPDATE``), so two members never both win:
   reported since the lease ran out is waited for a short grace (its offset may have moved on).
 - A new group waits ``lease_s`` for its configured master (member 0) before electing anyone.
 - A second process for a member already heard from recently is refused (409): one member id,
-  one process.
+  one process. A broker credential bound to one host of a broker group (``broker_host_credentials``)
+  heartbeats only for that group, from that host (403 otherwise).
 - Everyone else is told the epoch and the master's addresses, and follows.
 
 Every election is kept in ``ha_epoch`` (the fleet view shows the latest).
@@ -34,7 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from control_plane.db import Pool
-from control_plane.errors import MemberRunsElsewhere
+from control_plane.errors import Forbidden, MemberRunsElsewhere
+from control_plane.services.fleet import host_of
 
 ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 HISTORY_SHOWN = 20  # elections per group in the fleet view
@@ -59,6 +61,7 @@ class Heartbeat:
     log_epoch: int = 0
     in_sync: tuple[int, ...] | None = None  # a master's slaves holding every acknowledged message
     interval_s: float = 1.0
+    access_key: str = ""  # the caller's credential: one bound to a host speaks for that host only
 
 
 class HaService:
@@ -69,6 +72,14 @@ class HaService:
         lease = dt.timedelta(seconds=beat.lease_s)
         cluster, name, member = beat.cluster, beat.broker_name, beat.member_id
         async with self.pool.acquire() as conn, conn.transaction():
+            bound = await conn.fetchrow(
+                "SELECT broker_group, host FROM broker_host_credentials WHERE access_key = $1", beat.access_key
+            )
+            if bound is not None and (bound["broker_group"] != name or host_of(beat.addr) != bound["host"]):
+                raise Forbidden(
+                    f"this credential is bound to host {bound['host']} of broker group {bound['broker_group']}",
+                    broker_group=bound["broker_group"],
+                )
             now: dt.datetime = await conn.fetchval("SELECT now()")
             await conn.execute(
                 """INSERT INTO ha_group (cluster_name, broker_name, lease_expires_at, master_role)

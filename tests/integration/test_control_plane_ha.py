@@ -254,6 +254,34 @@ async def test_an_election_waits_a_moment_for_a_candidate_not_heard_since_the_le
     assert (await m1.beat(60, epoch=1, log_epoch=1, lease_s=lease))["role"] == "MASTER"
 
 
+async def test_a_host_bound_credential_heartbeats_for_its_own_host_and_group_only(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    cp = control_plane
+    group = {
+        "name": "broker-bound", "namesrv_addrs": ["10.0.0.9:9876"], "broker_addrs": ["127.0.0.1:10911"],
+        "max_queues": 100, "max_msgs_per_s": 1000, "storage_bytes": 1 << 30,
+    }  # fmt: skip
+    assert (await cp.call("POST", "/v1/fleet/broker-groups", operator=True, json=group)).status == 201
+    made = await cp.call("POST", "/v1/fleet/broker-groups/broker-bound/hosts/127.0.0.1/credential", operator=True)
+    assert made.status == 201, made.body
+    token = await cp.token_for(made.body["access_key"], made.body["secret"])
+    own = Member(cp, token, 0, group="broker-bound")
+    assert (await own.beat(0, master_role="SYNC_MASTER"))["role"] == "MASTER"
+    # Another group's lease, or its own group's from another host: refused, naming the binding.
+    for member, addr in (
+        (Member(cp, token, 0, group="broker-other"), None),
+        (Member(cp, token, 1, group="broker-bound"), "10.0.0.7:10911"),
+    ):
+        reply = await member.call(0, **({"addr": addr} if addr else {}))
+        assert reply.status == 403, reply.body
+        assert "bound to host 127.0.0.1 of broker group broker-bound" in reply.body["error"]["message"]
+    assert (await fleet_group(cp, "broker-bound"))["master_id"] == 0
+    assert "broker-other" not in {
+        g["broker_name"] for g in (await cp.call("GET", "/v1/fleet/ha", operator=True)).body["broker_groups"]
+    }
+
+
 async def test_bad_heartbeats_are_refused(control_plane: ControlPlaneHarness) -> None:
     token = await broker_token(control_plane)
     base = {"cluster": "c1", "broker_name": "broker-y", "member_id": 0, "addr": "127.0.0.1:1", "max_offset": 0,
