@@ -133,9 +133,10 @@ class HaService:
                            WHERE cluster_name = $1 AND broker_name = $2""",
                         cluster, name, expires, sync_set,
                     )  # fmt: skip
+                    group = {**group, "sync_set": sync_set}
                 return _answer(
                     "MASTER", g_epoch, group["master_role"], beat, seq, beat.addr, beat.ha_addr,
-                    remaining_s=(expires - now).total_seconds(),
+                    remaining_s=(expires - now).total_seconds(), sync_set=group["sync_set"],
                 )  # fmt: skip
             if master_id is None and not expired and member == 0 and beat.master_role is not None and hearing:
                 # The configured master of a new group: the first epoch is its.
@@ -200,7 +201,10 @@ class HaService:
             "DELETE FROM ha_epoch WHERE cluster_name = $1 AND broker_name = $2 AND epoch <= $3",
             cluster, name, epoch - HISTORY_KEPT,
         )  # fmt: skip
-        return _answer("MASTER", epoch, role, beat, seq, beat.addr, beat.ha_addr, remaining_s=lease.total_seconds())
+        return _answer(
+            "MASTER", epoch, role, beat, seq, beat.addr, beat.ha_addr,
+            remaining_s=lease.total_seconds(), sync_set=[beat.member_id],
+        )  # fmt: skip
 
     async def groups(self) -> list[dict[str, Any]]:
         """The fleet view: every broker group with its epoch, master, in-sync set, members' lag
@@ -263,7 +267,7 @@ class HaService:
 
 def _answer(
     role: str, epoch: int, master_role: str, beat: Heartbeat, seq: int, addr: str, ha_addr: str,
-    *, remaining_s: float | None = None,
+    *, remaining_s: float | None = None, sync_set: list[int] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     out: dict[str, Any] = {
         "role": role,
@@ -274,6 +278,7 @@ def _answer(
         "master_ha_addr": ha_addr,
         "seq": seq,
     }
-    if remaining_s is not None:
+    if remaining_s is not None:  # to the master: what is left of its lease, and its in-sync set
         out["lease_remaining_s"] = round(max(0.0, remaining_s), 3)
+        out["sync_set"] = sync_set
     return out

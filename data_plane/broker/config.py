@@ -192,6 +192,12 @@ class BrokerConfig:
     failover_enabled: bool = False
     failover_lease_s: float = 6.0  # a master that cannot renew within this stops accepting writes
     failover_check_interval_s: float = 1.0
+    # With failover: 1 — a SYNC_MASTER whose slaves have all been out for ha_in_sync_timeout_ms
+    # answers SEND_OK alone once the control plane confirmed it the only electable member
+    # (RocketMQ 5's minInSyncReplicas 1: writes go on through a cut link, on one copy); 2 — never
+    # SEND_OK without a slave's copy (a cut link stops writes).
+    ha_min_in_sync: int = 1
+    ha_in_sync_timeout_ms: int = 3_000
     store: dict[str, Any] = field(default_factory=dict)  # StoreConfig overrides
 
     @property
@@ -281,6 +287,10 @@ class BrokerConfig:
                 problems.append(str(e))
         if self.failover_enabled and not (self.control_plane_url and self.broker_credentials_file):
             problems.append("failover_enabled needs control_plane_url and broker_credentials_file (the leases)")
+        if self.ha_min_in_sync not in (1, 2):
+            problems.append("ha_min_in_sync must be 1 (a master may acknowledge alone) or 2 (never without a slave)")
+        if not 0 < self.ha_in_sync_timeout_ms <= 600_000:
+            problems.append("ha_in_sync_timeout_ms must be within 1..600000")
         if self.failover_lease_s <= 2 * self.failover_check_interval_s:
             problems.append("failover_lease_s must be more than twice failover_check_interval_s")
         _host, sep, port = self.listen.rpartition(":")

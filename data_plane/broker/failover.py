@@ -170,6 +170,8 @@ class FailoverAgent:
             master_ha_addr = str(answer.get("master_ha_addr") or "")
             seq = int(answer["seq"])
             remaining = float(answer.get("lease_remaining_s", 0.0)) if role == "MASTER" else 0.0
+            raw_set = answer.get("sync_set")
+            sync_set = sorted(int(m) for m in raw_set) if isinstance(raw_set, list) else None
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
             raise FailoverError(f"unusable answer: {e}") from None
         rep = self.broker.replication
@@ -186,6 +188,7 @@ class FailoverAgent:
         if role == "MASTER":
             self._hold_lease(deadline)
             await rep.become_master(epoch, master_role)
+            rep.confirmed_sync_set = sync_set
         elif master_ha_addr:
             if await rep.become_slave(epoch, master_addr, master_ha_addr):
                 await self.broker.register_all()  # the new id and master, at once (not every beat)

@@ -35,6 +35,7 @@ import os
 import shutil
 import ssl
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -59,6 +60,9 @@ DEMOTED_MASTER_ID = 100
 # A group name in a slave's offsets that this master may create (auto_create_subscription_group).
 MAX_GROUP_NAME_CHARS = 255
 OFFSETS_LOG_INTERVAL_S = 60.0
+# A master acknowledging alone waits for a slave again once the slave is this close to its end
+# (then sends wait for it; further behind, it catches up while the master goes on alone).
+SOLO_REJOIN_GAP_BYTES = 4 * 1024 * 1024
 
 
 def split_address(addr: str) -> tuple[str, int]:
@@ -96,6 +100,11 @@ class Replication:
         # The end of the last write answered as acknowledged (a SYNC_MASTER: held by a slave).
         # Slaves holding the log up to here make the in-sync set reported for failover.
         self.acked_end = 0
+        # A master's view of its slaves this term: member id → (log acknowledged, when it last
+        # held everything acknowledged); and the in-sync set the control plane last confirmed.
+        self._slaves: dict[int, _SlaveRecord] = {}
+        self.confirmed_sync_set: list[int] | None = None
+        self.solo_acks = 0
         # With failover on, nothing is written until the control plane confirms this master.
         self.fenced = cfg.failover_enabled
         self.role_changes = 0
@@ -317,17 +326,49 @@ class Replication:
             self.log_epoch = epoch
             self._save_state()
         self.acked_end = max(self.acked_end, self.broker.store.max_phy_offset())
+        self._slaves.clear()
+        self.confirmed_sync_set = None
 
     def in_sync(self) -> list[int] | None:
         """A master's in-sync set (failover): the member ids of its slaves that hold every
-        acknowledged message (an ASYNC_MASTER acknowledges without them: its slaves within
-        ``ha_max_gap_bytes``). None for a slave."""
-        if self.service is None or not self.is_master:
+        acknowledged message. A SYNC_MASTER keeps a slave that went away in the set while it
+        acknowledges nothing without it — with ``ha_min_in_sync`` 2 always, with 1 for
+        ``ha_in_sync_timeout_ms`` (then it reports it out, to be allowed to acknowledge alone).
+        An ASYNC_MASTER acknowledges without slaves: its slaves within ``ha_max_gap_bytes``.
+        None for a slave."""
+        service = self.service
+        if service is None or not self.is_master:
             return None
-        if self.sync_master:
-            return self.service.in_sync(self.acked_end)
-        top = self.broker.store.max_phy_offset()
-        return self.service.in_sync(max(0, top - self.broker.config.ha_max_gap_bytes))
+        if not self.sync_master:
+            top = self.broker.store.max_phy_offset()
+            return service.in_sync(max(0, top - self.broker.config.ha_max_gap_bytes))
+        now = time.monotonic()
+        for c in service.connections:
+            if c.member_id is None:
+                continue
+            rec = self._slaves.setdefault(c.member_id, _SlaveRecord())
+            rec.acked = max(rec.acked, c.acked)
+            if c.acked >= self.acked_end:
+                rec.held_all_at = now
+        cfg = self.broker.config
+        timeout_s = cfg.ha_in_sync_timeout_ms / 1000
+        return sorted(
+            m
+            for m, rec in self._slaves.items()
+            if rec.acked >= self.acked_end and (cfg.ha_min_in_sync >= 2 or now - rec.held_all_at <= timeout_s)
+        )
+
+    @property
+    def solo(self) -> bool:
+        """A SYNC_MASTER that acknowledges alone: ``ha_min_in_sync`` 1, the control plane
+        confirmed it the only member of the in-sync set, and no slave is near enough to wait
+        for (one that is ends it at once, before that slave is reported in sync again)."""
+        if self.broker.config.ha_min_in_sync >= 2 or self.confirmed_sync_set is None or self.service is None:
+            return False
+        if self.confirmed_sync_set != [self.broker.config.broker_id]:
+            return False
+        near = self.broker.store.max_phy_offset() - SOLO_REJOIN_GAP_BYTES
+        return not any(c.acked >= near for c in self.service.connections)
 
     async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> bool:
         """True when something changed (demoted, or following another master)."""
@@ -395,6 +436,11 @@ class Replication:
     async def replicated(self, end_offset: int) -> PutMessageStatus:
         """SYNC_MASTER: PUT_OK once a slave holds the log up to ``end_offset``."""
         service = self.service
+        if service is not None and self.solo:
+            self.acked_end = max(self.acked_end, end_offset)
+            self.solo_acks += 1
+            self.notify()
+            return PutMessageStatus.PUT_OK
         if service is None or not service.is_slave_ok(end_offset):
             return PutMessageStatus.SLAVE_NOT_AVAILABLE
         if await service.wait_for_slave(end_offset, self.broker.config.ha_sync_timeout_ms):
@@ -630,6 +676,8 @@ class Replication:
         }
         if (in_sync := self.in_sync()) is not None:
             info["haInSync"] = ",".join(map(str, in_sync))
+            info["haSolo"] = self.solo
+            info["haSoloAcks"] = self.solo_acks
         # How the link authenticates ("off", "ha_secret_file", "control plane", or waiting), and
         # what it refused: connections by reason ("haLinkRefused.<reason>"), offsets entries.
         info["haLinkAuth"] = self.link.status()
@@ -655,6 +703,12 @@ class Replication:
             info["haMasterEpoch"] = c.master_epoch
             info["haStaleMasters"] = c.stale_masters
         return info
+
+
+@dataclass
+class _SlaveRecord:
+    acked: int = -1
+    held_all_at: float = 0.0  # monotonic; 0: never held everything acknowledged this term
 
 
 def _int(value: Any, default: int = 0) -> int:
