@@ -41,7 +41,8 @@ async def heartbeat(request: web.Request) -> web.StreamResponse:
     body = await context.body(
         request,
         ("cluster", "broker_name", "member_id", "addr", "ha_addr", "max_offset", "epoch", "acting_master",
-         "master_role", "lag_bytes", "lease_s", "instance", "heard", "log_epoch", "in_sync", "interval_s"),
+         "master_role", "lag_bytes", "lease_s", "instance", "heard", "log_epoch", "in_sync", "interval_s",
+         "master_unreachable_s"),
     )  # fmt: skip
     beat = Heartbeat(
         cluster=body.name("cluster", BROKER_GROUP_NAME, what="a cluster name"),
@@ -61,6 +62,11 @@ async def heartbeat(request: web.Request) -> web.StreamResponse:
         in_sync=_member_ids(body.data.get("in_sync")),
         interval_s=_number(body.data.get("interval_s", 1.0), "interval_s", 0.05, 60),
         access_key=principal.access_key,
+        master_unreachable_s=(
+            _number(body.data["master_unreachable_s"], "master_unreachable_s", 0, 86_400)
+            if body.has("master_unreachable_s")
+            else None
+        ),
     )
     answer = await context.services(request).ha.heartbeat(beat)
     return json_response(answer)
@@ -102,6 +108,7 @@ ROUTES = [
                     "maxItems": 100,
                 },
                 "interval_s": {"type": "number", "minimum": 0.05, "maximum": 60},
+                "master_unreachable_s": {"type": "number", "minimum": 0, "maximum": 86400},
             },
             "required": ["cluster", "broker_name", "member_id", "addr", "max_offset", "epoch", "lease_s"],
         },

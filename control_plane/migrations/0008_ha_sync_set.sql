@@ -5,16 +5,20 @@
 -- * the in-sync set: the members holding every acknowledged message, as the master reports
 --   them (NULL: not known, every live member is electable);
 -- * candidates are ordered by the epoch of the log they hold, then by how far it reaches;
+-- * a master that the other members cannot reach on its client address is asked to step down
+--   (release_seq: the answer that asked; the lease is released once it heard it);
 -- * every election is kept, for operators and for checking that tenures never overlap.
 ALTER TABLE ha_group
     ADD COLUMN master_instance text NOT NULL DEFAULT '',
-    ADD COLUMN sync_set        integer[];
+    ADD COLUMN sync_set        integer[],
+    ADD COLUMN release_seq     bigint NOT NULL DEFAULT 0;
 ALTER TABLE ha_member
     ADD COLUMN instance   text    NOT NULL DEFAULT '',
     ADD COLUMN answers    bigint  NOT NULL DEFAULT 0,
     ADD COLUMN hearing    boolean NOT NULL DEFAULT true,
     ADD COLUMN log_epoch  bigint  NOT NULL DEFAULT 0,
-    ADD COLUMN interval_s real    NOT NULL DEFAULT 1;
+    ADD COLUMN interval_s real    NOT NULL DEFAULT 1,
+    ADD COLUMN master_unreachable_s real;  -- how long its probes of the master's client address failed (NULL: no probe)
 
 CREATE TABLE ha_epoch (
     cluster_name text        NOT NULL,

@@ -19,6 +19,10 @@ UPDATE``), so two members never both win:
   ordered by the epoch of the log they hold (``log_epoch``: the epoch of the master their log
   last followed), then by how far it reaches, then by the lowest id. A candidate that has not
   reported since the lease ran out is waited for a short grace (its offset may have moved on).
+- A master that every member probing it (live, hearing, of its epoch) has failed to reach on
+  its client address for over two check intervals is asked to step down: an answer naming no
+  master, on which it fences. Once its next heartbeat echoes that answer, its lease is released
+  and the others elect at once (it is no candidate while they cannot reach it).
 - A new group waits ``lease_s`` for its configured master (member 0) before electing anyone.
 - A second process for a member already heard from recently is refused (409): one member id,
   one process. A broker credential bound to one host of a broker group (``broker_host_credentials``)
@@ -41,6 +45,7 @@ from control_plane.services.fleet import host_of
 ROLES = ("SYNC_MASTER", "ASYNC_MASTER")
 HISTORY_SHOWN = 20  # elections per group in the fleet view
 HISTORY_KEPT = 1000  # elections per group kept
+UNREACHABLE_MARGIN_S = 0.5  # a master is unreachable once probes failed for 2 check intervals and this
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ class Heartbeat:
     in_sync: tuple[int, ...] | None = None  # a master's slaves holding every acknowledged message
     interval_s: float = 1.0
     access_key: str = ""  # the caller's credential: one bound to a host speaks for that host only
+    master_unreachable_s: float | None = None  # a slave's probes of its master's client address failing this long
 
 
 class HaService:
@@ -108,20 +114,39 @@ class HaService:
             await conn.execute(
                 """INSERT INTO ha_member AS m (cluster_name, broker_name, member_id, addr, ha_addr, max_offset, epoch,
                                                acting_master, lag_bytes, last_seen, instance, answers, hearing,
-                                               log_epoch, interval_s)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                                               log_epoch, interval_s, master_unreachable_s)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
                    ON CONFLICT (cluster_name, broker_name, member_id) DO UPDATE
                    SET addr = $4, ha_addr = $5, max_offset = $6, epoch = $7, acting_master = $8, lag_bytes = $9,
                        last_seen = $10, instance = $11, answers = $12, hearing = $13, log_epoch = $14,
-                       interval_s = $15""",
+                       interval_s = $15, master_unreachable_s = $16""",
                 cluster, name, member, beat.addr, beat.ha_addr, beat.max_offset, beat.epoch, beat.acting_master,
                 beat.lag_bytes, now, beat.instance, seq, hearing, beat.log_epoch, beat.interval_s,
+                beat.master_unreachable_s,
             )  # fmt: skip
             g_epoch = int(group["epoch"])
             master_id = group["master_id"]
             expires: dt.datetime = group["lease_expires_at"]
             expired = expires <= now
             holder = master_id == member and group["master_instance"] == beat.instance
+            release_seq = int(group["release_seq"])
+            if holder and not expired and release_seq and beat.heard >= release_seq:
+                # It heard the answer asking it to step down, and fenced on it: the lease is free.
+                expires, expired = now, True
+                await conn.execute(
+                    """UPDATE ha_group SET lease_expires_at = $3, release_seq = 0
+                       WHERE cluster_name = $1 AND broker_name = $2""",
+                    cluster, name, now,
+                )  # fmt: skip
+            if holder and not expired and (release_seq or await self._unreachable(conn, group, now, lease)):
+                # The other members cannot reach it on its client address: no renewal, and an
+                # answer naming no master (it fences on hearing it).
+                if not release_seq:
+                    await conn.execute(
+                        "UPDATE ha_group SET release_seq = $3 WHERE cluster_name = $1 AND broker_name = $2",
+                        cluster, name, seq,
+                    )  # fmt: skip
+                return _answer("SLAVE", g_epoch, group["master_role"], beat, seq, "", "")
             if holder and not expired:
                 if hearing:
                     expires = now + lease
@@ -156,6 +181,20 @@ class HaService:
                 master["addr"] if master else "", master["ha_addr"] if master else "",
             )  # fmt: skip
 
+    async def _unreachable(self, conn: Any, group: Any, now: dt.datetime, lease: dt.timedelta) -> bool:
+        """Whether the members that probe the master's client address (live, hearing, of its
+        epoch) all find it unreachable, for over two of their check intervals: clients cannot
+        reach it either, so it should hand the group over."""
+        rows = await conn.fetch(
+            """SELECT master_unreachable_s, interval_s FROM ha_member
+               WHERE cluster_name = $1 AND broker_name = $2 AND member_id <> $3 AND last_seen > $4 AND hearing
+                 AND epoch = $5 AND master_unreachable_s IS NOT NULL""",
+            group["cluster_name"], group["broker_name"], group["master_id"], now - lease, group["epoch"],
+        )  # fmt: skip
+        return bool(rows) and all(
+            float(r["master_unreachable_s"]) > 2 * float(r["interval_s"]) + UNREACHABLE_MARGIN_S for r in rows
+        )
+
     async def _wins(
         self, conn: Any, group: Any, beat: Heartbeat, now: dt.datetime, lease: dt.timedelta
     ) -> bool:  # fmt: skip
@@ -169,6 +208,8 @@ class HaService:
                  AND ($4::integer[] IS NULL OR member_id = ANY($4::integer[]))""",
             beat.cluster, beat.broker_name, now - lease, sync_set,
         )  # fmt: skip
+        if group["master_id"] is not None and await self._unreachable(conn, group, now, lease):
+            rows = [r for r in rows if r["member_id"] != group["master_id"]]  # clients cannot reach it
         if not rows:
             return False
         best = max(rows, key=lambda r: (int(r["log_epoch"]), int(r["max_offset"]), -int(r["member_id"])))
@@ -188,7 +229,7 @@ class HaService:
         cluster, name = beat.cluster, beat.broker_name
         await conn.execute(
             """UPDATE ha_group SET epoch = $3, master_id = $4, master_role = $5, lease_expires_at = $6,
-                                   changed_at = $7, master_instance = $8, sync_set = $9
+                                   changed_at = $7, master_instance = $8, sync_set = $9, release_seq = 0
                WHERE cluster_name = $1 AND broker_name = $2""",
             cluster, name, epoch, beat.member_id, role, now + lease, now, beat.instance, [beat.member_id],
         )  # fmt: skip

@@ -16,6 +16,11 @@ the heartbeat, less one check interval, and refuses writes (``Replication.fence`
 out — always before the control plane could elect someone else. A broker that starts with
 failover on takes no writes until its first answer.
 
+Client reachability: a slave probes its master's client address (the one clients use) every
+check interval with a request code no broker serves — any answer proves the path — and reports
+for how long the probes have failed (``master_unreachable_s``). When every member probing the
+master fails, the control plane asks the master to step down (docs/ha.md#failover).
+
 Out of touch: a fenced master that has had no answer for a whole lease asks the name servers
 who registers as its group's master (``out_of_touch``; ``Broker.register_all`` hands their
 answer to ``Replication.follow_without_control_plane``) and follows that member once it proves
@@ -35,6 +40,7 @@ import aiohttp
 import orjson
 
 from data_plane.broker.config import BrokerRole
+from data_plane.remoting.command import RemotingCommand
 from data_plane.tasks import cancel_all
 from data_plane.tls import http_ssl
 
@@ -44,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HEARTBEAT_PATH = "/internal/v1/ha/heartbeat"
+# A request code no broker serves: answered at once with REQUEST_CODE_NOT_SUPPORTED, before any
+# authentication, which is all a reachability probe needs.
+PROBE_CODE = 9_999
 
 
 class FailoverError(Exception):
@@ -63,6 +72,10 @@ class FailoverAgent:
         self.heard = 0  # the seq of the last answer taken
         self.answered_at = time.monotonic()  # when the last answer was taken (start: as if just now)
         self._asked_namesrv_at = 0.0
+        self._probed: str = ""  # the master address being probed
+        self._probe_ok_at = 0.0  # monotonic: the last answer from it (or when probing it began)
+        self._probe_failing = False
+        self.probe_failures = 0
         self._session: aiohttp.ClientSession | None = None
         self._fence_timer: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -76,7 +89,11 @@ class FailoverAgent:
             await self.beat()
         except FailoverError as e:
             log.warning("failover: first heartbeat failed (%s); writes stay fenced until one succeeds", e)
-        self._tasks = [asyncio.get_running_loop().create_task(self._run(), name="orbit-failover")]
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._run(), name="orbit-failover"),
+            loop.create_task(self._probe_loop(), name="orbit-master-probe"),
+        ]
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
@@ -98,6 +115,32 @@ class FailoverAgent:
                 log.exception("failover heartbeat failed")
             if self.out_of_touch and self.broker.replication.is_master:
                 await self._ask_namesrv()
+
+    async def _probe_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            rep = self.broker.replication
+            target = "" if rep.is_master else rep.master_addr
+            if target != self._probed:
+                self._probed, self._probe_ok_at, self._probe_failing = target, time.monotonic(), False
+            if not target:
+                continue
+            client = self.broker.namesrv_client
+            try:
+                await client.invoke(target, RemotingCommand(PROBE_CODE), int(self.interval_s * 900))
+            except Exception:  # unreachable, reset, timed out: the path clients take is cut
+                self._probe_failing = True
+                self.probe_failures += 1
+                client.close_connection(target)  # the next probe opens a new connection
+            else:
+                self._probe_ok_at, self._probe_failing = time.monotonic(), False
+
+    def master_unreachable_s(self) -> float | None:
+        """For how long the probes of the master's client address have failed (0: the last
+        answered); None when not probing (a master, or no master known)."""
+        if not self._probed:
+            return None
+        return round(time.monotonic() - self._probe_ok_at, 3) if self._probe_failing else 0.0
 
     @property
     def out_of_touch(self) -> bool:
@@ -139,6 +182,7 @@ class FailoverAgent:
             "heard": self.heard,
             "log_epoch": rep.log_epoch,
             **({"in_sync": in_sync} if (in_sync := rep.in_sync()) is not None else {}),
+            **({"master_unreachable_s": u} if (u := self.master_unreachable_s()) is not None else {}),
         }
 
     async def beat(self) -> None:
@@ -193,7 +237,7 @@ class FailoverAgent:
             if await rep.become_slave(epoch, master_addr, master_ha_addr):
                 await self.broker.register_all()  # the new id and master, at once (not every beat)
         elif rep.is_master:
-            rep.fence("the control plane names no master yet")
+            rep.fence("the control plane names no master (none elected yet, or this one asked to step down)")
 
     def _hold_lease(self, until_monotonic: float) -> None:
         loop = asyncio.get_running_loop()
@@ -202,5 +246,12 @@ class FailoverAgent:
         delay = until_monotonic - time.monotonic()
         self._fence_timer = loop.call_later(max(0.0, delay), self.broker.replication.fence, "the master lease ran out")
 
-    def runtime_info(self) -> dict[str, int]:
-        return {"failoverHeartbeats": self.heartbeats, "failoverFailures": self.failures}
+    def runtime_info(self) -> dict[str, Any]:
+        info: dict[str, Any] = {
+            "failoverHeartbeats": self.heartbeats,
+            "failoverFailures": self.failures,
+            "failoverProbeFailures": self.probe_failures,
+        }
+        if (u := self.master_unreachable_s()) is not None:
+            info["failoverMasterUnreachableS"] = u
+        return info

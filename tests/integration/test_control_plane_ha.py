@@ -254,6 +254,43 @@ async def test_an_election_waits_a_moment_for_a_candidate_not_heard_since_the_le
     assert (await m1.beat(60, epoch=1, log_epoch=1, lease_s=lease))["role"] == "MASTER"
 
 
+async def test_a_master_its_slaves_cannot_reach_steps_down_and_hands_over_at_once(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    """The master's client path is cut: its heartbeats and its slaves' heartbeats arrive, but the
+    slaves' probes of its client address fail. It is asked to step down; once it heard that, the
+    lease is released and a slave elected without waiting for the lease to run out. A member
+    that still reaches the master vetoes."""
+    token = await broker_token(control_plane)
+    name = "broker-unreachable"
+    m0, m1, m2 = (Member(control_plane, token, i, group=name) for i in range(3))
+    long = 60.0  # a lease that never runs out in this test: only a step-down hands over
+    assert (await m0.beat(0, master_role="SYNC_MASTER", lease_s=long))["role"] == "MASTER"
+    assert (await m0.beat(10, epoch=1, log_epoch=1, in_sync=[1, 2], lease_s=long))["role"] == "MASTER"
+    # Member 1 cannot reach it, member 2 can: no step-down.
+    await m1.beat(10, epoch=1, log_epoch=1, master_unreachable_s=9.0, lease_s=long)
+    await m2.beat(10, epoch=1, log_epoch=1, master_unreachable_s=0.0, lease_s=long)
+    assert (await m0.beat(10, epoch=1, log_epoch=1, in_sync=[1, 2], lease_s=long))["role"] == "MASTER"
+    # Under the threshold (2 intervals + 0.5 s) it stays too.
+    await m2.beat(10, epoch=1, log_epoch=1, master_unreachable_s=2.4, lease_s=long)
+    assert (await m0.beat(10, epoch=1, log_epoch=1, in_sync=[1, 2], lease_s=long))["role"] == "MASTER"
+    # Neither reaches it: asked to step down (no master named), and not renewed.
+    await m2.beat(10, epoch=1, log_epoch=1, master_unreachable_s=3.0, lease_s=long)
+    down = await m0.beat(10, epoch=1, log_epoch=1, in_sync=[1, 2], lease_s=long)
+    assert (down["role"], down["master_addr"]) == ("SLAVE", "")
+    # Not yet heard: no one is elected.
+    assert (await m1.beat(10, epoch=1, log_epoch=1, master_unreachable_s=4.0, lease_s=long))["role"] == "SLAVE"
+    # It heard (its next heartbeat echoes that answer, reporting itself fenced): released; the
+    # slave furthest ahead wins at once, though the old master reports more.
+    # (Member 2 reports after the release too: else the election would give it a moment's grace.)
+    await m0.beat(50, epoch=1, log_epoch=1, acting_master=False, lease_s=long)
+    assert (await m2.beat(10, epoch=1, log_epoch=1, master_unreachable_s=4.5, lease_s=long))["role"] == "SLAVE"
+    won = await m1.beat(10, epoch=1, log_epoch=1, master_unreachable_s=4.5, lease_s=long)
+    assert (won["role"], won["epoch"]) == ("MASTER", 2)
+    follow = await m0.beat(50, epoch=1, log_epoch=1, lease_s=long)
+    assert (follow["role"], follow["epoch"], follow["master_addr"]) == ("SLAVE", 2, "127.0.0.1:10921")
+
+
 async def test_a_host_bound_credential_heartbeats_for_its_own_host_and_group_only(
     control_plane: ControlPlaneHarness,
 ) -> None:
