@@ -48,6 +48,10 @@ class BrokerConfig:
     # The address published to name servers and clients (default: the listen address, or
     # 127.0.0.1 when listening on every interface).
     advertised_host: str = ""
+    # The client port published to name servers and written into message ids (the store host),
+    # when clients reach this broker through a port other than the one it binds (a proxy, a NAT).
+    # 0 = the bound port.
+    advertised_port: int = 0
     namesrv_addrs: tuple[str, ...] = ()
     store_dir: str = "./orbit-data/broker-a"
     register_interval_s: float = 30.0
@@ -168,6 +172,10 @@ class BrokerConfig:
     # A master's replication port (RocketMQ's haListenPort). "" = the listen host and listen port + 1
     # (10912 next to 10911); port 0 picks a free port (tests), published to name servers.
     ha_listen: str = ""
+    # The HA address a master publishes (host:port): haServerAddr in its registrations and runtime
+    # info, and the ha_addr it tells the control plane, so slaves connect there. "" = the
+    # advertised host and the bound HA port.
+    ha_advertised: str = ""
     # --- RocketMQ 5 clients (docs/rocketmq5.md) ---------------------------------------------------------
     # The gRPC endpoint (apache.rocketmq.v2.MessagingService) for the official v5 clients, with
     # lease-based (POP) consumption. "" = none; port 0 picks a free port. TLS as the broker's.
@@ -235,7 +243,7 @@ class BrokerConfig:
         values: dict[str, Any] = {"store_path": os.path.join(self.store_dir, "store")}
         values.update(self.store)
         values["store_host"] = self.advertised_host or _default_host(self.listen_host)
-        values["store_port"] = port
+        values["store_port"] = self.advertised_port or port
         try:
             if isinstance(values.get("flush_disk_type"), str):
                 values["flush_disk_type"] = FlushDiskType(values["flush_disk_type"])
@@ -270,6 +278,10 @@ class BrokerConfig:
             problems.append(f"grpc_listen {self.grpc_listen!r} is not host:port")
         if self.ha_listen and not self.ha_listen.rpartition(":")[2].isdigit():
             problems.append(f"ha_listen {self.ha_listen!r} is not host:port")
+        if not 0 <= self.advertised_port < 65536:
+            problems.append(f"advertised_port must be 0..65535 (0: the bound port), not {self.advertised_port}")
+        if self.ha_advertised and not _is_host_port(self.ha_advertised):
+            problems.append(f"ha_advertised {self.ha_advertised!r} is not host:port (a port 1..65535)")
         if self.ha_master_address and not self.ha_master_address.rpartition(":")[2].isdigit():
             problems.append(f"ha_master_address {self.ha_master_address!r} is not host:port")
         if self.ha_sync_timeout_ms <= 0:
@@ -354,8 +366,14 @@ def _default_host(listen_host: str) -> str:
     return "127.0.0.1" if listen_host in ("", "0.0.0.0", "::") else listen_host
 
 
+def _is_host_port(addr: str) -> bool:
+    host, sep, port = addr.rpartition(":")
+    return bool(sep and host and port.isdigit() and 0 < int(port) < 65536)
+
+
 def advertised_address(config: BrokerConfig, port: int) -> str:
-    return f"{config.advertised_host or _default_host(config.listen_host)}:{port}"
+    """The client address published for a broker bound to ``port``."""
+    return f"{config.advertised_host or _default_host(config.listen_host)}:{config.advertised_port or port}"
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(BrokerConfig)}

@@ -198,7 +198,7 @@ class Replication:
         )
         await self.service.start()
         adv = cfg.advertised_host or ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
-        self.ha_addr = f"{adv}:{self.service.port}"
+        self.ha_addr = cfg.ha_advertised or f"{adv}:{self.service.port}"
 
     async def _stop_service(self) -> None:
         if self.service is not None:

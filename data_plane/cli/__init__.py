@@ -5,6 +5,7 @@ orbit broker [--config FILE] [flags]                   a broker
 orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on stdout
 orbit bench e2e [--quick] [--latency-first] [--runs N] [--out FILE]  end-to-end benchmark, JSON
 orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
+orbit bench partitions --schedules N [--seed S] [--out FILE|DIR]  seeded cuts, heals, kill -9 on a group
 orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
 orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
 orbit topic|produce|consume|message|group ...          cluster operations (see --help)
@@ -152,6 +153,12 @@ def _bench_ha(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_partitions(args: argparse.Namespace) -> int:
+    from benchmarks import partitions
+
+    return partitions.run_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orbit", description="Orbit: a managed message queue.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,6 +243,19 @@ def build_parser() -> argparse.ArgumentParser:
     ha.add_argument("--catch-up-mb", type=_whole("--catch-up-mb", 1, 1 << 20), help="MiB the slave catches up")
     ha.add_argument("--out", help="also write the JSON here")
     ha.set_defaults(func=_bench_ha)
+    pt = bench_sub.add_parser(
+        "partitions", help="seeded schedules of cuts, heals and kill -9 on a broker group with failover (JSON)"
+    )
+    pt.add_argument(
+        "--schedules", type=_whole("--schedules", 1, 1000), default=10, help="seeded schedules to run (default 10)"
+    )
+    pt.add_argument("--seed", type=int, help="the first schedule's seed (default: a random one, printed)")
+    pt.add_argument("--lease-s", type=_amount("--lease-s", 1.0, 300.0), default=6.0, help="failover_lease_s (6)")
+    pt.add_argument(
+        "--check-s", type=_amount("--check-s", 0.1, 100.0), default=1.0, help="failover_check_interval_s (1)"
+    )
+    pt.add_argument("--out", help="also write the JSON here; a directory: partitions-<UTC time>-<git hash>.json in it")
+    pt.set_defaults(func=_bench_partitions)
     spark.add_bench_parser(bench_sub)
     dev.add_parser(sub)
     admin.add_parsers(sub)

@@ -783,6 +783,17 @@ def test_config_defaults() -> None:
     assert advertised_address(c, 1234) == "127.0.0.1:1234"
     assert advertised_address(load(overrides={"listen": "0.0.0.0:1"}), 9) == "127.0.0.1:9"
     assert advertised_address(load(overrides={"advertised_host": "10.0.0.5"}), 9) == "10.0.0.5:9"
+    assert (c.advertised_port, c.ha_advertised) == (0, "")
+
+
+def test_an_advertised_port_is_published_and_written_into_message_ids() -> None:
+    """A broker behind a proxy: clients and message ids name the proxy's port, not the bound one."""
+    c = load(overrides={"listen": "127.0.0.1:0", "advertised_port": "20911", "ha_advertised": "127.0.0.1:20912"})
+    assert advertised_address(c, 41234) == "127.0.0.1:20911"
+    sc = c.store_config(41234)
+    assert (sc.store_host, sc.store_port) == ("127.0.0.1", 20911)
+    assert c.ha_advertised == "127.0.0.1:20912"
+    assert load(overrides={"advertised_port": 0}).store_config(41234).store_port == 41234
 
 
 def test_config_from_toml_with_overrides(tmp_path: Path) -> None:
@@ -851,6 +862,13 @@ def test_config_string_forms_of_flags() -> None:
         ({"max_held_pulls_per_connection": 0}, "max_held_pulls_per_connection must be >= 1"),
         ({"max_held_pulls": -5}, "max_held_pulls must be >= 1"),
         ({"listen": "nowhere"}, "listen 'nowhere' is not host:port"),
+        ({"advertised_port": 70000}, "advertised_port must be 0..65535 \\(0: the bound port\\), not 70000"),
+        ({"advertised_port": -1}, "advertised_port must be 0..65535"),
+        ({"advertised_port": "proxy"}, "setting 'advertised_port'"),
+        ({"ha_advertised": "10912"}, "ha_advertised '10912' is not host:port"),
+        ({"ha_advertised": "host:"}, "ha_advertised 'host:' is not host:port"),
+        ({"ha_advertised": "host:0"}, "ha_advertised 'host:0' is not host:port \\(a port 1..65535\\)"),
+        ({"ha_advertised": "host:65536"}, "ha_advertised 'host:65536' is not host:port"),
         ({"namesrv_addrs": "host-without-port"}, "name server address 'host-without-port'"),
         ({"default_topic_queue_nums": 0}, "default_topic_queue_nums must be within"),
         ({"broker_name": "bad name"}, "broker_name 'bad name' is not a valid name"),
