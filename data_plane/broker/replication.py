@@ -35,7 +35,6 @@ import os
 import shutil
 import ssl
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -63,6 +62,7 @@ OFFSETS_LOG_INTERVAL_S = 60.0
 # A master acknowledging alone waits for a slave again once the slave is this close to its end
 # (then sends wait for it; further behind, it catches up while the master goes on alone).
 SOLO_REJOIN_GAP_BYTES = 4 * 1024 * 1024
+TOP_SAMPLE_S = 0.1  # the log end is sampled for the in-sync set at most this often
 
 
 def split_address(addr: str) -> tuple[str, int]:
@@ -100,9 +100,11 @@ class Replication:
         # The end of the last write answered as acknowledged (a SYNC_MASTER: held by a slave).
         # Slaves holding the log up to here make the in-sync set reported for failover.
         self.acked_end = 0
-        # A master's view of its slaves this term: member id → (log acknowledged, when it last
-        # held everything acknowledged); and the in-sync set the control plane last confirmed.
-        self._slaves: dict[int, _SlaveRecord] = {}
+        # A master's view of its slaves this term: member id → the log it acknowledged; its own
+        # log end, sampled each heartbeat; and the in-sync set the control plane last confirmed.
+        self._slaves: dict[int, int] = {}
+        self._tops: collections.deque[tuple[float, int]] = collections.deque()  # (monotonic, log end)
+        self._top_then = 0  # the log end ha_in_sync_timeout_ms ago, as of the last look
         self.confirmed_sync_set: list[int] | None = None
         self.solo_acks = 0
         # With failover on, nothing is written until the control plane confirms this master.
@@ -327,13 +329,16 @@ class Replication:
             self._save_state()
         self.acked_end = max(self.acked_end, self.broker.store.max_phy_offset())
         self._slaves.clear()
+        self._tops.clear()
+        self._top_then = 0
         self.confirmed_sync_set = None
 
     def in_sync(self) -> list[int] | None:
         """A master's in-sync set (failover): the member ids of its slaves that hold every
         acknowledged message. A SYNC_MASTER keeps a slave that went away in the set while it
-        acknowledges nothing without it — with ``ha_min_in_sync`` 2 always, with 1 for
-        ``ha_in_sync_timeout_ms`` (then it reports it out, to be allowed to acknowledge alone).
+        acknowledges nothing without it — with ``ha_min_in_sync`` 2 always; with 1 while the slave
+        holds what this master had ``ha_in_sync_timeout_ms`` ago (then it reports it out, to be
+        allowed to acknowledge alone).
         An ASYNC_MASTER acknowledges without slaves: its slaves within ``ha_max_gap_bytes``.
         None for a slave."""
         service = self.service
@@ -342,32 +347,35 @@ class Replication:
         if not self.sync_master:
             top = self.broker.store.max_phy_offset()
             return service.in_sync(max(0, top - self.broker.config.ha_max_gap_bytes))
-        now = time.monotonic()
         for c in service.connections:
-            if c.member_id is None:
-                continue
-            rec = self._slaves.setdefault(c.member_id, _SlaveRecord())
-            rec.acked = max(rec.acked, c.acked)
-            if c.acked >= self.acked_end:
-                rec.held_all_at = now
+            if c.member_id is not None:
+                self._slaves[c.member_id] = max(self._slaves.get(c.member_id, -1), c.acked)
         cfg = self.broker.config
-        timeout_s = cfg.ha_in_sync_timeout_ms / 1000
-        return sorted(
-            m
-            for m, rec in self._slaves.items()
-            if rec.acked >= self.acked_end and (cfg.ha_min_in_sync >= 2 or now - rec.held_all_at <= timeout_s)
-        )
+        if cfg.ha_min_in_sync >= 2:
+            return sorted(m for m, acked in self._slaves.items() if acked >= self.acked_end)
+        # Keeping up: it holds what this master had ha_in_sync_timeout_ms ago (RocketMQ's
+        # haMaxTimeSlaveNotCatchup), connected or not.
+        now = time.monotonic()
+        tops = self._tops
+        if not tops or now - tops[-1][0] >= TOP_SAMPLE_S:
+            tops.append((now, self.broker.store.max_phy_offset()))
+        horizon = now - cfg.ha_in_sync_timeout_ms / 1000
+        while len(tops) > 1 and tops[1][0] <= horizon:
+            tops.popleft()
+        then = self._top_then = tops[0][1] if tops[0][0] <= horizon else 0
+        return sorted(m for m, acked in self._slaves.items() if acked >= self.acked_end and acked >= then)
 
     @property
     def solo(self) -> bool:
         """A SYNC_MASTER that acknowledges alone: ``ha_min_in_sync`` 1, the control plane
-        confirmed it the only member of the in-sync set, and no slave is near enough to wait
-        for (one that is ends it at once, before that slave is reported in sync again)."""
+        confirmed it the only member of the in-sync set, and no slave keeps up: one that holds
+        what the master had ``ha_in_sync_timeout_ms`` ago and is within 4 MiB of its end ends it
+        at once (sends wait for it again), before it is reported in sync again."""
         if self.broker.config.ha_min_in_sync >= 2 or self.confirmed_sync_set is None or self.service is None:
             return False
         if self.confirmed_sync_set != [self.broker.config.broker_id]:
             return False
-        near = self.broker.store.max_phy_offset() - SOLO_REJOIN_GAP_BYTES
+        near = max(self._top_then, self.broker.store.max_phy_offset() - SOLO_REJOIN_GAP_BYTES)
         return not any(c.acked >= near for c in self.service.connections)
 
     async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> bool:
@@ -703,12 +711,6 @@ class Replication:
             info["haMasterEpoch"] = c.master_epoch
             info["haStaleMasters"] = c.stale_masters
         return info
-
-
-@dataclass
-class _SlaveRecord:
-    acked: int = -1
-    held_all_at: float = 0.0  # monotonic; 0: never held everything acknowledged this term
 
 
 def _int(value: Any, default: int = 0) -> int:
