@@ -56,6 +56,7 @@ from data_plane.broker.topic_config import TopicConfigManager
 from data_plane.broker.trace import MessageTrace
 from data_plane.broker.transaction import TransactionalMessageService
 from data_plane.broker.transaction_check import TransactionCheckService
+from data_plane.loop_stall import LoopStallGauge
 from data_plane.remoting import bodies
 from data_plane.remoting.client import RemotingClient
 from data_plane.remoting.codes import RequestCode, ResponseCode
@@ -150,16 +151,20 @@ class Broker:
         self.transactions: TransactionalMessageService = None  # type: ignore[assignment]  # set in start()
         self.transaction_check: TransactionCheckService | None = None  # masters only (transaction_check.py)
         self.started_at = time.time()
-        self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0, "max_loop_lag_ms": 0}
+        self.stats = {"put_msgs": 0, "put_bytes": 0, "get_msgs": 0, "get_bytes": 0}
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[None]] = set()
         self.gc_watch = GcWatch()
         self.stall_watch = StallWatch(config.loop_stall_watch_ms) if config.loop_stall_watch_ms > 0 else None
+        # How late the loop runs what is due, from start-up on (loopStallMaxMs, loopStallsOver100ms)
+        self.loop_stall = LoopStallGauge(report_over_ms=config.loop_lag_warn_ms, on_stall=self._loop_stalled)
         self._register_soon = False
         self._stopping = False
 
     # --- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
+        # Measured from the first moment: a slave's first handshake may truncate its log.
+        self._tasks.append(asyncio.get_running_loop().create_task(self.loop_stall.run(), name="orbit-loop-stall"))
         await self.server.start(serving=False)
         self.address = advertised_address(self.config, self.server.port)
         os.makedirs(self.config.store_dir, exist_ok=True)
@@ -220,7 +225,6 @@ class Broker:
             loop.create_task(self._persist_loop()),
             loop.create_task(self._scan_clients_loop()),
             loop.create_task(self.store.run_maintenance()),
-            loop.create_task(self._watch_loop_lag()),
             *([loop.create_task(self.trace.run())] if self.trace is not None else []),
         ]
         if self.config.failover_enabled:  # first: the control plane says what this broker is
@@ -471,7 +475,7 @@ class Broker:
             "heldPullRequests": self.hold.count,
             "topicCount": len(self.topics.topics),
             "diskFull": st.disk_full,
-            "maxLoopLagMs": self.stats["max_loop_lag_ms"],
+            **self.loop_stall.runtime_info(),
             "gilSwitchIntervalUs": round(sys.getswitchinterval() * 1e6),
             "answerSlice": self.server.answer_slice,
             "retentionHours": st.retention_hours,
@@ -594,19 +598,11 @@ class Broker:
                 if behind is not None and behind.dirty:  # a save that failed: again
                     behind.changed()
 
-    async def _watch_loop_lag(self) -> None:
-        """Every 100 ms, how late the loop woke us: a stall here delays every client. Stalls
-        over ``loop_lag_warn_ms`` are logged (those the stall watch reports, by it alone); the
-        largest is a runtime figure (``maxLoopLagMs``)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(0.1)
-            lag_ms = (loop.time() - t - 0.1) * 1000
-            if lag_ms > self.stats["max_loop_lag_ms"]:
-                self.stats["max_loop_lag_ms"] = int(lag_ms)
-            if lag_ms > self.config.loop_lag_warn_ms and not (self.stall_watch and self.stall_watch.covers(lag_ms)):
-                log.warning("event loop stalled for %.0f ms", lag_ms)  # (longer ones: the stall watch's report)
+    def _loop_stalled(self, stall_ms: float) -> None:
+        """A stall over ``loop_lag_warn_ms`` (the loop-stall gauge's): logged, unless the stall
+        watch reports it (with the loop thread's stack)."""
+        if not (self.stall_watch and self.stall_watch.covers(stall_ms)):
+            log.warning("event loop stalled for %.0f ms", stall_ms)
 
     async def _scan_clients_loop(self) -> None:
         while True:

@@ -302,7 +302,9 @@ class Replication:
             log.warning("promoted to %s of %s (epoch %d)", role.value, self.broker.config.broker_name, epoch)
             await self._stop_client()
             # A master that died mid-chunk left a partial record: new records must not follow it.
-            end = self.broker.store.cut_partial_tail()
+            # (Off the loop: the cut's wipe, the index flush and the queues' offsets; nothing
+            # appends meanwhile — the store is fenced and the HA client stopped.)
+            end = await asyncio.to_thread(self.broker.store.cut_partial_tail)
             try:
                 await self._start_service()
             except OSError as e:  # stay a fenced slave; the next answer tries again
@@ -707,6 +709,7 @@ class Replication:
             info["haMasterMaxOffset"] = c.master_max_offset
             info["haLagBytes"] = max(0, c.master_max_offset - self.broker.store.max_phy_offset()) if c.connected else -1
             info["haBytesReceived"] = c.bytes_received
+            info["haTruncations"] = c.truncations  # handshakes that cut this log back to the master's
             info["haLinkAuthFailures"] = c.auth_failures
             info["haMasterEpoch"] = c.master_epoch
             info["haStaleMasters"] = c.stale_masters

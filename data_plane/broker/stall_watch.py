@@ -1,6 +1,6 @@
 """StallWatch: what the broker's event loop is doing while it is stalled.
 
-The loop-lag watcher (``Broker._watch_loop_lag``) measures a stall once it is over; this tells
+The loop-stall gauge (``data_plane.loop_stall``) measures a stall once it is over; this tells
 where the loop thread was during one. The loop marks a beat every ``period_s`` (a
 ``call_later`` chain; each beat carries the loop thread's CPU time); a daemon thread wakes as
 often and, when the next beat is ``threshold_ms`` late, takes the loop thread's Python stack
@@ -146,7 +146,7 @@ class StallWatch:
 
     def covers(self, stall_ms: float) -> bool:
         """Whether a stall this long is surely reported here (the watch sees a stall from the
-        threshold plus up to two beat periods on): the broker's lag watcher leaves those to it
+        threshold plus up to two beat periods on): the broker's loop-stall gauge leaves those to it
         instead of logging them a second time."""
         return stall_ms >= (self.threshold_s + 2 * self.period_s) * 1000
 

@@ -18,7 +18,7 @@ chunk ahead of the writes.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.mapped_file import MappedFile
@@ -180,6 +180,33 @@ class ConsumeQueue(QueuePositions):
         off, size, tags = CQ_UNIT.unpack_from(found[0], 0)
         return int(off), int(size), int(tags)
 
+    def offsets_newest_first(self, floor: int) -> Iterator[int]:
+        """The CommitLog offsets of this queue's records at or past ``floor``, newest first:
+        read back from the queue's end, a few units at a time to begin with (a merge over many
+        queues reads only the newest units of most), holes skipped."""
+        hi = self.max_offset_in_queue()
+        lo = self.min_offset_in_queue()
+        per_file = self.file_size // CQ_UNIT_SIZE
+        step = 8
+        while hi > lo:
+            start = max(lo, hi - step, (hi - 1) // per_file * per_file)  # (within one file)
+            found = self.units(start, hi - start)
+            if found is None:
+                return
+            view = found[0]
+            try:
+                offsets = [off for off, _size, _tags in CQ_UNIT.iter_unpack(view)]
+            finally:
+                view.release()
+            for off in reversed(offsets):
+                if off < floor:
+                    if off == -1:
+                        continue  # a hole
+                    return
+                yield off
+            hi = start
+            step = min(step * 4, 4096)
+
     def offset_by_time(self, timestamp_ms: int, store_timestamp_at: Callable[[int], int]) -> int:
         """The first queue offset whose message was stored at or after ``timestamp_ms`` (the
         max offset when none was). Binary search: store timestamps grow with log order."""
@@ -240,13 +267,23 @@ class ConsumeQueue(QueuePositions):
             pos += CQ_UNIT_SIZE
         return pos
 
-    def truncate_dirty(self, phy_offset: int) -> None:
-        """Drop units that point at or past ``phy_offset`` (log bytes that did not survive)."""
+    def truncate_dirty(self, phy_offset: int, *, torn_tail: bool = True) -> MappedFile | None:
+        """Drop units that point at or past ``phy_offset`` (log bytes that did not survive).
+        With ``torn_tail`` (recovery) the last file is zeroed from its last unit kept to its
+        end, whatever a crash left there, and made durable; otherwise (a running store's cut,
+        whose units are all known) only the units dropped are, through the mapping, and the
+        file that holds them is returned, for the caller to ``sync`` — with a file all of whose
+        units go deleted whole, the work is in proportion to the units dropped."""
         self.sync_units()
+        zeroed: MappedFile | None = None
         files = self.mfq.files
         while files:
             mf = files[-1]
             pos = mf.wrote_position
+            if len(files) > 1 and pos >= CQ_UNIT_SIZE:
+                off, size, _ = CQ_UNIT.unpack_from(mf.mv, 0)
+                if off != -1 and off + size > phy_offset:  # (units name ever later records)
+                    pos = 0
             while pos >= CQ_UNIT_SIZE:
                 off, size, _ = CQ_UNIT.unpack_from(mf.mv, pos - CQ_UNIT_SIZE)
                 if off == -1 or off + size <= phy_offset:
@@ -257,7 +294,11 @@ class ConsumeQueue(QueuePositions):
                 mf.destroy()
                 continue
             if pos < mf.wrote_position:
-                mf.zero_from(pos)
+                if torn_tail:
+                    mf.zero_from(pos)
+                else:
+                    mf.mv[pos : mf.wrote_position] = bytes(mf.wrote_position - pos)
+                    zeroed = mf
                 mf.set_positions(pos)
             break
         self.last_file = files[-1] if files else None
@@ -267,6 +308,7 @@ class ConsumeQueue(QueuePositions):
             off, size, _ = CQ_UNIT.unpack_from(last.mv, last.wrote_position - CQ_UNIT_SIZE)
             self.max_physic_offset = off + size
         self.mfq.flushed_where = min(self.mfq.flushed_where, self.mfq.max_offset())
+        return zeroed
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
         """After CommitLog files were deleted: the first unit whose record still exists."""

@@ -14,6 +14,7 @@ everything has been dispatched.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 from collections.abc import Iterable, Iterator
@@ -97,6 +98,18 @@ class ConsumeQueueTable:
 
     def topics(self) -> set[str]:
         return {t for t, _ in self.queues}
+
+    def newest_record_start(self, floor: int, count: int) -> int:
+        """Where the ``count``-th newest record at or past ``floor`` that took a ConsumeQueue
+        unit starts — a record boundary with at least ``count`` records from it to the log's
+        end — or ``floor`` when the queues name fewer. A merge of the queues that name records
+        past ``floor``, newest first: a few units of each, ``count`` in all, whatever the size
+        of the log."""
+        queues = [cq for cq in list(self.queues.values()) if cq.max_physic_offset > floor]
+        for n, offset in enumerate(heapq.merge(*(cq.offsets_newest_first(floor) for cq in queues), reverse=True), 1):
+            if n >= count:
+                return offset
+        return floor
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self.queues.values()))

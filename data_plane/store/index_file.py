@@ -180,6 +180,36 @@ class IndexFile:
         self.index_count = idx
         self.mf.reserved_upto = max(self.mf.reserved_upto, self._entries_at + idx * INDEX_ENTRY_SIZE)
 
+    def cut(self, phy_offset: int) -> None:
+        """Drop, in place, the newest entries that name a record at or past ``phy_offset``
+        (entries are in log order): newest first, each slot that names a dropped entry is given
+        back that entry's predecessor, so every chain then starts at an entry kept; the dropped
+        entries are zeroed. Work in proportion to the entries dropped."""
+        mv = self.mf.mv
+        count = self.index_count
+        k = count
+        while k > 1:
+            h, phy, _diff, prev = INDEX_ENTRY.unpack_from(mv, self._entries_at + (k - 1) * INDEX_ENTRY_SIZE)
+            if phy < phy_offset:
+                break
+            k -= 1  # (entry k goes)
+            slot_pos = INDEX_HEADER_SIZE + (h % self.hash_slots) * HASH_SLOT_SIZE
+            if HASH_SLOT.unpack_from(mv, slot_pos)[0] == k:
+                HASH_SLOT.pack_into(mv, slot_pos, prev if 0 < prev < k else 0)
+        if k == count:
+            return
+        start = self._entries_at + k * INDEX_ENTRY_SIZE
+        mv[start : self._entries_at + count * INDEX_ENTRY_SIZE] = bytes((count - k) * INDEX_ENTRY_SIZE)
+        self.index_count = k
+        if k > 1:
+            _h, phy, diff, _prev = INDEX_ENTRY.unpack_from(mv, start - INDEX_ENTRY_SIZE)
+            self.end_phy_offset = phy
+            self.end_timestamp = self.begin_timestamp + diff * 1000
+        else:
+            self.end_phy_offset = -1
+            self.end_timestamp = self.begin_timestamp
+        self.write_header()
+
     def flush(self) -> None:
         self.write_header()
         self.mf.committed_position = self.mf.wrote_position = self.file_size
@@ -332,6 +362,26 @@ class IndexService:
             if not f.destroy():
                 self._zombies.append(f)
         return rebuild_from
+
+    def cut(self, phy_offset: int) -> None:
+        """A running store's cut (``MessageStore.cut_log``): drop every entry naming a record at
+        or past ``phy_offset``, keeping the rest as it is — files wholly past it are deleted,
+        the one it falls in is cut in place (``IndexFile.cut``) — so that nothing before it has
+        to be indexed again. ``truncate_after`` (recovery) trusts less and rebuilds more."""
+        gone: list[IndexFile] = []
+        for f in reversed(self.files):
+            if f.index_count <= 1:
+                continue  # (an empty file: nothing in it to cut)
+            if f.end_phy_offset < phy_offset:
+                break
+            if f.begin_phy_offset < phy_offset:
+                f.cut(phy_offset)
+                break
+            gone.append(f)
+        for f in gone:
+            self.files.remove(f)
+            if not f.destroy():
+                self._zombies.append(f)
 
     def delete_expired(self, phy_min_offset: int) -> int:
         """Delete files all of whose entries point below ``phy_min_offset`` (never the last)."""

@@ -9,7 +9,13 @@
 
 Positions follow RocketMQ's vocabulary: *wrote* is where the next append goes, *committed* is
 what readers may see (here equal to wrote: the mapping is the page cache), *flushed* is what
-``fdatasync`` has made durable.
+``fdatasync`` has made durable. In a file written only by appends (a CommitLog file) every
+byte at or past ``dirty_end()`` — the larger of the wrote position and ``dirty_upto`` — is zero:
+appends write at the wrote position, and moving it back (``cut``) keeps the old end in
+``dirty_upto`` until ``zero_range`` has wiped what lay between. A file opened from disk may hold
+anything past what recovery finds sound, so its ``dirty_upto`` starts at its size (recovery's
+wipe brings it down); a new file's at 0. A cut's wipe is therefore as long as what was cut, not
+as the rest of the file.
 
 Two ways in. Files that keep a descriptor (the CommitLog) are written with ``pwrite`` and only
 read through the mapping: the kernel copies into its page cache without a page fault per new
@@ -28,7 +34,7 @@ import errno
 import mmap
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from data_plane.store.config import PAGE_SIZE_BYTES
 from data_plane.store.positions import FilePositions, compiled_module
@@ -36,6 +42,7 @@ from data_plane.store.positions import FilePositions, compiled_module
 FILE_NAME_DIGITS = 20
 RESERVE_CHUNK_BYTES = 64 * 1024  # sparse files reserve this much ahead of the writes
 ZERO_FILL_CHUNK_BYTES = 16 * 1024 * 1024  # one pwrite (GIL released) per 16 MiB; bytes(n) maps no memory
+ZERO_WIPE_CHUNK_BYTES = 1024 * 1024  # a wipe reads (and, when not zero, rewrites) this much at a time
 
 
 def offset_to_file_name(offset: int) -> str:
@@ -99,6 +106,28 @@ def pwrite_fully(fd: int, data: bytes | bytearray | memoryview, offset: int) -> 
         offset += n
 
 
+def data_ranges(fd: int, start: int, end: int) -> Iterator[tuple[int, int]]:
+    """The parts of ``[start, end)`` of a file that the file system holds as data
+    (``lseek`` with SEEK_DATA / SEEK_HOLE): the rest — holes, and on ext4 and XFS blocks
+    reserved with ``posix_fallocate`` and never written — reads as zeros. All of it where the
+    file system cannot tell."""
+    pos = start
+    while pos < end:
+        try:
+            pos = os.lseek(fd, pos, os.SEEK_DATA)
+            hole = os.lseek(fd, pos, os.SEEK_HOLE)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                return  # no data from pos on
+            yield pos, end  # (SEEK_DATA not supported here)
+            return
+        if pos >= end:
+            return
+        hole = min(end, hole) if hole > pos else end
+        yield pos, hole
+        pos = hole
+
+
 def is_data_file_name(name: str) -> bool:
     return len(name) == FILE_NAME_DIGITS and name.isdigit()
 
@@ -116,6 +145,7 @@ class MappedFile(FilePositions):
         "_reserve_lock",
         "_zero_fill",
         "destroyed",
+        "dirty_upto",
         "file_name",
         "mv",
         "path",
@@ -169,6 +199,7 @@ class MappedFile(FilePositions):
         self.wrote_position = 0
         self.committed_position = 0
         self.flushed_position = 0
+        self.dirty_upto = 0 if size_now == 0 else file_size  # (a file from disk: anything past its end)
         self.destroyed = False
         self.populated_upto = 0  # bytes below are in the page cache (PopulateAheadService)
         self.released_behind = 0  # pages below were dropped from the page tables (ReserveAheadService)
@@ -242,27 +273,51 @@ class MappedFile(FilePositions):
         self.wrote_position = self.committed_position = self.flushed_position = position
         self.reserved_upto = max(self.reserved_upto, min(position, self.file_size))
 
+    def dirty_end(self) -> int:
+        """Where the bytes that may be non-zero end: every byte from here on is zero."""
+        return max(self.dirty_upto, self.wrote_position)
+
+    def cut(self, position: int) -> int:
+        """Move every position back to ``position`` (readers no longer see what follows) and
+        return the end of the bytes after it that may be non-zero: ``zero_range(position, end)``
+        wipes them, before anything is appended again."""
+        end = self.dirty_end()
+        self.dirty_upto = end
+        self.set_positions(position)
+        self.reserved_upto = position  # what follows is reserved again before use
+        return end
+
     def zero_from(self, position: int) -> None:
-        """Wipe torn or dirty bytes after the last valid record so they can never be re-read.
-        Through pread/pwrite, not the mapping: reading a hole through a mapping may have to
-        allocate a page (tmpfs), which on a full disk is SIGBUS; only non-zero chunks (whose
-        blocks exist) are rewritten."""
-        if position >= self.file_size:
-            return
-        chunk = 1024 * 1024
-        fd = os.open(self.path, os.O_RDWR)
-        try:
-            p = position
-            while p < self.file_size:
-                data = os.pread(fd, min(chunk, self.file_size - p), p)
-                if not data:
-                    break
-                if data.count(0) != len(data):
-                    os.pwrite(fd, bytes(len(data)), p)
-                p += len(data)
-            os.fdatasync(fd)
-        finally:
-            os.close(fd)
+        """Wipe every byte from ``position`` to the end of the file (recovery's torn tail: what a
+        crash left there is not known)."""
+        self.zero_range(position, self.file_size)
+
+    def zero_range(self, start: int, end: int) -> None:
+        """Wipe ``[start, end)`` so its bytes can never be re-read, and make that durable; then
+        nothing from ``start`` on is dirty any more (``dirty_upto``) unless the wrote position
+        says so. Through pread/pwrite, not the mapping: reading a hole through a mapping may
+        have to allocate a page (tmpfs), which on a full disk is SIGBUS. Only what the file
+        system holds as data is read (``data_ranges``: blocks reserved and never written read
+        as zeros) and only non-zero chunks are rewritten. Both calls release the GIL: a worker
+        thread can do this while the event loop runs."""
+        end = min(end, self.file_size)
+        if start < end:
+            fd = os.open(self.path, os.O_RDWR)
+            try:
+                for lo, hi in data_ranges(fd, start, end):
+                    p = lo
+                    while p < hi:
+                        data = os.pread(fd, min(ZERO_WIPE_CHUNK_BYTES, hi - p), p)
+                        if not data:
+                            break
+                        if data.count(0) != len(data):
+                            pwrite_fully(fd, _ZEROS_VIEW[: len(data)], p)
+                        p += len(data)
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        if end >= self.dirty_upto:
+            self.dirty_upto = min(self.dirty_upto, start)
 
     # --- durability ------------------------------------------------------------------------
     def flush(self, least_pages: int = 0) -> int:
@@ -295,6 +350,19 @@ class MappedFile(FilePositions):
                 return flushed  # deleted by retention while we were about to flush it
             self.flushed_position = wrote
             return wrote
+
+    def sync(self) -> None:
+        """``fdatasync`` the file whatever its positions say: for bytes written where ``flush``
+        does not look (a cut's zeros, past the wrote position). Safe from any thread."""
+        with self._flush_lock:
+            if self.destroyed:
+                return
+            fd = self._fd if self._fd >= 0 else os.open(self.path, os.O_RDWR)
+            try:
+                os.fdatasync(fd)
+            finally:
+                if fd != self._fd:
+                    os.close(fd)
 
     def release_pages(self, keep_bytes: int) -> None:
         """Drop flushed pages more than ``keep_bytes`` behind the flush point from this

@@ -28,6 +28,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from data_plane.store.mapped_file import MappedFile, is_data_file_name, offset_to_file_name
 
@@ -109,6 +110,26 @@ class AllocateMappedFileService:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
         self._pool.shutdown(wait=True)
+
+
+@dataclass(slots=True)
+class TailCut:
+    """What ``MappedFileQueue.cut`` leaves for the disk: ``wipe`` — the file that holds the cut
+    and the range after it that may hold bytes (the cut's own length, not the rest of the file:
+    ``MappedFile.dirty_end``) — and the files wholly after it, already out of the queue (no
+    reader finds them), to delete."""
+
+    wipe: tuple[MappedFile, int, int] | None
+    removed: list[MappedFile]
+
+    def finish(self) -> list[MappedFile]:
+        """Wipe the range and delete the files: blocking I/O that releases the GIL, for a worker
+        thread while the event loop goes on. Returns the deleted files a reader still maps (to
+        close later, ``MappedFileQueue.retry_zombies``)."""
+        if self.wipe is not None:
+            mf, start, end = self.wipe
+            mf.zero_range(start, end)
+        return [mf for mf in self.removed if not mf.destroy()]
 
 
 class MappedFileQueue:
@@ -264,22 +285,31 @@ class MappedFileQueue:
 
     # --- truncation and deletion -----------------------------------------------------------
     def truncate_dirty_files(self, offset: int) -> None:
-        """Keep bytes before ``offset``; wipe the rest of its file; delete later files."""
+        """Keep bytes before ``offset``; wipe the rest of its file; delete later files (``cut``,
+        with its disk work done here)."""
+        self.add_zombies(self.cut(offset).finish())
+
+    def cut(self, offset: int) -> TailCut:
+        """End the queue at ``offset``: the file holding it keeps the bytes before it (its
+        positions move back), later files leave the queue. Memory only; the returned
+        ``TailCut`` wipes and deletes on disk — on any thread, before anything is appended
+        again."""
         keep: list[MappedFile] = []
+        removed: list[MappedFile] = []
+        wipe: tuple[MappedFile, int, int] | None = None
         for mf in self.files:
             end = mf.file_from_offset + self.file_size
             if end <= offset:
                 keep.append(mf)
             elif mf.file_from_offset <= offset:
                 pos = offset - mf.file_from_offset
-                mf.zero_from(pos)
-                mf.set_positions(pos)
-                mf.reserved_upto = pos  # whatever follows is reserved again before use
+                wipe = (mf, pos, mf.cut(pos))
                 keep.append(mf)
             else:
-                self._destroy(mf)
+                removed.append(mf)
         self.files = keep
         self.flushed_where = min(self.flushed_where, offset)
+        return TailCut(wipe, removed)
 
     def delete_first_files(self, count: int) -> list[MappedFile]:
         """Delete the ``count`` oldest files (never the last one)."""
@@ -308,6 +338,10 @@ class MappedFileQueue:
     def _destroy(self, mf: MappedFile) -> None:
         if not mf.destroy():
             self._zombies.append(mf)
+
+    def add_zombies(self, files: list[MappedFile]) -> None:
+        """Deleted files a reader still maps: ``retry_zombies`` closes them later."""
+        self._zombies += files
 
     def retry_zombies(self) -> None:
         self._zombies = [mf for mf in self._zombies if not mf.close()]

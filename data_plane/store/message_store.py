@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Collection, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from data_plane.store import fastpath, queue_read, retention
+from data_plane.store import fastpath, queue_read, retention, truncation
 from data_plane.store.append_entry import AppendEntry, PythonAppendEntry
 from data_plane.store.checkpoint import StoreCheckpoint, create_abort_file, delete_abort_file
 from data_plane.store.commit_log import CommitLog, PutRefused
@@ -619,14 +619,17 @@ class MessageStore:
         """A slave about to become master: dispatch what was received, then cut the log back to
         the end of its last whole record (a master that died mid-chunk leaves a partial one, and
         new records must not follow it). Returns the new end. Its own appends then continue
-        every queue where the received records left it (``adopt_queue_state``)."""
+        every queue where the received records left it (``adopt_queue_state``).
+
+        Blocking; safe on a worker thread while nothing appends (the store fenced, the HA
+        client stopped): the bytes it cuts are of no whole record, so no reader can have found
+        them, and what it sets is read by appenders only."""
         self.dispatch_pending()
         end = self.dispatcher.dispatched_offset
         if end < self.commit_log.max_offset():
-            self.truncate_log(end)  # adopts the queues' state itself
-        else:
-            with self.commit_log.lock:
-                adopt_queue_state(self)
+            self.truncate_log(end)
+        with self.commit_log.lock:
+            adopt_queue_state(self)
         return self.commit_log.max_offset()
 
     def dispatch_pending(self) -> None:
@@ -634,28 +637,20 @@ class MessageStore:
         with self.commit_log.lock:
             self.dispatcher.redispatch(self.commit_log, self.dispatcher.dispatched_offset)
 
+    def cut_log(self, offset: int) -> truncation.LogCut | None:
+        """A slave whose log diverged from its master's: drop every record at or past ``offset``
+        (a record boundary) and every ConsumeQueue unit and index entry naming them, as
+        recovery does for a torn tail — in memory, in proportion to what is cut, on the
+        thread that reads the store. Returns the disk work left (``LogCut.finish``: wipe, delete,
+        flush, checkpoint; for a worker thread, done before anything is appended again), or
+        None when the log ends at or before ``offset``. See ``truncation``."""
+        return truncation.cut_log(self, offset)
+
     def truncate_log(self, offset: int) -> None:
-        """A slave whose log diverged from its master's: drop every record at or past
-        ``offset`` (a record boundary) and every ConsumeQueue unit and index entry naming them,
-        as recovery does for a torn tail; then record a checkpoint that agrees."""
-        cl = self.commit_log
-        with cl.lock:
-            if offset >= cl.max_offset():
-                return
-            log.warning("truncating the CommitLog from %d to %d (diverged from the master)", cl.max_offset(), offset)
-            cl.mfq.truncate_dirty_files(offset)
-            for cq in self.queues:
-                cq.truncate_dirty(offset)
-            adopt_queue_state(self)
-            redispatch_from = offset
-            if self.index is not None:
-                self.index.truncate_after(offset)
-                ix_end = self.index.end_phy_offset()
-                redispatch_from = min(offset, ix_end if ix_end >= 0 else cl.min_offset())
-            self.dispatcher.dispatched_offset = max(redispatch_from, cl.min_offset())
-            self.dispatcher.redispatch(cl, self.dispatcher.dispatched_offset)
-            self.dispatcher.dispatched_offset = min(self.dispatcher.dispatched_offset, cl.max_offset())
-        self.flush_indexes(True)
+        """``cut_log`` with its disk work done on the caller's thread."""
+        cut = self.cut_log(offset)
+        if cut is not None:
+            cut.finish()
 
     # --- reading ---------------------------------------------------------------------------
     def get_message(

@@ -610,6 +610,9 @@ async def test_the_served_broker_watches_its_loop_for_stalls(wire: Wire) -> None
     assert int(info["loopStalls"]) >= 0, info
     assert int(info["lastLoopStallMs"]) >= 0, info
     assert (int(info["loopStalls"]) == 0) == (info["lastLoopStallAt"] == ""), info
+    # The loop-stall gauge (data_plane/loop_stall.py), from start-up on.
+    assert int(info["loopStallsOver100ms"]) >= 0, info
+    assert int(info["loopStallMaxMs"]) >= 0, info
 
 
 @pytest.mark.asyncio

@@ -327,3 +327,61 @@ def test_load_removes_an_index_file_of_another_geometry(make_service: MakeServic
     again = make_service(max_entries=16, load=True)
     assert again.files == []
     assert not os.path.exists(path)
+
+
+def test_cut_drops_the_entries_past_the_offset_in_place_and_keeps_every_chain_before_it(
+    make_service: MakeService, clock: ManualClock, seed: int
+) -> None:
+    """Four slots for eight keys: chains mix keys, and a cut lands in the middle of them."""
+    rng = random.Random(seed)
+    s = make_service(hash_slots=4, max_entries=256)
+    indexed: list[tuple[int, str]] = []
+    for i in range(120):
+        key = f"k{rng.randrange(8)}"
+        clock.advance(rng.randrange(3) * 1000)
+        s.build(_req(100 * i, keys=key, ts=clock()))
+        indexed.append((100 * i, key))
+    path = s.files[0].path
+    cut = 100 * rng.randrange(1, 119) + rng.choice((0, 50))
+    s.cut(cut)
+    assert [f.path for f in s.files] == [path]  # the same file, cut in place
+    kept = [(phy, key) for phy, key in indexed if phy < cut]
+    assert s.end_phy_offset() == kept[-1][0]
+    for k in range(8):
+        assert s.query("T", f"k{k}", 1000, 0, FAR) == [phy for phy, key in reversed(kept) if key == f"k{k}"]
+    f = s.files[0]
+    entries_end = INDEX_HEADER_SIZE + 4 * HASH_SLOT_SIZE + 121 * INDEX_ENTRY_SIZE
+    assert bytes(f.mf.mv[INDEX_HEADER_SIZE + 4 * HASH_SLOT_SIZE + f.index_count * INDEX_ENTRY_SIZE : entries_end]) == (
+        bytes(entries_end - INDEX_HEADER_SIZE - 4 * HASH_SLOT_SIZE - f.index_count * INDEX_ENTRY_SIZE)
+    )
+    # Entries added after the cut chain onto what was kept (and the file reads back the same).
+    s.build(_req(cut + 7, keys="k0", ts=clock()))
+    want = [cut + 7] + [phy for phy, key in reversed(kept) if key == "k0"]
+    assert s.query("T", "k0", 1000, 0, FAR) == want
+    s.close()
+    again = make_service(hash_slots=4, max_entries=256, load=True)
+    assert again.query("T", "k0", 1000, 0, FAR) == want
+    assert again.end_phy_offset() == cut + 7
+
+
+def test_cut_deletes_files_wholly_past_the_offset_and_keeps_an_empty_newer_one(
+    make_service: MakeService, clock: ManualClock
+) -> None:
+    s = make_service(max_entries=4)
+    for i in range(9):  # files: [0, 100, 200], [300, 400, 500], [600, 700, 800]
+        clock.advance(1)
+        s.build(_req(100 * i, keys=f"k{i}"))
+    clock.advance(1)
+    s.ensure_writable()  # an empty fourth file
+    paths = [f.path for f in s.files]
+    s.cut(10_000)  # nothing at or past it
+    assert [f.path for f in s.files] == paths
+    s.cut(450)
+    assert [f.path for f in s.files] == [paths[0], paths[1], paths[3]]
+    assert not os.path.exists(paths[2])
+    assert s.files[1].index_count == 3  # 300 and 400 kept (entry 0 is never used)
+    assert s.query("T", "k4", 10, 0, FAR) == [400]
+    assert s.query("T", "k5", 10, 0, FAR) == []
+    s.cut(0)  # every file with entries is wholly past it
+    assert [f.path for f in s.files] == [paths[3]]
+    assert s.end_phy_offset() == -1

@@ -20,6 +20,7 @@ from data_plane.store.mapped_file import (
     FILE_NAME_DIGITS,
     MappedFile,
     Populate,
+    data_ranges,
     is_data_file_name,
     offset_to_file_name,
     py_populate,
@@ -406,3 +407,60 @@ def test_another_thread_runs_python_while_a_thread_releases_pages(tmp_path: Path
         mf.close()
     # the best of five: a trial where the OS itself took this thread off its core says nothing
     assert min(ratios) < 0.3, f"the longest gap was {min(ratios):.2f} of the release at best ({ratios})"
+
+
+def test_a_cut_moves_the_positions_back_and_names_what_to_wipe_then_zero_range_wipes_just_that(
+    opened: list[MappedFile], tmp_path: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    mf = _open(opened, tmp_path, keep_fd=True, zero_fill=False)  # a CommitLog file: fallocated
+    data = bytes(rng.randrange(1, 256) for _ in range(SIZE // 2))
+    mf.append_bytes(data)
+    assert mf.dirty_end() == SIZE // 2  # a new file: nothing dirty past what was appended
+    cut = rng.randrange(1, SIZE // 2)
+    assert mf.cut(cut) == SIZE // 2
+    assert mf.wrote_position == mf.flushed_position == cut
+    assert mf.dirty_end() == SIZE // 2  # not wiped yet
+    mf.zero_range(cut, SIZE // 2)
+    assert mf.dirty_end() == cut
+    with open(mf.path, "rb") as f:
+        assert f.read() == data[:cut] + bytes(SIZE - cut)
+    mf.append_bytes(b"\x07" * 10)
+    assert mf.dirty_end() == cut + 10
+
+
+def test_zero_from_wipes_what_was_written_into_reserved_blocks_past_the_end(
+    opened: list[MappedFile], tmp_path: Path
+) -> None:
+    """Blocks reserved with posix_fallocate and never written read as zeros and are skipped
+    (data_ranges); what was written among them is found and wiped."""
+    size = 4 * 1024 * 1024
+    mf = _open(opened, tmp_path, size=size, keep_fd=True, zero_fill=False)
+    for at in (5, 1024 * 1024 + 3, 3 * 1024 * 1024 + 4095, size - 1):
+        os.pwrite(mf.fd, b"\xab", at)
+    mf.zero_from(6)
+    assert mf.mv[5] == 0xAB
+    assert bytes(mf.mv[6:]) == bytes(size - 6)
+    with open(mf.path, "rb") as f:
+        assert f.read()[6:] == bytes(size - 6)
+
+
+def test_data_ranges_cover_every_written_byte(tmp_path: Path) -> None:
+    path = tmp_path / "sparse"
+    with open(path, "wb") as f:
+        f.truncate(8 * 1024 * 1024)
+        f.seek(2 * 1024 * 1024)
+        f.write(b"x" * 10)
+        f.seek(7 * 1024 * 1024 + 1)
+        f.write(b"y")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        ranges = list(data_ranges(fd, 1, 8 * 1024 * 1024))
+        assert ranges  # (all of it, on a file system that cannot tell)
+        for at in (2 * 1024 * 1024, 2 * 1024 * 1024 + 9, 7 * 1024 * 1024 + 1):
+            assert any(lo <= at < hi for lo, hi in ranges), (at, ranges)
+        assert all(1 <= lo < hi <= 8 * 1024 * 1024 for lo, hi in ranges)
+        tail = (7 * 1024 * 1024 + 8192, 8 * 1024 * 1024)  # past the last block written
+        assert list(data_ranges(fd, *tail)) in ([], [tail])
+    finally:
+        os.close(fd)

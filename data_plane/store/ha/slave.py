@@ -64,8 +64,12 @@ STALE_MASTER_RETRY_MS = 250  # a master behind the epoch this slave knows of: as
 
 def last_records(store: MessageStore, limit: int = MAX_CANDIDATES) -> list[tuple[int, int, int]]:
     """The newest ``limit`` whole records of the log (an end-of-file blank counts as one) as
-    (offset, size, CRC-32C of the bytes), newest first. Scans the file holding the log's last
-    byte (and, when it holds too few, nothing older: a RETRY walks further back)."""
+    (offset, size, CRC-32C of the bytes), newest first, from the file holding the log's last
+    byte (when it holds too few, nothing older: a RETRY walks further back). The records are
+    walked from the ``limit``-th newest one the ConsumeQueues name in that file
+    (``ConsumeQueueTable.newest_record_start``): about ``limit`` records whatever the file's size,
+    the whole file only when the queues name fewer there. Blocking (the HA client runs it on a
+    worker thread)."""
     cl = store.commit_log
     top = cl.max_offset()
     if top <= cl.min_offset():
@@ -73,11 +77,17 @@ def last_records(store: MessageStore, limit: int = MAX_CANDIDATES) -> list[tuple
     mf = cl.mfq.find_by_offset(top - 1)
     if mf is None:
         return []
-    prev = max(mf.file_from_offset, cl.min_offset())
-    spans: collections.deque[tuple[int, int]] = collections.deque(maxlen=limit)
-    for end, _req in cl.scan(prev, check_crc=False):
-        spans.append((prev, end - prev))
-        prev = end
+    floor = max(mf.file_from_offset, cl.min_offset())
+    start = store.queues.newest_record_start(floor, limit)
+    while True:
+        spans: collections.deque[tuple[int, int]] = collections.deque(maxlen=limit)
+        prev = start
+        for end, _req in cl.scan(start, check_crc=False):
+            spans.append((prev, end - prev))
+            prev = end
+        if len(spans) == limit or start == floor:
+            break
+        start = floor  # (the queues named a start the records do not bear out: the whole file)
     out = []
     for offset, size in reversed(spans):
         data = cl.read(offset, size)
@@ -315,7 +325,8 @@ class HAClient:
         store = self.store
         idle_s = self.idle_timeout_ms / 1000
         while True:  # handshake until the master says where to stream from
-            writer.write(encode_handshake(store.max_phy_offset(), last_records(store), self.member_id))
+            candidates = await asyncio.to_thread(last_records, store)
+            writer.write(encode_handshake(store.max_phy_offset(), candidates, self.member_id))
             await writer.drain()
             code, offset, master_max, epoch = HANDSHAKE_REPLY.unpack(
                 await asyncio.wait_for(reader.readexactly(HANDSHAKE_REPLY.size), idle_s)
@@ -327,12 +338,12 @@ class HAClient:
             self.master_epoch = epoch
             self.master_max_offset = master_max
             if code == REPLY_RETRY:
-                self._truncate(offset)
+                await self._truncate(offset)
                 continue
             if code != REPLY_STREAM:
                 raise ProtocolError(f"unknown handshake reply {code}")
             if offset < store.max_phy_offset():
-                self._truncate(offset)
+                await self._truncate(offset)
             elif offset > store.max_phy_offset() and store.max_phy_offset() > store.min_phy_offset():
                 raise ProtocolError(f"master streams from {offset}, past this log's end {store.max_phy_offset()}")
             return offset, epoch
@@ -348,14 +359,28 @@ class HAClient:
             await writer.drain()
             await asyncio.sleep(interval)
 
-    def _truncate(self, offset: int) -> None:
+    async def _truncate(self, offset: int) -> None:
+        """Cut the log back to ``offset``: in memory on the loop (``MessageStore.cut_log``, in
+        proportion to what is cut), its disk work on a worker thread. Nothing is appended before
+        that work is done: a stop arriving meanwhile waits for it."""
         started = time.monotonic()
         before = self.store.max_phy_offset()
-        self.store.truncate_log(offset)
+        cut = self.store.cut_log(offset)
+        on_loop_ms = (time.monotonic() - started) * 1000
+        if cut is not None:
+            finishing = asyncio.ensure_future(asyncio.to_thread(cut.finish))
+            try:
+                await asyncio.shield(finishing)
+            except asyncio.CancelledError:
+                await asyncio.wait([finishing])
+                if not finishing.cancelled() and finishing.exception() is not None:
+                    log.error("finishing the cut to %d failed", offset, exc_info=finishing.exception())
+                raise
         self.truncations += 1
         log.warning(
-            "HA slave log truncated from %d to %d to match the master (%.1f ms)",
+            "HA slave log truncated from %d to %d to match the master (%.1f ms on the loop, %.1f ms in all)",
             before,
             offset,
+            on_loop_ms,
             (time.monotonic() - started) * 1000,
         )
