@@ -254,13 +254,19 @@ def test_put_items_adds_fastpath_index_items_with_either_twin(make_service: Make
     assert s.end_phy_offset() == 1900
 
 
+def _three_files(make_service: MakeService, clock: ManualClock) -> IndexService:
+    """A service of three files of three entries: [0, 100, 200], [300, 400, 500], [600, 700, 800]."""
+    s = make_service(max_entries=4)
+    for i in range(9):
+        clock.advance(1)
+        s.build(_req(100 * i, keys=f"k{i}"))
+    return s
+
+
 def test_truncate_after_deletes_files_with_entries_at_or_past_the_offset_and_says_where_to_rebuild(
     make_service: MakeService, clock: ManualClock
 ) -> None:
-    s = make_service(max_entries=4)
-    for i in range(9):  # files: [0, 100, 200], [300, 400, 500], [600, 700, 800]
-        clock.advance(1)
-        s.build(_req(100 * i, keys=f"k{i}"))
+    s = _three_files(make_service, clock)
     assert len(s.files) == 3
     paths = [f.path for f in s.files]
     assert s.truncate_after(10_000) == -1  # nothing at or past it
@@ -367,10 +373,7 @@ def test_cut_drops_the_entries_past_the_offset_in_place_and_keeps_every_chain_be
 def test_cut_deletes_files_wholly_past_the_offset_and_keeps_an_empty_newer_one(
     make_service: MakeService, clock: ManualClock
 ) -> None:
-    s = make_service(max_entries=4)
-    for i in range(9):  # files: [0, 100, 200], [300, 400, 500], [600, 700, 800]
-        clock.advance(1)
-        s.build(_req(100 * i, keys=f"k{i}"))
+    s = _three_files(make_service, clock)
     clock.advance(1)
     s.ensure_writable()  # an empty fourth file
     paths = [f.path for f in s.files]
