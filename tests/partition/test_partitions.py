@@ -3,8 +3,9 @@ is a fixed schedule of cuts on one shared group with failover (default lease set
 checked every 1 s) under a steady load; the seeded run draws two schedules from a seed
 (ORBIT_TEST_SEED replays one). After every schedule: every acknowledged message readable from
 the master byte for byte, never two writable masters at once, the other member's log the
-master's; and the issue's targets — at most lease + 3 s without a SEND_OK during a single-path
-cut of the control-plane or HA path, writes back within 3 s of every heal."""
+master's; and the targets — at most lease + 3 s without a SEND_OK during a single-path cut
+(control plane, HA link or clients), writes back within 3 s of every heal, no event-loop stall
+over 100 ms."""
 
 from __future__ import annotations
 
@@ -43,7 +44,10 @@ async def test_a_held_replication_link_stops_writes_no_longer_than_the_lease(har
     await holds(harness, NAMED["ha-hold"])
 
 
-async def test_a_master_clients_cannot_reach_gets_writes_back_within_3_s_of_the_heal(harness: Harness) -> None:
+async def test_a_master_clients_cannot_reach_steps_down_and_writes_stop_no_longer_than_the_lease(
+    harness: Harness,
+) -> None:
+    """Its slave's probes of its client address fail too: the control plane asks it to step down."""
     await holds(harness, NAMED["client-hold"])
 
 
