@@ -94,6 +94,9 @@ async def run(schedules: int, seed: int, options: ClusterOptions) -> dict[str, A
                 r["missed"] = missed_targets(r, lease_s=options.lease_s)
                 if not r["missed"]:
                     del r["transitions"]  # kept where a target was missed, to see what happened
+                elif not h.cluster.keep:
+                    h.cluster.keep = True  # and the members' logs too
+                    _log(f"  a target was missed: the members' logs stay in {h.cluster.run_dir}")
             results.append(r)
     return {
         "seed": seed,

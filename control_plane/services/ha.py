@@ -109,7 +109,8 @@ class HaService:
                         member_id=member,
                     )
             answers = 0 if prev is None or prev["instance"] != beat.instance else int(prev["answers"])
-            hearing = beat.heard == answers
+            # A heartbeat naming no process (a broker that does not echo answers) is taken as heard.
+            hearing = not beat.instance or beat.heard == answers
             seq = answers + 1
             await conn.execute(
                 """INSERT INTO ha_member AS m (cluster_name, broker_name, member_id, addr, ha_addr, max_offset, epoch,
@@ -183,15 +184,18 @@ class HaService:
 
     async def _unreachable(self, conn: Any, group: Any, now: dt.datetime, lease: dt.timedelta) -> bool:
         """Whether the members that probe the master's client address (live, hearing, of its
-        epoch) all find it unreachable, for over two of their check intervals: clients cannot
-        reach it either, so it should hand the group over."""
+        epoch) all find it unreachable, for over two of their check intervals — clients cannot
+        reach it either, so it should hand the group over — and one of them could take it (is in
+        the in-sync set): a step-down with no successor would only stop writes."""
         rows = await conn.fetch(
-            """SELECT master_unreachable_s, interval_s FROM ha_member
+            """SELECT member_id, master_unreachable_s, interval_s FROM ha_member
                WHERE cluster_name = $1 AND broker_name = $2 AND member_id <> $3 AND last_seen > $4 AND hearing
                  AND epoch = $5 AND master_unreachable_s IS NOT NULL""",
             group["cluster_name"], group["broker_name"], group["master_id"], now - lease, group["epoch"],
         )  # fmt: skip
-        return bool(rows) and all(
+        sync_set = group["sync_set"]
+        successor = any(sync_set is None or r["member_id"] in sync_set for r in rows)
+        return successor and all(
             float(r["master_unreachable_s"]) > 2 * float(r["interval_s"]) + UNREACHABLE_MARGIN_S for r in rows
         )
 

@@ -299,6 +299,8 @@ class BrokerConfig:
                 problems.append(str(e))
         if self.failover_enabled and not (self.control_plane_url and self.broker_credentials_file):
             problems.append("failover_enabled needs control_plane_url and broker_credentials_file (the leases)")
+        if self.failover_enabled and self.ha_master_address:
+            problems.append("ha_master_address is for a fixed master: with failover_enabled the control plane names it")
         if self.ha_min_in_sync not in (1, 2):
             problems.append("ha_min_in_sync must be 1 (a master may acknowledge alone) or 2 (never without a slave)")
         if not 0 < self.ha_in_sync_timeout_ms <= 600_000:

@@ -76,6 +76,7 @@ class FailoverAgent:
         self._probe_ok_at = 0.0  # monotonic: the last answer from it (or when probing it began)
         self._probe_failing = False
         self.probe_failures = 0
+        self._reported_slaves = False  # the heartbeat in flight named slaves in sync
         self._session: aiohttp.ClientSession | None = None
         self._fence_timer: asyncio.TimerHandle | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -138,8 +139,8 @@ class FailoverAgent:
     def master_unreachable_s(self) -> float | None:
         """For how long the probes of the master's client address have failed (0: the last
         answered); None when not probing (a master, or no master known)."""
-        if not self._probed:
-            return None
+        if not self._probed or self._probed != self.broker.replication.master_addr:
+            return None  # not probing, or probing a master this slave no longer follows
         return round(time.monotonic() - self._probe_ok_at, 3) if self._probe_failing else 0.0
 
     @property
@@ -164,6 +165,12 @@ class FailoverAgent:
         rep = b.replication
         cfg = b.config
         info = rep.runtime_info()
+        in_sync = rep.in_sync()
+        self._reported_slaves = bool(in_sync)
+        if in_sync:
+            # From the moment the control plane may count a slave electable, this master
+            # acknowledges nothing alone (until an answer confirms it alone again).
+            rep.confirmed_sync_set = None
         lag = info.get("haLagBytes", -1)
         return {
             "cluster": cfg.cluster_name,
@@ -181,7 +188,7 @@ class FailoverAgent:
             "instance": self.instance,
             "heard": self.heard,
             "log_epoch": rep.log_epoch,
-            **({"in_sync": in_sync} if (in_sync := rep.in_sync()) is not None else {}),
+            **({"in_sync": in_sync} if in_sync is not None else {}),
             **({"master_unreachable_s": u} if (u := self.master_unreachable_s()) is not None else {}),
         }
 
@@ -231,8 +238,8 @@ class FailoverAgent:
         self.answered_at = time.monotonic()
         if role == "MASTER":
             self._hold_lease(deadline)
-            await rep.become_master(epoch, master_role)
-            rep.confirmed_sync_set = sync_set
+            await rep.become_master(epoch, master_role, lease_deadline=deadline)
+            rep.confirmed_sync_set = None if self._reported_slaves else sync_set
         elif master_ha_addr:
             if await rep.become_slave(epoch, master_addr, master_ha_addr):
                 await self.broker.register_all()  # the new id and master, at once (not every beat)

@@ -107,6 +107,9 @@ class Replication:
         self._top_then = 0  # the log end ha_in_sync_timeout_ms ago, as of the last look
         self.confirmed_sync_set: list[int] | None = None
         self.solo_acks = 0
+        # With failover: the monotonic time this master's lease ends (its own, conservative
+        # copy). No write is answered as acknowledged past it, whatever the fence timer did.
+        self.lease_deadline: float | None = None
         # With failover on, nothing is written until the control plane confirms this master.
         self.fenced = cfg.failover_enabled
         self.role_changes = 0
@@ -196,7 +199,7 @@ class Replication:
             auth=self.link.auth(),
             refused=self.link_refused,
             ssl_context=cfg.server_tls.context(),  # the broker's certificate, TLS only, when tls_mode is on
-            epoch=lambda: self.epoch,
+            epoch=self._served_epoch,
         )
         await self.service.start()
         adv = cfg.advertised_host or ("127.0.0.1" if host in ("", "0.0.0.0", "::") else host)
@@ -222,6 +225,12 @@ class Replication:
             on_master_epoch=self._on_master_epoch,
         )  # fmt: skip
         self.client.start()
+
+    def _served_epoch(self) -> int:
+        """The epoch a master tells slaves in the handshake: its log's, while it takes writes;
+        -1 while fenced (a slave then refuses it: a fenced master's log may lag the group's, and
+        must not make a slave truncate)."""
+        return self.log_epoch if self.writable else -1
 
     def _least_master_epoch(self) -> int:
         return self._awaiting_epoch if self._awaiting_epoch is not None else self.epoch
@@ -284,13 +293,23 @@ class Replication:
     def _save_state(self) -> None:
         self._state.save({"epoch": self.epoch, "log_epoch": self.log_epoch})
 
-    async def become_master(self, epoch: int, role: BrokerRole) -> None:
+    def in_lease(self) -> bool:
+        return self.lease_deadline is None or time.monotonic() < self.lease_deadline
+
+    async def become_master(self, epoch: int, role: BrokerRole, *, lease_deadline: float | None = None) -> None:
+        """Master under ``epoch`` (with failover, until ``lease_deadline``): confirmed, or
+        promoted from slave. A lease that ran out meanwhile (the lock, a slow promotion) leaves
+        it fenced."""
         async with self._lock:
+            if lease_deadline is not None:
+                self.lease_deadline = lease_deadline
             self.save_epoch(epoch)
             self.master_role = role
             if self.is_master:
                 was_fenced = self.fenced
                 self.role = role
+                if not self.in_lease():
+                    return
                 self.fenced = False
                 if was_fenced:
                     self._take_epoch(epoch)
@@ -315,7 +334,7 @@ class Replication:
             # Offsets clients committed here while the old master was away are simply ours now.
             self.local_offsets.clear()
             self.role = role
-            self.fenced = False
+            self.fenced = not self.in_lease()
             self._awaiting_epoch = None
             self._take_epoch(epoch)
             self.master_addr = ""
@@ -350,8 +369,8 @@ class Replication:
             top = self.broker.store.max_phy_offset()
             return service.in_sync(max(0, top - self.broker.config.ha_max_gap_bytes))
         for c in service.connections:
-            if c.member_id is not None:
-                self._slaves[c.member_id] = max(self._slaves.get(c.member_id, -1), c.acked)
+            if c.member_id is not None and c.acked >= 0:  # what its current connection acknowledged
+                self._slaves[c.member_id] = c.acked
         cfg = self.broker.config
         if cfg.ha_min_in_sync >= 2:
             return sorted(m for m, acked in self._slaves.items() if acked >= self.acked_end)
@@ -378,7 +397,12 @@ class Replication:
         if self.confirmed_sync_set != [self.broker.config.broker_id]:
             return False
         near = max(self._top_then, self.broker.store.max_phy_offset() - SOLO_REJOIN_GAP_BYTES)
-        return not any(c.acked >= near for c in self.service.connections)
+        if any(c.acked >= near for c in self.service.connections):
+            # Until the control plane confirms it alone again (an answer to a heartbeat that
+            # reported no slave in sync), whatever that slave does next.
+            self.confirmed_sync_set = None
+            return False
+        return True
 
     async def become_slave(self, epoch: int, master_addr: str, master_ha_addr: str) -> bool:
         """True when something changed (demoted, or following another master)."""
@@ -446,17 +470,21 @@ class Replication:
     async def replicated(self, end_offset: int) -> PutMessageStatus:
         """SYNC_MASTER: PUT_OK once a slave holds the log up to ``end_offset``."""
         service = self.service
-        if service is not None and self.solo:
+        if service is not None and self.solo and self.writable and self.in_lease():
             self.acked_end = max(self.acked_end, end_offset)
             self.solo_acks += 1
             self.notify()
             return PutMessageStatus.PUT_OK
         if service is None or not service.is_slave_ok(end_offset):
             return PutMessageStatus.SLAVE_NOT_AVAILABLE
-        if await service.wait_for_slave(end_offset, self.broker.config.ha_sync_timeout_ms):
-            self.acked_end = max(self.acked_end, end_offset)
-            return PutMessageStatus.PUT_OK
-        return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        if not await service.wait_for_slave(end_offset, self.broker.config.ha_sync_timeout_ms):
+            return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        if not (self.writable and self.in_lease()):
+            # Fenced (or past its lease) while it waited: another member may be master now, and
+            # may lack these bytes. Stored, not acknowledged.
+            return PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+        self.acked_end = max(self.acked_end, end_offset)
+        return PutMessageStatus.PUT_OK
 
     async def acknowledged(self, end_offset: int) -> PutMessageStatus:
         """What a write of the broker's own up to ``end_offset`` (a lease, a recall) may be

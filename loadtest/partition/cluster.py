@@ -156,6 +156,7 @@ class PartitionCluster:
         self.options = options or ClusterOptions()
         self._own_root = root is None
         self.root = root or tempfile.mkdtemp(prefix="orbit-partition-")
+        self.keep = False  # keep a directory of its own (the members' logs) after stop()
         self.run_dir = os.path.join(self.root, "run")
         self.children: list[Child] = []
         self.members: dict[int, Member] = {}
@@ -229,7 +230,7 @@ class PartitionCluster:
                 await p.close()
         if self.operator is not None:
             await self.operator.close()
-        if self._own_root:
+        if self._own_root and not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
 
     # --- members ------------------------------------------------------------------------------------

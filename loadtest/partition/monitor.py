@@ -7,8 +7,9 @@
   Both members are asked at once, so one round is one moment: a round where both are master and
   unfenced is two writable masters at the same time.
 - The control plane: ``GET /v1/fleet/ha`` (operator), this group's epoch, master and lease, and
-  ``history`` — every election as ``{"epoch", "master_id", "elected_at"}`` (ISO-8601) — kept
-  from the latest answer that carried it.
+  ``history`` — the latest elections as ``{"epoch", "master_id", "elected_at"}`` (ISO-8601) —
+  merged by epoch into every election seen since the monitor started (the view shows the latest
+  20; polled every 200 ms, none is missed).
 """
 
 from __future__ import annotations
@@ -164,7 +165,10 @@ class Monitor:
         view = FleetView(time.monotonic(), int(g["epoch"]), g.get("master_id"), float(g["lease_remaining_s"]), history)
         self.fleet = view
         if history is not None:
-            self.history = history
+            # The fleet view shows the latest elections only: keep every one seen, by epoch.
+            known = {e.epoch: e for e in self.history or []}
+            known.update((e.epoch, e) for e in history)
+            self.history = sorted(known.values(), key=lambda x: x.epoch)
         return view
 
     # --- reading it -------------------------------------------------------------------------------------

@@ -291,6 +291,32 @@ async def test_a_master_its_slaves_cannot_reach_steps_down_and_hands_over_at_onc
     assert (follow["role"], follow["epoch"], follow["master_addr"]) == ("SLAVE", 2, "127.0.0.1:10921")
 
 
+async def test_no_step_down_without_a_successor_and_a_heartbeat_naming_no_process_is_heard(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    """A master alone in its in-sync set keeps the group though its slave cannot reach it (a
+    step-down would elect nobody). A broker that names no process and echoes no answer is taken
+    as hearing: it is renewed."""
+    token = await broker_token(control_plane)
+    name = "broker-alone"
+    m0, m1 = Member(control_plane, token, 0, group=name), Member(control_plane, token, 1, group=name)
+    assert (await m0.beat(0, master_role="SYNC_MASTER", lease_s=60))["role"] == "MASTER"
+    assert (await m0.beat(10, epoch=1, log_epoch=1, in_sync=[], lease_s=60))["sync_set"] == [0]
+    await m1.beat(5, epoch=1, log_epoch=1, master_unreachable_s=30.0, lease_s=60)
+    kept = await m0.beat(10, epoch=1, log_epoch=1, in_sync=[], lease_s=60)
+    assert (kept["role"], kept["lease_remaining_s"]) == ("MASTER", 60)
+    body = {
+        "cluster": "c1", "broker_name": "broker-legacy", "member_id": 0, "addr": "127.0.0.1:10911",
+        "max_offset": 0, "epoch": 0, "master_role": "SYNC_MASTER", "lease_s": 60,
+    }  # fmt: skip
+    for epoch in (0, 1, 1):
+        reply = await control_plane.call(
+            "POST", "/internal/v1/ha/heartbeat", token=token, json={**body, "epoch": epoch}
+        )
+        assert (reply.status, reply.body["role"], reply.body["epoch"]) == (200, "MASTER", 1), reply.body
+        assert reply.body["lease_remaining_s"] == 60
+
+
 async def test_a_host_bound_credential_heartbeats_for_its_own_host_and_group_only(
     control_plane: ControlPlaneHarness,
 ) -> None:

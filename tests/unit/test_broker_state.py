@@ -869,6 +869,17 @@ def test_config_string_forms_of_flags() -> None:
         ({"ha_advertised": "host:"}, "ha_advertised 'host:' is not host:port"),
         ({"ha_advertised": "host:0"}, "ha_advertised 'host:0' is not host:port \\(a port 1..65535\\)"),
         ({"ha_advertised": "host:65536"}, "ha_advertised 'host:65536' is not host:port"),
+        ({"ha_min_in_sync": 3}, "ha_min_in_sync must be 1 \\(a master may acknowledge alone\\) or 2"),
+        ({"ha_in_sync_timeout_ms": 0}, "ha_in_sync_timeout_ms must be within 1..600000"),
+        (
+            {
+                "failover_enabled": True,
+                "control_plane_url": "http://cp",
+                "broker_credentials_file": "/c",
+                "ha_master_address": "127.0.0.1:10912",
+            },
+            "ha_master_address is for a fixed master: with failover_enabled the control plane names it",
+        ),
         ({"namesrv_addrs": "host-without-port"}, "name server address 'host-without-port'"),
         ({"default_topic_queue_nums": 0}, "default_topic_queue_nums must be within"),
         ({"broker_name": "bad name"}, "broker_name 'bad name' is not a valid name"),

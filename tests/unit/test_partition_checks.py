@@ -13,7 +13,7 @@ from loadtest.partition.cluster import NetPath
 from loadtest.partition.monitor import Election, parse_history
 from loadtest.partition.proxy import Mode
 from loadtest.partition.recorder import Ack, Recorder
-from loadtest.partition.run import availability_target, missed_targets
+from loadtest.partition.run import availability_target, missed_targets, resume_target
 from loadtest.partition.schedule import NAMED, Cut, Kill, random_schedule, single_cut
 
 pytestmark = pytest.mark.unit
@@ -42,13 +42,17 @@ def test_a_seed_gives_the_same_schedule_and_the_named_cases_are_there() -> None:
             assert len(cuts) == len(set(cuts))
 
 
-def test_only_single_control_plane_and_ha_cuts_carry_the_availability_target() -> None:
+def test_single_cuts_and_kills_carry_the_availability_target_and_only_cuts_the_resume_target() -> None:
     assert availability_target(single_cut("master", NetPath.CONTROL_PLANE, Mode.HOLD))
     assert availability_target(single_cut("slave", NetPath.HA, Mode.FLAP))
-    assert not availability_target(single_cut("master", NetPath.CLIENT, Mode.HOLD))
+    assert availability_target(single_cut("master", NetPath.CLIENT, Mode.HOLD))
     assert not availability_target(NAMED["two-step"].steps[0])
-    assert not NAMED["kill-master"].steps[0].single_path
-    assert isinstance(NAMED["kill-master"].steps[0].actions[0], Kill)
+    kill = NAMED["kill-master"].steps[0]
+    assert isinstance(kill.actions[0], Kill)
+    assert availability_target(kill)
+    assert not resume_target(kill)
+    assert resume_target(single_cut("master", NetPath.CLIENT, Mode.RESET))
+    assert resume_target(NAMED["two-step"].steps[0])
 
 
 def test_the_longest_gap_counts_from_the_cut_and_past_the_window() -> None:
