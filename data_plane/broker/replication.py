@@ -49,6 +49,8 @@ from data_plane.tls import client_context
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
+    from data_plane.broker.subscription_group import SubscriptionGroupManager
+    from data_plane.broker.topic_config import TopicConfigManager
 
 log = logging.getLogger(__name__)
 
@@ -579,12 +581,13 @@ class Replication:
                 b.topics.topics[str(name)] = tc
             for name in [n for n in b.topics.topics if n not in topics]:
                 del b.topics.topics[name]
-            b.topics.persist()
+            # Saved behind (a worker thread's fsync, not the loop's): the master sends it again.
+            _save_behind(b.topics)
             b.topics_changed()
         groups = doc.get("subscriptionGroupTable")
         if isinstance(groups, dict) and groups != b.groups.groups:
             b.groups.groups = {str(k): v for k, v in groups.items() if isinstance(v, dict)}
-            b.groups.persist()
+            _save_behind(b.groups)
         offsets = doc.get("offsetTable")
         if isinstance(offsets, dict):
             self._merge_offsets(offsets)
@@ -742,6 +745,13 @@ class Replication:
             info["haMasterEpoch"] = c.master_epoch
             info["haStaleMasters"] = c.stale_masters
         return info
+
+
+def _save_behind(table: TopicConfigManager | SubscriptionGroupManager) -> None:
+    if table.save_behind is not None:
+        table.save_behind.changed()
+    else:
+        table.persist()
 
 
 def _int(value: Any, default: int = 0) -> int:

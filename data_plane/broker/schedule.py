@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from data_plane.broker.delay_level import SCHEDULE_TOPIC, DelayLevelService, parse_delay_levels
-from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.persisted import ConfigFile, SaveBehind
 from data_plane.broker.reput import PROPERTY_REPUT_FROM, Notify, Reputter, scan_reputs
 from data_plane.broker.timer_wheel import (
     PROPERTY_START_DELIVER_TIME,
@@ -98,6 +98,9 @@ class Schedule:
         self.max_delay_ms = config.timer_max_delay_s * 1000
         conf_dir = os.path.join(config.store_dir, "config")
         self._delay_file = ConfigFile(os.path.join(conf_dir, "delayOffset.json"))
+        # A slave's copy of its master's delay progress, saved on a worker thread.
+        self._master_delay: dict[str, Any] = {}
+        self._master_delay_behind = SaveBehind(self._delay_file, lambda: self._master_delay, "delay progress")
         self._timer_file = ConfigFile(os.path.join(conf_dir, "timerCheckpoint.json"))
         self._log_dir = os.path.join(config.store_dir, "timerlog")
         self.store: MessageStore | None = None
@@ -188,7 +191,8 @@ class Schedule:
         """Recover (before the broker serves) and start the tick and checkpoint loops."""
         self.store = store
         cfg = self.config
-        delay_doc = self._delay_file.load()
+        # A promoted slave: the progress its master sent last (its save may still be on its way).
+        delay_doc = self._master_delay or self._delay_file.load()
         timer_doc = self._timer_file.load()
         reputter = self.reputter = Reputter(store, notify)
         levels = self.levels = DelayLevelService(store, reputter, self.delays_ms)
@@ -316,9 +320,11 @@ class Schedule:
 
     def save_delay_progress(self, delay_doc: dict[str, Any]) -> None:
         """A slave keeps its master's delay-level progress (replication.py), so that a
-        promotion starts the levels where the master left them; ignored while running."""
-        if self.levels is None:
-            self._delay_file.save(delay_doc)
+        promotion starts the levels where the master left them; ignored while running. Saved
+        behind, on a worker thread (the event loop does no fsync)."""
+        if self.levels is None and delay_doc != self._master_delay:
+            self._master_delay = dict(delay_doc)
+            self._master_delay_behind.changed()
 
     def _save(self, delay_doc: dict[str, Any], timer_doc: dict[str, Any], durable_needed: int) -> bool:
         """On a worker thread: never record progress whose re-puts could still be lost."""
