@@ -13,6 +13,7 @@ never does. The cost is one timer every 20 ms.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 
 STALL_LIMIT_MS = 100.0  # the stalls counted (``loopStallsOver100ms``): a loop that misses heartbeats
@@ -34,14 +35,18 @@ class LoopStallGauge:
         self.on_stall = on_stall  # given each stall over report_over_ms (how late, in ms) once it is over
         self.max_ms = 0.0
         self.over_limit = 0
+        # The loop thread's CPU time between the last two wake-ups: near the stall when the loop
+        # was busy running something, near 0 when it waited (a blocking call, the GIL, no CPU).
+        self.last_cpu_ms = 0.0
 
     async def run(self) -> None:
         """Measure until cancelled (a task on the loop measured)."""
         loop = asyncio.get_running_loop()
         period_s = self.period_ms / 1000
         while True:
-            due = loop.time() + period_s
+            due, cpu = loop.time() + period_s, time.thread_time()
             await asyncio.sleep(period_s)
+            self.last_cpu_ms = (time.thread_time() - cpu) * 1000
             self.record((loop.time() - due) * 1000)
 
     def record(self, late_ms: float) -> None:

@@ -38,6 +38,7 @@ async def test_a_blocked_loop_is_a_stall_as_long_as_the_block_and_one_over_the_l
         assert gauge.over_limit == 1
         assert len(reported) == 1
         assert reported[0] >= 140
+        assert gauge.last_cpu_ms < 100  # it slept: the loop's thread was not on the CPU
         block_the_loop(0.06)  # over report_over_ms, under the limit
         await _until(lambda: len(reported) == 2)
         assert gauge.over_limit == 1
@@ -55,3 +56,18 @@ def test_record_counts_only_stalls_over_the_limit() -> None:
     assert gauge.max_ms == 2500.0
     with pytest.raises(ValueError, match="period_ms"):
         LoopStallGauge(period_ms=0)
+
+
+@pytest.mark.asyncio
+async def test_a_stall_says_whether_the_loop_was_busy_or_waiting() -> None:
+    gauge = LoopStallGauge(period_ms=5, report_over_ms=50)
+    task = asyncio.create_task(gauge.run())
+    try:
+        await asyncio.sleep(0.02)
+        spin_until = time.thread_time() + 0.15
+        while time.thread_time() < spin_until:  # busy on the loop's thread
+            pass
+        await _until(lambda: gauge.max_ms >= 100)
+        assert gauge.last_cpu_ms >= 100
+    finally:
+        await cancel_all([task])
