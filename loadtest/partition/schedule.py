@@ -33,7 +33,7 @@ Who = Literal["master", "slave"]
 # A named single-path cut: long enough that a cut which stops writes from the master's fencing
 # (~lease - check interval into it) until its heal passes lease + 3 s (9 s by default) without a
 # SEND_OK.
-CUT_S = 15.0
+CUT_S = 11.0  # over lease + 3 s: a cut that stopped writes until its heal would show
 TWO_STEP_CUT_S = 11.0
 
 
@@ -129,7 +129,7 @@ NAMED: dict[str, Schedule] = {
                 ),
             ),
         ),
-        Schedule("kill-master", (Step("kill:master", (Kill(0.0, "master", 10.0),)),)),
+        Schedule("kill-master", (Step("kill:master", (Kill(0.0, "master", 8.0),)),)),
     )
 }
 

@@ -1,6 +1,6 @@
 """Partitions of a broker group's paths (loadtest/partition; docs/partitions.md): each named case
 is a fixed schedule of cuts on one shared group with failover (default lease settings: 6 s,
-checked every 1 s) under a steady load; the seeded run draws two schedules from a seed
+checked every 1 s) under a steady load; the seeded run draws a schedule from a seed
 (ORBIT_TEST_SEED replays one). After every schedule: every acknowledged message readable from
 the master byte for byte, never two writable masters at once, the other member's log the
 master's; and the targets — at most lease + 3 s without a SEND_OK during a single-path cut
@@ -65,6 +65,5 @@ async def test_kill_9_of_the_master_loses_no_acknowledged_message(harness: Harne
     await holds(harness, NAMED["kill-master"])
 
 
-async def test_seeded_schedules(harness: Harness, seed: int) -> None:
-    for s in (seed, seed + 1):
-        await holds(harness, random_schedule(s, steps=(1, 1)))
+async def test_a_seeded_schedule(harness: Harness, seed: int) -> None:
+    await holds(harness, random_schedule(seed, steps=(1, 1)))
