@@ -14,7 +14,7 @@ from loadtest.partition.monitor import Election, parse_history
 from loadtest.partition.proxy import Mode
 from loadtest.partition.recorder import Ack, Recorder
 from loadtest.partition.run import availability_target, missed_targets, resume_target
-from loadtest.partition.schedule import NAMED, Cut, Kill, random_schedule, single_cut
+from loadtest.partition.schedule import CUT_S, NAMED, Cut, Kill, random_schedule, single_cut
 
 pytestmark = pytest.mark.unit
 
@@ -35,7 +35,7 @@ def test_a_seed_gives_the_same_schedule_and_the_named_cases_are_there() -> None:
     for name in ("asymmetric-cp-cut", "cp-hold", "ha-hold", "client-hold", "cp-flap", "two-step", "kill-master"):
         assert name in NAMED
     assert NAMED["asymmetric-cp-cut"].steps[0].actions[0] == Cut(0.0, "master", NetPath.CONTROL_PLANE,
-                                                                 Mode.HOLD_ANSWERS, 15.0)  # fmt: skip
+                                                                 Mode.HOLD_ANSWERS, CUT_S)  # fmt: skip
     for i in range(200):  # overlapping cuts never cut the same path of the same member twice
         for step in random_schedule(i).steps:
             cuts = [(a.who, a.path) for a in step.actions if isinstance(a, Cut)]
