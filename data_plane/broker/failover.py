@@ -164,14 +164,14 @@ class FailoverAgent:
         b = self.broker
         rep = b.replication
         cfg = b.config
-        info = rep.runtime_info()
+        lagging = rep.lag()
         in_sync = rep.in_sync()
         self._reported_slaves = bool(in_sync)
         if in_sync:
             # From the moment the control plane may count a slave electable, this master
             # acknowledges nothing alone (until an answer confirms it alone again).
             rep.confirmed_sync_set = None
-        lag = info.get("haLagBytes", -1)
+        lag = lagging[0] if lagging is not None else -1
         return {
             "cluster": cfg.cluster_name,
             "broker_name": cfg.broker_name,
@@ -182,7 +182,7 @@ class FailoverAgent:
             "epoch": rep.epoch,
             "acting_master": rep.writable,
             "master_role": cfg.broker_role.value if cfg.is_master else rep.master_role.value,
-            **({"lag_bytes": lag} if isinstance(lag, int) and lag >= 0 else {}),
+            **({"lag_bytes": lag} if lag >= 0 else {}),
             "lease_s": self.lease_s,
             "interval_s": self.interval_s,
             "instance": self.instance,
