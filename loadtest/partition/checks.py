@@ -31,7 +31,7 @@ from typing import Any
 from loadtest.partition.cluster import GROUP, MEMBERS, PartitionCluster
 from loadtest.partition.monitor import Election, Monitor, Round
 from loadtest.partition.recorder import QUEUES, TOPIC, Ack, Recorder
-from sdk import MessageQueue, protocol
+from sdk import MessageExt, MessageQueue, protocol
 from sdk.admin import AdminClient
 
 # Store timestamps are whole milliseconds and elected_at is PostgreSQL's now() (its transaction's
@@ -49,25 +49,32 @@ class Stored:
     store_timestamp_ms: int
 
 
-async def read_all(admin: AdminClient, addr: str) -> dict[str, Stored]:
-    """Every message of the load's topic stored at ``addr``, by message id, read with pulls."""
-    out: dict[str, Stored] = {}
-    for q in range(QUEUES):
-        mq = MessageQueue(TOPIC, GROUP, q)
+async def pull_everything(admin: AdminClient, addr: str, topic: str, broker_name: str, queues: int) -> list[MessageExt]:
+    """Every message of ``topic``'s first ``queues`` queues stored at ``addr``, read with pulls
+    (CRC checked), in queue order."""
+    out: list[MessageExt] = []
+    for q in range(queues):
+        mq = MessageQueue(topic, broker_name, q)
         offset = 0
         while True:
             cmd = protocol.pull_request(
-                group="partition-verify", mq=mq, offset=offset, max_nums=256, subscription="*", sub_version=0,
+                group="verify-reader", mq=mq, offset=offset, max_nums=256, subscription="*", sub_version=0,
                 suspend_timeout_ms=0, commit_offset=0, suspend=False, expression_type="TAG",
             )  # fmt: skip
             resp = await admin.client.invoke(addr, cmd, 10_000)
-            result = protocol.parse_pull_response(resp, GROUP, addr, check_crc=True)
+            result = protocol.parse_pull_response(resp, broker_name, addr, check_crc=True)
             if not result.messages:
                 break
-            for m in result.messages:
-                out[m.msg_id] = Stored(m.body, m.store_timestamp_ms)
+            out.extend(result.messages)
             offset = result.next_begin_offset
     return out
+
+
+async def read_all(admin: AdminClient, addr: str) -> dict[str, Stored]:
+    """Every message of the load's topic stored at ``addr``, by message id."""
+    return {
+        m.msg_id: Stored(m.body, m.store_timestamp_ms) for m in await pull_everything(admin, addr, TOPIC, GROUP, QUEUES)
+    }
 
 
 @dataclass

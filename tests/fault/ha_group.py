@@ -15,7 +15,8 @@ from pathlib import Path
 
 import orjson
 
-from sdk import ConsumeResult, Message, MessageExt, MessageQueue, Producer, PushConsumer, SendStatus, protocol
+from loadtest.partition.checks import pull_everything
+from sdk import ConsumeResult, Message, MessageExt, Producer, PushConsumer, SendStatus
 from sdk.admin import AdminClient
 from tests.integration.conftest import ServerProcess
 from tests.integration.helpers import until
@@ -196,20 +197,4 @@ class Consumer:
 
 async def read_all(admin: AdminClient, addr: str) -> dict[str, bytes]:
     """Every message of TOPIC stored at ``addr``, by message id (UNIQ_KEY), read with pulls."""
-    out: dict[str, bytes] = {}
-    for q in range(QUEUES):
-        mq = MessageQueue(TOPIC, "broker-a", q)
-        offset = 0
-        while True:
-            cmd = protocol.pull_request(
-                group="ha-verify", mq=mq, offset=offset, max_nums=256, subscription="*", sub_version=0,
-                suspend_timeout_ms=0, commit_offset=0, suspend=False, expression_type="TAG",
-            )  # fmt: skip
-            resp = await admin.client.invoke(addr, cmd, 10_000)
-            result = protocol.parse_pull_response(resp, "broker-a", addr, check_crc=True)
-            if not result.messages:
-                break
-            for m in result.messages:
-                out[m.msg_id] = m.body
-            offset = result.next_begin_offset
-    return out
+    return {m.msg_id: m.body for m in await pull_everything(admin, addr, TOPIC, "broker-a", QUEUES)}
