@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import time
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING
@@ -16,9 +17,14 @@ from data_plane.remoting.codes import PERM_READ_WRITE, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.headers import field_bool, field_int, field_str
+from data_plane.store.message import StoredMessage
+from data_plane.store.tier import cold_read
+from data_plane.store.tier.object_store import ObjectStoreError
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
+
+log = logging.getLogger(__name__)
 
 _QID = {"lo": 0, "hi": 2**31 - 1}
 # A topic's creation is answered once its new queues are made, or after this long.
@@ -136,24 +142,59 @@ class AdminProcessor:
         off = self.store.min_offset_in_queue(field_str(ext, "topic"), field_int(ext, "queueId", **_QID))
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(off)})
 
-    def search_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def search_offset(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
         topic = field_str(ext, "topic")
         queue_id = field_int(ext, "queueId", **_QID)
         ts = field_int(ext, "timestamp", lo=0)
+        if self.store.tier is not None:  # the search may probe tiered messages
+            return self._cold(cmd, self._search_offset_cold(cmd, topic, queue_id, ts))
         off = self.store.offset_in_queue_by_time(topic, queue_id, ts)
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(off)})
 
-    def earliest_msg_store_time(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    async def _search_offset_cold(self, cmd: RemotingCommand, topic: str, queue_id: int, ts: int) -> RemotingCommand:
+        off = await self.store.offset_in_queue_by_time_cold(topic, queue_id, ts)
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(off)})
+
+    def earliest_msg_store_time(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
         topic = field_str(ext, "topic")
         queue_id = field_int(ext, "queueId", **_QID)
-        ts = self.store.message_store_timestamp(topic, queue_id, self.store.min_offset_in_queue(topic, queue_id))
+        phy = self.store.commit_log_offset_in_queue(topic, queue_id, self.store.min_offset_in_queue(topic, queue_id))
+        if phy >= 0 and self.store.cold(phy):
+            return self._cold(cmd, self._earliest_cold(cmd, phy))
+        ts = self.store.store_timestamp_at(phy) if phy >= 0 else -1
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": str(max(ts, 0))})
 
+    async def _earliest_cold(self, cmd: RemotingCommand, phy: int) -> RemotingCommand:
+        await self.store.fetch_cold(phy, cold_read.HEADER_SIZE)
+        ts = self.store.store_timestamp_at(phy)
+        return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": str(max(ts, 0))})
+
+    async def _cold(self, cmd: RemotingCommand, answer: Awaitable[RemotingCommand]) -> RemotingCommand:
+        """An answer that reads tiered messages; an object store that fails says so."""
+        try:
+            return await answer
+        except ObjectStoreError as e:
+            log.warning("a read of tiered messages failed: %s", e)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"tiered messages cannot be read now: {e}")
+
     # --- messages -----------------------------------------------------------------------------
-    def view_message_by_id(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def view_message_by_id(
+        self, conn: Connection, cmd: RemotingCommand
+    ) -> RemotingCommand | Awaitable[RemotingCommand]:
         offset = field_int(cmd.ext_fields, "offset", lo=0)
+        if self.store.cold(offset):
+            return self._cold(cmd, self._view_cold(conn, cmd, offset))
+        return self._view(cmd, offset)
+
+    async def _view_cold(self, conn: Connection, cmd: RemotingCommand, offset: int) -> RemotingCommand:
+        await self.store.fetch_cold(offset)
+        return self._view(cmd, offset)
+
+    def _view(self, cmd: RemotingCommand, offset: int) -> RemotingCommand:
         rec = self.store.read_record(offset)
         tenancy = self.broker.tenancy
         if rec is None or (
@@ -162,14 +203,23 @@ class AdminProcessor:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"can not find message by the offset, {offset}")
         return cmd.response(ResponseCode.SUCCESS, body=bytes(rec))
 
-    def query_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    def query_message(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
         topic = field_str(ext, "topic")
         key = field_str(ext, "key", max_length=4096)
-        max_num = field_int(ext, "maxNum", 32, lo=1, hi=2**31 - 1)
+        max_num = min(field_int(ext, "maxNum", 32, lo=1, hi=2**31 - 1), self.broker.config.max_query_messages)
         begin = field_int(ext, "beginTimestamp", 0)
         end = field_int(ext, "endTimestamp", 2**62)
-        found = self.store.query_message(topic, key, min(max_num, self.broker.config.max_query_messages), begin, end)
+        if self.store.tier is not None:
+            return self._cold(cmd, self._query_cold(cmd, topic, key, max_num, begin, end))
+        return self._query_answer(cmd, self.store.query_message(topic, key, max_num, begin, end))
+
+    async def _query_cold(
+        self, cmd: RemotingCommand, topic: str, key: str, max_num: int, begin: int, end: int
+    ) -> RemotingCommand:
+        return self._query_answer(cmd, await self.store.query_message_cold(topic, key, max_num, begin, end))
+
+    def _query_answer(self, cmd: RemotingCommand, found: list[StoredMessage]) -> RemotingCommand:
         records = [r for m in found if (r := self.store.read_record(m.commit_log_offset)) is not None]
         ext_out = {
             "indexLastUpdateTimestamp": str(int(time.time() * 1000)),

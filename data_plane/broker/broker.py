@@ -187,6 +187,8 @@ class Broker:
         self.before_put = self.tenancy.before_put
         self.before_put_plain = self.tenancy.before_put_plain
         self.replication = Replication(self)
+        if self.store is not None and self.store.tier is not None:
+            self.store.tier_safe_offset = self.replication.tier_safe_offset
         # With failover on, a master starts its master-only services once the control plane
         # confirms it (on_became_master); a slave when it is promoted.
         if self.replication.writable:
@@ -202,6 +204,7 @@ class Broker:
         if self.replication.writable:
             self._start_transaction_check()
         await self.replication.start()
+        self.store.start_tiering()  # (now that the store's fence and the group's agreed offset are set)
         self._register_processors()
         if cfg_grpc := self.config.grpc_listen:
             from data_plane.broker.pop import PopService
@@ -480,6 +483,9 @@ class Broker:
             "answerSlice": self.server.answer_slice,
             "retentionHours": st.retention_hours,
         }
+        if st.tier is not None:  # tiered storage (store/tier; docs/tiered_storage.md)
+            info.update({f"tier.{k}": v for k, v in st.tier.stats().items()})
+            info["messagesFromOffset"] = st.log_floor()
         if self.grpc is not None:  # the RocketMQ 5 endpoint, for orbit proxy (docs/rocketmq5.md)
             info["grpcAddress"] = f"{self.address.rpartition(':')[0]}:{self.grpc.port}"
         info.update(self.schedule.runtime_info())

@@ -244,6 +244,9 @@ class BrokerConfig:
         values.update(self.store)
         values["store_host"] = self.advertised_host or _default_host(self.listen_host)
         values["store_port"] = self.advertised_port or port
+        # A group's tiered objects live under <prefix>/<cluster>.<broker name>/ (both are names
+        # without '/'): every member of the group, and any master after a failover, shares them.
+        values.setdefault("tier_group", f"{self.cluster_name}.{self.broker_name}")
         try:
             if isinstance(values.get("flush_disk_type"), str):
                 values["flush_disk_type"] = FlushDiskType(values["flush_disk_type"])

@@ -38,6 +38,7 @@ import orjson
 
 from data_plane.store.message import Message, StoredMessage, decode_record
 from data_plane.store.status import GetMessageStatus, PutMessageStatus
+from data_plane.store.tier.object_store import ObjectStoreError
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
@@ -352,6 +353,8 @@ class PopService:
             if fifo and lease.group_key is not None and lease.group_key in t.blocked:
                 continue
             msg = self._read(t.topic, t.queue_id, o)
+            if msg is None and self._tiered_not_fetched(t.topic, t.queue_id, o):
+                continue  # in object storage, not fetched (the object store is away): next time
             if msg is None:  # gone with retention: nothing to deliver
                 self._end(pq, o)
                 t.done.append(o)
@@ -399,6 +402,28 @@ class PopService:
                 pq.leases[o] = lease
                 self._grant(t, o, lease, msg)
 
+    def _tiered_not_fetched(self, topic: str, queue_id: int, offset: int) -> bool:
+        store = self.broker.store
+        assert store is not None
+        phy = store.commit_log_offset_in_queue(topic, queue_id, offset)
+        return phy >= 0 and store.cold(phy)
+
+    async def _fetch_tiered(self, topic: str, queue_id: int, offsets: Iterable[int]) -> None:
+        """Bring the tiered messages at these queue offsets into memory (the reads that follow
+        never wait on the object store); an unavailable object store leaves them out for now."""
+        store = self.broker.store
+        assert store is not None
+        if store.tier is None:
+            return
+        for o in offsets:
+            phy = store.commit_log_offset_in_queue(topic, queue_id, o)
+            if phy >= 0 and store.cold(phy):
+                try:
+                    await store.fetch_cold(phy)
+                except ObjectStoreError as e:
+                    log.warning("tiered messages of %s/%d cannot be read now: %s", topic, queue_id, e)
+                    return
+
     def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         store = self.broker.store
         assert store is not None
@@ -434,7 +459,12 @@ class PopService:
             for qid in queue_ids:
                 if len(out) >= batch:
                     break
-                start = self._queue(group, topic, qid).next
+                pq = self._queue(group, topic, qid)
+                start = pq.next
+                if self.broker.store is not None and self.broker.store.tier is not None:
+                    now = now_ms()
+                    expired = sorted(o for o, x in pq.leases.items() if x.deadline_ms <= now)[:batch]
+                    await self._fetch_tiered(topic, qid, [start, *expired])
                 record: list[Any] = ["R", group, topic, qid, 0, [], [], fifo, start]
                 dead: list[tuple[int, StoredMessage]] = []
                 got = self._take(
@@ -542,6 +572,7 @@ class PopService:
         lease.seq = seq
         await self._journal(["C", group, topic, qid, offset, lease.deadline_ms, seq], wait=True)
         self.on_stored(topic, qid)  # waiting receivers look again: the lease may end sooner now
+        await self._fetch_tiered(topic, qid, [offset])
         msg = self._read(topic, qid, offset)
         if msg is None:
             return None

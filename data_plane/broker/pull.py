@@ -17,11 +17,17 @@ Tags are matched by hash here; clients check the tag string again (seed 7.4).
 
 With telemetry on, the broker registers ``traced_pull(handler, ...)``: a SERVER span
 ``receive <topic>`` per pull that served messages (or failed), covering a held pull's wait too;
-pulls that found nothing new make no span."""
+pulls that found nothing new make no span.
+
+Tiered messages (store/tier): a read that stops at a record held only in object storage is
+answered after the record's chunk is fetched off the loop (``_serve_cold``); the consumer sees
+only the latency."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -40,12 +46,28 @@ from data_plane.remoting.headers import field_int, field_str
 from data_plane.store.message import record_starts, tags_hash_code
 from data_plane.store.queue_read import RecordFilter
 from data_plane.store.status import GetMessageResult, GetMessageStatus
+from data_plane.store.tier.object_store import ObjectStoreError
 
 if TYPE_CHECKING:
     from data_plane.broker.broker import Broker
     from data_plane.telemetry import Telemetry
 
+log = logging.getLogger(__name__)
+
 MAX_TAGS = 1024
+# Fetches one pull of tiered messages waits for at most (each brings a chunk and reads ahead).
+COLD_READ_TRIES = 4
+
+
+def _settle(answer: asyncio.Future[RemotingCommand], task: asyncio.Future[RemotingCommand]) -> None:
+    if answer.done():
+        return
+    if task.cancelled():
+        answer.cancel()
+    elif (e := task.exception()) is not None:
+        answer.set_exception(e)
+    else:
+        answer.set_result(task.result())
 
 
 def parse_tag_expression(expression: str | None) -> frozenset[int] | None:
@@ -154,6 +176,12 @@ class PullProcessor:
         result = self.store.get_message(
             topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
         )
+        if result.cold_offset >= 0 and not result.messages:  # tiered, not in memory: fetch, read again
+            read = functools.partial(
+                self.store.get_message, topic, queue_id, offset, max_nums, tags_codes=codes,
+                record_filter=record_filter, coalesce=True,
+            )  # fmt: skip
+            return self._serve_cold(cmd, result, read, offset, topic)
         nothing = result.status in _NOT_FOUND or (result.status in _EMPTY and offset == 0)
         if nothing and sys_flag & PULL_FLAG_SUSPEND:
             hold_ms = min(suspend_ms, self.config.max_suspend_ms)
@@ -166,6 +194,28 @@ class PullProcessor:
                 if self.hold.hold(topic, queue_id, offset, hold_ms / 1000, codes, self._wake_held, payload, owner=conn):
                     conn.park()  # a wait, not work: apart from the connection's in-flight cap
                     return answer
+        return self._answer(cmd, result, offset, topic)
+
+    async def _serve_cold(
+        self,
+        cmd: RemotingCommand,
+        result: GetMessageResult,
+        read: Callable[[], GetMessageResult],
+        offset: int,
+        topic: str,
+    ) -> RemotingCommand:
+        """A pull of tiered messages: fetch what the read stopped at (a ranged GET, with read-ahead
+        behind it) and read again, until messages come (a cache that cannot keep up is bounded:
+        ``COLD_READ_TRIES``)."""
+        for _ in range(COLD_READ_TRIES):
+            try:
+                await self.store.fetch_cold(result.cold_offset)
+            except ObjectStoreError as e:
+                log.warning("a pull of tiered messages of %s failed: %s", topic, e)
+                return cmd.response(ResponseCode.SYSTEM_ERROR, f"tiered messages cannot be read now: {e}")
+            result = read()
+            if result.cold_offset < 0 or result.messages:
+                break
         return self._answer(cmd, result, offset, topic)
 
     def _wake(self, payload: _HeldPull, woken: bool) -> None:
@@ -186,6 +236,14 @@ class PullProcessor:
             result = self.store.get_message(
                 topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
             )
+            if result.cold_offset >= 0 and not result.messages:
+                read = functools.partial(
+                    self.store.get_message, topic, queue_id, offset, max_nums, tags_codes=codes,
+                    record_filter=record_filter, coalesce=True,
+                )  # fmt: skip
+                task = asyncio.ensure_future(self._serve_cold(cmd, result, read, offset, topic))
+                task.add_done_callback(functools.partial(_settle, answer))
+                return
             answer.set_result(self._answer(cmd, result, offset, topic))
         except Exception as e:  # the connection answers SYSTEM_ERROR with it, as for any handler
             answer.set_exception(e)

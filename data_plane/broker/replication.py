@@ -157,6 +157,21 @@ class Replication:
     def sync_master(self) -> bool:
         return self.role is BrokerRole.SYNC_MASTER
 
+    def tier_safe_offset(self) -> int:
+        """How far the tier may take this master's log (``MessageStore.tier_safe_offset``): bytes
+        every member that could be elected holds, so no uploaded record is ever taken back by a
+        failover. A SYNC_MASTER: what was acknowledged (held by a slave, or by itself alone once
+        the control plane confirmed it the only member in sync). An ASYNC_MASTER: what its
+        following slaves hold; everything when none follows. Nothing while not writable. Read
+        on the offloader's thread: attributes only."""
+        if not self.writable:
+            return 0
+        service = self.service
+        if self.sync_master:
+            return max(self.acked_end, service.max_acked_offset if service is not None else -1)
+        acked = [c.acked for c in list(service.connections) if c.acked >= 0] if service is not None else []
+        return max(acked) if acked else 2**63 - 1
+
     def registration_id(self) -> int:
         """The broker id registered with name servers: 0 while a master that takes writes; a
         slave's own id otherwise (a master configured as 0 takes DEMOTED_MASTER_ID while it is a

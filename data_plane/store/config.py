@@ -112,6 +112,28 @@ class StoreConfig:
     # RocketMQ's maxTransferBytesOnMessageInMemory. The count is the puller's maxMsgNums, capped
     # by the broker's max_pull_messages.
     max_transfer_bytes_on_message: int = 256 * 1024
+    # --- Tiered storage (tier/; docs/tiered_storage.md) ---------------------------------------
+    # Sealed CommitLog files are copied to object storage at this URL ("s3://bucket/prefix";
+    # empty: no tier). Credentials come from the usual AWS chain, never from this file.
+    tier_url: str = ""
+    tier_endpoint_url: str = ""  # an S3-compatible endpoint ("http://host:port"); empty: AWS's
+    tier_region: str = "us-east-1"
+    # This store's broker group: its objects and manifest live under <prefix>/<tier_group>/.
+    tier_group: str = ""
+    # A sealed file is uploaded once its newest message is this old (0: as soon as it is sealed).
+    tier_after_hours: float = 0.0
+    # With a tier, an uploaded file stays on local disk until its newest message is older than
+    # this (or disk pressure needs the room); files not yet uploaded stay whatever their age
+    # (until total retention). Topics may ask for longer (``topic_local_retention_hours``).
+    local_retention_hours: float = 24.0
+    tier_upload_part_bytes: int = 16 * 1024 * 1024  # multipart part size (S3: >= 5 MiB)
+    tier_read_chunk_bytes: int = 4 * 1024 * 1024  # one ranged GET of a cold read
+    tier_read_ahead_chunks: int = 4  # fetched behind a cold read, in the background
+    tier_cache_memory_bytes: int = 256 * 1024 * 1024  # cold chunks kept in memory
+    tier_cache_dir_bytes: int = 2 * 1024 * 1024 * 1024  # and on local disk (0: none)
+    tier_cache_dir: str = ""  # empty: <store_path>/tiercache
+    tier_check_interval_ms: int = 10_000  # how often the offloader looks for work
+    tier_request_timeout_ms: int = 10_000  # one object-store request, connect and read
     # --- Identity of this store on the wire ---------------------------------------------------
     store_host: str = "127.0.0.1"
     store_port: int = 10911
@@ -148,8 +170,19 @@ class StoreConfig:
                 "disk ratios must satisfy 0 < disk_max_used_space_ratio <= disk_space_warning_level_ratio"
                 " <= disk_space_clean_forcibly_ratio <= 1"
             )
+        if self.tier_url:
+            problems += tier_problems(self)
         if problems:
             raise ValueError("invalid StoreConfig: " + "; ".join(problems))
+
+    @property
+    def tier_cache_path(self) -> str:
+        return self.tier_cache_dir or os.path.join(self.store_path, "tiercache")
+
+    @property
+    def tier_state_path(self) -> str:
+        """The local copy of the tier's manifest (read at start: no network on the way up)."""
+        return os.path.join(self.store_path, "tier")
 
     # Paths of the on-disk structures, in RocketMQ's directory layout.
     @property
@@ -180,3 +213,48 @@ class StoreConfig:
 
     def with_changes(self, **changes: Any) -> StoreConfig:
         return replace(self, **changes)
+
+
+def parse_tier_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` → (bucket, prefix without slashes at its ends). Raises ValueError."""
+    if not url.startswith("s3://"):
+        raise ValueError(f"tier_url must look like s3://bucket/prefix, not {url[:80]!r}")
+    bucket, _, prefix = url[5:].partition("/")
+    # S3's bucket naming rules: 3-63 of lower-case letters, digits, dots and hyphens.
+    if not 3 <= len(bucket) <= 63 or not all(c.islower() or c.isdigit() or c in ".-" for c in bucket):
+        raise ValueError(f"tier_url: bucket {bucket[:80]!r} is not a valid S3 bucket name")
+    prefix = prefix.strip("/")
+    if len(prefix) > 512 or any(ord(c) < 32 for c in prefix):
+        raise ValueError("tier_url: the prefix must be at most 512 printable characters")
+    return bucket, prefix
+
+
+def tier_problems(cfg: StoreConfig) -> list[str]:
+    out = []
+    try:
+        parse_tier_url(cfg.tier_url)
+    except ValueError as e:
+        out.append(str(e))
+    if cfg.tier_endpoint_url and not cfg.tier_endpoint_url.startswith(("http://", "https://")):
+        out.append("tier_endpoint_url must be an http:// or https:// URL")
+    if not cfg.tier_group or "/" in cfg.tier_group or len(cfg.tier_group) > 255:
+        out.append("tier_group must name the broker group (1-255 characters, no '/')")
+    if not 0 <= cfg.tier_after_hours <= 8760:
+        out.append("tier_after_hours must be 0..8760")
+    if not 0 < cfg.local_retention_hours <= 8760:
+        out.append("local_retention_hours must be more than 0 and at most 8760")
+    if not 5 * 1024 * 1024 <= cfg.tier_upload_part_bytes <= 5 * 1024 * 1024 * 1024:
+        out.append("tier_upload_part_bytes must be 5 MiB..5 GiB (S3's part sizes)")
+    if not 4096 <= cfg.tier_read_chunk_bytes <= 64 * 1024 * 1024:
+        out.append("tier_read_chunk_bytes must be 4 KiB..64 MiB")
+    if not 0 <= cfg.tier_read_ahead_chunks <= 64:
+        out.append("tier_read_ahead_chunks must be 0..64")
+    if cfg.tier_cache_memory_bytes < 2 * cfg.tier_read_chunk_bytes * (1 + cfg.tier_read_ahead_chunks):
+        out.append("tier_cache_memory_bytes must hold at least twice a chunk and its read-ahead")
+    if cfg.tier_cache_dir_bytes < 0:
+        out.append("tier_cache_dir_bytes must be >= 0")
+    if not 100 <= cfg.tier_check_interval_ms <= 3_600_000:
+        out.append("tier_check_interval_ms must be 100..3600000")
+    if not 100 <= cfg.tier_request_timeout_ms <= 600_000:
+        out.append("tier_request_timeout_ms must be 100..600000")
+    return out

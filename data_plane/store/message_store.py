@@ -65,11 +65,17 @@ from data_plane.store.status import (
     PutMessageResult,
     PutMessageStatus,
 )
+from data_plane.store.tier import cold_read
+from data_plane.store.tier.tier import Tier
 
 if TYPE_CHECKING:
     from data_plane.store._speedups import Appended
 
 log = logging.getLogger(__name__)
+
+
+def _no_replication() -> int:
+    return 2**63 - 1
 
 
 def _wall_clock_ms() -> int:
@@ -92,6 +98,13 @@ class MessageStore:
         # The retention each topic was promised (set by the broker); a topic missing here has
         # file_reserved_time_hours. Counts what a deletion at the emergency watermark took early.
         self.topic_retention_hours: dict[str, float] = {}
+        # With a tier: how long each topic's uploaded files stay on local disk, when a topic asks
+        # for longer than ``local_retention_hours`` (set by the broker).
+        self.topic_local_retention_hours: dict[str, float] = {}
+        # The group's agreed offset: bytes below it are held by every member that could become
+        # master, so the tier may take them (set by a replicating broker; read by the
+        # offloader's thread, so it must not touch the store).
+        self.tier_safe_offset: Callable[[], int] = _no_replication
         # Told of every CommitLog file deleted inside retention (the emergency watermark), after
         # the deletion, on the thread running ``clean_once``.
         self.on_forced_deletion: Callable[[retention.ForcedDeletion], object] | None = None
@@ -113,6 +126,7 @@ class MessageStore:
             else None
         )
         self.dispatcher = Dispatcher(self.queues, self.index)
+        self.tier = Tier(self) if config.tier_url else None
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self._index_flush = IndexFlush(self)
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH
@@ -183,6 +197,12 @@ class MessageStore:
         create_abort_file(cfg.abort_path)
         self._start_services()
         self.running = True
+
+    def start_tiering(self) -> None:
+        """Start the tier's offloader (after ``start``, once ``fenced`` and ``tier_safe_offset`` say
+        what this store may upload: a broker calls it when its replication role is set)."""
+        if self.tier is not None and self.running:
+            self.tier.start()
 
     def _recover(self, crashed: bool) -> None:
         """Find where the log really ends, and make every index agree with it."""
@@ -303,6 +323,8 @@ class MessageStore:
         if not self.running:
             return
         self.running = False
+        if self.tier is not None:
+            self.tier.close()
         services = (self._queue_preparer, self._populate_ahead, self._reserve_ahead, self._group_commit)
         for svc in (*services, self._flush_log, self._flush_cq):
             if svc is not None:
@@ -677,17 +699,42 @@ class MessageStore:
         )
 
     def read_record(self, commit_log_offset: int) -> memoryview | None:
-        """The raw record at a CommitLog offset (what a PULL ships), or None."""
+        """The raw record at a CommitLog offset (what a PULL ships), or None — None too for a
+        tiered record not in memory: ``cold`` tells, ``fetch_cold`` brings it."""
+        if commit_log_offset < self.commit_log.min_offset() and self.tier is not None:
+            return cold_read.record(self.tier, commit_log_offset)
         return self.commit_log.read_record(commit_log_offset)
 
+    def cold(self, commit_log_offset: int) -> bool:
+        """The record is only in the tier and not in memory: ``await fetch_cold`` first."""
+        tier = self.tier
+        return (
+            tier is not None
+            and commit_log_offset < self.commit_log.min_offset()
+            and tier.covers(commit_log_offset)
+            and tier.missing(commit_log_offset, cold_read.HEADER_SIZE)
+        )
+
+    async def fetch_cold(self, commit_log_offset: int, size: int = 0) -> None:
+        """Bring a tiered record (its first ``size`` bytes; 0: the whole record) into memory.
+        Raises ObjectStoreError."""
+        if self.tier is not None:
+            await cold_read.fetch(self.tier, commit_log_offset, size)
+
     def look_message_by_offset(self, commit_log_offset: int) -> StoredMessage | None:
-        raw = self.commit_log.read_record(commit_log_offset)
+        raw = self.read_record(commit_log_offset)
         if raw is None:
             return None
         try:
             return decode_record(raw)
         except RecordError:
             return None
+
+    async def look_message_by_offset_cold(self, commit_log_offset: int) -> StoredMessage | None:
+        """``look_message_by_offset``, fetching from the tier when the record is only there."""
+        if self.cold(commit_log_offset):
+            await self.fetch_cold(commit_log_offset)
+        return self.look_message_by_offset(commit_log_offset)
 
     def view_message_by_id(self, msg_id: str) -> StoredMessage | None:
         """Decode a message id (raises ValueError when malformed) and read its record."""
@@ -713,6 +760,19 @@ class MessageStore:
                     break
         return out
 
+    async def query_message_cold(
+        self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
+    ) -> list[StoredMessage]:
+        """``query_message`` over tiered messages too: the index's hits that are only in the tier
+        are fetched first (the index stays local for the whole retention)."""
+        if self.index is None:
+            return []
+        max_num = max(1, min(max_num, 64 * 1024))
+        for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
+            if self.cold(phy):
+                await self.fetch_cold(phy)
+        return self.query_message(topic, key, max_num, begin_ms, end_ms)
+
     def min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)
         return cq.min_offset_in_queue() if cq is not None else 0
@@ -725,7 +785,21 @@ class MessageStore:
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return 0
-        return cq.offset_by_time(timestamp_ms, self.commit_log.store_timestamp_at)
+        return cq.offset_by_time(timestamp_ms, self.store_timestamp_at)
+
+    async def offset_in_queue_by_time_cold(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """``offset_in_queue_by_time`` over tiered messages too: the search's probes of tiered
+        records are fetched first."""
+        cq = self.queues.get(topic, queue_id)
+        if cq is None:
+            return 0
+        return await cold_read.offset_by_time(self, cq, timestamp_ms)
+
+    def store_timestamp_at(self, commit_log_offset: int) -> int:
+        """The store time of the record at an offset, tiered too when in memory (-1: none)."""
+        if commit_log_offset < self.commit_log.min_offset() and self.tier is not None:
+            return cold_read.store_timestamp(self.tier, commit_log_offset)
+        return self.commit_log.store_timestamp_at(commit_log_offset)
 
     def commit_log_offset_in_queue(self, topic: str, queue_id: int, queue_offset: int) -> int:
         cq = self.queues.get(topic, queue_id)
@@ -734,10 +808,16 @@ class MessageStore:
 
     def message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
         phy = self.commit_log_offset_in_queue(topic, queue_id, queue_offset)
-        return self.commit_log.store_timestamp_at(phy) if phy >= 0 else -1
+        return self.store_timestamp_at(phy) if phy >= 0 else -1
 
     def min_phy_offset(self) -> int:
         return self.commit_log.min_offset()
+
+    def log_floor(self) -> int:
+        """Where the messages this store can serve begin: the local log's first offset, or
+        further back where the tier holds every file up to it."""
+        local = self.commit_log.min_offset()
+        return self.tier.floor(local) if self.tier is not None else local
 
     def max_phy_offset(self) -> int:
         return self.commit_log.max_offset()

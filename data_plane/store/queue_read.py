@@ -65,6 +65,7 @@ def get_message(
     units, n = found
     cl = store.commit_log
     log_min = cl.min_offset()
+    tier = store.tier
     max_bytes = store.config.max_transfer_bytes_on_message
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     messages = result.messages
@@ -95,6 +96,23 @@ def get_message(
         if queue_offsets and (len(queue_offsets) >= max_msg_nums or total_bytes + size > max_bytes):
             break
         i += 1
+        if phy < log_min and tier is not None and size > 0 and tier.covers(phy):
+            # Tiered: from the tier's memory, or stop here for the caller to fetch it.
+            if tags_codes is not None and tags not in tags_codes:
+                continue
+            view = tier.view(phy, size)
+            if view is None:
+                i -= 1
+                result.cold_offset = phy
+                break
+            if record_filter is not None and not record_filter(view):
+                continue
+            messages.append(view)
+            queue_offsets.append(offset + i - 1)
+            total_bytes += size
+            last_phy = phy
+            run_end = -1
+            continue
         if phy < log_min or size <= 0:
             if not messages:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
@@ -138,5 +156,6 @@ def get_message(
     result.buffer_total_size = total_bytes
     if messages:
         behind = cl.max_offset() - last_phy
-        result.suggest_pulling_from_slave = behind > store.hot_data_bytes
+        # (a tiered read is never suggested to a slave: the slave reads the same bucket)
+        result.suggest_pulling_from_slave = behind > store.hot_data_bytes and last_phy >= log_min
     return result

@@ -132,6 +132,35 @@ def _past_retention(commit_log: CommitLog, index: int, cutoff_ms: float) -> bool
     return newest is not None and newest < cutoff_ms
 
 
+def _local_copy_may_go(store: MessageStore, index: int, cutoff_ms: float, now_ms: float, pressure: bool) -> bool:
+    """May the ``index``-th CommitLog file leave local disk? Past total retention, always; with a
+    tier, also once the manifest names it (uploaded and verified) and either the disk is under
+    pressure or its newest message is past the local retention of every topic in it."""
+    cl = store.commit_log
+    newest = newest_store_time_ms(cl, index)
+    if newest is None:
+        return False
+    if newest < cutoff_ms:
+        return True
+    tier = store.tier
+    if tier is None:
+        return False
+    tiered = tier.manifest.find(cl.mfq.files[index].file_from_offset)
+    if tiered is None:
+        return False
+    if pressure:
+        return True
+    default_h = store.config.local_retention_hours
+    local = store.topic_local_retention_hours
+    keep_h = max((local.get(t, default_h) for t in tiered.topics), default=default_h)
+    return newest < now_ms - keep_h * HOUR_MS
+
+
+def _uploaded(store: MessageStore, index: int) -> bool:
+    tier = store.tier
+    return tier is not None and tier.manifest.find(store.commit_log.mfq.files[index].file_from_offset) is not None
+
+
 def _first_unit_at(cq: ConsumeQueue, lo: int, hi: int, phy_offset: int) -> int:
     """The first queue offset in ``lo..hi`` whose record starts at or after ``phy_offset``."""
     while lo < hi:
@@ -192,16 +221,22 @@ def clean_once(store: MessageStore, now_s: float) -> CleanReport:
     deleted = 0
     forced: list[ForcedDeletion] = []
     with cl.lock:
-        # Past retention: a batch a round, or all of them under pressure.
-        limit = len(mfq.files) if usage >= cfg.disk_max_used_space_ratio else cfg.delete_files_batch_max
+        # Past retention (or, with a tier, uploaded and past local retention): a batch a round,
+        # or all of them under pressure.
+        pressure = usage >= cfg.disk_max_used_space_ratio
+        limit = len(mfq.files) if pressure else cfg.delete_files_batch_max
         expired = 0
-        while expired < min(limit, len(mfq.files) - 1) and _past_retention(cl, expired, cutoff_ms):
+        while expired < min(limit, len(mfq.files) - 1) and _local_copy_may_go(
+            store, expired, cutoff_ms, now_ms, pressure
+        ):
             expired += 1
         if expired:
             deleted += len(mfq.delete_first_files(expired))
             usage = store._disk_usage_ratio(cfg.store_path)
         # The emergency watermark: the oldest files go whatever their age.
         while usage >= cfg.disk_space_clean_forcibly_ratio and len(mfq.files) > 1:
+            if store.tier is not None and not _uploaded(store, 0):
+                break  # with a tier, nothing leaves before it is uploaded: writes wait instead
             first = mfq.files[0]
             newest = newest_store_time_ms(cl, 0)
             if newest is None or newest >= cutoff_ms:
@@ -218,9 +253,11 @@ def clean_once(store: MessageStore, now_s: float) -> CleanReport:
             usage = store._disk_usage_ratio(cfg.store_path)
         mfq.retry_zombies()
         cq_deleted = idx_deleted = 0
-        phy_min = mfq.min_offset()
+        # The queues and the index keep what the tier still holds.
+        phy_min = store.log_floor()
         if deleted:
-            log.info("retention deleted %d CommitLog files; log now starts at %d", deleted, phy_min)
+            log.info("retention deleted %d CommitLog files; local log now starts at %d, messages at %d", deleted,
+                     mfq.min_offset(), phy_min)  # fmt: skip
             for cq in store.queues:
                 cq_deleted += cq.delete_expired_files(phy_min)
             usage = store._disk_usage_ratio(cfg.store_path)
@@ -236,6 +273,11 @@ def clean_once(store: MessageStore, now_s: float) -> CleanReport:
                 f"disk is full: {usage:.1%} used, at or past disk_space_warning_level_ratio ({warning:.0%}); "
                 "stored messages are kept, writes resume when space returns"
             )
+            if store.tier is not None and store.tier.offloader.last_error:
+                store.disk_full_reason += (
+                    f" (the object store is unavailable, so sealed files cannot move there: "
+                    f"{store.tier.offloader.last_error[:200]})"
+                )
             if not was_full:
                 log.warning("disk %.1f%% used, at or past disk_space_warning_level_ratio (%.0f%%): puts are "
                             "refused with DISK_FULL", usage * 100, warning * 100)  # fmt: skip

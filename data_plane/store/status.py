@@ -186,6 +186,9 @@ class GetMessageResult:
     # True when the data read lies far behind the write point: a hint that a slave should serve
     # this consumer (seed 7.15).
     suggest_pulling_from_slave: bool = False
+    # The read stopped at a tiered record not in memory (its CommitLog offset; -1: it did not):
+    # ``await MessageStore.fetch_cold`` it and read again. Never on the wire.
+    cold_offset: int = -1
 
     @property
     def message_count(self) -> int:

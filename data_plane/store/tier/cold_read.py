@@ -1,0 +1,68 @@
+"""Reading tiered records: the store's readers take a record from the tier's memory cache when
+it is there (never blocking the loop), and otherwise ``await`` a fetch on a worker thread and
+read again. Hot reads — records still in the local log — never come here."""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
+from data_plane.store.message import OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
+
+if TYPE_CHECKING:
+    from data_plane.store.consume_queue import ConsumeQueue
+    from data_plane.store.message_store import MessageStore
+    from data_plane.store.tier.tier import Tier
+
+HEADER_SIZE = RECORD_HEADER.size
+_SIZE_MAGIC = struct.Struct(">ii")
+
+
+def record(tier: Tier, offset: int) -> memoryview | None:
+    """The whole record at ``offset`` if the tier has it in memory, else None."""
+    head = tier.view(offset, 8)
+    if head is None:
+        return None
+    total, magic = _SIZE_MAGIC.unpack_from(head, 0)
+    if magic != MESSAGE_MAGIC_CODE or total <= HEADER_SIZE:
+        return None
+    return tier.view(offset, total)
+
+
+def store_timestamp(tier: Tier, offset: int) -> int:
+    head = tier.view(offset, HEADER_SIZE)
+    if head is None:
+        return -1
+    return int(STORE_TIMESTAMP.unpack_from(head, OFF_STORE_TIMESTAMP)[0])
+
+
+async def fetch(tier: Tier, offset: int, size: int = 0) -> None:
+    """Bring ``size`` bytes at ``offset`` into memory; ``size`` 0: the whole record there."""
+    if size > 0:
+        await tier.load(offset, size)
+        return
+    await tier.load(offset, HEADER_SIZE)
+    head = tier.view(offset, 8)
+    if head is not None:
+        total, magic = _SIZE_MAGIC.unpack_from(head, 0)
+        if magic == MESSAGE_MAGIC_CODE and total > HEADER_SIZE:
+            await tier.load(offset, total)
+
+
+async def offset_by_time(store: MessageStore, cq: ConsumeQueue, timestamp_ms: int) -> int:
+    """``ConsumeQueue.offset_by_time`` whose probes of tiered records are fetched first."""
+    lo = cq.min_offset_in_queue()
+    hi = cq.max_offset_in_queue()
+    while lo < hi:
+        mid = (lo + hi) // 2
+        u = cq.unit(mid)
+        phy = u[0] if u is not None else -1
+        if phy >= 0 and store.cold(phy):
+            await store.fetch_cold(phy, HEADER_SIZE)
+        ts = store.store_timestamp_at(phy) if phy >= 0 else -1
+        if ts < timestamp_ms:  # (a removed or missing record is older than anything still there)
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
