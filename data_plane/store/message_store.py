@@ -127,6 +127,7 @@ class MessageStore:
         )
         self.dispatcher = Dispatcher(self.queues, self.index)
         self.tier = Tier(self) if config.tier_url else None
+        self.queues_floor = 0  # the log floor the queues' min offsets were last moved to (retention)
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self._index_flush = IndexFlush(self)
         self.sync_flush = config.flush_disk_type is FlushDiskType.SYNC_FLUSH

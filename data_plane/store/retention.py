@@ -258,6 +258,8 @@ def clean_once(store: MessageStore, now_s: float) -> CleanReport:
         if deleted:
             log.info("retention deleted %d CommitLog files; local log now starts at %d, messages at %d", deleted,
                      mfq.min_offset(), phy_min)  # fmt: skip
+        if deleted or phy_min != store.queues_floor:  # (tier retention moves the floor too)
+            store.queues_floor = phy_min
             for cq in store.queues:
                 cq_deleted += cq.delete_expired_files(phy_min)
             usage = store._disk_usage_ratio(cfg.store_path)
