@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
-import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from typing import Any
 
-from benchmarks.output import emit, header
+from benchmarks.output import emit, header, result_path
 from loadtest.partition.cluster import ClusterOptions
 from loadtest.partition.run import Harness, missed_targets, run_schedule
 from loadtest.partition.schedule import random_schedule
@@ -107,24 +104,6 @@ async def run(schedules: int, seed: int, options: ClusterOptions) -> dict[str, A
     }
 
 
-def default_name() -> str:
-    """``partitions-<UTC time>-<git short hash>.json``, as benchmarks/results names runs."""
-    stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H%M")
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip()  # fmt: skip
-    except (OSError, subprocess.CalledProcessError):
-        rev = "nogit"
-    return f"partitions-{stamp}-{rev}.json"
-
-
-def out_path(out: str | None) -> str | None:
-    """``--out``: a file, or a directory to write ``default_name()`` into."""
-    if out and os.path.isdir(out):
-        return os.path.join(out, default_name())
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.partitions", description=__doc__.split("\n\n")[0])
     p.add_argument("--schedules", type=int, default=10, help="seeded schedules to run (default 10)")
@@ -149,7 +128,7 @@ def run_command(args: argparse.Namespace) -> int:
     # the command that replays this run, its seed included
     again = ["--schedules", str(args.schedules), "--seed", str(seed), "--lease-s", f"{args.lease_s:g}",
              "--check-s", f"{args.check_s:g}"]  # fmt: skip
-    emit({**header("partitions", again), **result}, out_path(args.out))
+    emit({**header("partitions", again), **result}, result_path(args.out, "partitions"))
     t = result["totals"]
     return 0 if not (t["lost"] or t["changed"] or t["overlapping_masters"]) else 1
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks.partitions import default_name, totals
+from benchmarks.output import default_name
+from benchmarks.partitions import totals
 from loadtest.partition.checks import TENURE_TOLERANCE_S, Stored, longest_gap, tenure_violations
 from loadtest.partition.cluster import NetPath
 from loadtest.partition.monitor import Election, parse_history
@@ -109,5 +110,5 @@ def test_the_benchmark_totals() -> None:
     assert t["overlapping_masters"] == 1
     assert t["lost"] == 0
     assert t["per_kind"]["cp:hold:master"]["unavailable_s"] == {"max": 11.0, "mean": 8.0, "count": 2}
-    assert default_name().startswith("partitions-")
-    assert default_name().endswith(".json")
+    assert default_name("partitions").startswith("partitions-")
+    assert default_name("partitions").endswith(".json")
