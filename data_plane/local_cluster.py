@@ -10,6 +10,11 @@ With ``slaves`` > 0 the broker group is a SYNC_MASTER (``master_role``) and that
 (``broker-a-s1``, ...; listen port = broker port + 10 x n); with tenancy on too, the group fails
 over automatically through the control plane's leases (docs/ha.md).
 
+With ``tier`` the brokers tier their sealed CommitLog files to a local S3-compatible store
+(``data_plane/local_object_store.py``, started first, stopped last, empty at every start): bucket
+``orbit-tier``, prefix the cluster's name, short retention (``TIER_STORE_SETTINGS``), and the
+store's dummy credentials in the brokers' environment.
+
 Each child is ``python -m data_plane.cli <namesrv|broker> ... --ready-file F``; a child is up
 once F holds its address. Stopping sends SIGTERM to brokers first (they unregister and flush),
 then to the name server, and waits."""
@@ -22,9 +27,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from data_plane.broker.config import BrokerConfig
 from data_plane.dev_tenancy import (
     BootstrapError,
     Demo,
@@ -35,7 +42,25 @@ from data_plane.dev_tenancy import (
 )
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, make_local_ca
 
+if TYPE_CHECKING:
+    from data_plane.local_object_store import LocalObjectStore
+
 READY_TIMEOUT_S = 60.0
+TIER_BUCKET = "orbit-tier"
+# Short enough to watch locally: a sealed file goes to the bucket after ~36 s and its local copy
+# is deleted after 6 minutes (then reads of it go to the bucket). --store-set overrides them.
+TIER_STORE_SETTINGS: dict[str, float] = {"tier_after_hours": 0.01, "local_retention_hours": 0.1}
+
+
+def tier_store_settings(endpoint_url: str, *, region: str, cluster_name: str) -> dict[str, str | float]:
+    """The ``[store]`` settings that point a broker of ``cluster_name`` at the bucket
+    ``TIER_BUCKET`` of the S3-compatible store at ``endpoint_url``."""
+    return {
+        "tier_url": f"s3://{TIER_BUCKET}/{cluster_name}",
+        "tier_endpoint_url": endpoint_url,
+        "tier_region": region,
+        **TIER_STORE_SETTINGS,
+    }
 
 
 class ClusterError(RuntimeError):
@@ -63,8 +88,17 @@ class Child:
                 self.proc.wait()
 
 
-def spawn(kind: str, name: str, args: list[str], run_dir: str, *, new_session: bool = True) -> Child:
-    """Start ``orbit <kind> <args>`` and wait until it serves."""
+def spawn(
+    kind: str,
+    name: str,
+    args: list[str],
+    run_dir: str,
+    *,
+    new_session: bool = True,
+    env: Mapping[str, str] | None = None,
+) -> Child:
+    """Start ``orbit <kind> <args>`` (in ``env``, else this process's environment) and wait
+    until it serves."""
     os.makedirs(run_dir, exist_ok=True)
     ready = os.path.join(run_dir, f"{name}.ready")
     if os.path.exists(ready):
@@ -76,6 +110,7 @@ def spawn(kind: str, name: str, args: list[str], run_dir: str, *, new_session: b
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=new_session,  # Ctrl-C reaches the parent only; it stops children in order
+            env=env,
         )
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
@@ -114,6 +149,11 @@ class LocalCluster:
     # (TLS and plain on one port: stock clients without TLS still connect), the control plane on HTTPS.
     tls: bool = False
     tls_files: dict[str, str] = field(default_factory=dict)
+    # Tiered storage to a local S3-compatible store (see the module's docstring).
+    tier: bool = False
+    object_store: LocalObjectStore | None = None
+    tier_settings: dict[str, str | float] = field(default_factory=dict)  # [store] settings of every broker
+    broker_env: dict[str, str] | None = None  # None: this process's environment
     _env_before: str | None = None
 
     @property
@@ -122,6 +162,8 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         try:
+            if self.tier:
+                self.start_object_store()
             tenancy_flags: list[str] = []
             api = None
             ns_tls: list[str] = []
@@ -180,7 +222,8 @@ class LocalCluster:
             self.children.append(ns)
             members: list[Child] = []
             for i, name in enumerate(self.broker_names):  # each kept as it starts: a later failure stops it
-                members.append(spawn("broker", name, self.broker_args(i, ns.address, tenancy_flags), self.run_dir))
+                args = self.broker_args(i, ns.address, tenancy_flags)
+                members.append(spawn("broker", name, args, self.run_dir, env=self.broker_env))
                 self.children.append(members[-1])
             if api is not None:
                 ensure_broker_group(api, "broker-a", [m.address for m in members], ns.address)
@@ -189,6 +232,26 @@ class LocalCluster:
             self.stop()
             raise
         return self
+
+    def start_object_store(self) -> None:
+        """Start the local S3-compatible store with the bucket ``TIER_BUCKET``, and set what the
+        brokers get from it: ``tier_settings`` and ``broker_env``."""
+        from data_plane.local_object_store import LocalObjectStore, LocalObjectStoreError
+
+        # On 127.0.0.1 whatever --host is: only the brokers on this machine use it.
+        store = self.object_store = LocalObjectStore(os.path.join(self.run_dir, "object-store.log"))
+        try:
+            store.start()
+            store.create_bucket(TIER_BUCKET)
+        except LocalObjectStoreError as e:
+            raise ClusterError(f"object-store did not start: {e}") from None
+        cluster_name = BrokerConfig().cluster_name  # the brokers' (LocalCluster does not name its own)
+        self.tier_settings = tier_store_settings(store.endpoint_url, region=store.region, cluster_name=cluster_name)
+        self.broker_env = store.environment()
+
+    @property
+    def tier_url(self) -> str:
+        return str(self.tier_settings.get("tier_url", ""))
 
     @property
     def broker_names(self) -> list[str]:
@@ -211,6 +274,7 @@ class LocalCluster:
             "--store-dir", store_dir,
             "--flush", self.flush,
             *tenancy_flags,
+            *(f for key, value in self.tier_settings.items() for f in ("--store-set", f"{key}={value}")),
             # The RocketMQ 5 clients' gRPC endpoint: two above the remoting port (the HA port is one above).
             "--set", f"grpc_listen={self.host}:{port + 2 if port else 0}",
         ]  # fmt: skip
@@ -250,6 +314,9 @@ class LocalCluster:
             out["operator_credentials_file"] = os.path.join(self.root, "control-plane", "operator.json")
         if self.tls:
             out["tls_ca_file"] = self.tls_files[CA_FILE]
+        if self.object_store is not None:
+            out["s3"] = self.object_store.endpoint_url
+            out["tier_url"] = self.tier_url
         if self.demo is not None:
             out["demo"] = {
                 "tenant": self.demo.tenant,
@@ -266,6 +333,8 @@ class LocalCluster:
         for c in reversed(self.children):
             c.stop()
         self.children.clear()
+        if self.object_store is not None:  # last: brokers may upload while they stop
+            self.object_store.stop()
         if self.tls:
             if self._env_before is None:
                 os.environ.pop("ORBIT_TLS_CA", None)

@@ -79,7 +79,8 @@ The local development cluster, every part a process on this machine:
   - a name server;
   - broker group broker-a: a SYNC_MASTER and a slave replicating it, with failover through
     the control plane (--single-broker: one broker; --no-tenancy: no control plane, no
-    credentials).
+    credentials);
+  - with --tier, an S3-compatible store (moto) the brokers tier sealed CommitLog files to.
 State lives under --dir, so a second `dev up` finds its topics and messages again."""
 
 
@@ -124,6 +125,11 @@ def add_parser(sub: Any) -> None:
         "--tls", action="store_true",
         help="TLS: a local CA under DIR/tls; name server and brokers take TLS and plain TCP, the control plane HTTPS",
     )  # fmt: skip
+    up.add_argument(
+        "--tier", action="store_true",
+        help="tiered storage: brokers move sealed CommitLog files to a local S3-compatible store (moto, empty at "
+        "every start; bucket orbit-tier) and read them back from it",
+    )  # fmt: skip
     up.add_argument("--ready-file", help="write the endpoints here as JSON once serving")
     up.set_defaults(func=dev_up)
 
@@ -152,6 +158,7 @@ def dev_up(args: argparse.Namespace) -> int:
         slaves=0 if args.single_broker else 1,
         control_plane_port=args.control_plane_port,
         tls=args.tls,
+        tier=args.tier,
     )
     try:
         cluster.start()
@@ -177,6 +184,8 @@ def dev_up(args: argparse.Namespace) -> int:
         ca = cluster.tls_files["ca.pem"]
         print(f"  TLS           CA {ca}: clients trust it with  export ORBIT_TLS_CA={ca}")
         print("                (the SDK, CLI and Spark connector then connect over TLS and verify; curl --cacert)")
+    if endpoints.get("s3"):
+        print(f"  S3 (tier)     {endpoints['s3']}  brokers tier to {endpoints['tier_url']}  (moto: in memory only)")
     print(f"  data          {cluster.root}")
     print(f"  logs          {cluster.run_dir}")
     demo = cluster.demo
