@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,11 +44,11 @@ class Put:
 
 @pytest.fixture
 def open_store(
-    tmp_path: Path, clock: ManualClock, tier_bucket: tuple[str, str]
-) -> Iterator[Callable[..., MessageStore]]:
-    """``open_store(name="a", **config changes)``: a started store with a tier in the test's bucket."""
+    tmp_path: Path, make_store: Callable[..., MessageStore], tier_bucket: tuple[str, str]
+) -> Callable[..., MessageStore]:
+    """``open_store(name="a", disk=None, **config changes)``: a started store (conftest's
+    ``make_store``) with a tier in the test's bucket."""
     endpoint, bucket = tier_bucket
-    made: list[MessageStore] = []
 
     def make(name: str = "a", disk: Callable[[str], float] | None = None, **changes: object) -> MessageStore:
         values: dict[str, object] = {
@@ -57,14 +57,9 @@ def open_store(
             "tier_request_timeout_ms": 2_000, "tier_check_interval_ms": 3_600_000,
         }  # fmt: skip
         values.update(changes)
-        store = MessageStore(small_config(str(tmp_path / name), **values), clock_ms=clock, disk_usage_ratio=disk)
-        store.start()
-        made.append(store)
-        return store
+        return make_store(str(tmp_path / name), disk, **values)
 
-    yield make
-    for store in made:
-        store.shutdown()
+    return make
 
 
 def _fill(store: MessageStore, clock: ManualClock, files: int, topics: tuple[str, ...] = ("T",)) -> list[Put]:
