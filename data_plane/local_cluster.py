@@ -49,7 +49,15 @@ READY_TIMEOUT_S = 60.0
 TIER_BUCKET = "orbit-tier"
 # Short enough to watch locally: a sealed file goes to the bucket after ~36 s and its local copy
 # is deleted after 6 minutes (then reads of it go to the bucket). --store-set overrides them.
-TIER_STORE_SETTINGS: dict[str, float] = {"tier_after_hours": 0.01, "local_retention_hours": 0.1}
+# Small CommitLog files (8 MiB, twice the largest message) so that files seal, are uploaded and
+# leave local disk within minutes of trying it: uploaded once sealed, local copies kept 6 min,
+# retention rounds every 10 s.
+TIER_STORE_SETTINGS: dict[str, float] = {
+    "commit_log_file_size_bytes": 8 * 1024 * 1024,
+    "tier_after_hours": 0.0,
+    "local_retention_hours": 0.1,
+    "tier_check_interval_ms": 5_000,
+}
 
 
 def tier_store_settings(endpoint_url: str, *, region: str, cluster_name: str) -> dict[str, str | float]:

@@ -164,8 +164,9 @@ def make_store(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., Mes
     """``make_store(**config changes)`` → a started store under tmp_path (shut down after)."""
     made: list[MessageStore] = []
 
-    def make(path: str | None = None, **changes: object) -> MessageStore:
-        store = MessageStore(small_config(path or str(tmp_path / "store"), **changes), clock_ms=clock)
+    def make(path: str | None = None, disk: Callable[[str], float] | None = None, **changes: object) -> MessageStore:
+        config = small_config(path or str(tmp_path / "store"), **changes)
+        store = MessageStore(config, clock_ms=clock, disk_usage_ratio=disk)
         store.start()
         made.append(store)
         return store

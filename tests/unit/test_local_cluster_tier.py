@@ -28,8 +28,10 @@ def test_the_settings_point_at_the_bucket_under_the_cluster_name() -> None:
         "tier_url": "s3://orbit-tier/DefaultCluster",
         "tier_endpoint_url": ENDPOINT,
         "tier_region": "us-east-1",
-        "tier_after_hours": 0.01,
+        "commit_log_file_size_bytes": 8 * 1024 * 1024,
+        "tier_after_hours": 0.0,
         "local_retention_hours": 0.1,
+        "tier_check_interval_ms": 5_000,
     }
     assert TIER_STORE_SETTINGS["tier_after_hours"] < TIER_STORE_SETTINGS["local_retention_hours"]
 
@@ -43,8 +45,10 @@ def test_every_broker_gets_the_settings_with_their_types_and_the_developers_stor
             ("tier_url", "s3://orbit-tier/DefaultCluster"),
             ("tier_endpoint_url", ENDPOINT),
             ("tier_region", "us-east-1"),
-            ("tier_after_hours", 0.01),
+            ("commit_log_file_size_bytes", 8 * 1024 * 1024),
+            ("tier_after_hours", 0.0),
             ("local_retention_hours", 0.1),
+            ("tier_check_interval_ms", 5_000),
             ("local_retention_hours", 2),  # later wins
         ]
 
@@ -52,7 +56,7 @@ def test_every_broker_gets_the_settings_with_their_types_and_the_developers_stor
 def test_without_tier_no_broker_gets_tier_settings(tmp_path: Path) -> None:
     cluster = LocalCluster(str(tmp_path))
     keys = [key for key, _ in store_sets(cluster.broker_args(0, "127.0.0.1:9876", []))]
-    assert not [key for key in keys if key.startswith(("tier_", "local_retention"))]
+    assert not [key for key in keys if key.startswith(("tier_", "local_retention", "commit_log"))]
     assert cluster.broker_env is None
     assert cluster.tier_url == ""
 
