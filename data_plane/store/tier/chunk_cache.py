@@ -2,7 +2,10 @@
 (``tier_read_chunk_bytes``, aligned within each file) and kept in two bounded caches — memory
 (``tier_cache_memory_bytes``, least recently used first out) and a local directory
 (``tier_cache_dir_bytes``, likewise). A fetch also starts the next ``tier_read_ahead_chunks``
-chunks in the background, so a sequential reader finds them fetched.
+chunks in the background, and a reader's first view of a chunk fetched ahead moves that window
+on (it starts what has come into range), so a sequential reader keeps ``tier_read_ahead_chunks``
+GETs under way and finds its chunks fetched: not a wait for a GET every ``1 + read_ahead``
+chunks, as when only a miss starts the read-ahead.
 
 ``view`` is the readers' side and never blocks: bytes from memory, or None. ``fetch`` (a
 worker thread's) brings a chunk into memory, from the directory or the object store; several
@@ -54,6 +57,8 @@ class ChunkCache:
         self._on_disk: OrderedDict[ChunkKey, int] = OrderedDict()
         self._disk_used = 0
         self._inflight: dict[ChunkKey, concurrent.futures.Future[bytes]] = {}
+        # Chunks fetched ahead that no reader has viewed yet: the first view moves the window on.
+        self._ahead: set[ChunkKey] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="tier-read")
         # Counters (the broker's runtime info).
         self.gets = 0
@@ -78,6 +83,9 @@ class ChunkCache:
             if a is None:
                 return None
             mem.move_to_end((f.from_offset, first))
+            if self._ahead and (f.from_offset, first) in self._ahead:
+                self._ahead.discard((f.from_offset, first))
+                self._read_ahead_locked(f, first + 1)  # (submits only: never waits)
             if first == last:
                 at = pos - first * c
                 return memoryview(a)[at : at + size]
@@ -121,19 +129,28 @@ class ChunkCache:
         if found is None:
             return False
         f, first, last = found
-        c = self.chunk_bytes
         for k in range(first, last + 1):
             self._fetch_chunk(f, k).result()
-        k = last + 1
-        for _ in range(self.read_ahead):  # behind it, into the next file when this one ends
-            if k * c >= f.size:
-                nxt = self._after(f)
-                if nxt is None:
-                    break
-                f, k = nxt, 0
-            self._fetch_chunk(f, k)
-            k += 1
+        with self._lock:
+            self._read_ahead_locked(f, last + 1)
         return True
+
+    def _read_ahead_locked(self, f: TieredFile | None, k: int) -> None:
+        """Start the ``read_ahead`` chunks from chunk ``k`` of ``f`` that are neither in memory nor
+        under way, into the next file when this one ends (the lock held; nothing waits)."""
+        c = self.chunk_bytes
+        for _ in range(self.read_ahead):
+            if f is not None and k * c >= f.size:
+                f, k = self._after(f), 0
+            if f is None:
+                return
+            key = (f.from_offset, k)
+            if key not in self._memory and key not in self._inflight:
+                try:
+                    self._inflight[key] = self._pool.submit(self._load, f, k, ahead=True)
+                except RuntimeError:  # closed: the store is stopping
+                    return
+            k += 1
 
     def _fetch_chunk(self, f: TieredFile, k: int) -> concurrent.futures.Future[bytes]:
         key = (f.from_offset, k)
@@ -151,7 +168,7 @@ class ChunkCache:
             self._inflight[key] = fut
         return fut
 
-    def _load(self, f: TieredFile, k: int) -> bytes:
+    def _load(self, f: TieredFile, k: int, *, ahead: bool = False) -> bytes:
         key = (f.from_offset, k)
         try:
             data = self._read_disk(key)
@@ -171,9 +188,12 @@ class ChunkCache:
                     self._memory_used -= len(old)
                 self._memory[key] = data
                 self._memory_used += len(data)
+                if ahead:
+                    self._ahead.add(key)
                 while self._memory_used > self.memory_bytes and len(self._memory) > 1:
-                    _, gone = self._memory.popitem(last=False)
+                    gone_key, gone = self._memory.popitem(last=False)
                     self._memory_used -= len(gone)
+                    self._ahead.discard(gone_key)
             return data
         finally:
             with self._lock:
@@ -247,6 +267,7 @@ class ChunkCache:
         with self._lock:
             for key in [k for k in self._memory if k[0] == from_offset]:
                 self._memory_used -= len(self._memory.pop(key))
+                self._ahead.discard(key)
             disk = [k for k in self._on_disk if k[0] == from_offset]
             for key in disk:
                 self._disk_used -= self._on_disk.pop(key)
