@@ -6,6 +6,7 @@ orbit bench store [--quick] [--dir DIR] [--out FILE]   store benchmark, JSON on 
 orbit bench e2e [--quick] [--latency-first] [--runs N] [--out FILE]  end-to-end benchmark, JSON
 orbit bench ha [--quick] [--out FILE]                  SYNC vs ASYNC master, slave catch-up
 orbit bench partitions --schedules N [--seed S] [--out FILE|DIR]  seeded cuts, heals, kill -9 on a group
+orbit bench tier [--quick] [--seed S] [--out FILE|DIR]  tiered storage: offload, cold reads (moto as S3)
 orbit bench spark [--quick] [--out FILE]               format("orbit") streaming throughput (spark extra)
 orbit pipeline metering --namesrv A --checkpoint DIR   usage → billing aggregates on Spark (spark extra)
 orbit topic|produce|consume|message|group ...          cluster operations (see --help)
@@ -159,6 +160,12 @@ def _bench_partitions(args: argparse.Namespace) -> int:
     return partitions.run_command(args)
 
 
+def _bench_tier(args: argparse.Namespace) -> int:
+    from benchmarks import tier
+
+    return tier.run_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orbit", description="Orbit: a managed message queue.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -256,6 +263,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pt.add_argument("--out", help="also write the JSON here; a directory: partitions-<UTC time>-<git hash>.json in it")
     pt.set_defaults(func=_bench_partitions)
+    tier = bench_sub.add_parser(
+        "tier", help="tiered storage on real processes: offload rate and send latency, cold reads, lost (JSON)"
+    )
+    tier.add_argument("--quick", action="store_true", help="one round of 4-second phases, 128 MiB read (a minute)")
+    tier.add_argument("--seed", type=int, help="the bodies' and offsets' seed (default: a random one, printed)")
+    tier.add_argument(
+        "--rounds", type=_whole("--rounds", 0, 20), help="pairs of offload phases, object store at nice 19 (2; quick 1)"
+    )
+    tier.add_argument(
+        "--colocated-rounds",
+        type=_whole("--colocated-rounds", 0, 20),
+        help="pairs of offload phases before those, the object store at the broker's priority (1)",
+    )
+    tier.add_argument(
+        "--seconds", type=_amount("--seconds", 1, 600), help="measured seconds of each offload phase (10; --quick 4)"
+    )
+    tier.add_argument("--rate", type=_whole("--rate", 100, 50_000), help="paced sends a second (3000)")
+    tier.add_argument("--read-mb", type=_whole("--read-mb", 8, 16_384), help="MiB read back (320; --quick 128)")
+    tier.add_argument(
+        "--chunk-mb", type=_amount("--chunk-mb", 0.004, 64), help="the broker's tier_read_chunk_bytes, MiB (4)"
+    )
+    tier.add_argument(
+        "--read-ahead", type=_whole("--read-ahead", 0, 64), help="the broker's tier_read_ahead_chunks (4)"
+    )
+    tier.add_argument("--dir", help="the cluster's directory, kept (default: a temporary one, removed)")
+    tier.add_argument("--out", help="also write the JSON here; a directory: tier-<UTC time>-<git hash>.json in it")
+    tier.set_defaults(func=_bench_tier)
     spark.add_bench_parser(bench_sub)
     dev.add_parser(sub)
     admin.add_parsers(sub)
