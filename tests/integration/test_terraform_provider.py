@@ -130,7 +130,7 @@ BAD = """
 resource "orbit_topic" "too_long" {
   tenant          = orbit_tenant.acme.name
   name            = "too-long"
-  retention_hours = 100000
+  retention_hours = 1000
 }
 """
 
@@ -282,7 +282,7 @@ async def test_provider_manages_tenant_resources_on_real_brokers(
     refused = await run("apply", "-auto-approve", "-input=false", ok=(1,))
     assert "Orbit API error: quota_exceeded" in refused.stderr, refused.stderr
     flat = " ".join(refused.stderr.split())  # Terraform wraps a diagnostic's lines
-    assert "answered 422 quota_exceeded: plan limit max_retention_hours is 168; this request needs 100000" in flat
+    assert "answered 422 quota_exceeded: plan limit max_retention_hours is 168; this request needs 1000" in flat
     assert (await cp.call("GET", "/v1/tenants/acme/topics/too-long", operator=True)).status == 404
     write_config(root, retention=48, max_retries=7, extra=IMPORTED)
 

@@ -305,7 +305,8 @@ class Quota(OrbitResource):
             "tenant": q["tenant_id"],
             **{f: overrides.get(f) for f in LIMIT_FIELDS},
             "plan": q["plan"],
-            "effective": dict(q["effective"]),
+            # A map of numbers: a flag (unlimited_retention) and a limit that is null (none) are left out.
+            "effective": {k: v for k, v in q["effective"].items() if type(v) is int},
         }
 
     def _path(self, tenant: str) -> str:
