@@ -40,6 +40,8 @@ import orjson
 import pytest
 
 from data_plane.local_object_store import LocalObjectStore, credential_environment
+from data_plane.remoting.codes import RequestCode
+from data_plane.remoting.command import RemotingCommand
 from data_plane.store.message import decode_message_id
 from sdk import Message, MessageExt, MessageQueue, OrbitError, Producer, PullConsumer, SendStatus, protocol
 from sdk.admin import AdminClient
@@ -400,6 +402,33 @@ async def test_queries_by_key_and_id_and_searches_by_time_find_tiered_messages(t
         assert await c.search_offset(MessageQueue(TOPIC, "broker-a", 0), 0) == 0
     finally:
         await c.shutdown()
+
+
+@pytest.mark.asyncio
+async def test_a_tiered_message_sent_back_reaches_the_dead_letter_queue_whole(tiered: Tiered) -> None:
+    """CONSUMER_SEND_MSG_BACK of messages only in the tier, from the middle of it (far from the
+    timed messages' chunks the schedule fetched, and from what other tests read last: not in the
+    small memory cache): the broker fetches each and stores its copy."""
+    group = "cold-send-back"
+    cold = sorted(tiered.tiered_only(tiered.sent), key=lambda s: decode_message_id(s.offset_msg_id)[2])
+    middle = cold[len(cold) // 2 : len(cold) // 2 + 3]
+    c = PullConsumer(group, namesrv_addrs=tiered.addr, instance_name=group)
+    c.assign([MessageQueue(TOPIC, "broker-a", 0)])
+    await c.start()
+    try:
+        for s in middle:
+            cmd = RemotingCommand(
+                RequestCode.CONSUMER_SEND_MSG_BACK,
+                ext_fields={
+                    "offset": str(decode_message_id(s.offset_msg_id)[2]), "group": group, "delayLevel": "-1",
+                    "originMsgId": s.msg_id, "originTopic": TOPIC, "unitMode": "false", "maxReconsumeTimes": "16",
+                },
+            )  # fmt: skip
+            protocol.check(await c.instance.invoke(tiered.broker.address, cmd), tiered.broker.address)
+    finally:
+        await c.shutdown()
+    got = await pull_all(tiered.addr, f"%DLQ%{group}", len(middle), group=f"{group}-dlq", queues=1)
+    assert sorted(m.body for m in got) == sorted(s.body for s in middle)
 
 
 @pytest.fixture
