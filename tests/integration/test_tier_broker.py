@@ -405,6 +405,19 @@ async def test_queries_by_key_and_id_and_searches_by_time_find_tiered_messages(t
 
 
 @pytest.mark.asyncio
+async def test_a_tiered_messages_trace_is_found(tiered: Tiered) -> None:
+    """QUERY_MESSAGE_TRACE of messages only in the tier (from the middle of it, not in memory):
+    the broker fetches the record, and the trace has its stored event."""
+    cold = sorted(tiered.tiered_only(tiered.sent), key=lambda s: decode_message_id(s.offset_msg_id)[2])
+    async with AdminClient(tiered.addr) as admin:
+        for s in cold[len(cold) // 3 : len(cold) // 3 + 3]:
+            for msg_id in (s.offset_msg_id, s.msg_id):
+                events = await admin.message_trace(TOPIC, msg_id)
+                stored = [e for e in events if e["event"] == "stored"]
+                assert [(e["msgId"], e["queueOffset"]) for e in stored] == [(s.offset_msg_id, s.queue_offset)]
+
+
+@pytest.mark.asyncio
 async def test_a_tiered_message_sent_back_reaches_the_dead_letter_queue_whole(tiered: Tiered) -> None:
     """CONSUMER_SEND_MSG_BACK of messages only in the tier, from the middle of it (far from the
     timed messages' chunks the schedule fetched, and from what other tests read last: not in the
