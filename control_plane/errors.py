@@ -153,14 +153,16 @@ class GroupExists(Conflict):
 
 
 class QuotaExceeded(ControlPlaneError):
-    """A plan limit (or its override) would be exceeded; ``details.limit`` names it."""
+    """A plan limit (or its override) would be exceeded; ``details.limit`` names it, ``allowed``
+    is its value and ``requested`` what the request needs (numbers, or booleans for a flag such
+    as ``unlimited_retention``)."""
 
     code = "quota_exceeded"
     status = 422
 
-    def __init__(self, limit: str, *, allowed: int, requested: int) -> None:
+    def __init__(self, limit: str, *, allowed: int | bool, requested: int | bool, message: str = "") -> None:
         super().__init__(
-            f"plan limit {limit} is {allowed}; this request needs {requested}",
+            message or f"plan limit {limit} is {allowed}; this request needs {requested}",
             limit=limit,
             allowed=allowed,
             requested=requested,

@@ -74,7 +74,11 @@ class ServicesStateSource:
             ],
             "tenancy": {
                 "version": tenancy_version(),
+                # None: unlimited. Local retention only for the topics that set one.
                 "topic_retention_hours": {t["name"]: t["retention_hours"] for t in ds["topics"]},
+                "topic_local_retention_hours": {
+                    t["name"]: hours for t in ds["topics"] if (hours := t["local_retention_hours"]) is not None
+                },
                 "credentials": list(ds["credentials"]),
                 "tenants": [
                     {
@@ -82,6 +86,7 @@ class ServicesStateSource:
                         "status": t["status"],
                         "limits": {k: t["quota"][k] for k in _RATES},  # type: ignore[literal-required]
                         "storage_bytes": t["quota"]["storage_bytes"],
+                        "max_tiered_bytes": t["quota"]["max_tiered_bytes"],
                         "max_connections": t["quota"]["max_connections"],
                         "max_inflight_requests": t["quota"]["max_inflight_requests"],
                     }

@@ -3,20 +3,42 @@ overrides. Tenants may read their own quota."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 
 from control_plane import auth, context
 from control_plane.errors import InvalidField
 from control_plane.names import PLAN_NAME, TENANT_ID
-from control_plane.repositories.plans import LIMIT_COLUMNS, LIMIT_FIELDS, PLAN_DEFAULTS
-from control_plane.request_body import COLUMN_MAX
+from control_plane.repositories.plans import LIMIT_FIELDS, NULLABLE_LIMITS, PLAN_COLUMNS, PLAN_DEFAULTS, PLAN_FIELDS
+from control_plane.request_body import COLUMN_MAX, Body
 from control_plane.routes import Route, json_response
 
 TENANT_ID_TEXT = f"a tenant id matching {TENANT_ID.pattern}"
-# Each limit's range, for plans and overrides alike: from the plans columns' CHECK
+# Each integer field's range, for plans and overrides alike: from the plans columns' CHECK
 # (max_retention_hours >= 1, the others >= 0) up to what the column's type holds.
-LIMIT_RANGES = {f: (1 if f == "max_retention_hours" else 0, COLUMN_MAX[t]) for f, t in LIMIT_COLUMNS.items()}
-LIMITS_SCHEMA = {f: {"type": "integer", "minimum": lo, "maximum": hi} for f, (lo, hi) in LIMIT_RANGES.items()}
+INTEGER_RANGES = {
+    f: (1 if f == "max_retention_hours" else 0, COLUMN_MAX[t]) for f, t in PLAN_COLUMNS.items() if t != "boolean"
+}
+
+
+def _field_schema(f: str, *, override: bool) -> dict[str, Any]:
+    """A plan's field (``override``: a tenant's override of it, where null is the plan's)."""
+    kind = "boolean" if PLAN_COLUMNS[f] == "boolean" else "integer"
+    schema: dict[str, Any] = {"type": [kind, "null"] if override or f in NULLABLE_LIMITS else kind}
+    if kind == "integer":
+        schema["minimum"], schema["maximum"] = INTEGER_RANGES[f]
+    if f in NULLABLE_LIMITS and not override:
+        schema["description"] = "null: no limit"
+    return schema
+
+
+def _field(body: Body, f: str, *, required: bool = False) -> int | bool | None:
+    """One plan or override field, checked against its column (None: left out or null)."""
+    if PLAN_COLUMNS[f] == "boolean":
+        return body.boolean(f)
+    lo, hi = INTEGER_RANGES[f]
+    return body.integer(f, minimum=lo, maximum=hi, required=required)
 
 
 def _plan_name(request: web.Request) -> str:
@@ -90,13 +112,10 @@ async def get_plan(request: web.Request) -> web.StreamResponse:
 async def put_plan(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     name = _plan_name(request)
-    body = await context.body(request, LIMIT_FIELDS)
-    given = {
-        f: body.integer(f, minimum=lo, maximum=hi, required=f not in PLAN_DEFAULTS)
-        for f, (lo, hi) in LIMIT_RANGES.items()
-    }
-    limits = {f: PLAN_DEFAULTS[f] if v is None else v for f, v in given.items()}
-    plan, created = await context.services(request).tenants.put_plan(name, limits)
+    body = await context.body(request, PLAN_FIELDS)
+    given = {f: _field(body, f, required=f not in PLAN_DEFAULTS) for f in PLAN_FIELDS}
+    fields = {f: PLAN_DEFAULTS[f] if v is None else v for f, v in given.items()}
+    plan, created = await context.services(request).tenants.put_plan(name, fields)
     return json_response(plan, status=201 if created else 200)
 
 
@@ -109,7 +128,7 @@ async def put_quota(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     tenant_id = auth.tenant_id_of(request)
     body = await context.body(request, LIMIT_FIELDS)
-    overrides = {f: body.integer(f, minimum=lo, maximum=hi) for f, (lo, hi) in LIMIT_RANGES.items()}
+    overrides = {f: _field(body, f) for f in LIMIT_FIELDS}
     return json_response(await context.services(request).tenants.put_quota(tenant_id=tenant_id, overrides=overrides))
 
 
@@ -129,14 +148,15 @@ TENANT_PATCH = {
 PLAN_SCHEMA = {
     "type": "object",
     "properties": {
-        f: {**v, "default": PLAN_DEFAULTS[f]} if f in PLAN_DEFAULTS else v for f, v in LIMITS_SCHEMA.items()
+        f: _field_schema(f, override=False) | ({"default": PLAN_DEFAULTS[f]} if f in PLAN_DEFAULTS else {})
+        for f in PLAN_FIELDS
     },
-    "required": [f for f in LIMIT_FIELDS if f not in PLAN_DEFAULTS],
+    "required": [f for f in PLAN_FIELDS if f not in PLAN_DEFAULTS],
 }
 QUOTA_SCHEMA = {
     "type": "object",
     "description": "overrides replace the tenant's: a field left out or null falls back to the plan",
-    "properties": {f: {**schema, "type": ["integer", "null"]} for f, schema in LIMITS_SCHEMA.items()},
+    "properties": {f: _field_schema(f, override=True) for f in LIMIT_FIELDS},
 }
 T = "/v1/tenants/{tenant}"
 ROUTES = [

@@ -5,9 +5,10 @@ from __future__ import annotations
 from control_plane.db import Connection, Record
 from control_plane.errors import TopicNotFound
 
+# retention_hours NULL: unlimited; local_retention_hours NULL: the broker's default (0009).
 _COLUMNS = (
-    "tenant_id, name, message_type, retention_hours, throughput_hint_msgs_per_s, queue_count, description,"
-    " status, created_at, updated_at"
+    "tenant_id, name, message_type, retention_hours, local_retention_hours, throughput_hint_msgs_per_s, queue_count,"
+    " description, status, created_at, updated_at"
 )
 
 
@@ -49,19 +50,21 @@ async def insert_topic(
     tenant_id: str,
     name: str,
     message_type: str,
-    retention_hours: int,
+    retention_hours: int | None,
+    local_retention_hours: int | None,
     throughput_hint_msgs_per_s: int | None,
     queue_count: int,
     description: str,
 ) -> Record:
     row = await conn.fetchrow(
-        f"""INSERT INTO topics (tenant_id, name, message_type, retention_hours, throughput_hint_msgs_per_s,
-                                queue_count, description)
-            VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING {_COLUMNS}""",
+        f"""INSERT INTO topics (tenant_id, name, message_type, retention_hours, local_retention_hours,
+                                throughput_hint_msgs_per_s, queue_count, description)
+            VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING {_COLUMNS}""",
         tenant_id,
         name,
         message_type,
         retention_hours,
+        local_retention_hours,
         throughput_hint_msgs_per_s,
         queue_count,
         description,
@@ -75,19 +78,21 @@ async def update_topic(
     *,
     tenant_id: str,
     name: str,
-    retention_hours: int,
+    retention_hours: int | None,
+    local_retention_hours: int | None,
     throughput_hint_msgs_per_s: int | None,
     queue_count: int,
     description: str,
     status: str,
 ) -> Record:
     row = await conn.fetchrow(
-        f"""UPDATE topics SET retention_hours = $3, throughput_hint_msgs_per_s = $4, queue_count = $5,
-                   description = $6, status = $7, updated_at = now()
+        f"""UPDATE topics SET retention_hours = $3, local_retention_hours = $4, throughput_hint_msgs_per_s = $5,
+                   queue_count = $6, description = $7, status = $8, updated_at = now()
             WHERE tenant_id = $1 AND name = $2 RETURNING {_COLUMNS}""",
         tenant_id,
         name,
         retention_hours,
+        local_retention_hours,
         throughput_hint_msgs_per_s,
         queue_count,
         description,

@@ -1,8 +1,9 @@
 """Usage records reported by brokers, and their aggregation per minute or hour.
 
 Counters (requests in 4 KiB units, bytes in and out, messages deleted inside their retention at a
-broker's emergency watermark) add up; ``stored_bytes`` is a gauge: per
-broker and minute the largest report counts, brokers add up, and an hour shows its peak minute.
+broker's emergency watermark) add up; ``stored_bytes`` (on brokers' disks) and ``tiered_bytes`` (in
+object storage only) are gauges: per broker and minute the largest report counts, brokers add up,
+and an hour shows its peak minute.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ async def insert_records(conn: Connection, records: list[dict[str, Any]]) -> int
     for r in records:
         done = await conn.execute(
             """INSERT INTO usage_records (report_id, broker, tenant_id, minute, requests_4k, bytes_in, bytes_out,
-                                          stored_bytes, forced_deleted_messages)
-               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (report_id) DO NOTHING""",
+                                          stored_bytes, forced_deleted_messages, tiered_bytes)
+               VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (report_id) DO NOTHING""",
             r["report_id"],
             r["broker"],
             r["tenant"],
@@ -30,6 +31,7 @@ async def insert_records(conn: Connection, records: list[dict[str, Any]]) -> int
             r["bytes_out"],
             r["stored_bytes"],
             r["forced_deleted_messages"],
+            r["tiered_bytes"],
         )
         inserted += done == "INSERT 0 1"
     return inserted
@@ -42,15 +44,15 @@ async def aggregate(
     return await conn.fetch(
         """WITH per_broker AS (
                SELECT minute, broker, sum(requests_4k) AS r, sum(bytes_in) AS bi, sum(bytes_out) AS bo,
-                      max(stored_bytes) AS sb, sum(forced_deleted_messages) AS fd
+                      max(stored_bytes) AS sb, sum(forced_deleted_messages) AS fd, max(tiered_bytes) AS tb
                FROM usage_records WHERE tenant_id = $1 AND minute >= $2 AND minute < $3
                GROUP BY minute, broker),
            per_minute AS (
-               SELECT minute, sum(r) AS r, sum(bi) AS bi, sum(bo) AS bo, sum(sb) AS sb, sum(fd) AS fd
+               SELECT minute, sum(r) AS r, sum(bi) AS bi, sum(bo) AS bo, sum(sb) AS sb, sum(fd) AS fd, sum(tb) AS tb
                FROM per_broker GROUP BY minute)
            SELECT date_trunc($4, minute) AS start, sum(r)::bigint AS requests_4k, sum(bi)::bigint AS bytes_in,
                   sum(bo)::bigint AS bytes_out, max(sb)::bigint AS stored_bytes,
-                  sum(fd)::bigint AS forced_deleted_messages
+                  sum(fd)::bigint AS forced_deleted_messages, max(tb)::bigint AS tiered_bytes
            FROM per_minute GROUP BY 1 ORDER BY 1""",
         tenant_id,
         start,

@@ -33,7 +33,8 @@ class DesiredTopic(TypedDict):
     message_type: str  # NORMAL | FIFO | DELAY | TRANSACTION
     order: bool  # FIFO topics: ordered per sharding key
     perm: int  # RocketMQ permission bits, 6 = read + write
-    retention_hours: int
+    retention_hours: int | None  # total, on disk and in object storage; None: unlimited
+    local_retention_hours: int | None  # on the brokers' disks; None: the broker's default
     status: str  # provisioning | active
 
 
@@ -54,7 +55,8 @@ class QuotaShare(TypedDict):
     publish_bytes_per_s: int
     consume_msgs_per_s: int
     consume_bytes_per_s: int
-    storage_bytes: int
+    storage_bytes: int  # on the brokers' disks
+    max_tiered_bytes: int | None  # in object storage; None: no limit
     max_connections: int  # to each broker: the whole limit, not a share
     max_inflight_requests: int
 
@@ -99,6 +101,7 @@ class DesiredStateService:
                 "order": r["message_type"] == "FIFO",
                 "perm": PERM_READ | PERM_WRITE,
                 "retention_hours": r["retention_hours"],
+                "local_retention_hours": r["local_retention_hours"],
                 "status": r["status"],
             }
             for r in topic_rows
@@ -126,6 +129,7 @@ class DesiredStateService:
                 "consume_msgs_per_s": math.ceil(r["consume_msgs_per_s"] / n),
                 "consume_bytes_per_s": math.ceil(r["consume_bytes_per_s"] / n),
                 "storage_bytes": math.ceil(r["storage_bytes"] / n),
+                "max_tiered_bytes": None if r["max_tiered_bytes"] is None else math.ceil(r["max_tiered_bytes"] / n),
                 "max_connections": int(r["max_connections"]),
                 "max_inflight_requests": int(r["max_inflight_requests"]),
             }

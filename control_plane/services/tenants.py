@@ -57,8 +57,8 @@ class TenantService:
     async def get_plan(self, name: str) -> dict[str, Any]:
         return jsonable(await plans_repo.get_plan(self.pool, name))
 
-    async def put_plan(self, name: str, limits: dict[str, int]) -> tuple[dict[str, Any], bool]:
-        row, created = await plans_repo.upsert_plan(self.pool, name, limits)
+    async def put_plan(self, name: str, plan: dict[str, int | bool | None]) -> tuple[dict[str, Any], bool]:
+        row, created = await plans_repo.upsert_plan(self.pool, name, plan)
         return jsonable(row, drop=("created",)), created
 
     async def quota(self, *, tenant_id: str) -> dict[str, Any]:
@@ -71,7 +71,7 @@ class TenantService:
                 "effective": await plans_repo.effective_limits(conn, tenant_id=tenant_id),
             }
 
-    async def put_quota(self, *, tenant_id: str, overrides: dict[str, int | None]) -> dict[str, Any]:
+    async def put_quota(self, *, tenant_id: str, overrides: dict[str, int | bool | None]) -> dict[str, Any]:
         async with self.pool.acquire() as conn, conn.transaction():
             await repo.get_tenant(conn, tenant_id=tenant_id, for_update=True)
             await plans_repo.put_overrides(conn, tenant_id=tenant_id, overrides=overrides)

@@ -6,16 +6,22 @@ broker groups (free capacity). A crash before the commit leaves nothing; after i
 reconciler finds the topic in ``desired_state`` and calls ``mark_topic_active`` once every broker
 group has it. Sending the same request again answers the same topic; another spec under the
 same name is a conflict.
+
+Retention is in two tiers: ``retention_hours``, the total (1..``MAX_RETENTION_HOURS``, or
+"unlimited" on a plan with ``unlimited_retention``; stored as NULL), and
+``local_retention_hours``, how long brokers keep the messages on their own disks as well before
+only object storage has them (NULL: the broker's default; at most a finite total).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from control_plane import placement
 from control_plane.db import Connection, Pool, Record
-from control_plane.errors import QuotaExceeded, TenantSuspended, TopicExists
+from control_plane.errors import InvalidField, QuotaExceeded, TenantSuspended, TopicExists
 from control_plane.repositories import fleet as fleet_repo
 from control_plane.repositories import jsonable
 from control_plane.repositories import plans as plans_repo
@@ -26,10 +32,57 @@ from data_plane.tenancy.namespace import wire_name
 log = logging.getLogger(__name__)
 MESSAGE_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 DEFAULT_RETENTION_HOURS = 72
+MAX_RETENTION_HOURS = 8760  # a year, for the total and the local retention alike
+UNLIMITED: Literal["unlimited"] = "unlimited"
+Retention = int | Literal["unlimited"]  # as the API takes and shows retention_hours
+
+
+class Unchanged(enum.Enum):
+    UNCHANGED = "unchanged"
+
+
+UNCHANGED = Unchanged.UNCHANGED  # a PATCH field left out
+
+
+def _stored(retention: Retention) -> int | None:
+    """retention_hours as its column holds it: NULL for unlimited."""
+    return None if retention == UNLIMITED else retention
+
+
+def _check_local(retention: int | None, local: int | None) -> None:
+    """The local copy is part of the total: ``local`` within ``retention`` (None: unlimited)."""
+    if local is not None and retention is not None and local > retention:
+        raise InvalidField(
+            "local_retention_hours",
+            f"must be at most retention_hours ({retention}): the local copy is part of the total "
+            "(lower it too, or set it to null for the broker's default)",
+        )
+
+
+def _check_plan(limits: plans_repo.Limits, retention: int | None) -> None:
+    """``retention`` (None: unlimited) within what the tenant's plan allows."""
+    if retention is None and not limits["unlimited_retention"]:
+        raise QuotaExceeded(
+            "unlimited_retention",
+            allowed=False,
+            requested=True,
+            message=f'retention_hours "{UNLIMITED}" needs a plan with unlimited_retention; this tenant\'s plan '
+            f"keeps messages at most {limits['max_retention_hours']} hours",
+        )
+    if retention is not None and retention > limits["max_retention_hours"]:
+        raise QuotaExceeded("max_retention_hours", allowed=limits["max_retention_hours"], requested=retention)
+
+
+def _spec(row: Record) -> dict[str, Any]:
+    """A topic row as the API shows it: retention_hours "unlimited" for NULL."""
+    out = jsonable(row)
+    if out["retention_hours"] is None:
+        out["retention_hours"] = UNLIMITED
+    return out
 
 
 def _topic(row: Record, placements: list[Record]) -> dict[str, Any]:
-    out = jsonable(row)
+    out = _spec(row)
     out["wire_name"] = wire_name(row["tenant_id"], row["name"])
     out["placements"] = [jsonable(p) for p in placements]
     return out
@@ -67,33 +120,44 @@ class TopicService:
         tenant_id: str,
         name: str,
         message_type: str,
-        retention_hours: int | None,
+        retention_hours: Retention | None,
+        local_retention_hours: int | None,
         throughput_hint_msgs_per_s: int | None,
         description: str,
     ) -> tuple[dict[str, Any], bool]:
-        """The topic and whether this call created it."""
+        """The topic and whether this call created it. ``retention_hours`` None: min(72, the
+        plan's max_retention_hours)."""
         async with self.pool.acquire() as conn, conn.transaction():
             await _lock_active_tenant(conn, tenant_id)
             limits = await plans_repo.effective_limits(conn, tenant_id=tenant_id)
-            max_retention = limits["max_retention_hours"]
-            retention = min(DEFAULT_RETENTION_HOURS, max_retention) if retention_hours is None else retention_hours
+            retention = (
+                min(DEFAULT_RETENTION_HOURS, limits["max_retention_hours"])
+                if retention_hours is None
+                else _stored(retention_hours)
+            )
+            _check_local(retention, local_retention_hours)
             existing = await repo.get_topic(conn, tenant_id=tenant_id, name=name)
             if existing is not None:
-                asked = (message_type, retention, throughput_hint_msgs_per_s, description)
+                asked = (message_type, retention, local_retention_hours, throughput_hint_msgs_per_s, description)
                 have = tuple(
                     existing[k]
-                    for k in ("message_type", "retention_hours", "throughput_hint_msgs_per_s", "description")
+                    for k in (
+                        "message_type",
+                        "retention_hours",
+                        "local_retention_hours",
+                        "throughput_hint_msgs_per_s",
+                        "description",
+                    )
                 )
                 if asked != have:
                     raise TopicExists(
                         f"topic {name!r} exists with another spec",
                         tenant=tenant_id,
                         topic=name,
-                        existing=jsonable(existing),
+                        existing=_spec(existing),
                     )
                 return _topic(existing, await repo.placements_of(conn, tenant_id=tenant_id, topic=name)), False
-            if retention > max_retention:
-                raise QuotaExceeded("max_retention_hours", allowed=max_retention, requested=retention)
+            _check_plan(limits, retention)
             topics, queues = await repo.count_topics_and_queues(conn, tenant_id=tenant_id)
             if topics + 1 > limits["max_topics"]:
                 raise QuotaExceeded("max_topics", allowed=limits["max_topics"], requested=topics + 1)
@@ -106,6 +170,7 @@ class TopicService:
                 name=name,
                 message_type=message_type,
                 retention_hours=retention,
+                local_retention_hours=local_retention_hours,
                 throughput_hint_msgs_per_s=throughput_hint_msgs_per_s,
                 queue_count=queue_count,
                 description=description,
@@ -134,19 +199,22 @@ class TopicService:
         *,
         tenant_id: str,
         name: str,
-        retention_hours: int | None,
+        retention_hours: Retention | None,
+        local_retention_hours: int | Unchanged | None,
         throughput_hint_msgs_per_s: int | None,
         description: str | None,
     ) -> dict[str, Any]:
-        """Change retention, the throughput hint or the description. A larger hint adds queues
-        (placed like new ones); queues are never taken away."""
+        """Change retention, local retention, the throughput hint or the description (None and
+        ``UNCHANGED``: unchanged; ``local_retention_hours`` None: back to the broker's default).
+        A larger hint adds queues (placed like new ones); queues are never taken away."""
         async with self.pool.acquire() as conn, conn.transaction():
             await _lock_active_tenant(conn, tenant_id)
             row = await repo.require_topic(conn, tenant_id=tenant_id, name=name, for_update=True)
             limits = await plans_repo.effective_limits(conn, tenant_id=tenant_id)
-            retention = int(row["retention_hours"]) if retention_hours is None else retention_hours
-            if retention > limits["max_retention_hours"]:
-                raise QuotaExceeded("max_retention_hours", allowed=limits["max_retention_hours"], requested=retention)
+            retention = row["retention_hours"] if retention_hours is None else _stored(retention_hours)
+            local = row["local_retention_hours"] if local_retention_hours is UNCHANGED else local_retention_hours
+            _check_local(retention, local)
+            _check_plan(limits, retention)
             hint = (
                 row["throughput_hint_msgs_per_s"] if throughput_hint_msgs_per_s is None else throughput_hint_msgs_per_s
             )
@@ -162,6 +230,7 @@ class TopicService:
                 tenant_id=tenant_id,
                 name=name,
                 retention_hours=retention,
+                local_retention_hours=local,
                 throughput_hint_msgs_per_s=hint,
                 queue_count=queue_count,
                 description=row["description"] if description is None else description,

@@ -10,9 +10,12 @@ from control_plane.repositories import tenants as tenants_repo
 from control_plane.repositories import usage as repo
 
 MAX_RANGE = {"minute": dt.timedelta(days=2), "hour": dt.timedelta(days=93)}
-# forced_deleted_messages: messages a broker deleted inside their retention at its disk's emergency
-# watermark (docs/store.md, "Retention"); a counter like the first three.
-USAGE_FIELDS = ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "forced_deleted_messages")
+# Counters add up: requests_4k, bytes_in, bytes_out, and forced_deleted_messages — messages a broker
+# deleted inside their retention at its disk's emergency watermark (docs/store.md, "Retention").
+# Gauges: stored_bytes, a tenant's bytes on brokers' disks, and tiered_bytes, its bytes in object
+# storage only (brokers without a tier report none); totals show each one's largest bucket.
+USAGE_FIELDS = ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "forced_deleted_messages", "tiered_bytes")
+GAUGES = ("stored_bytes", "tiered_bytes")
 
 
 class UsageService:
@@ -30,8 +33,8 @@ class UsageService:
             await tenants_repo.get_tenant(conn, tenant_id=tenant_id)
             rows = await repo.aggregate(conn, tenant_id=tenant_id, start=start, end=end, granularity=granularity)
         buckets = [{"start": r["start"].isoformat(), **{f: int(r[f]) for f in USAGE_FIELDS}} for r in rows]
-        totals = {f: sum(b[f] for b in buckets) for f in USAGE_FIELDS if f != "stored_bytes"}
-        totals["stored_bytes_max"] = max((b["stored_bytes"] for b in buckets), default=0)
+        totals = {f: sum(b[f] for b in buckets) for f in USAGE_FIELDS if f not in GAUGES}
+        totals.update({f"{f}_max": max((b[f] for b in buckets), default=0) for f in GAUGES})
         return {
             "tenant_id": tenant_id,
             "from": start.isoformat(),

@@ -109,7 +109,7 @@ class DelayLevelService:
         try:
             while done < budget:
                 records, queue_offsets, next_offset = read_queue(
-                    self.store, SCHEDULE_TOPIC, i, offset, min(_BATCH, budget - done)
+                    self.store, SCHEDULE_TOPIC, i, offset, min(_BATCH, budget - done), self.reputter.cold
                 )
                 if not records:
                     offset = next_offset

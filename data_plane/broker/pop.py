@@ -110,6 +110,7 @@ class _Turn:
     granted: list[list[Any]]
     done: list[int]
     out: list[Delivery] = field(default_factory=list)
+    cold: int = -1  # the CommitLog offset of a tiered record the scan stopped at (not in memory)
 
 
 @dataclass(slots=True)
@@ -315,9 +316,12 @@ class PopService:
         max_attempts: int,
         record: list[Any],
         dead: list[tuple[int, StoredMessage]],
+        cold: list[int],
     ) -> list[Delivery]:
         """Hand out up to ``batch`` messages of one queue (expired leases first, then new ones);
-        what changed goes into ``record`` (leases granted, offsets done)."""
+        what changed goes into ``record`` (leases granted, offsets done). A queue that hands out
+        nothing because its scan stopped at a tiered record not in memory adds the record's
+        CommitLog offset to ``cold``."""
         pq = self._queue(group, topic, queue_id)
         now = now_ms()
         blocked: set[str] = set()
@@ -328,6 +332,8 @@ class PopService:
         self._scan(turn, accepts, fifo=fifo)
         pq.settle()
         record[4] = pq.next
+        if turn.cold >= 0 and not turn.out:
+            cold.append(turn.cold)
         return turn.out
 
     def _grant(self, t: _Turn, offset: int, lease: Lease, msg: StoredMessage) -> None:
@@ -376,6 +382,8 @@ class PopService:
         limit = pq.next + SCAN_WINDOW
         while len(t.out) < t.batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
             got = store.get_message(t.topic, t.queue_id, pos, min(READ_CHUNK, limit - pos))
+            if got.cold_offset >= 0:
+                t.cold = got.cold_offset
             if got.status is not GetMessageStatus.FOUND:
                 if got.next_begin_offset <= pos or pos >= store.max_offset_in_queue(t.topic, t.queue_id):
                     return
@@ -424,6 +432,19 @@ class PopService:
                     log.warning("tiered messages of %s/%d cannot be read now: %s", topic, queue_id, e)
                     return
 
+    async def _fetch_cold(self, offsets: list[int]) -> bool:
+        """Bring the tiered records at these CommitLog offsets into memory; False when the object
+        store cannot be read now."""
+        store = self.broker.store
+        assert store is not None
+        try:
+            for phy in offsets:
+                await store.fetch_cold(phy)
+        except ObjectStoreError as e:
+            log.warning("tiered messages cannot be read now: %s", e)
+            return False
+        return True
+
     def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
         store = self.broker.store
         assert store is not None
@@ -456,6 +477,7 @@ class PopService:
             self.fifo_groups.add(group)
         while True:
             out: list[Delivery] = []
+            cold: list[int] = []
             for qid in queue_ids:
                 if len(out) >= batch:
                     break
@@ -469,7 +491,7 @@ class PopService:
                 dead: list[tuple[int, StoredMessage]] = []
                 got = self._take(
                     group, topic, qid, batch - len(out), invisible_ms, accepts,
-                    fifo=fifo, max_attempts=max_attempts, record=record, dead=dead,
+                    fifo=fifo, max_attempts=max_attempts, record=record, dead=dead, cold=cold,
                 )  # fmt: skip
                 pq = self.queues[(group, topic, qid)]
                 for o, msg in dead:
@@ -492,6 +514,11 @@ class PopService:
             if out:
                 self.delivered += len(out)
                 return out
+            # Scans that stopped at tiered messages not fetched yet (past the read-ahead of the
+            # first one, e.g. behind many the filter skipped): fetch and read on now; waiting
+            # would be for new messages, while these are there already.
+            if cold and time.monotonic() < deadline and await self._fetch_cold(cold):
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 return out

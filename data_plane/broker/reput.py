@@ -64,13 +64,17 @@ def scan_reputs(store: MessageStore, from_offset: int) -> dict[int, int]:
 
 
 class Reputter:
-    __slots__ = ("already", "dropped", "duplicates_skipped", "notify", "reputs", "store")
+    __slots__ = ("already", "cold", "dropped", "duplicates_skipped", "notify", "reputs", "store")
 
     def __init__(self, store: MessageStore, notify: Notify | None) -> None:
         self.store = store
         self.notify = notify
         # Sources re-put before a crash that the recovered progress fires again → "delay" | "timer"
         self.already: dict[int, str] = {}
+        # CommitLog offsets of held records the services stopped at because they are only in the
+        # tier now, not in memory (their local file went before they were due): the schedule's
+        # loop fetches them, and a later tick reads them.
+        self.cold: set[int] = set()
         self.reputs = 0
         self.duplicates_skipped = 0
         self.dropped = 0
@@ -121,13 +125,15 @@ _SKIP = frozenset(
 
 
 def read_queue(
-    store: MessageStore, topic: str, queue_id: int, offset: int, max_n: int
+    store: MessageStore, topic: str, queue_id: int, offset: int, max_n: int, cold: set[int]
 ) -> tuple[list[memoryview], list[int], int]:
     """Up to ``max_n`` records of a schedule queue from ``offset``: ``(records, their queue
     offsets, where to read next)``. Units whose records are gone (retention) are passed over
     with a warning; an offset past the queue's end (a store that lost its tail) moves back to
-    the end."""
+    the end. A tiered record not in memory stops the read there, its offset added to ``cold``."""
     r = store.get_message(topic, queue_id, offset, max_n)
+    if r.cold_offset >= 0 and not r.messages:
+        cold.add(r.cold_offset)
     status = r.status
     if status is GetMessageStatus.FOUND:
         return r.messages, r.queue_offsets, r.next_begin_offset

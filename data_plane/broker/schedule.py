@@ -54,6 +54,7 @@ from data_plane.store.message import (
     properties_of,
     topic_of,
 )
+from data_plane.store.tier.object_store import ObjectStoreError
 from data_plane.tasks import cancel_all
 
 if TYPE_CHECKING:
@@ -228,6 +229,8 @@ class Schedule:
             loop.create_task(self._tick_loop(), name="orbit-schedule-tick"),
             loop.create_task(self._checkpoint_loop(), name="orbit-schedule-checkpoint"),
         ]
+        if store.tier is not None:
+            self._tasks.append(loop.create_task(self._cold_loop(), name="orbit-schedule-cold"))
         log.info(
             "schedule: %d delay levels, %d held, %d timers pending, cursor %d",
             levels.levels, levels.pending(), timers.pending(), timers.cursor_s,
@@ -287,6 +290,21 @@ class Schedule:
                 log.exception("schedule tick failed")
                 busy = False
             await asyncio.sleep(0 if busy else interval)
+
+    async def _cold_loop(self) -> None:
+        """Held messages whose records are only in the tier (their local file went before they
+        were due): fetched here, off the ticks, which stop at them until they are in memory."""
+        assert self.store is not None
+        assert self.reputter is not None
+        interval = self.config.schedule_tick_ms / 1000
+        while True:
+            wanted, self.reputter.cold = sorted(self.reputter.cold), set()
+            try:
+                for phy in wanted:
+                    await self.store.fetch_cold(phy)
+            except ObjectStoreError as e:  # the object store is away: they wait, nothing is lost
+                log.warning("schedule: held messages in the tier cannot be read now: %s", e)
+            await asyncio.sleep(interval)
 
     # --- checkpoints -----------------------------------------------------------------------------
     def snapshot(self) -> tuple[dict[str, Any], dict[str, Any], int]:

@@ -33,6 +33,7 @@ the consumer's address (the connection that sent it back).
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any, Final
 
 from data_plane.auth.request_access import SUBSCRIBE
@@ -50,6 +51,7 @@ from data_plane.store.message import (
     StoredMessage,
     encode_properties,
 )
+from data_plane.store.tier.object_store import ObjectStoreError
 from data_plane.tenancy.namespace import tenant_of
 
 if TYPE_CHECKING:
@@ -131,6 +133,16 @@ class SendBackProcessor:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
+    async def _send_back_tiered(self, conn: Connection, cmd: RemotingCommand, offset: int) -> RemotingCommand:
+        try:
+            await self.broker.store.fetch_cold(offset)
+        except ObjectStoreError as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"the tiered message cannot be read now: {e}")
+        if self.broker.store.cold(offset):  # (evicted again at once: the cache is far too small)
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
+        answer = self.send_back(conn, cmd)
+        return await answer if inspect.isawaitable(answer) else answer
+
     def send_back(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
         offset = field_int(ext, "offset", lo=0)
@@ -146,6 +158,8 @@ class SendBackProcessor:
         if g is None:
             return cmd.response(ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST, f"subscription group not exist, {group}")
         rec = broker.store.look_message_by_offset(offset)
+        if rec is None and broker.store.cold(offset):  # tiered, not in memory: fetch it, then go on
+            return self._send_back_tiered(conn, cmd, offset)
         if rec is None:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
         tenancy = broker.tenancy

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import re
 import tomllib
@@ -32,6 +33,7 @@ from data_plane.auth import UNCHECKED, AuthConfig, AuthError, Authorizer, Creden
 from data_plane.broker.forced_deletions import ForcedDeletions
 from data_plane.broker.ha_link import decode_ha_secret
 from data_plane.broker.persisted import ConfigFile
+from data_plane.broker.tenant_storage import TenantBytes, measure
 from data_plane.broker.transaction import PROPERTY_PRODUCER_GROUP, is_transactional
 from data_plane.refusal_log import RefusalLog
 from data_plane.remoting.codes import ResponseCode
@@ -57,14 +59,16 @@ log = logging.getLogger(__name__)
 _STATUSES = ("active", "suspended")
 # Denials that failed authentication (who is asking), as against authorization (what they may do).
 _AUTHENTICATION_REMARKS = re.compile(r"no credentials|token|signature|access key|Authorization|credential", re.I)
-STORAGE_SAMPLES = 8  # ConsumeQueue units sampled a queue to estimate its bytes
+MAX_RETENTION_HOURS = 100_000  # a topic's total retention (the control plane gives at most 8760, or null)
+MAX_LOCAL_RETENTION_HOURS = 8760  # a topic's local retention
 
 
 class TenantState(TypedDict, total=False):
     id: str
     status: str  # "active" | "suspended"
     limits: dict[str, float | None] | None  # this broker's share; None = no limit
-    storage_bytes: int | None  # this broker's share of the tenant's storage quota; None = no limit
+    storage_bytes: int | None  # this broker's share of the tenant's storage quota (its disk); None = no limit
+    max_tiered_bytes: int | None  # its share of the tenant's quota in object storage; None = no limit
     max_connections: int  # connections the tenant may hold to this broker (0: no limit)
     max_inflight_requests: int  # its requests in flight here, over all its connections (0: no limit)
 
@@ -75,7 +79,11 @@ class TenancySnapshot(TypedDict):
     version: int
     credentials: list[CredentialEntry]
     tenants: list[TenantState]
-    topic_retention_hours: dict[str, float]  # the retention each tenant topic was promised
+    # The total retention each tenant topic was promised, on disk and in object storage (None: unlimited).
+    topic_retention_hours: dict[str, float | None]
+    # How long each topic that asked keeps its messages on the local disk too (the others: the store's
+    # local_retention_hours). Absent from the snapshots of control planes before tiered storage.
+    topic_local_retention_hours: dict[str, float]
     # Base64 of the broker group's HA link secret (data_plane/broker/ha_link.py); kept sealed
     # there, never in this snapshot's state file.
     ha_secret: NotRequired[str]
@@ -83,6 +91,29 @@ class TenancySnapshot(TypedDict):
 
 class TenancyError(ValueError):
     """A snapshot that cannot be applied; the message says why."""
+
+
+def _hours(value: object, most: float) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0 < value <= most
+
+
+def _retention_maps(doc: dict[str, Any]) -> tuple[dict[str, float | None], dict[str, float]]:
+    """``topic_retention_hours`` (null: unlimited) and ``topic_local_retention_hours``."""
+    total = doc.get("topic_retention_hours", {})
+    if not isinstance(total, dict) or not all(
+        isinstance(k, str) and (v is None or _hours(v, MAX_RETENTION_HOURS)) for k, v in total.items()
+    ):
+        raise TenancyError(
+            f"topic_retention_hours must map topic names to hours (0 < h <= {MAX_RETENTION_HOURS}) or null (unlimited)"
+        )
+    local = doc.get("topic_local_retention_hours", {})
+    if not isinstance(local, dict) or not all(
+        isinstance(k, str) and _hours(v, MAX_LOCAL_RETENTION_HOURS) for k, v in local.items()
+    ):
+        raise TenancyError(
+            f"topic_local_retention_hours must map topic names to hours (0 < h <= {MAX_LOCAL_RETENTION_HOURS})"
+        )
+    return total, local
 
 
 def parse_snapshot(body: bytes) -> TenancySnapshot:
@@ -99,18 +130,14 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
         raise TenancyError("tenancy snapshot needs a non-negative integer version")
     if not isinstance(creds, list) or not isinstance(tenants, list):
         raise TenancyError("credentials and tenants must be lists")
-    retention = doc.get("topic_retention_hours", {})
-    if not isinstance(retention, dict) or not all(
-        isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 100_000
-        for k, v in retention.items()
-    ):
-        raise TenancyError("topic_retention_hours must map topic names to hours (0 < h <= 100000)")
+    retention, local_retention = _retention_maps(doc)
     for t in tenants:
         if not isinstance(t, dict) or not isinstance(t.get("id"), str) or t.get("status") not in _STATUSES:
             raise TenancyError(f"bad tenant entry {str(t)[:80]!r}: needs id and status active|suspended")
-        storage = t.get("storage_bytes")
-        if storage is not None and (not isinstance(storage, int) or isinstance(storage, bool) or storage < 0):
-            raise TenancyError(f"tenant {t['id']}: storage_bytes must be a non-negative integer or null")
+        for name in ("storage_bytes", "max_tiered_bytes"):
+            v = t.get(name)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                raise TenancyError(f"tenant {t['id']}: {name} must be a non-negative integer or null")
         for name in ("max_connections", "max_inflight_requests"):
             v = t.get(name)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= 2**31 - 1):
@@ -124,7 +151,8 @@ def parse_snapshot(body: bytes) -> TenancySnapshot:
             except (TypeError, ValueError) as e:
                 raise TenancyError(f"tenant {t['id']}: {e}") from None
     snap: TenancySnapshot = {
-        "version": version, "credentials": creds, "tenants": tenants, "topic_retention_hours": retention
+        "version": version, "credentials": creds, "tenants": tenants, "topic_retention_hours": retention,
+        "topic_local_retention_hours": local_retention,
     }  # fmt: skip
     if (ha_secret := doc.get("ha_secret")) is not None:
         try:
@@ -173,8 +201,10 @@ class BrokerTenancy:
         # back one slot after another, not all at once (refused requests cost CPU too).
         self.quotas = QuotaManager(burst_s=cfg.quota_burst_s, stagger_refusals=True)
         self.suspended: frozenset[str] = frozenset()
-        self.storage_limits: dict[str, int] = {}
-        self.stored: dict[str, int] = {}
+        self.storage_limits: dict[str, int] = {}  # tenant -> its share on this broker's disk
+        self.tiered_limits: dict[str, int] = {}  # tenant -> its share in object storage
+        self.stored: dict[str, int] = {}  # tenant -> bytes on this broker's disk, last measured
+        self.tiered: dict[str, int] = {}  # tenant -> bytes in object storage only, last measured
         self.over_storage: frozenset[str] = frozenset()
         self.version = 0
         self._state_file = ConfigFile(os.path.join(conf_dir, "tenants.json"))
@@ -537,6 +567,7 @@ class BrokerTenancy:
             "version": snap["version"],
             "tenants": snap["tenants"],
             "topic_retention_hours": snap["topic_retention_hours"],
+            "topic_local_retention_hours": snap["topic_local_retention_hours"],
         }
         await asyncio.to_thread(self._state_file.save, doc)
         return cmd.response(ResponseCode.SUCCESS)
@@ -544,17 +575,20 @@ class BrokerTenancy:
     def _apply_tenants(self, snap: TenancySnapshot) -> None:
         limits: dict[str, Limits] = {}
         storage: dict[str, int] = {}
+        tiered: dict[str, int] = {}
         suspended = set()
         for t in snap["tenants"]:
             if t["status"] == "suspended":
                 suspended.add(t["id"])
             if t.get("limits") is not None:
                 limits[t["id"]] = Limits.from_dict(t["limits"] or {})
-            cap = t.get("storage_bytes")
-            if cap is not None:
+            if (cap := t.get("storage_bytes")) is not None:
                 storage[t["id"]] = cap
+            if (cap := t.get("max_tiered_bytes")) is not None:
+                tiered[t["id"]] = cap
         self.quotas.replace_limits(limits)
         self.storage_limits = storage
+        self.tiered_limits = tiered
         self.tenant_max_connections = {
             t["id"]: t["max_connections"] for t in snap["tenants"] if t.get("max_connections") is not None
         }
@@ -563,62 +597,49 @@ class BrokerTenancy:
         }
         for tenant, cell in self.tenant_load.items():
             cell[1] = self.tenant_inflight_limits.get(tenant, 0)
-        # Retention is per CommitLog file: keep files as long as the longest promise made here.
+        # Retention is per CommitLog file: keep files as long as the longest promise made here
+        # (inf, never past retention, once a topic here keeps its messages for good).
         store = self.broker.store
         if store is not None:
-            promised = snap["topic_retention_hours"]
+            promised = {t: math.inf if h is None else h for t, h in snap["topic_retention_hours"].items()}
             store.retention_hours = max([store.config.file_reserved_time_hours, *promised.values()])
-            store.topic_retention_hours = dict(promised)
+            store.topic_retention_hours = promised
+            store.topic_local_retention_hours = dict(snap["topic_local_retention_hours"])  # (docs/tiered_storage.md)
         self.suspended = frozenset(suspended)
         self.version = snap["version"]
 
-    # --- stored bytes and the storage quota -----------------------------------------------------------
-    def stored_bytes(self) -> dict[str, int]:
-        """Per tenant: the messages kept in its queues times their record size, sampled from each
-        queue's ConsumeQueue units (up to ``STORAGE_SAMPLES`` a queue) — an estimate: the
-        CommitLog holds every tenant's records together, and retention frees whole files."""
-        store = self.broker.store
-        cqs = store.queues.queues
-        out: dict[str, int] = {}
-        for topic, tc in list(self.broker.topics.topics.items()):
-            tenant = tenant_of(topic)
-            if tenant is None:
-                continue
-            total = 0
-            for q in range(int(tc.get("writeQueueNums", 0))):
-                lo, hi = store.min_offset_in_queue(topic, q), store.max_offset_in_queue(topic, q)
-                cq = cqs.get((topic, q))
-                if hi <= lo or cq is None:
-                    continue
-                step = max(1, (hi - lo) // STORAGE_SAMPLES)
-                sizes = [u[1] for u in (cq.unit(i) for i in range(lo, hi, step)) if u is not None]
-                if sizes:
-                    total += (hi - lo) * sum(sizes) // len(sizes)
-            out[tenant] = out.get(tenant, 0) + total
-        return out
+    # --- stored bytes and the storage quotas ------------------------------------------------------------
+    def stored_bytes(self) -> TenantBytes:
+        """Per tenant: its bytes on this broker's disk and in object storage only (tenant_storage.py)."""
+        return measure(self.broker.store, self.broker.topics.topics)
 
-    def check_storage(self) -> dict[str, int]:
-        """Measure, meter, and refuse sends of tenants over their storage share from now on."""
-        stored = self.stored_bytes()
-        self.meter.replace_stored_bytes(stored)
-        self.stored = stored
-        over = {t for t, cap in self.storage_limits.items() if stored.get(t, 0) >= cap}
+    def check_storage(self) -> TenantBytes:
+        """Measure, meter, and refuse sends of tenants over either storage share from now on: the
+        bytes on this broker's disk (``storage_bytes``) or in object storage (``max_tiered_bytes``)."""
+        measured = self.stored_bytes()
+        self.meter.replace_stored_bytes(measured.local, measured.tiered)
+        self.stored, self.tiered = measured.local, measured.tiered
+        over = {t for t in self.storage_limits.keys() | self.tiered_limits.keys() if self._storage_over(t)}
         for t in over - self.over_storage:
-            log.warning(
-                "tenant %s is over its storage quota here (%d of %d bytes): sends refused",
-                t,
-                stored.get(t, 0),
-                self.storage_limits[t],
-            )
+            log.warning("tenant %s is over its storage quota here (%s): sends refused", t, self._storage_over(t))
         self.over_storage = frozenset(over)
-        return stored
+        return measured
+
+    def _storage_over(self, tenant: str) -> str:
+        """Which storage share ``tenant`` is over, in words ("" when none)."""
+        cap = self.storage_limits.get(tenant)
+        if cap is not None and self.stored.get(tenant, 0) >= cap:
+            return f"{self.stored.get(tenant, 0)} of {cap} bytes on disk"
+        cap = self.tiered_limits.get(tenant)
+        if cap is not None and self.tiered.get(tenant, 0) >= cap:
+            return f"{self.tiered.get(tenant, 0)} of {cap} bytes in object storage"
+        return ""
 
     def _storage_remark(self, tenant: str) -> str:
         wait_ms = max(1000, int(self.broker.config.storage_check_interval_s * 1000))
         return (
             f"[TOO_MANY_REQUESTS] tenant {tenant!r} is over its storage quota on this broker "
-            f"({self.stored.get(tenant, 0)} of {self.storage_limits.get(tenant, 0)} bytes; consume or let retention "
-            f"free space), retry-after-ms={wait_ms}"
+            f"({self._storage_over(tenant)}; consume or let retention free space), retry-after-ms={wait_ms}"
         )
 
     async def _stored_bytes_loop(self) -> None:

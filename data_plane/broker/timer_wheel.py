@@ -182,7 +182,7 @@ class TimerMessageService:
         try:
             while done < budget:
                 records, queue_offsets, next_offset = read_queue(
-                    self.store, TIMER_TOPIC, 0, offset, min(_BATCH, budget - done)
+                    self.store, TIMER_TOPIC, 0, offset, min(_BATCH, budget - done), self.reputter.cold
                 )
                 if not records:
                     offset = next_offset
@@ -262,6 +262,9 @@ class TimerMessageService:
 
     def _fire(self, unit: TimerUnit, slot_s: int, now_ms: int) -> bool:
         m = self.store.look_message_by_offset(unit.phy_offset)
+        if m is None and self.store.cold(unit.phy_offset):
+            self.reputter.cold.add(unit.phy_offset)  # in the tier, not fetched yet: next tick
+            return False
         if m is None or m.topic != TIMER_TOPIC:
             self.lost += 1
             log.error("timer message at CommitLog offset %d is gone (retention?): lost", unit.phy_offset)

@@ -70,6 +70,7 @@ from data_plane.store.message import (
     record_starts,
     unpack_host,
 )
+from data_plane.store.tier.object_store import ObjectStoreError
 from data_plane.tenancy.namespace import DLQ_PREFIX, RETRY_PREFIX, tenant_of
 
 if TYPE_CHECKING:
@@ -395,10 +396,38 @@ def query(store: MessageStore, topic: str, msg_id: str, max_events: int = MAX_QU
     return out[:max_events]
 
 
-def query_handler(broker: Broker) -> Callable[[Connection, RemotingCommand], RemotingCommand]:
+async def fetch_tiered(store: MessageStore, topic: str, msg_id: str, max_events: int = MAX_QUERY_EVENTS) -> None:
+    """Bring what ``query`` will read of the tier into memory (the message and its trace events,
+    found through the local index), so that it reads them without waiting on the loop."""
+    phy = _offset_of(msg_id)
+    keys = {msg_id}
+    if phy is not None and (m := await store.look_message_by_offset_cold(phy)) is not None:
+        keys.add(m.msg_id)
+    for m in await store.query_message_cold(topic, msg_id, 16):
+        keys.add(m.msg_id)
+    for key in sorted(keys):
+        await store.query_message_cold(TRACE_TOPIC, key, max_events)
+
+
+def query_handler(
+    broker: Broker,
+) -> Callable[[Connection, RemotingCommand], RemotingCommand | Awaitable[RemotingCommand]]:
     """QUERY_MESSAGE_TRACE (9002): ext ``topic``, ``msgId`` → body ``{"events": [...]}``."""
 
-    def handle(conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    async def tiered(cmd: RemotingCommand, topic: str, msg_id: str) -> RemotingCommand:
+        try:
+            await fetch_tiered(broker.store, topic, msg_id)
+        except ObjectStoreError as e:
+            return cmd.response(ResponseCode.SYSTEM_ERROR, f"tiered messages cannot be read now: {e}")
+        return answer(cmd, topic, msg_id)
+
+    def answer(cmd: RemotingCommand, topic: str, msg_id: str) -> RemotingCommand:
+        events = query(broker.store, topic, msg_id)
+        if not events:
+            return cmd.response(ResponseCode.QUERY_NOT_FOUND, f"no message {msg_id} in topic {topic} on this broker")
+        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"events": events}))
+
+    def handle(conn: Connection, cmd: RemotingCommand) -> RemotingCommand | Awaitable[RemotingCommand]:
         ext = cmd.ext_fields
         topic = field_str(ext, "topic", max_length=1024)
         msg_id = field_str(ext, "msgId", max_length=128)
@@ -407,10 +436,9 @@ def query_handler(broker: Broker) -> Callable[[Connection, RemotingCommand], Rem
         trace = broker.trace
         if trace is not None:
             trace.flush()  # what is buffered is part of the answer
-        events = query(broker.store, topic, msg_id)
-        if not events:
-            return cmd.response(ResponseCode.QUERY_NOT_FOUND, f"no message {msg_id} in topic {topic} on this broker")
-        return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"events": events}))
+        if broker.store.tier is not None:  # the message, or its events, may be only in the tier
+            return tiered(cmd, topic, msg_id)
+        return answer(cmd, topic, msg_id)
 
     return handle
 

@@ -118,6 +118,9 @@ class StoreConfig:
     tier_url: str = ""
     tier_endpoint_url: str = ""  # an S3-compatible endpoint ("http://host:port"); empty: AWS's
     tier_region: str = "us-east-1"
+    # A named profile of the AWS shared files (~/.aws/credentials, ~/.aws/config) to take the
+    # credentials from; empty: boto3's default chain (environment, shared files, instance role).
+    tier_profile: str = ""
     # This store's broker group: its objects and manifest live under <prefix>/<tier_group>/.
     tier_group: str = ""
     # A sealed file is uploaded once its newest message is this old (0: as soon as it is sealed).
@@ -237,6 +240,8 @@ def tier_problems(cfg: StoreConfig) -> list[str]:
         out.append(str(e))
     if cfg.tier_endpoint_url and not cfg.tier_endpoint_url.startswith(("http://", "https://")):
         out.append("tier_endpoint_url must be an http:// or https:// URL")
+    if len(cfg.tier_profile) > 128 or any(not (c.isalnum() or c in "-_.") for c in cfg.tier_profile):
+        out.append("tier_profile must name an AWS profile (letters, digits, '-', '_', '.'; at most 128)")
     if not cfg.tier_group or "/" in cfg.tier_group or len(cfg.tier_group) > 255:
         out.append("tier_group must name the broker group (1-255 characters, no '/')")
     if not 0 <= cfg.tier_after_hours <= 8760:

@@ -115,6 +115,9 @@ class MessageStore:
             disk_usage_ratio = retention.disk_usage_from_file(config.disk_usage_override_file)
         self._disk_usage_ratio = disk_usage_ratio or retention.disk_usage_ratio
         os.makedirs(config.store_path, exist_ok=True)
+        # (first: a tier that cannot be set up — an unknown profile — stops the store before it
+        # starts anything)
+        self.tier = Tier(self) if config.tier_url else None
         self._allocator = (
             AllocateMappedFileService(warm_up=config.warm_mapped_file_enabled) if config.preallocate_next_file else None
         )
@@ -126,7 +129,6 @@ class MessageStore:
             else None
         )
         self.dispatcher = Dispatcher(self.queues, self.index)
-        self.tier = Tier(self) if config.tier_url else None
         self.queues_floor = 0  # the log floor the queues' min offsets were last moved to (retention)
         self.checkpoint = StoreCheckpoint(config.checkpoint_path)
         self._index_flush = IndexFlush(self)

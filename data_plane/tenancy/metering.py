@@ -6,7 +6,10 @@ additions):
     requests_4k   a request moving n bytes (in + out) counts ceil(n / 4096) units, at least 1
     bytes_in      bytes received (a send's messages)
     bytes_out     bytes returned (a pull's messages)
-    stored_bytes  a gauge the broker sets periodically (``set_stored_bytes``), not a sum
+    stored_bytes  a gauge the broker sets periodically (``set_stored_bytes``), not a sum: the
+                  tenant's bytes on this broker's disk
+    tiered_bytes  a gauge set with it (``replace_stored_bytes``): the tenant's bytes this broker
+                  keeps in object storage only; in a record only when not 0
     forced_deleted_messages  messages the store deleted inside their retention at the disk's
                   emergency watermark (``record_forced_deletion``); in a record only when not 0
 
@@ -58,6 +61,7 @@ class UsageRecord(TypedDict):
     bytes_out: int
     stored_bytes: int
     forced_deleted_messages: NotRequired[int]  # present when not 0
+    tiered_bytes: NotRequired[int]  # present when not 0 (brokers without a tier never send it)
 
 
 def request_units(nbytes: int) -> int:
@@ -98,6 +102,7 @@ class UsageMeter:
         "_roll_lock",
         "_spool",
         "_stored",
+        "_tiered",
         "broker",
     )
 
@@ -119,6 +124,7 @@ class UsageMeter:
         self._clock = clock_ms
         self._counters: dict[str, _Counters] = {}
         self._stored: dict[str, int] = {}
+        self._tiered: dict[str, int] = {}
         self._open_minute = self._floor(clock_ms())
         self._last_minute = spool.last_minute if spool is not None else 0  # the latest minute emitted
         self._roll_lock = asyncio.Lock()
@@ -146,9 +152,11 @@ class UsageMeter:
         else:
             self._stored.pop(tenant, None)
 
-    def replace_stored_bytes(self, stored: Mapping[str, int]) -> None:
-        """The whole gauge at once: tenants missing from ``stored`` store nothing."""
+    def replace_stored_bytes(self, stored: Mapping[str, int], tiered: Mapping[str, int] | None = None) -> None:
+        """Both gauges at once: tenants missing from ``stored`` store nothing on the disk, those
+        missing from ``tiered`` (all, when None) nothing in object storage only."""
         self._stored = {t: n for t, n in stored.items() if n > 0}
+        self._tiered = {t: n for t, n in (tiered or {}).items() if n > 0}
 
     # --- minutes --------------------------------------------------------------------------------
     def _floor(self, ms: int) -> int:
@@ -174,7 +182,7 @@ class UsageMeter:
             closed = self._last_minute + self._period
         counters, self._counters = self._counters, {}
         records: list[UsageRecord] = []
-        for tenant in sorted(counters.keys() | self._stored.keys()):
+        for tenant in sorted(counters.keys() | self._stored.keys() | self._tiered.keys()):
             c = counters.get(tenant)
             record: UsageRecord = {
                 "report_id": report_id(self.broker, closed, tenant),
@@ -188,6 +196,8 @@ class UsageMeter:
             }
             if c is not None and c.forced_deleted_messages:
                 record["forced_deleted_messages"] = c.forced_deleted_messages
+            if tenant in self._tiered:
+                record["tiered_bytes"] = self._tiered[tenant]
             records.append(record)
         if records:
             self._last_minute = closed

@@ -7,7 +7,8 @@ One micro-batch is one transaction:
     applied_offsets()                         per queue of the usage topic: the next offset not yet counted
     ... the caller drops what is below those offsets and aggregates the rest (Spark) ...
     add_minutes(), add_hours()                upserts that add counters (and keep gauges' maxima)
-    raise_hour_peaks()                        an hour's stored_bytes_peak ≥ each of its minutes' totals
+    raise_hour_peaks()                        an hour's stored_bytes_peak and tiered_bytes_peak ≥ each of
+                                              its minutes' totals
     advance_offsets()                         the queues' next offsets, in the same transaction
     COMMIT
 
@@ -43,8 +44,9 @@ class MinuteRow:
     requests_4k: int
     bytes_in: int
     bytes_out: int
-    stored_bytes: int  # the broker's largest sample in the minute
+    stored_bytes: int  # the broker's largest sample in the minute (bytes on its disk)
     records: int
+    tiered_bytes: int  # the broker's largest sample in the minute (bytes in object storage only)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,10 @@ class HourRow:
 
 
 def _minute_args(r: MinuteRow) -> tuple[Any, ...]:
-    return (r.tenant, utc_ms(r.minute_ms), r.broker, r.requests_4k, r.bytes_in, r.bytes_out, r.stored_bytes, r.records)
+    return (
+        r.tenant, utc_ms(r.minute_ms), r.broker, r.requests_4k, r.bytes_in, r.bytes_out, r.stored_bytes, r.records,
+        r.tiered_bytes,
+    )  # fmt: skip
 
 
 class BillingStore:
@@ -109,13 +114,15 @@ class BillingStore:
         self._run(
             self._conn.executemany(
                 """INSERT INTO billing_usage_minute AS m
-                       (tenant_id, minute, broker, requests_4k, bytes_in, bytes_out, stored_bytes, records)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                       (tenant_id, minute, broker, requests_4k, bytes_in, bytes_out, stored_bytes, records,
+                        tiered_bytes)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                    ON CONFLICT (tenant_id, minute, broker) DO UPDATE SET
                        requests_4k = m.requests_4k + EXCLUDED.requests_4k,
                        bytes_in = m.bytes_in + EXCLUDED.bytes_in,
                        bytes_out = m.bytes_out + EXCLUDED.bytes_out,
                        stored_bytes = GREATEST(m.stored_bytes, EXCLUDED.stored_bytes),
+                       tiered_bytes = GREATEST(m.tiered_bytes, EXCLUDED.tiered_bytes),
                        records = m.records + EXCLUDED.records,
                        updated_at = now()""",
                 [_minute_args(r) for r in rows],
@@ -141,15 +148,19 @@ class BillingStore:
         )
 
     def raise_hour_peaks(self, minutes: Sequence[MinuteRow]) -> None:
-        """The hours of the minutes just written: peak = max(peak, the minute's total over brokers)."""
+        """The hours of the minutes just written: each gauge's peak = max(peak, the minute's total
+        over brokers)."""
         if not minutes:
             return
         touched = sorted({(r.tenant, utc_ms(r.minute_ms)) for r in minutes})
         self._run(
             self._conn.execute(
-                """UPDATE billing_usage_hour h SET stored_bytes_peak = GREATEST(h.stored_bytes_peak, p.peak)
-                   FROM (SELECT tenant_id, date_trunc('hour', minute) AS hour, max(total) AS peak
-                         FROM (SELECT m.tenant_id, m.minute, sum(m.stored_bytes) AS total
+                """UPDATE billing_usage_hour h SET stored_bytes_peak = GREATEST(h.stored_bytes_peak, p.peak),
+                                                  tiered_bytes_peak = GREATEST(h.tiered_bytes_peak, p.tiered_peak)
+                   FROM (SELECT tenant_id, date_trunc('hour', minute) AS hour, max(total) AS peak,
+                                max(tiered) AS tiered_peak
+                         FROM (SELECT m.tenant_id, m.minute, sum(m.stored_bytes) AS total,
+                                      sum(m.tiered_bytes) AS tiered
                                FROM billing_usage_minute m
                                JOIN unnest($1::text[], $2::timestamptz[]) AS t(tenant_id, minute)
                                  ON m.tenant_id = t.tenant_id AND m.minute = t.minute

@@ -48,6 +48,7 @@ RECORD_SCHEMA = StructType(
         StructField("bytes_in", LongType()),
         StructField("bytes_out", LongType()),
         StructField("stored_bytes", LongType()),
+        StructField("tiered_bytes", LongType()),  # only in records of brokers with a tier, when not 0
     ]
 )
 _COUNTERS = ("requests_4k", "bytes_in", "bytes_out")
@@ -107,11 +108,11 @@ def usage_records(spark: SparkSession, opts: MeteringOptions) -> DataFrame:
 
 
 def _valid() -> Column:
-    """A record every field of which is there, with no negative count."""
+    """A record every field of which is there (tiered_bytes may be left out), with no negative count."""
     ok = F.col("report_id").isNotNull() & F.col("tenant").isNotNull() & F.col("broker").isNotNull()
     for c in ("minute", *_COUNTERS, "stored_bytes"):
         ok = ok & F.col(c).isNotNull() & (F.col(c) >= 0)
-    return ok
+    return ok & (F.col("tiered_bytes").isNull() | (F.col("tiered_bytes") >= 0))
 
 
 def not_applied(records: DataFrame, applied: Mapping[QueuePosition, int]) -> DataFrame:
@@ -138,6 +139,7 @@ def per_minute(records: DataFrame) -> DataFrame:
             *[F.sum(c).alias(c) for c in _COUNTERS],
             F.max("stored_bytes").alias("stored_bytes"),
             F.count(F.lit(1)).alias("records"),
+            F.max(F.coalesce(F.col("tiered_bytes"), F.lit(0))).alias("tiered_bytes"),
         )
     )
 
@@ -183,7 +185,7 @@ class BillingSink:
             good = fresh.filter(_valid())
             minutes = [
                 MinuteRow(r.tenant, r.minute_ms, r.broker, r.requests_4k, r.bytes_in, r.bytes_out,
-                          r.stored_bytes, r.records)
+                          r.stored_bytes, r.records, r.tiered_bytes)
                 for r in per_minute(good).collect()
             ]  # fmt: skip
             hours = [

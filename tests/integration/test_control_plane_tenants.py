@@ -12,6 +12,17 @@ from tests.postgres_fixture import (  # noqa: F401
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+# A plan's limits that PUT /v1/plans/{plan} requires.
+PLAN_LIMITS = {
+    "publish_msgs_per_s": 10,
+    "publish_bytes_per_s": 1000,
+    "consume_msgs_per_s": 20,
+    "consume_bytes_per_s": 2000,
+    "max_topics": 1,
+    "max_queues": 4,
+    "storage_bytes": 10_000,
+    "max_retention_hours": 2,
+}
 
 
 async def test_tenants_are_created_listed_read_and_changed(control_plane: ControlPlaneHarness) -> None:
@@ -86,16 +97,7 @@ async def test_plans_are_seeded_replaced_and_overridden_per_tenant(control_plane
     cp = control_plane
     plans = (await cp.call("GET", "/v1/plans", operator=True)).body["plans"]
     assert [p["name"] for p in plans] == ["enterprise", "free", "standard"]
-    limits = {
-        "publish_msgs_per_s": 10,
-        "publish_bytes_per_s": 1000,
-        "consume_msgs_per_s": 20,
-        "consume_bytes_per_s": 2000,
-        "max_topics": 1,
-        "max_queues": 4,
-        "storage_bytes": 10_000,
-        "max_retention_hours": 2,
-    }
+    limits = dict(PLAN_LIMITS)
     created = await cp.call("PUT", "/v1/plans/tiny", operator=True, json=limits)
     assert created.status == 201
     assert created.body["max_topics"] == 1
@@ -115,8 +117,13 @@ async def test_plans_are_seeded_replaced_and_overridden_per_tenant(control_plane
     quota = await cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"max_topics": 5, "storage_bytes": 7})
     assert quota.status == 200
     assert quota.body["overrides"] == {"max_topics": 5, "storage_bytes": 7}
-    # (a plan written without the per-broker limits gets their defaults)
-    defaults = {"max_connections": 1000, "max_inflight_requests": 10000}
+    # (a plan written without the per-broker limits nor the tiered ones gets their defaults)
+    defaults = {
+        "max_connections": 1000,
+        "max_inflight_requests": 10000,
+        "unlimited_retention": False,
+        "max_tiered_bytes": None,
+    }
     assert quota.body["effective"] == {**limits, **defaults, "max_topics": 5, "storage_bytes": 7}
     cleared = await cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"max_topics": None})
     assert cleared.body["effective"]["max_topics"] == 2
@@ -126,6 +133,55 @@ async def test_plans_are_seeded_replaced_and_overridden_per_tenant(control_plane
     assert (await cp.call("GET", "/v1/tenants/acme/quota", token=token)).body["plan"] == "tiny"
     assert (await cp.call("PUT", "/v1/tenants/acme/quota", token=token, json={"max_topics": 99})).status == 403
     assert (await cp.call("PUT", "/v1/plans/tiny", token=token, json=limits)).status == 403
+
+
+async def test_plans_allow_unlimited_retention_cap_and_price_tiered_bytes(control_plane: ControlPlaneHarness) -> None:
+    cp = control_plane
+    seeded = {p["name"]: p for p in (await cp.call("GET", "/v1/plans", operator=True)).body["plans"]}
+    assert {n: (p["unlimited_retention"], p["max_tiered_bytes"]) for n, p in seeded.items()} == {
+        "free": (False, 1 << 30),
+        "standard": (False, None),
+        "enterprise": (True, None),  # the top plan keeps messages for good when a topic asks
+    }
+    assert {n: p["tiered_price_per_gb_month_micros"] for n, p in seeded.items()} == {
+        "free": 0,
+        "standard": 23_000,
+        "enterprise": 20_000,
+    }
+    assert seeded["standard"]["storage_bytes"] == 107374182400  # the disk's quota as it was
+    limits = dict(PLAN_LIMITS)
+    tiered = {"unlimited_retention": True, "max_tiered_bytes": 5 << 30, "tiered_price_per_gb_month_micros": 21_500}
+    made = await cp.call("PUT", "/v1/plans/archive", operator=True, json={**limits, **tiered})
+    assert made.status == 201, made.body
+    assert {k: made.body[k] for k in tiered} == tiered
+    uncapped = await cp.call(
+        "PUT", "/v1/plans/archive", operator=True, json={**limits, **tiered, "max_tiered_bytes": None}
+    )
+    assert uncapped.body["max_tiered_bytes"] is None  # null: no cap
+    for field, bad in (
+        ("unlimited_retention", "yes"),
+        ("unlimited_retention", 1),
+        ("max_tiered_bytes", -1),
+        ("max_tiered_bytes", 2**63),
+        ("tiered_price_per_gb_month_micros", -5),
+        ("tiered_price_per_gb_month_micros", 0.5),
+    ):
+        refused = await cp.call("PUT", "/v1/plans/archive", operator=True, json={**limits, field: bad})
+        assert refused.status == 400, (field, bad, refused.body)
+        assert refused.body["error"]["details"]["field"] == field
+    # Overrides: a tenant may get unlimited retention or a tiered cap of its own; the price is the plan's.
+    await cp.call("POST", "/v1/tenants", operator=True, json={"id": "acme", "plan": "standard"})
+    quota = await cp.call(
+        "PUT", "/v1/tenants/acme/quota", operator=True, json={"unlimited_retention": True, "max_tiered_bytes": 1000}
+    )
+    assert quota.status == 200, quota.body
+    assert quota.body["overrides"] == {"unlimited_retention": True, "max_tiered_bytes": 1000}
+    assert (quota.body["effective"]["unlimited_retention"], quota.body["effective"]["max_tiered_bytes"]) == (True, 1000)
+    priced = await cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"tiered_price_per_gb_month_micros": 1})
+    assert priced.status == 400
+    assert priced.body["error"]["code"] == "invalid_request"  # not a field of overrides
+    back = await cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={})
+    assert (back.body["effective"]["unlimited_retention"], back.body["effective"]["max_tiered_bytes"]) == (False, None)
 
 
 async def test_the_fleet_has_broker_groups_hosts_and_capacity(control_plane: ControlPlaneHarness) -> None:

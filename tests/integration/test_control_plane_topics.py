@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
+from control_plane.reconcile_source import ServicesStateSource
+from data_plane.broker.tenancy import parse_snapshot
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
@@ -220,3 +223,132 @@ async def test_desired_state_of_a_broker_group(control_plane: ControlPlaneHarnes
         t["name"] for t in (await cp.services.desired_state("broker-b"))["topics"]
     }
     assert everywhere == {"acme%orders", "beta%events"}
+
+
+# --- retention in two tiers -------------------------------------------------------------------------
+async def test_retention_is_hours_up_to_a_year_or_unlimited_where_the_plan_allows_it(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    cp = control_plane
+    _, token = await cp.new_tenant("acme", plan="standard")  # 168 h, no unlimited retention
+    await cp.new_broker_group("broker-a")
+    for bad in (0, 8761, 100_000, "forever", "Unlimited", 1.5, True):
+        refused = await cp.call("POST", T + "/topics", token=token, json={"name": "t", "retention_hours": bad})
+        assert refused.status == 400, (bad, refused.body)
+        assert refused.body["error"]["code"] == "invalid_field"
+        assert refused.body["error"]["details"]["field"] == "retention_hours"
+        assert '1..8760 or "unlimited"' in refused.body["error"]["message"]
+    unlimited = await cp.call("POST", T + "/topics", token=token, json={"name": "t", "retention_hours": "unlimited"})
+    assert unlimited.status == 422
+    assert unlimited.body["error"]["code"] == "quota_exceeded"
+    assert unlimited.body["error"]["details"] == {"limit": "unlimited_retention", "allowed": False, "requested": True}
+    assert "needs a plan with unlimited_retention" in unlimited.body["error"]["message"]
+    assert "at most 168 hours" in unlimited.body["error"]["message"]
+    assert await cp.services.pool.fetchval("SELECT count(*) FROM topics") == 0
+
+    made = await cp.call("POST", T + "/topics", token=token, json={"name": "t", "retention_hours": 168})
+    assert made.status == 201
+    assert (made.body["retention_hours"], made.body["local_retention_hours"]) == (168, None)
+    patched = await cp.call("PATCH", T + "/topics/t", token=token, json={"retention_hours": "unlimited"})
+    assert patched.status == 422
+    assert patched.body["error"]["details"]["limit"] == "unlimited_retention"
+
+    # The plan's flag (or the tenant's override of it) allows it: kept for good.
+    await cp.call("PUT", T + "/quota", operator=True, json={"unlimited_retention": True})
+    patched = await cp.call("PATCH", T + "/topics/t", token=token, json={"retention_hours": "unlimited"})
+    assert patched.status == 200, patched.body
+    assert patched.body["retention_hours"] == "unlimited"
+    assert (await cp.call("GET", T + "/topics/t", token=token)).body["retention_hours"] == "unlimited"
+    assert await cp.services.pool.fetchval("SELECT retention_hours FROM topics WHERE name = 't'") is None
+    # Finite retention is still capped by max_retention_hours.
+    capped = await cp.call("PATCH", T + "/topics/t", token=token, json={"retention_hours": 169})
+    assert capped.status == 422
+    assert capped.body["error"]["details"] == {"limit": "max_retention_hours", "allowed": 168, "requested": 169}
+
+    _, big = await cp.new_tenant("bigco", plan="enterprise")  # the top plan: unlimited retention
+    archive = await cp.call(
+        "POST", "/v1/tenants/bigco/topics", token=big, json={"name": "archive", "retention_hours": "unlimited"}
+    )
+    assert archive.status == 201, archive.body
+    assert archive.body["retention_hours"] == "unlimited"
+    again = await cp.call(
+        "POST", "/v1/tenants/bigco/topics", token=big, json={"name": "archive", "retention_hours": "unlimited"}
+    )
+    assert again.status == 200  # the same spec
+    other = await cp.call("POST", "/v1/tenants/bigco/topics", token=big, json={"name": "archive"})
+    assert other.status == 409
+    assert other.body["error"]["details"]["existing"]["retention_hours"] == "unlimited"
+
+
+async def test_local_retention_is_part_of_the_total_and_null_means_the_brokers_default(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    cp = control_plane
+    _, token = await cp.new_tenant("acme", plan="enterprise")  # 720 h, unlimited retention
+    await cp.new_broker_group("broker-a")
+    for bad in (0, 8761, "12", 2.5):
+        refused = await cp.call("POST", T + "/topics", token=token, json={"name": "t", "local_retention_hours": bad})
+        assert refused.status == 400, (bad, refused.body)
+        assert refused.body["error"]["details"]["field"] == "local_retention_hours"
+    longer = await cp.call(
+        "POST", T + "/topics", token=token, json={"name": "t", "retention_hours": 48, "local_retention_hours": 49}
+    )
+    assert longer.status == 400
+    assert longer.body["error"]["details"]["field"] == "local_retention_hours"
+    assert "at most retention_hours (48)" in longer.body["error"]["message"]
+    default = await cp.call("POST", T + "/topics", token=token, json={"name": "t", "local_retention_hours": 73})
+    assert default.status == 400  # above the default total, 72 h
+    assert await cp.services.pool.fetchval("SELECT count(*) FROM topics") == 0
+
+    spec = {"name": "t", "retention_hours": 48, "local_retention_hours": 12}
+    made = await cp.call("POST", T + "/topics", token=token, json=spec)
+    assert made.status == 201
+    assert (made.body["retention_hours"], made.body["local_retention_hours"]) == (48, 12)
+    assert (await cp.call("POST", T + "/topics", token=token, json=spec)).status == 200
+    other = await cp.call("POST", T + "/topics", token=token, json={**spec, "local_retention_hours": 24})
+    assert other.status == 409
+    assert other.body["error"]["details"]["existing"]["local_retention_hours"] == 12
+
+    # A PATCH leaves it alone when left out, and the total may not go below it.
+    lower = await cp.call("PATCH", T + "/topics/t", token=token, json={"retention_hours": 6})
+    assert lower.status == 400
+    assert lower.body["error"]["details"]["field"] == "local_retention_hours"
+    both = await cp.call("PATCH", T + "/topics/t", token=token, json={"retention_hours": 6, "local_retention_hours": 6})
+    assert (both.status, both.body["retention_hours"], both.body["local_retention_hours"]) == (200, 6, 6)
+    described = await cp.call("PATCH", T + "/topics/t", token=token, json={"description": "orders"})
+    assert (described.body["retention_hours"], described.body["local_retention_hours"]) == (6, 6)
+    unlimited = await cp.call(
+        "PATCH", T + "/topics/t", token=token, json={"retention_hours": "unlimited", "local_retention_hours": 8760}
+    )
+    assert (unlimited.body["retention_hours"], unlimited.body["local_retention_hours"]) == ("unlimited", 8760)
+    cleared = await cp.call("PATCH", T + "/topics/t", token=token, json={"local_retention_hours": None})
+    assert cleared.status == 200
+    assert (cleared.body["retention_hours"], cleared.body["local_retention_hours"]) == ("unlimited", None)
+
+
+async def test_the_tenancy_snapshot_maps_each_topic_to_its_retentions_and_tenants_to_their_tiered_share(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    cp = control_plane
+    _, big = await cp.new_tenant("bigco", plan="enterprise")
+    _, small = await cp.new_tenant("small", plan="free")  # 1 GiB in object storage
+    await cp.new_broker_group("broker-a")
+    await cp.new_broker_group("broker-b")
+    topics = [
+        ("bigco", big, {"name": "archive", "retention_hours": "unlimited", "local_retention_hours": 24}),
+        ("bigco", big, {"name": "orders", "retention_hours": 500}),
+        ("small", small, {"name": "events", "retention_hours": 12, "local_retention_hours": 1}),
+    ]
+    for tenant, token, spec in topics:
+        made = await cp.call("POST", f"/v1/tenants/{tenant}/topics", token=token, json=spec)
+        assert made.status == 201, made.body
+    snapshot = (await ServicesStateSource(cp.services).desired_state("broker-a"))["tenancy"]
+    assert snapshot["topic_retention_hours"] == {"bigco%archive": None, "bigco%orders": 500, "small%events": 12}
+    assert snapshot["topic_local_retention_hours"] == {"bigco%archive": 24, "small%events": 1}
+    shares = {t["id"]: (t["storage_bytes"], t["max_tiered_bytes"]) for t in snapshot["tenants"]}
+    # Each broker group gets its share: the tenant's limit over the 2 groups holding it; null: none.
+    assert shares == {"bigco": (10995116277760 // 2, None), "small": (1073741824 // 2, 1073741824 // 2)}
+    # The broker reads the very snapshot the reconciler sends.
+    parsed = parse_snapshot(orjson.dumps(snapshot))
+    assert parsed["topic_retention_hours"]["bigco%archive"] is None
+    assert parsed["topic_local_retention_hours"] == {"bigco%archive": 24, "small%events": 1}

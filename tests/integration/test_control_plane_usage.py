@@ -3,8 +3,14 @@ usage per minute or hour — never another tenant's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+from data_plane.tenancy.metering import UsageMeter
+from data_plane.tenancy.usage_reporter import UsageReporter
+from data_plane.tenancy.usage_spool import UsageSpool
+from tests.integration.helpers import until
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
@@ -72,6 +78,7 @@ async def test_usage_is_ingested_once_per_report_id_and_aggregated(control_plane
         "bytes_out": 12000,
         "forced_deleted_messages": 12,
         "stored_bytes_max": 9000,
+        "tiered_bytes_max": 0,  # no broker here keeps anything in object storage
     }
     beta_usage = await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)
     assert beta_usage.body["totals"]["requests_4k"] == 999
@@ -88,13 +95,15 @@ async def test_only_brokers_report_and_bad_records_are_refused(control_plane: Co
     bad = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": [record("r-1", "yesterday")]})
     assert bad.status == 400
     assert "minute" in bad.body["error"]["message"]
-    negative = await cp.call(
-        "POST",
-        "/internal/v1/usage",
-        token=broker,
-        json={"records": [record("r-1", "2026-05-01T10:00:00Z", bytes_in=-1)]},
-    )
-    assert negative.status == 400
+    for field in ("bytes_in", "tiered_bytes"):
+        negative = await cp.call(
+            "POST",
+            "/internal/v1/usage",
+            token=broker,
+            json={"records": [{**record("r-1", "2026-05-01T10:00:00Z"), field: -1}]},
+        )
+        assert negative.status == 400
+        assert field in negative.body["error"]["details"]["field"]
     epoch_ms = await cp.call(
         "POST", "/internal/v1/usage", token=broker, json={"records": [record("r-2", 1_777_629_600_000)]}
     )
@@ -106,3 +115,54 @@ async def test_only_brokers_report_and_bad_records_are_refused(control_plane: Co
     )
     assert wide.status == 400
     assert wide.body["error"]["details"]["field"] == "to"
+
+
+async def test_tiered_bytes_is_a_gauge_beside_stored_bytes(control_plane: ControlPlaneHarness) -> None:
+    cp = control_plane
+    _, acme = await cp.new_tenant("acme")
+    broker = await broker_token(cp)
+    batch = [
+        record("a-1", "2026-05-01T10:00:00Z", stored_bytes=100, tiered_bytes=7000),
+        record("a-2", "2026-05-01T10:00:30Z", stored_bytes=90, tiered_bytes=7100),  # a broker's minute: its largest
+        record("b-1", "2026-05-01T10:00:00Z", broker="broker-b", stored_bytes=10, tiered_bytes=500),
+        record("a-3", "2026-05-01T10:30:00Z", stored_bytes=200),  # a broker without a tier sends none: 0
+        record("a-4", "2026-05-01T11:00:00Z", stored_bytes=50, tiered_bytes=9000),
+    ]
+    assert (await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": batch})).status == 200
+    q = "from=2026-05-01T10:00:00Z&to=2026-05-01T12:00:00Z"
+    minutes = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=minute", token=acme)
+    rows = {b["start"][11:16]: (b["stored_bytes"], b["tiered_bytes"]) for b in minutes.body["buckets"]}
+    assert rows == {"10:00": (110, 7600), "10:30": (200, 0), "11:00": (50, 9000)}  # brokers add up
+    hours = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=hour", token=acme)
+    assert [(b["stored_bytes"], b["tiered_bytes"]) for b in hours.body["buckets"]] == [(200, 7600), (50, 9000)]
+    totals = hours.body["totals"]
+    assert (totals["stored_bytes_max"], totals["tiered_bytes_max"]) == (200, 9000)
+    assert "tiered_bytes" not in totals  # a gauge does not add up over time
+
+
+async def test_a_brokers_meter_spool_and_reporter_bring_tiered_bytes_to_the_usage_api(
+    control_plane: ControlPlaneHarness, tmp_path: Path
+) -> None:
+    """The broker's side as it runs (UsageMeter → UsageSpool → UsageReporter) against the real
+    control plane: the gauges the broker measured reach the tenant's usage."""
+    cp = control_plane
+    _, acme = await cp.new_tenant("acme")
+    _, beta = await cp.new_tenant("beta")
+    broker = await broker_token(cp)
+    spool = UsageSpool(str(tmp_path / "usage"))
+    minute = 1_777_629_600_000  # 2026-05-01T10:00:00Z
+    meter = UsageMeter("broker-a", spool=spool, clock_ms=lambda: minute)
+    meter.replace_stored_bytes({"acme": 4096, "beta": 10}, {"acme": 1 << 30})
+    meter.record_request("beta", 100, 0)
+    assert await meter.roll_and_spool(minute + 60_000) == 2
+    reporter = UsageReporter(spool, control_plane_url=cp.url, token=lambda: broker, idle_interval_s=0.01)
+    reporter.start()
+    try:
+        await until(lambda: spool.pending == 0, "the spool delivered", timeout_s=10)
+    finally:
+        await reporter.stop()
+    q = "from=2026-05-01T10:00:00Z&to=2026-05-01T11:00:00Z&granularity=minute"
+    got = (await cp.call("GET", f"/v1/tenants/acme/usage?{q}", token=acme)).body["totals"]
+    assert (got["stored_bytes_max"], got["tiered_bytes_max"]) == (4096, 1 << 30)
+    got = (await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)).body["totals"]
+    assert (got["stored_bytes_max"], got["tiered_bytes_max"], got["bytes_in"]) == (10, 0, 100)

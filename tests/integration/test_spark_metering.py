@@ -54,8 +54,10 @@ async def topic_records(spark: SparkHandle, tenancy: TenancyCluster, end: int) -
 
 
 def expected_aggregates(records: list[dict[str, Any]]) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
-    """What billing_usage_minute and billing_usage_hour must hold, computed here record by record."""
-    minutes: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+    """What billing_usage_minute and billing_usage_hour must hold, computed here record by record:
+    [requests_4k, bytes_in, bytes_out, stored_bytes (peak), records, tiered_bytes (peak)]. A record
+    without tiered_bytes (a broker without a tier) counts 0."""
+    minutes: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for r in records:
         m = minutes[(r["tenant"], r["minute"] - r["minute"] % MINUTE_MS, r["broker"])]
         m[0] += r["requests_4k"]
@@ -63,15 +65,18 @@ def expected_aggregates(records: list[dict[str, Any]]) -> tuple[dict[Any, list[i
         m[2] += r["bytes_out"]
         m[3] = max(m[3], r["stored_bytes"])
         m[4] += 1
-    totals: dict[tuple[str, int], int] = defaultdict(int)  # a tenant's minute: its brokers' gauges added
+        m[5] = max(m[5], r.get("tiered_bytes", 0))
+    totals: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # a tenant's minute: its brokers' gauges
     for (tenant, minute, _broker), m in minutes.items():
-        totals[(tenant, minute)] += m[3]
-    hours: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
+        totals[(tenant, minute)][0] += m[3]
+        totals[(tenant, minute)][1] += m[5]
+    hours: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
     for (tenant, minute, _broker), m in minutes.items():
         h = hours[(tenant, minute - minute % HOUR_MS)]
         for i in (0, 1, 2, 4):
             h[i] += m[i]
-        h[3] = max(h[3], totals[(tenant, minute)])
+        h[3] = max(h[3], totals[(tenant, minute)][0])
+        h[5] = max(h[5], totals[(tenant, minute)][1])
     return dict(minutes), dict(hours)
 
 
@@ -80,11 +85,13 @@ async def billed(dsn: str) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
     try:
         minute_rows = await conn.fetch(
             """SELECT tenant_id, (extract(epoch FROM minute) * 1000)::bigint AS ms, broker,
-                      requests_4k, bytes_in, bytes_out, stored_bytes, records FROM billing_usage_minute"""
+                      requests_4k, bytes_in, bytes_out, stored_bytes, records, tiered_bytes
+               FROM billing_usage_minute"""
         )
         hour_rows = await conn.fetch(
             """SELECT tenant_id, (extract(epoch FROM hour) * 1000)::bigint AS ms,
-                      requests_4k, bytes_in, bytes_out, stored_bytes_peak, records FROM billing_usage_hour"""
+                      requests_4k, bytes_in, bytes_out, stored_bytes_peak, records, tiered_bytes_peak
+               FROM billing_usage_hour"""
         )
     finally:
         await db.close(conn)
@@ -95,6 +102,7 @@ async def billed(dsn: str) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
             r["bytes_out"],
             r["stored_bytes"],
             r["records"],
+            r["tiered_bytes"],
         ]
         for r in minute_rows
     }
@@ -105,6 +113,7 @@ async def billed(dsn: str) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
             r["bytes_out"],
             r["stored_bytes_peak"],
             r["records"],
+            r["tiered_bytes_peak"],
         ]
         for r in hour_rows
     }

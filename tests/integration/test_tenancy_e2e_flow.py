@@ -27,6 +27,7 @@ from sdk.consumer import ConsumeFrom
 from sdk.message import MessageExt
 from sdk.push_consumer import ConsumeResult
 from tests.integration.tenancy_cluster import (
+    GROUP,
     TenancyCluster,
     Tenant,
     tenancy_fixture,  # noqa: F401
@@ -273,3 +274,40 @@ async def test_the_broker_keeps_files_as_long_as_its_longest_topic_retention(ten
     reply = await tenancy.cp.call("DELETE", "/v1/tenants/bigco/topics/archive", operator=True)
     assert reply.status == 204, reply.body
     await until(lambda: retention_is(72.0), "the default retention back", timeout_s=10)
+
+
+async def test_a_topic_kept_for_good_keeps_every_file_and_local_retention_reaches_the_broker(
+    tenancy: TenancyCluster,
+) -> None:
+    big = await tenancy.new_tenant("bigco", plan="enterprise")  # the plan allows unlimited retention
+    await tenancy.create_topic(big, "archive", retention_hours="unlimited", local_retention_hours=12)
+    await tenancy.create_topic(big, "orders", retention_hours=500)
+
+    async def retention_hours() -> float:
+        info = await tenancy.operator_json(RequestCode.GET_BROKER_RUNTIME_INFO)
+        return float(info["table"]["retentionHours"])
+
+    async def unlimited() -> bool:
+        return await retention_hours() == float("inf")
+
+    await until(unlimited, "the broker keeping its files for good", timeout_s=10)
+    # The snapshot the broker keeps on disk (it serves with it after a restart while the control
+    # plane is down) holds both maps as the control plane sent them.
+    state_file = tenancy.tmp / "stores" / GROUP / "config" / "tenants.json"
+
+    def kept() -> bool:
+        state = json.loads(state_file.read_text()) if state_file.exists() else {}
+        return state.get("topic_retention_hours") == {"bigco%archive": None, "bigco%orders": 500} and state.get(
+            "topic_local_retention_hours"
+        ) == {"bigco%archive": 12}
+
+    await until(kept, f"both retention maps in {state_file}", timeout_s=10)
+    changed = await tenancy.cp.call(
+        "PATCH", "/v1/tenants/bigco/topics/archive", operator=True, json={"retention_hours": 48}
+    )
+    assert changed.status == 200, changed.body
+
+    async def finite() -> bool:
+        return await retention_hours() == 500.0
+
+    await until(finite, "the longest finite retention once nothing is kept for good", timeout_s=10)

@@ -348,6 +348,7 @@ def test_the_manifest_round_trips_and_refuses_another_groups() -> None:
         ({"tier_url": "http://bucket/x"}, "s3://bucket/prefix"),
         ({"tier_url": "s3://Bad_Bucket/x"}, "not a valid S3 bucket name"),
         ({"tier_endpoint_url": "ftp://x"}, "http:// or https://"),
+        ({"tier_profile": "a profile"}, "tier_profile"),
         ({"tier_group": ""}, "tier_group"),
         ({"local_retention_hours": 0}, "local_retention_hours"),
         ({"tier_upload_part_bytes": 1024}, "tier_upload_part_bytes"),
@@ -370,3 +371,23 @@ class DiskReading:
 
     def __call__(self, _path: str) -> float:
         return self.ratio
+
+
+def test_credentials_may_come_from_a_named_profile_of_the_shared_files(
+    open_store: Callable[..., MessageStore],
+    clock: ManualClock,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shared = tmp_path / "credentials"
+    shared.write_text("[orbit-tier]\naws_access_key_id = testing\naws_secret_access_key = testing\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(shared))
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key, raising=False)
+    with pytest.raises(ObjectStoreError, match="tier_profile"):
+        open_store("missing", tier_profile="no-such-profile")
+    store = open_store(tier_profile="orbit-tier")
+    _fill(store, clock, 3)
+    assert store.tier is not None
+    store.tier.offloader.round()
+    assert len(store.tier.manifest.files) == 2

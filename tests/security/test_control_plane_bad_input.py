@@ -38,6 +38,7 @@ VALID_LIMITS = {
     "max_queues": 100,
     "storage_bytes": 10,
     "max_retention_hours": 24,
+    "max_tiered_bytes": 10,
 }
 INTEGER_LIMITS = (
     "max_topics",
@@ -270,7 +271,7 @@ def integer_cases(topic: str, group: str) -> list[tuple[str, int, str, str, dict
         for f in INTEGER_LIMITS:
             cases.append((f, value, "PUT", "/v1/plans/big", {**VALID_LIMITS, f: value}))
             cases.append((f, value, "PUT", "/v1/tenants/acme/quota", {f: value}))
-        for f in ("retention_hours", "throughput_hint_msgs_per_s"):
+        for f in ("retention_hours", "local_retention_hours", "throughput_hint_msgs_per_s"):
             cases.append((f, value, "POST", "/v1/tenants/acme/topics", {"name": "t2", f: value}))
             cases.append((f, value, "PATCH", t, {f: value}))
         for f in ("fixed_interval_ms", "max_retries"):
@@ -290,7 +291,7 @@ def integer_cases(topic: str, group: str) -> list[tuple[str, int, str, str, dict
             cases.append((f, value, "PATCH", "/v1/fleet/broker-groups/broker-a", {f: value}))
         for f in ("max_offset", "epoch", "lag_bytes"):
             cases.append((f, value, "POST", "/internal/v1/ha/heartbeat", {**heartbeat, f: value}))
-        for f in ("requests_4k", "bytes_in", "bytes_out", "stored_bytes"):
+        for f in ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "tiered_bytes"):
             cases.append((f, value, "POST", "/internal/v1/usage", {"records": [{**record, f: value}]}))
     return cases
 

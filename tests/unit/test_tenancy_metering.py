@@ -103,6 +103,20 @@ def test_stored_bytes_is_a_gauge_reported_every_minute() -> None:
     assert [(r["tenant"], r["stored_bytes"]) for r in meter.roll(T0 + 4 * MINUTE_MS)] == [("acme", 7)]
 
 
+def test_tiered_bytes_is_a_gauge_of_its_own_in_records_only_when_not_zero() -> None:
+    meter = UsageMeter("b", clock_ms=WallClock())
+    meter.replace_stored_bytes({"acme": 100, "globex": 5}, {"acme": 4000, "initech": 9})
+    for i in range(1, 3):  # reported every minute, with or without traffic
+        records = meter.roll(T0 + i * MINUTE_MS)
+        assert [(r["tenant"], r["stored_bytes"], r.get("tiered_bytes")) for r in records] == [
+            ("acme", 100, 4000),
+            ("globex", 5, None),  # nothing tiered: no field (control planes before tiering refuse it)
+            ("initech", 0, 9),  # all of it in object storage
+        ]
+    meter.replace_stored_bytes({"acme": 100})  # both gauges replaced: nothing tiered any more
+    assert [(r["tenant"], r.get("tiered_bytes")) for r in meter.roll(T0 + 3 * MINUTE_MS)] == [("acme", None)]
+
+
 def test_a_late_roll_moves_traffic_into_the_open_minute_without_losing_any() -> None:
     meter = UsageMeter("b", clock_ms=WallClock())
     meter.record_request("acme", 100, 0)

@@ -37,6 +37,7 @@ TOPIC = {
     "name": "orders",
     "message_type": "NORMAL",
     "retention_hours": 24,
+    "local_retention_hours": 12,
     "throughput_hint_msgs_per_s": None,
     "queue_count": 4,
     "description": "",
@@ -69,7 +70,12 @@ CREDENTIAL: dict[str, Any] = {
     "created_at": "2026-01-01T00:00:00+00:00",
     "revoked_at": None,
 }
-QUOTA = {"tenant_id": "acme", "plan": "standard", "overrides": {"max_topics": 20}, "effective": {"max_topics": 20}}
+QUOTA = {
+    "tenant_id": "acme",
+    "plan": "standard",
+    "overrides": {"max_topics": 20, "unlimited_retention": True},
+    "effective": {"max_topics": 20, "max_tiered_bytes": None, "unlimited_retention": True},
+}
 TENANT = {"id": "acme", "display_name": "ACME", "plan": "standard", "status": "active", "created_at": "x"}
 BROKER_HOST = {
     "host": "10.0.0.1",
@@ -146,6 +152,107 @@ def test_a_larger_throughput_hint_leaves_queues_to_the_apply() -> None:
     assert retention_only["status"] == "active"
 
 
+def test_a_topic_kept_for_good_reads_back_as_unlimited_retention_without_hours() -> None:
+    forever = Topic._state({**TOPIC, "retention_hours": "unlimited", "local_retention_hours": None})
+    retention = ("retention_hours", "unlimited_retention", "local_retention_hours")
+    assert [forever[k] for k in retention] == [None, True, None]
+    assert [STATES[Topic][k] for k in retention] == [24, False, 12]
+
+
+def validate_topic(**config: Any) -> list[tuple[str, str, Any]]:
+    """(summary, detail, path) of each diagnostic of a topic's configuration."""
+    diags = Diagnostics()
+    whole = {a.name: None for a in Topic.get_schema().attributes} | {"name": "orders", **config}
+    Topic(OrbitProvider()).validate(diags, "orbit_topic", whole)
+    return [(d.summary, d.detail, d.path) for d in diags.diagnostics]
+
+
+def test_topic_retention_is_checked_at_plan_time() -> None:
+    assert validate_topic(unlimited_retention=True, local_retention_hours=24) == []
+    assert validate_topic(retention_hours=48, unlimited_retention=False, local_retention_hours=48) == []
+    assert validate_topic(retention_hours=Unknown, local_retention_hours=Unknown) == []
+    [conflict] = validate_topic(retention_hours=48, unlimited_retention=True)
+    assert conflict[0] == "Conflicting retention"
+    assert conflict[1].endswith("set one of them")
+    [maybe] = validate_topic(retention_hours=48, unlimited_retention=Unknown)
+    assert maybe[0] == "Conflicting retention"
+    assert "known only after apply" in maybe[1]
+    [too_long] = validate_topic(retention_hours=48, local_retention_hours=72)
+    assert too_long[0] == "Invalid local_retention_hours"
+    assert "local_retention_hours (72) must be at most retention_hours (48)" in too_long[1]
+    for bad in (0, 8761, 1.5, True):
+        assert [d[:2] for d in validate_topic(local_retention_hours=bad)] == [
+            (
+                "Invalid local_retention_hours",
+                f"local_retention_hours = {bad}: must be a whole number of hours within 1..8760",
+            )
+        ]
+    assert [d[0] for d in validate_topic(retention_hours=9000)] == ["Invalid retention_hours"]
+
+
+def plan_topic(changed: set[str], current: dict[str, Any], **planned: Any) -> tuple[dict[str, Any], list[str]]:
+    """A topic's update plan, and its diagnostics as "summary: detail"."""
+    diags = Diagnostics()
+    out = Topic(OrbitProvider()).plan(PlanContext(diags, "t", changed_fields=changed), current, {**current, **planned})
+    assert out is not None
+    return out, [f"{d.summary}: {d.detail}" for d in diags.diagnostics]
+
+
+def test_a_topic_plan_derives_one_way_of_saying_retention_from_the_other() -> None:
+    finite = STATES[Topic]  # 24 hours, 12 of them local
+    forever = Topic._state({**TOPIC, "retention_hours": "unlimited"})
+    # unlimited_retention set (retention_hours left out, so carried over): no hours
+    planned, errors = plan_topic({"unlimited_retention"}, finite, unlimited_retention=True)
+    assert (planned["retention_hours"], planned["unlimited_retention"], errors) == (None, True, [])
+    # retention_hours set on a topic kept for good (unlimited_retention carried over): no longer unlimited
+    planned, errors = plan_topic({"retention_hours"}, forever, retention_hours=48)
+    assert (planned["retention_hours"], planned["unlimited_retention"], errors) == (48, False, [])
+    planned, _errors = plan_topic({"retention_hours"}, forever, retention_hours=Unknown)
+    assert planned["unlimited_retention"] is False
+    # unlimited_retention from a resource not made yet: so are the hours
+    assert plan_topic({"unlimited_retention"}, finite, unlimited_retention=Unknown)[0]["retention_hours"] is Unknown
+    # nothing changed: nothing derived
+    assert plan_topic(set(), forever)[0] == forever
+    # unlimited_retention = false, and no hours to keep the messages for instead
+    _planned, errors = plan_topic({"unlimited_retention"}, forever, unlimited_retention=False)
+    assert errors == [
+        "Ending unlimited retention needs retention_hours: topic orders keeps its messages for good; with "
+        "unlimited_retention = false set retention_hours to the hours to keep them"
+    ]
+    # the total lowered under the local retention the configuration keeps
+    _planned, errors = plan_topic({"retention_hours"}, finite, retention_hours=6)
+    assert errors == [
+        "Invalid local_retention_hours: local_retention_hours (12) must be at most retention_hours (6): the "
+        "brokers' copy is part of the total (lower it too, or leave it out for the broker's default)"
+    ]
+
+
+def test_topic_changes_go_to_the_api_as_it_takes_them() -> None:
+    calls: list[tuple[str, str, Any]] = []
+
+    class Api:
+        def call(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+            calls.append((method, path, body))
+            retention = body.get("retention_hours", TOPIC["retention_hours"])
+            return 200, {**TOPIC, **body, "retention_hours": retention}
+
+    topic = Topic(OrbitProvider())
+    topic.provider.configure_provider(Diagnostics(), {"wait_for_active_s": 0})
+    topic.provider._client = Api()  # type: ignore[assignment]  # a stand-in of OrbitClient
+    finite = STATES[Topic]
+    topic._update(Diagnostics(), finite, {**finite, "unlimited_retention": True, "retention_hours": None})
+    topic._update(Diagnostics(), finite, {**finite, "local_retention_hours": None})
+    forever = Topic._state({**TOPIC, "retention_hours": "unlimited"})
+    topic._update(Diagnostics(), forever, {**forever, "unlimited_retention": False, "retention_hours": 48.0})
+    path = "/v1/tenants/acme/topics/orders"
+    assert calls == [
+        ("PATCH", path, {"retention_hours": "unlimited"}),
+        ("PATCH", path, {"local_retention_hours": None}),
+        ("PATCH", path, {"retention_hours": 48}),
+    ]
+    assert type(calls[-1][2]["retention_hours"]) is int
+
+
 def test_suspending_a_tenant_plans_its_status() -> None:
     state = STATES[Tenant]
     assert plan(Tenant, {"suspended"}, state, {**state, "suspended": True})["status"] == "suspended"
@@ -154,6 +261,20 @@ def test_suspending_a_tenant_plans_its_status() -> None:
 def test_quota_effective_limits_follow_a_change() -> None:
     state = STATES[Quota]
     assert plan(Quota, {"max_topics"}, state, {**state, "max_topics": 30})["effective"] is Unknown
+    flag = plan(Quota, {"unlimited_retention"}, state, {**state, "unlimited_retention": None})
+    assert flag["effective_unlimited_retention"] is Unknown
+
+
+def test_quota_reads_back_the_flag_and_the_tiered_cap() -> None:
+    state = STATES[Quota]
+    assert (state["unlimited_retention"], state["max_tiered_bytes"]) == (True, None)
+    assert state["effective"] == {"max_topics": 20}  # no cap on tiered bytes: not in the map of numbers
+    assert state["effective_unlimited_retention"] is True
+    capped = Quota._state(
+        {**QUOTA, "overrides": {"max_tiered_bytes": 1 << 30}, "effective": {"max_tiered_bytes": 1 << 30}}
+    )
+    assert (capped["unlimited_retention"], capped["max_tiered_bytes"]) == (None, 1 << 30)
+    assert capped["effective"] == {"max_tiered_bytes": 1 << 30}
 
 
 def test_api_error_carries_the_api_message() -> None:

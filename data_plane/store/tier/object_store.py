@@ -3,7 +3,8 @@ needs and nothing else — verified multipart uploads of files, ranged reads, sm
 objects, deletes, and the cleanup of uploads a crash left behind.
 
 Every call blocks: callers run them on worker threads, never on the broker's event loop.
-Credentials come from boto3's usual chain (environment, shared files, instance roles).
+Credentials come from boto3's usual chain (environment, shared files, instance roles), or a
+named profile of the shared files (``tier_profile``).
 """
 
 from __future__ import annotations
@@ -41,7 +42,13 @@ def multipart_etag(part_md5s: list[bytes]) -> str:
 
 class ObjectStore:
     def __init__(
-        self, bucket: str, *, endpoint_url: str = "", region: str = "us-east-1", timeout_s: float = 10.0
+        self,
+        bucket: str,
+        *,
+        endpoint_url: str = "",
+        region: str = "us-east-1",
+        profile: str = "",
+        timeout_s: float = 10.0,
     ) -> None:
         self.bucket = bucket
         cfg = botocore.config.Config(
@@ -55,7 +62,11 @@ class ObjectStore:
             # of an upload's CPU; benchmarks/tier.py).
             request_checksum_calculation="when_required",
         )
-        self._s3: Any = boto3.session.Session().client("s3", endpoint_url=endpoint_url or None, config=cfg)
+        try:
+            session = boto3.session.Session(profile_name=profile or None)
+        except botocore.exceptions.ProfileNotFound as e:
+            raise ObjectStoreError(f"tier_profile: {e}") from None
+        self._s3: Any = session.client("s3", endpoint_url=endpoint_url or None, config=cfg)
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         try:

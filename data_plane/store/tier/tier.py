@@ -32,7 +32,7 @@ class Tier:
         self.file_size = cfg.commit_log_file_size_bytes
         self._state_dir = cfg.tier_state_path
         self.objects = ObjectStore(
-            bucket, endpoint_url=cfg.tier_endpoint_url, region=cfg.tier_region,
+            bucket, endpoint_url=cfg.tier_endpoint_url, region=cfg.tier_region, profile=cfg.tier_profile,
             timeout_s=cfg.tier_request_timeout_ms / 1000,
         )  # fmt: skip
         self.manifest = Manifest.load_local(self._state_dir, cfg.tier_group)

@@ -23,9 +23,11 @@ resource "orbit_tenant" "acme" {
 }
 
 resource "orbit_quota" "acme" {
-  tenant             = orbit_tenant.acme.name
-  max_topics         = 50
-  publish_msgs_per_s = 20000
+  tenant              = orbit_tenant.acme.name
+  max_topics          = 50
+  publish_msgs_per_s  = 20000
+  unlimited_retention = true         # the standard plan keeps messages at most 168 hours
+  max_tiered_bytes    = 107374182400 # 100 GiB in object storage
 }
 
 resource "orbit_topic" "orders" {
@@ -33,8 +35,16 @@ resource "orbit_topic" "orders" {
   name                       = "orders"
   message_type               = "NORMAL"
   retention_hours            = 72
+  local_retention_hours      = 24   # the last day on the brokers' disks, all 72 hours in object storage
   throughput_hint_msgs_per_s = 8000 # 8 queues
   description                = "order events"
+}
+
+resource "orbit_topic" "audit" {
+  tenant              = orbit_tenant.acme.name
+  name                = "audit"
+  unlimited_retention = true # kept for good: allowed by the quota above
+  depends_on          = [orbit_quota.acme]
 }
 
 resource "orbit_topic" "payments" {

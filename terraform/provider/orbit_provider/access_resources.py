@@ -272,7 +272,10 @@ class Quota(OrbitResource):
     falls back to the tenant's plan."""
 
     name = "quota"
-    VOLATILE: ClassVar[dict[str, tuple[str, ...]]] = dict.fromkeys(LIMIT_FIELDS, ("effective",))
+    VOLATILE: ClassVar[dict[str, tuple[str, ...]]] = {
+        **dict.fromkeys(LIMIT_FIELDS, ("effective",)),
+        "unlimited_retention": ("effective_unlimited_retention",),
+    }
 
     @classmethod
     def get_schema(cls) -> Schema:
@@ -280,6 +283,13 @@ class Quota(OrbitResource):
             attr(f, types.Number(), f"Override of the plan's {f} (null: the plan's).", optional=True)
             for f in LIMIT_FIELDS
         ]
+        flag = attr(
+            "unlimited_retention",
+            types.Bool(),
+            "Override of the plan's unlimited_retention: whether topics may keep their messages for good "
+            "(null: the plan's).",
+            optional=True,
+        )
         return Schema(
             description="Quota overrides of a tenant (needs an operator credential). Destroying it returns the "
             "tenant to its plan's limits.",
@@ -287,11 +297,19 @@ class Quota(OrbitResource):
                 id_attr("The tenant."),
                 attr("tenant", types.String(), "The tenant.", required=True, replace=True),
                 *limits,
+                flag,
                 attr("plan", types.String(), "The tenant's plan.", computed=True),
                 attr(
                     "effective",
                     types.Map(types.Number()),
-                    "The limits in force (overrides, else the plan's).",
+                    "The numeric limits in force (overrides, else the plan's); max_tiered_bytes only when "
+                    "there is a cap.",
+                    computed=True,
+                ),
+                attr(
+                    "effective_unlimited_retention",
+                    types.Bool(),
+                    "Whether the tenant's topics may keep their messages for good (the override, else the plan's).",
                     computed=True,
                 ),
             ],
@@ -304,15 +322,18 @@ class Quota(OrbitResource):
             "id": q["tenant_id"],
             "tenant": q["tenant_id"],
             **{f: overrides.get(f) for f in LIMIT_FIELDS},
+            "unlimited_retention": overrides.get("unlimited_retention"),
             "plan": q["plan"],
-            "effective": dict(q["effective"]),
+            # A map of numbers: the flag (unlimited_retention) and a limit that is null (none) are left out.
+            "effective": {k: v for k, v in q["effective"].items() if type(v) is int},
+            "effective_unlimited_retention": q["effective"].get("unlimited_retention"),
         }
 
     def _path(self, tenant: str) -> str:
         return f"/v1/tenants/{quote(tenant)}/quota"
 
     def _put(self, tenant: str, planned: State) -> State:
-        body = {f: user_set(planned, f) for f in LIMIT_FIELDS}
+        body = {f: user_set(planned, f) for f in (*LIMIT_FIELDS, "unlimited_retention")}
         return self._state(self.api.call("PUT", self._path(tenant), body)[1])
 
     def _create(self, diags: Diagnostics, planned: State) -> State | None:

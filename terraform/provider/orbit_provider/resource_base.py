@@ -26,6 +26,7 @@ from tf.utils import Diagnostics
 from orbit_provider.client import ApiError, OrbitClient
 from orbit_provider.provider import ConfigurationError, OrbitProvider, known
 
+# The quota limits that are numbers (the API's plan fields less unlimited_retention, a flag).
 LIMIT_FIELDS = (
     "publish_msgs_per_s",
     "publish_bytes_per_s",
@@ -37,6 +38,7 @@ LIMIT_FIELDS = (
     "max_retention_hours",
     "max_connections",
     "max_inflight_requests",
+    "max_tiered_bytes",
 )
 
 

@@ -8,10 +8,12 @@ from typing import Any, ClassVar
 
 from tf import types
 from tf.iface import (
+    Config,
     PlanContext,
     State,
 )
 from tf.schema import Schema
+from tf.types import Unknown
 from tf.utils import Diagnostics
 
 from orbit_provider.client import quote
@@ -115,7 +117,32 @@ class Tenant(OrbitResource):
 
 
 # --- orbit_topic ----------------------------------------------------------------------------------
+MAX_RETENTION_HOURS = 8760  # the API's bound of retention_hours and local_retention_hours: a year
+UNLIMITED = "unlimited"  # the API's retention_hours of a topic that keeps its messages for good
+
+
+def _hours_problem(value: Any) -> str | None:
+    """Why ``value`` is not hours the API takes (None: it is)."""
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or not 1 <= value <= MAX_RETENTION_HOURS:
+        return f"must be a whole number of hours within 1..{MAX_RETENTION_HOURS}"
+    return None
+
+
+def _retention(state: State) -> int | str | None:
+    """The API's retention_hours of a state: hours, "unlimited", or None (not known: the API's)."""
+    if state.get("unlimited_retention") is True:
+        return UNLIMITED
+    hours = state.get("retention_hours")
+    return int(hours) if known(hours) else None
+
+
 class Topic(OrbitResource):
+    """A topic. Retention is in two tiers: ``retention_hours`` (or ``unlimited_retention``) is the
+    total, ``local_retention_hours`` the part on the brokers' own disks. The two ways to say the
+    total exclude each other: the configuration sets at most one, and the plan derives the other
+    (hours end unlimited retention; unlimited retention has no hours)."""
+
     name = "topic"
     VOLATILE: ClassVar[dict[str, tuple[str, ...]]] = {
         "throughput_hint_msgs_per_s": ("queue_count", "placements", "status"),
@@ -140,9 +167,27 @@ class Topic(OrbitResource):
                 attr(
                     "retention_hours",
                     types.Number(),
-                    "Messages are kept at least this long (default min(72, the plan's maximum)).",
+                    f"Messages are kept at least this long, on brokers' disks and in object storage together: "
+                    f"1..{MAX_RETENTION_HOURS}, at most the plan's max_retention_hours (default min(72, that)). "
+                    "Null while unlimited_retention is true; setting it ends unlimited retention.",
                     optional=True,
                     computed=True,
+                ),
+                attr(
+                    "unlimited_retention",
+                    types.Bool(),
+                    'Keep the messages for good (the API\'s retention_hours "unlimited"; needs a plan or quota '
+                    "with unlimited_retention). Conflicts with retention_hours.",
+                    optional=True,
+                    computed=True,
+                ),
+                attr(
+                    "local_retention_hours",
+                    types.Number(),
+                    f"How long brokers keep the messages on their own disks too, before only object storage has "
+                    f"them: 1..{MAX_RETENTION_HOURS}, at most a finite retention_hours (null: the broker's "
+                    "local_retention_hours).",
+                    optional=True,
                 ),
                 attr(
                     "throughput_hint_msgs_per_s",
@@ -172,7 +217,9 @@ class Topic(OrbitResource):
             "tenant": t["tenant_id"],
             "name": t["name"],
             "message_type": t["message_type"],
-            "retention_hours": t["retention_hours"],
+            "retention_hours": None if t["retention_hours"] == UNLIMITED else t["retention_hours"],
+            "unlimited_retention": t["retention_hours"] == UNLIMITED,
+            "local_retention_hours": t.get("local_retention_hours"),
             "throughput_hint_msgs_per_s": t["throughput_hint_msgs_per_s"],
             "description": t["description"],
             "wire_name": t["wire_name"],
@@ -180,6 +227,50 @@ class Topic(OrbitResource):
             "placements": {p["broker_group"]: p["queue_count"] for p in t.get("placements", [])},
             "status": t["status"],
         }
+
+    def validate(self, diags: Diagnostics, type_name: str, config: Config) -> None:
+        """Plan-time checks of the configuration (unknown values are checked once known)."""
+        super().validate(diags, type_name, config)
+        hours, local = config.get("retention_hours"), config.get("local_retention_hours")
+        unlimited = config.get("unlimited_retention")
+        valid = True
+        for key, value in (("retention_hours", hours), ("local_retention_hours", local)):
+            if known(value) and (problem := _hours_problem(value)) is not None:
+                diags.add_error(f"Invalid {key}", f"{key} = {value}: {problem}", path=[key])
+                valid = False
+        if hours is not None and (unlimited is True or unlimited is Unknown):
+            diags.add_error(
+                "Conflicting retention",
+                "unlimited_retention = true keeps the messages for good and retention_hours keeps them for "
+                "a number of hours: set one of them"
+                if unlimited is True
+                else "unlimited_retention is known only after apply, so retention_hours may conflict with it: "
+                "leave retention_hours out, or make unlimited_retention known at plan time",
+                path=["retention_hours"],
+            )
+        elif valid:
+            _check_local(diags, hours, local)
+
+    def plan(self, ctx: PlanContext, current: State | None, planned: State) -> State | None:
+        """An update's plan (a create's needs none): the total said one way derives the other."""
+        planned = super().plan(ctx, current, planned)
+        changed, unlimited = ctx.changed_fields, planned.get("unlimited_retention")
+        if unlimited is Unknown:  # then retention_hours is not in the configuration (validate)
+            planned["retention_hours"] = Unknown
+        elif unlimited is True and "unlimited_retention" in changed:
+            planned["retention_hours"] = None  # kept for good: no hours
+        elif "retention_hours" in changed and planned.get("retention_hours") is not None:
+            planned["unlimited_retention"] = False  # hours end unlimited retention
+        elif unlimited is False and planned.get("retention_hours") is None:
+            ctx.diagnostics.add_error(
+                "Ending unlimited retention needs retention_hours",
+                f"topic {planned.get('name')} keeps its messages for good; with unlimited_retention = false set "
+                "retention_hours to the hours to keep them",
+                path=["retention_hours"],
+            )
+        # e.g. retention_hours lowered under a local retention the configuration keeps
+        _check_local(ctx.diagnostics, planned.get("retention_hours"), planned.get("local_retention_hours"))
+        return planned
 
     def _path(self, tenant: str, name: str) -> str:
         return f"/v1/tenants/{quote(tenant)}/topics/{quote(name)}"
@@ -201,9 +292,13 @@ class Topic(OrbitResource):
     def _create(self, diags: Diagnostics, planned: State) -> State | None:
         tenant = self.provider.tenant(planned.get("tenant"))
         body: dict[str, Any] = {"name": planned["name"]}
-        for key in ("message_type", "retention_hours", "throughput_hint_msgs_per_s", "description"):
+        for key in ("message_type", "throughput_hint_msgs_per_s", "description"):
             if user_set(planned, key) is not None:
                 body[key] = planned[key]
+        if (retention := _retention(planned)) is not None:
+            body["retention_hours"] = retention
+        if (local := planned.get("local_retention_hours")) is not None:
+            body["local_retention_hours"] = int(local)
         status, made = self.api.call("POST", f"/v1/tenants/{quote(tenant)}/topics", body)
         if status == 200:
             exists_already(diags, "Topic", made["wire_name"], f"{tenant}/{made['name']}")
@@ -215,11 +310,17 @@ class Topic(OrbitResource):
         return None if got is None else self._state(got)
 
     def _update(self, diags: Diagnostics, current: State, planned: State) -> State | None:
-        changes = {
+        changes: dict[str, Any] = {
             k: planned[k]
-            for k in ("retention_hours", "throughput_hint_msgs_per_s", "description")
+            for k in ("throughput_hint_msgs_per_s", "description")
             if known(planned.get(k)) and planned[k] != current.get(k)
         }
+        retention = _retention(planned)
+        if retention is not None and retention != _retention(current):
+            changes["retention_hours"] = retention
+        local = planned.get("local_retention_hours")
+        if local != current.get("local_retention_hours"):
+            changes["local_retention_hours"] = None if local is None else int(local)  # null: the broker's
         path = self._path(current["tenant"], current["name"])
         topic = self.api.call("PATCH", path, changes)[1] if changes else self.api.get(path)
         return self._state(self._wait_active(diags, topic))
@@ -231,6 +332,17 @@ class Topic(OrbitResource):
         tenant, name = split_id(id, self.provider, "tenant/topic")
         got = self.api.get_or_none(self._path(tenant, name))
         return None if got is None else self._state(got)
+
+
+def _check_local(diags: Diagnostics, hours: Any, local: Any) -> None:
+    """The local copy is part of the total: ``local`` within finite ``hours`` (unknown: unchecked)."""
+    if known(hours) and known(local) and local > hours:
+        diags.add_error(
+            "Invalid local_retention_hours",
+            f"local_retention_hours ({local}) must be at most retention_hours ({hours}): the brokers' copy is "
+            "part of the total (lower it too, or leave it out for the broker's default)",
+            path=["local_retention_hours"],
+        )
 
 
 # --- orbit_consumer_group -------------------------------------------------------------------------
