@@ -17,7 +17,6 @@ from data_plane.remoting.codes import PERM_READ_WRITE, ResponseCode
 from data_plane.remoting.command import RemotingCommand
 from data_plane.remoting.connection import Connection
 from data_plane.remoting.headers import field_bool, field_int, field_str
-from data_plane.store.message import StoredMessage
 from data_plane.store.tier import cold_read
 from data_plane.store.tier.object_store import ObjectStoreError
 
@@ -187,15 +186,13 @@ class AdminProcessor:
     ) -> RemotingCommand | Awaitable[RemotingCommand]:
         offset = field_int(cmd.ext_fields, "offset", lo=0)
         if self.store.cold(offset):
-            return self._cold(cmd, self._view_cold(conn, cmd, offset))
-        return self._view(cmd, offset)
+            return self._cold(cmd, self._view_cold(cmd, offset))
+        return self._view(cmd, offset, self.store.read_record(offset))
 
-    async def _view_cold(self, conn: Connection, cmd: RemotingCommand, offset: int) -> RemotingCommand:
-        await self.store.fetch_cold(offset)
-        return self._view(cmd, offset)
+    async def _view_cold(self, cmd: RemotingCommand, offset: int) -> RemotingCommand:
+        return self._view(cmd, offset, await self.store.read_record_cold(offset))
 
-    def _view(self, cmd: RemotingCommand, offset: int) -> RemotingCommand:
-        rec = self.store.read_record(offset)
+    def _view(self, cmd: RemotingCommand, offset: int, rec: bytes | memoryview | None) -> RemotingCommand:
         tenancy = self.broker.tenancy
         if rec is None or (
             tenancy is not None and tenancy.enabled and not tenancy.allows_stored_record(cmd, rec, SUBSCRIBE)
@@ -212,15 +209,20 @@ class AdminProcessor:
         end = field_int(ext, "endTimestamp", 2**62)
         if self.store.tier is not None:
             return self._cold(cmd, self._query_cold(cmd, topic, key, max_num, begin, end))
-        return self._query_answer(cmd, self.store.query_message(topic, key, max_num, begin, end))
+        found = self.store.query_message(topic, key, max_num, begin, end)
+        return self._query_answer(cmd, [r for m in found if (r := self.store.read_record(m.commit_log_offset))])
 
     async def _query_cold(
         self, cmd: RemotingCommand, topic: str, key: str, max_num: int, begin: int, end: int
     ) -> RemotingCommand:
-        return self._query_answer(cmd, await self.store.query_message_cold(topic, key, max_num, begin, end))
+        records: list[bytes | memoryview] = []
+        for m in await self.store.query_message_cold(topic, key, max_num, begin, end):
+            raw = await self.store.read_record_cold(m.commit_log_offset)
+            if raw is not None:
+                records.append(raw)
+        return self._query_answer(cmd, records)
 
-    def _query_answer(self, cmd: RemotingCommand, found: list[StoredMessage]) -> RemotingCommand:
-        records = [r for m in found if (r := self.store.read_record(m.commit_log_offset)) is not None]
+    def _query_answer(self, cmd: RemotingCommand, records: list[bytes | memoryview]) -> RemotingCommand:
         ext_out = {
             "indexLastUpdateTimestamp": str(int(time.time() * 1000)),
             "indexLastUpdatePhyoffset": str(self.store.max_phy_offset()),

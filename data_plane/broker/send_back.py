@@ -51,6 +51,7 @@ from data_plane.store.message import (
     StoredMessage,
     encode_properties,
 )
+from data_plane.store.message_store import COLD_FETCH_TRIES
 from data_plane.store.tier.object_store import ObjectStoreError
 from data_plane.tenancy.namespace import tenant_of
 
@@ -134,11 +135,15 @@ class SendBackProcessor:
         self.broker = broker
 
     async def _send_back_tiered(self, conn: Connection, cmd: RemotingCommand, offset: int) -> RemotingCommand:
+        store = self.broker.store
         try:
-            await self.broker.store.fetch_cold(offset)
+            for _ in range(COLD_FETCH_TRIES):  # (again when other readers evicted it meanwhile)
+                await store.fetch_cold(offset)
+                if not store.cold(offset):
+                    break
         except ObjectStoreError as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"the tiered message cannot be read now: {e}")
-        if self.broker.store.cold(offset):  # (evicted again at once: the cache is far too small)
+        if store.cold(offset):
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"look message by offset failed, {offset}")
         answer = self.send_back(conn, cmd)
         return await answer if inspect.isawaitable(answer) else answer

@@ -358,34 +358,66 @@ def _stored_from_record(m: StoredMessage) -> dict[str, Any]:
 
 def query(store: MessageStore, topic: str, msg_id: str, max_events: int = MAX_QUERY_EVENTS) -> list[dict[str, Any]]:
     """The trace of the message ``msg_id`` (an offset msg id or UNIQ_KEY) of ``topic``, oldest first."""
-    found: dict[int, StoredMessage] = {}
     phy = _offset_of(msg_id)
-    if phy is not None:
-        m = store.look_message_by_offset(phy)
-        if m is not None and m.topic == topic and m.msg_id == msg_id.upper():
-            found[m.commit_log_offset] = m
-    for m in store.query_message(topic, msg_id, 16):
+    by_offset = store.look_message_by_offset(phy) if phy is not None else None
+    found = _found(topic, msg_id, by_offset, store.query_message(topic, msg_id, 16))
+    keys = _keys(msg_id, found)
+    traces = [t for key in sorted(keys) for t in store.query_message(TRACE_TOPIC, key, max_events)]
+    return _timeline(topic, found, keys, traces, max_events)
+
+
+async def query_tiered(
+    store: MessageStore, topic: str, msg_id: str, max_events: int = MAX_QUERY_EVENTS
+) -> list[dict[str, Any]]:
+    """``query`` where the message or its events may be only in the tier: each record is fetched
+    and decoded in turn (raises ObjectStoreError)."""
+    phy = _offset_of(msg_id)
+    by_offset = await store.look_message_by_offset_cold(phy) if phy is not None else None
+    found = _found(topic, msg_id, by_offset, await store.query_message_cold(topic, msg_id, 16))
+    keys = _keys(msg_id, found)
+    traces = [t for key in sorted(keys) for t in await store.query_message_cold(TRACE_TOPIC, key, max_events)]
+    return _timeline(topic, found, keys, traces, max_events)
+
+
+def _found(
+    topic: str, msg_id: str, by_offset: StoredMessage | None, by_key: list[StoredMessage]
+) -> dict[int, StoredMessage]:
+    """The message itself: the record an offset msg id names, and those whose UNIQ_KEY it is."""
+    found: dict[int, StoredMessage] = {}
+    m = by_offset
+    if m is not None and m.topic == topic and m.msg_id == msg_id.upper():
+        found[m.commit_log_offset] = m
+    for m in by_key:
         if m.properties.get(PROPERTY_UNIQ_KEY) == msg_id:
             found[m.commit_log_offset] = m
+    return found
+
+
+def _keys(msg_id: str, found: dict[int, StoredMessage]) -> set[str]:
     keys = {msg_id}
     for m in found.values():
         keys.add(m.msg_id)
         if m.properties.get(PROPERTY_UNIQ_KEY):
             keys.add(m.properties[PROPERTY_UNIQ_KEY])
+    return keys
+
+
+def _timeline(
+    topic: str, found: dict[int, StoredMessage], keys: set[str], traces: list[StoredMessage], max_events: int
+) -> list[dict[str, Any]]:
     events: dict[int, dict[str, Any]] = {}
-    for key in sorted(keys):
-        for t in store.query_message(TRACE_TOPIC, key, max_events):
-            if t.commit_log_offset in events:
-                continue
-            try:
-                e = orjson.loads(t.body)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(e, dict) or not _visible(str(e.get("topic") or topic), topic):
-                continue
-            if e.get("msgId") not in keys and e.get("uniqKey") not in keys:
-                continue
-            events[t.commit_log_offset] = e
+    for t in traces:
+        if t.commit_log_offset in events:
+            continue
+        try:
+            e = orjson.loads(t.body)
+        except orjson.JSONDecodeError:
+            continue
+        if not isinstance(e, dict) or not _visible(str(e.get("topic") or topic), topic):
+            continue
+        if e.get("msgId") not in keys and e.get("uniqKey") not in keys:
+            continue
+        events[t.commit_log_offset] = e
     out = list(events.values())
     have_stored = {e.get("msgId") for e in out if e.get("event") == STORED}
     for m in found.values():
@@ -396,19 +428,6 @@ def query(store: MessageStore, topic: str, msg_id: str, max_events: int = MAX_QU
     return out[:max_events]
 
 
-async def fetch_tiered(store: MessageStore, topic: str, msg_id: str, max_events: int = MAX_QUERY_EVENTS) -> None:
-    """Bring what ``query`` will read of the tier into memory (the message and its trace events,
-    found through the local index), so that it reads them without waiting on the loop."""
-    phy = _offset_of(msg_id)
-    keys = {msg_id}
-    if phy is not None and (m := await store.look_message_by_offset_cold(phy)) is not None:
-        keys.add(m.msg_id)
-    for m in await store.query_message_cold(topic, msg_id, 16):
-        keys.add(m.msg_id)
-    for key in sorted(keys):
-        await store.query_message_cold(TRACE_TOPIC, key, max_events)
-
-
 def query_handler(
     broker: Broker,
 ) -> Callable[[Connection, RemotingCommand], RemotingCommand | Awaitable[RemotingCommand]]:
@@ -416,13 +435,12 @@ def query_handler(
 
     async def tiered(cmd: RemotingCommand, topic: str, msg_id: str) -> RemotingCommand:
         try:
-            await fetch_tiered(broker.store, topic, msg_id)
+            events = await query_tiered(broker.store, topic, msg_id)
         except ObjectStoreError as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, f"tiered messages cannot be read now: {e}")
-        return answer(cmd, topic, msg_id)
+        return answer(cmd, topic, msg_id, events)
 
-    def answer(cmd: RemotingCommand, topic: str, msg_id: str) -> RemotingCommand:
-        events = query(broker.store, topic, msg_id)
+    def answer(cmd: RemotingCommand, topic: str, msg_id: str, events: list[dict[str, Any]]) -> RemotingCommand:
         if not events:
             return cmd.response(ResponseCode.QUERY_NOT_FOUND, f"no message {msg_id} in topic {topic} on this broker")
         return cmd.response(ResponseCode.SUCCESS, body=orjson.dumps({"events": events}))
@@ -438,7 +456,7 @@ def query_handler(
             trace.flush()  # what is buffered is part of the answer
         if broker.store.tier is not None:  # the message, or its events, may be only in the tier
             return tiered(cmd, topic, msg_id)
-        return answer(cmd, topic, msg_id)
+        return answer(cmd, topic, msg_id, query(broker.store, topic, msg_id))
 
     return handle
 

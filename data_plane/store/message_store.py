@@ -74,6 +74,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+# Fetches of one tiered record a reader makes before it reads what memory holds.
+COLD_FETCH_TRIES = 4
+
+
+def _keyed(msg: StoredMessage | None, topic: str, key: str, out: list[StoredMessage]) -> int:
+    """Keep an index hit that really is ``topic``'s and carries ``key`` (hashes collide); how
+    many are kept."""
+    if msg is not None and msg.topic == topic and (key in msg.keys or msg.properties.get("UNIQ_KEY") == key):
+        out.append(msg)
+    return len(out)
+
+
 def _no_replication() -> int:
     return 2**63 - 1
 
@@ -715,7 +727,7 @@ class MessageStore:
             tier is not None
             and commit_log_offset < self.commit_log.min_offset()
             and tier.covers(commit_log_offset)
-            and tier.missing(commit_log_offset, cold_read.HEADER_SIZE)
+            and cold_read.missing(tier, commit_log_offset)
         )
 
     async def fetch_cold(self, commit_log_offset: int, size: int = 0) -> None:
@@ -733,9 +745,25 @@ class MessageStore:
         except RecordError:
             return None
 
+    async def read_record_cold(self, commit_log_offset: int) -> bytes | None:
+        """A copy of the record at an offset, fetched from the tier when it is only there (again, a
+        few times, when other readers evicted it before it was read)."""
+        for _ in range(COLD_FETCH_TRIES):
+            if self.cold(commit_log_offset):
+                await self.fetch_cold(commit_log_offset)
+            raw = self.read_record(commit_log_offset)
+            if raw is not None:
+                return bytes(raw)
+            if not self.cold(commit_log_offset):
+                return None
+        return None
+
     async def look_message_by_offset_cold(self, commit_log_offset: int) -> StoredMessage | None:
-        """``look_message_by_offset``, fetching from the tier when the record is only there."""
-        if self.cold(commit_log_offset):
+        """``look_message_by_offset``, fetching from the tier when the record is only there (again,
+        a few times, when other readers evicted it before it was read)."""
+        for _ in range(COLD_FETCH_TRIES):
+            if not self.cold(commit_log_offset):
+                break
             await self.fetch_cold(commit_log_offset)
         return self.look_message_by_offset(commit_log_offset)
 
@@ -754,27 +782,23 @@ class MessageStore:
         out: list[StoredMessage] = []
         # Ask for a few more offsets than wanted: hash collisions are dropped below.
         for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
-            msg = self.look_message_by_offset(phy)
-            if msg is None or msg.topic != topic:
-                continue
-            if key in msg.keys or msg.properties.get("UNIQ_KEY") == key:
-                out.append(msg)
-                if len(out) >= max_num:
-                    break
+            if _keyed(self.look_message_by_offset(phy), topic, key, out) >= max_num:
+                break
         return out
 
     async def query_message_cold(
         self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
     ) -> list[StoredMessage]:
-        """``query_message`` over tiered messages too: the index's hits that are only in the tier
-        are fetched first (the index stays local for the whole retention)."""
+        """``query_message`` over tiered messages too: the index (local for the whole retention)
+        finds them, and each hit is fetched and decoded in turn."""
         if self.index is None:
             return []
         max_num = max(1, min(max_num, 64 * 1024))
+        out: list[StoredMessage] = []
         for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
-            if self.cold(phy):
-                await self.fetch_cold(phy)
-        return self.query_message(topic, key, max_num, begin_ms, end_ms)
+            if _keyed(await self.look_message_by_offset_cold(phy), topic, key, out) >= max_num:
+                break
+        return out
 
     def min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)

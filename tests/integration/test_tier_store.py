@@ -391,3 +391,25 @@ def test_credentials_may_come_from_a_named_profile_of_the_shared_files(
     assert store.tier is not None
     store.tier.offloader.round()
     assert len(store.tier.manifest.files) == 2
+
+
+def test_a_record_across_two_chunks_is_read_whole_when_only_its_first_chunk_is_in_memory(
+    open_store: Callable[..., MessageStore], clock: ManualClock
+) -> None:
+    chunk = 16 * 1024
+    store = open_store(tier_read_ahead_chunks=0, tier_cache_dir_bytes=0)
+    puts = _fill(store, clock, 3)
+    _tier_and_drop_local(store, clock)
+    across = next(p for p in puts if p.offset // chunk != (p.offset + len(p.body) + 100) // chunk)
+    assert store.tier is not None
+    tier = store.tier
+
+    async def read() -> None:
+        await store.fetch_cold(across.offset, 8)  # the first chunk only: no read-ahead
+        assert tier.view(across.offset, 8) is not None
+        assert store.cold(across.offset), "the rest of the record is not in memory"
+        m = await store.look_message_by_offset_cold(across.offset)
+        assert m is not None
+        assert m.body == across.body
+
+    asyncio.run(read())

@@ -30,6 +30,18 @@ def record(tier: Tier, offset: int) -> memoryview | None:
     return tier.view(offset, total)
 
 
+def missing(tier: Tier, offset: int) -> bool:
+    """Some of the record at ``offset`` is not in memory (its header, or — a record across two
+    chunks — the rest of it)."""
+    head = tier.view(offset, 8)
+    if head is None:
+        return True
+    total, magic = _SIZE_MAGIC.unpack_from(head, 0)
+    if magic != MESSAGE_MAGIC_CODE or total <= HEADER_SIZE:
+        return False  # not a record: nothing to fetch
+    return tier.missing(offset, total)
+
+
 def store_timestamp(tier: Tier, offset: int) -> int:
     head = tier.view(offset, HEADER_SIZE)
     if head is None:
