@@ -185,7 +185,8 @@ def dev_up(args: argparse.Namespace) -> int:
         print(f"  TLS           CA {ca}: clients trust it with  export ORBIT_TLS_CA={ca}")
         print("                (the SDK, CLI and Spark connector then connect over TLS and verify; curl --cacert)")
     if endpoints.get("s3"):
-        print(f"  S3 (tier)     {endpoints['s3']}  brokers tier to {endpoints['tier_url']}  (moto: its objects go when it stops)")
+        s3, url = endpoints["s3"], endpoints["tier_url"]
+        print(f"  S3 (tier)     {s3}  brokers tier to {url}  (moto: its objects go when it stops)")
     print(f"  data          {cluster.root}")
     print(f"  logs          {cluster.run_dir}")
     demo = cluster.demo
