@@ -4,11 +4,10 @@ read again. Hot reads — records still in the local log — never come here."""
 
 from __future__ import annotations
 
-import struct
 from typing import TYPE_CHECKING
 
 from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
-from data_plane.store.message import OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
+from data_plane.store.message import MAGIC_AND_SIZE, OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
 
 if TYPE_CHECKING:
     from data_plane.store.consume_queue import ConsumeQueue
@@ -16,30 +15,32 @@ if TYPE_CHECKING:
     from data_plane.store.tier.tier import Tier
 
 HEADER_SIZE = RECORD_HEADER.size
-_SIZE_MAGIC = struct.Struct(">ii")
+_NOT_A_RECORD = 0
+
+
+def _record_size(tier: Tier, offset: int) -> int | None:
+    """The size of the record at ``offset`` from its header in memory (None: the header is not in
+    memory; ``_NOT_A_RECORD``: no record starts there)."""
+    head = tier.view(offset, 8)
+    if head is None:
+        return None
+    total, magic = MAGIC_AND_SIZE.unpack_from(head, 0)
+    return total if magic == MESSAGE_MAGIC_CODE and total > HEADER_SIZE else _NOT_A_RECORD
 
 
 def record(tier: Tier, offset: int) -> memoryview | None:
     """The whole record at ``offset`` if the tier has it in memory, else None."""
-    head = tier.view(offset, 8)
-    if head is None:
-        return None
-    total, magic = _SIZE_MAGIC.unpack_from(head, 0)
-    if magic != MESSAGE_MAGIC_CODE or total <= HEADER_SIZE:
-        return None
-    return tier.view(offset, total)
+    total = _record_size(tier, offset)
+    return tier.view(offset, total) if total else None
 
 
 def missing(tier: Tier, offset: int) -> bool:
     """Some of the record at ``offset`` is not in memory (its header, or — a record across two
     chunks — the rest of it)."""
-    head = tier.view(offset, 8)
-    if head is None:
+    total = _record_size(tier, offset)
+    if total is None:
         return True
-    total, magic = _SIZE_MAGIC.unpack_from(head, 0)
-    if magic != MESSAGE_MAGIC_CODE or total <= HEADER_SIZE:
-        return False  # not a record: nothing to fetch
-    return tier.missing(offset, total)
+    return total != _NOT_A_RECORD and tier.missing(offset, total)
 
 
 def store_timestamp(tier: Tier, offset: int) -> int:
@@ -55,11 +56,9 @@ async def fetch(tier: Tier, offset: int, size: int = 0) -> None:
         await tier.load(offset, size)
         return
     await tier.load(offset, HEADER_SIZE)
-    head = tier.view(offset, 8)
-    if head is not None:
-        total, magic = _SIZE_MAGIC.unpack_from(head, 0)
-        if magic == MESSAGE_MAGIC_CODE and total > HEADER_SIZE:
-            await tier.load(offset, total)
+    total = _record_size(tier, offset)
+    if total:
+        await tier.load(offset, total)
 
 
 async def offset_by_time(store: MessageStore, cq: ConsumeQueue, timestamp_ms: int) -> int:

@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING
 
 from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
-from data_plane.store.message import OFF_BODY_LENGTH, OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
+from data_plane.store.message import MAGIC_AND_SIZE, OFF_BODY_LENGTH, OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
 from data_plane.store.tier.manifest import TieredFile
 from data_plane.store.tier.object_store import ObjectStoreError
 
@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 _HEAD = RECORD_HEADER.size
-_SIZE_MAGIC = struct.Struct(">ii")
 _BODY_LENGTH = struct.Struct(">i")
 # Records walked between two yields of the GIL while a file's topics are listed.
 _WALK_SLICE = 2_000
@@ -59,7 +58,7 @@ def first_store_timestamp(path: str) -> int | None:
         return None
     if len(head) < _HEAD:
         return None
-    total, magic = _SIZE_MAGIC.unpack_from(head, 0)
+    total, magic = MAGIC_AND_SIZE.unpack_from(head, 0)
     if magic != MESSAGE_MAGIC_CODE or total <= 0:
         return None
     return int(STORE_TIMESTAMP.unpack_from(head, OFF_STORE_TIMESTAMP)[0])
@@ -80,7 +79,7 @@ def topics_in(path: str, length: int, window: int = 8 * 1024 * 1024) -> tuple[st
                 buf = os.pread(fd, min(window, length - pos), pos)
                 if len(buf) < _HEAD:
                     break
-            total, magic = _SIZE_MAGIC.unpack_from(buf, rel)
+            total, magic = MAGIC_AND_SIZE.unpack_from(buf, rel)
             if magic != MESSAGE_MAGIC_CODE or total <= _HEAD or pos + total > length:
                 break  # the blank at a file's end, or where records stop
             if rel + total > len(buf):  # the record runs past the window: read from it
