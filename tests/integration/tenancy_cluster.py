@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -36,7 +37,6 @@ from aiohttp import web
 from control_plane import db
 from control_plane.app import create_app
 from control_plane.context import RECONCILER
-from control_plane.postgres import free_port
 from control_plane.reconciler import Reconciler
 from control_plane.services import Services
 from control_plane.settings import Settings
@@ -85,6 +85,7 @@ class TenancyCluster:
     broker_credentials_file: Path | None = None
     port: int = 0
     registered: bool = False  # broker group GROUP exists in the control plane
+    bound: socket.socket | None = None  # the control plane's listening socket, before it serves
     runner: web.AppRunner | None = None
     wire: RemotingClient = field(default_factory=RemotingClient)
     to_close: list[ClientCredentials] = field(default_factory=list)
@@ -94,7 +95,12 @@ class TenancyCluster:
         """Serve the app (with its reconciler) on ``self.port`` (0 the first time)."""
         runner = web.AppRunner(create_app(self.settings, services=self.services))
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True)
+        site: web.BaseSite
+        if self.bound is not None:
+            site = web.SockSite(runner, self.bound)
+            self.bound = None
+        else:
+            site = web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True)
         await site.start()
         self.port = runner.addresses[0][1]
         self.runner = runner
@@ -253,9 +259,13 @@ async def tenancy_fixture(
         await services.start()
         async with aiohttp.ClientSession() as session:
             harness = ControlPlaneHarness.of_operator("", settings, services, session)
-            cp_port = free_port()  # the name server is told the control plane's URL before it serves
+            # The name server is told the control plane's URL before that serves: its socket is
+            # bound now and kept, so no other process can take the port in between.
+            cp_sock = socket.create_server(("127.0.0.1", 0))
+            cp_port = cp_sock.getsockname()[1]
             namesrv = start_namesrv(*tenancy_namesrv_flags(f"http://127.0.0.1:{cp_port}", tmp_path / "namesrv-state"))
             cluster = TenancyCluster(harness, settings, services, namesrv, tmp_path, start_broker, port=cp_port)
+            cluster.bound = cp_sock
             await cluster.start_control_plane()
             await harness.log_in_operator()
             made = await harness.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
@@ -287,6 +297,8 @@ async def tenancy_fixture(
                 await cluster.close()
                 await cluster.stop_control_plane()
     finally:
+        if cluster is not None and cluster.bound is not None:
+            cluster.bound.close()
         await pool.close()
 
 
