@@ -113,7 +113,7 @@ class AdminProcessor:
             return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": str(offset)})
         # RocketMQ: a group new to a queue whose first message is still there, in memory,
         # starts at 0 (so it sees the whole young queue); otherwise the client decides.
-        if self.store.min_offset_in_queue(topic, queue_id) <= 0:
+        if self.store.min_offset_in_queue(topic, queue_id) <= 0 and not self.store.unit_in_tier(topic, queue_id, 0):
             phy = self.store.commit_log_offset_in_queue(topic, queue_id, 0)
             if phy < 0 or self.store.max_phy_offset() - phy <= self.store.hot_data_bytes:
                 return cmd.response(ResponseCode.SUCCESS, ext_fields={"offset": "0"})
@@ -161,15 +161,18 @@ class AdminProcessor:
         ext = cmd.ext_fields
         topic = field_str(ext, "topic")
         queue_id = field_int(ext, "queueId", **_QID)
-        phy = self.store.commit_log_offset_in_queue(topic, queue_id, self.store.min_offset_in_queue(topic, queue_id))
-        if phy >= 0 and self.store.cold(phy):
-            return self._cold(cmd, self._earliest_cold(cmd, phy))
+        first = self.store.min_offset_in_queue(topic, queue_id)
+        phy = self.store.commit_log_offset_in_queue(topic, queue_id, first)
+        if (phy >= 0 and self.store.cold(phy)) or (phy < 0 and self.store.unit_in_tier(topic, queue_id, first)):
+            return self._cold(cmd, self._earliest_cold(cmd, topic, queue_id, first))
         ts = self.store.store_timestamp_at(phy) if phy >= 0 else -1
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": str(max(ts, 0))})
 
-    async def _earliest_cold(self, cmd: RemotingCommand, phy: int) -> RemotingCommand:
-        await self.store.fetch_cold(phy, cold_read.HEADER_SIZE)
-        ts = self.store.store_timestamp_at(phy)
+    async def _earliest_cold(self, cmd: RemotingCommand, topic: str, queue_id: int, first: int) -> RemotingCommand:
+        phy = await self.store.commit_log_offset_in_queue_cold(topic, queue_id, first)
+        if phy >= 0 and self.store.cold(phy):
+            await self.store.fetch_cold(phy, cold_read.HEADER_SIZE)
+        ts = self.store.store_timestamp_at(phy) if phy >= 0 else -1
         return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": str(max(ts, 0))})
 
     async def _cold(self, cmd: RemotingCommand, answer: Awaitable[RemotingCommand]) -> RemotingCommand:

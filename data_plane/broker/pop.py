@@ -110,7 +110,8 @@ class _Turn:
     granted: list[list[Any]]
     done: list[int]
     out: list[Delivery] = field(default_factory=list)
-    cold: int = -1  # the CommitLog offset of a tiered record the scan stopped at (not in memory)
+    # What the scan stopped at in the tier, not in memory: (record offset, units address; -1: not)
+    cold: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
@@ -316,12 +317,12 @@ class PopService:
         max_attempts: int,
         record: list[Any],
         dead: list[tuple[int, StoredMessage]],
-        cold: list[int],
+        cold: list[tuple[int, int]],
     ) -> list[Delivery]:
         """Hand out up to ``batch`` messages of one queue (expired leases first, then new ones);
         what changed goes into ``record`` (leases granted, offsets done). A queue that hands out
-        nothing because its scan stopped at a tiered record not in memory adds the record's
-        CommitLog offset to ``cold``."""
+        nothing because its scan stopped at a tiered record (or tiered units) not in memory adds
+        what it stopped at to ``cold``."""
         pq = self._queue(group, topic, queue_id)
         now = now_ms()
         blocked: set[str] = set()
@@ -332,7 +333,7 @@ class PopService:
         self._scan(turn, accepts, fifo=fifo)
         pq.settle()
         record[4] = pq.next
-        if turn.cold >= 0 and not turn.out:
+        if turn.cold is not None and not turn.out:
             cold.append(turn.cold)
         return turn.out
 
@@ -382,8 +383,8 @@ class PopService:
         limit = pq.next + SCAN_WINDOW
         while len(t.out) < t.batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
             got = store.get_message(t.topic, t.queue_id, pos, min(READ_CHUNK, limit - pos))
-            if got.cold_offset >= 0:
-                t.cold = got.cold_offset
+            if got.cold:
+                t.cold = (got.cold_offset, got.cold_units)
             if got.status is not GetMessageStatus.FOUND:
                 if got.next_begin_offset <= pos or pos >= store.max_offset_in_queue(t.topic, t.queue_id):
                     return
@@ -413,8 +414,7 @@ class PopService:
     def _tiered_not_fetched(self, topic: str, queue_id: int, offset: int) -> bool:
         store = self.broker.store
         assert store is not None
-        phy = store.commit_log_offset_in_queue(topic, queue_id, offset)
-        return phy >= 0 and store.cold(phy)
+        return store.get_message(topic, queue_id, offset, 1).cold  # (its record, or its unit)
 
     async def _fetch_tiered(self, topic: str, queue_id: int, offsets: Iterable[int]) -> None:
         """Bring the tiered messages at these queue offsets into memory (the reads that follow
@@ -423,23 +423,22 @@ class PopService:
         assert store is not None
         if store.tier is None:
             return
-        for o in offsets:
-            phy = store.commit_log_offset_in_queue(topic, queue_id, o)
-            if phy >= 0 and store.cold(phy):
-                try:
+        try:
+            for o in offsets:
+                phy = await store.commit_log_offset_in_queue_cold(topic, queue_id, o)
+                if phy >= 0 and store.cold(phy):
                     await store.fetch_cold(phy)
-                except ObjectStoreError as e:
-                    log.warning("tiered messages of %s/%d cannot be read now: %s", topic, queue_id, e)
-                    return
+        except ObjectStoreError as e:
+            log.warning("tiered messages of %s/%d cannot be read now: %s", topic, queue_id, e)
 
-    async def _fetch_cold(self, offsets: list[int]) -> bool:
-        """Bring the tiered records at these CommitLog offsets into memory; False when the object
-        store cannot be read now."""
+    async def _fetch_cold(self, needs: list[tuple[int, int]]) -> bool:
+        """Bring what scans stopped at in the tier into memory (records, units); False when the
+        object store cannot be read now."""
         store = self.broker.store
         assert store is not None
         try:
-            for phy in offsets:
-                await store.fetch_cold(phy)
+            for record_offset, units in needs:
+                await store.fetch_cold_need(record_offset, units)
         except ObjectStoreError as e:
             log.warning("tiered messages cannot be read now: %s", e)
             return False
@@ -477,7 +476,7 @@ class PopService:
             self.fifo_groups.add(group)
         while True:
             out: list[Delivery] = []
-            cold: list[int] = []
+            cold: list[tuple[int, int]] = []
             for qid in queue_ids:
                 if len(out) >= batch:
                     break

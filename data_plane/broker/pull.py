@@ -176,7 +176,7 @@ class PullProcessor:
         result = self.store.get_message(
             topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
         )
-        if result.cold_offset >= 0 and not result.messages:  # tiered, not in memory: fetch, read again
+        if result.cold and not result.messages:  # tiered, not in memory: fetch, read again
             read = functools.partial(
                 self.store.get_message, topic, queue_id, offset, max_nums, tags_codes=codes,
                 record_filter=record_filter, coalesce=True,
@@ -209,12 +209,12 @@ class PullProcessor:
         ``COLD_READ_TRIES``)."""
         for _ in range(COLD_READ_TRIES):
             try:
-                await self.store.fetch_cold(result.cold_offset)
+                await self.store.fetch_cold_read(result)
             except ObjectStoreError as e:
                 log.warning("a pull of tiered messages of %s failed: %s", topic, e)
                 return cmd.response(ResponseCode.SYSTEM_ERROR, f"tiered messages cannot be read now: {e}")
             result = read()
-            if result.cold_offset < 0 or result.messages:
+            if not result.cold or result.messages:
                 break
         return self._answer(cmd, result, offset, topic)
 
@@ -236,7 +236,7 @@ class PullProcessor:
             result = self.store.get_message(
                 topic, queue_id, offset, max_nums, tags_codes=codes, record_filter=record_filter, coalesce=True
             )
-            if result.cold_offset >= 0 and not result.messages:
+            if result.cold and not result.messages:
                 read = functools.partial(
                     self.store.get_message, topic, queue_id, offset, max_nums, tags_codes=codes,
                     record_filter=record_filter, coalesce=True,

@@ -74,7 +74,7 @@ class Reputter:
         # CommitLog offsets of held records the services stopped at because they are only in the
         # tier now, not in memory (their local file went before they were due): the schedule's
         # loop fetches them, and a later tick reads them.
-        self.cold: set[int] = set()
+        self.cold: set[tuple[int, int]] = set()  # what reads stopped at: (record offset, units address)
         self.reputs = 0
         self.duplicates_skipped = 0
         self.dropped = 0
@@ -125,15 +125,16 @@ _SKIP = frozenset(
 
 
 def read_queue(
-    store: MessageStore, topic: str, queue_id: int, offset: int, max_n: int, cold: set[int]
+    store: MessageStore, topic: str, queue_id: int, offset: int, max_n: int, cold: set[tuple[int, int]]
 ) -> tuple[list[memoryview], list[int], int]:
     """Up to ``max_n`` records of a schedule queue from ``offset``: ``(records, their queue
     offsets, where to read next)``. Units whose records are gone (retention) are passed over
     with a warning; an offset past the queue's end (a store that lost its tail) moves back to
-    the end. A tiered record not in memory stops the read there, its offset added to ``cold``."""
+    the end. A tiered record (or tiered units) not in memory stops the read there, what it
+    stopped at added to ``cold`` (``MessageStore.fetch_cold_need`` brings it)."""
     r = store.get_message(topic, queue_id, offset, max_n)
-    if r.cold_offset >= 0 and not r.messages:
-        cold.add(r.cold_offset)
+    if r.cold and not r.messages:
+        cold.add((r.cold_offset, r.cold_units))
     status = r.status
     if status is GetMessageStatus.FOUND:
         return r.messages, r.queue_offsets, r.next_begin_offset

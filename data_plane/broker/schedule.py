@@ -300,8 +300,8 @@ class Schedule:
         while True:
             wanted, self.reputter.cold = sorted(self.reputter.cold), set()
             try:
-                for phy in wanted:
-                    await self.store.fetch_cold(phy)
+                for record_offset, units in wanted:
+                    await self.store.fetch_cold_need(record_offset, units)
             except ObjectStoreError as e:  # the object store is away: they wait, nothing is lost
                 log.warning("schedule: held messages in the tier cannot be read now: %s", e)
             await asyncio.sleep(interval)

@@ -75,6 +75,8 @@ def measure(store: MessageStore, topics: Mapping[str, Mapping[str, Any]]) -> Ten
             if cq is None:
                 continue
             here, there = queue_bytes(cq, local_from)
+            if store.tier is not None:  # what only the tier's indexes still list
+                there += store.tier.queues.bytes_below(topic, q, cq.min_offset_in_queue())
             if here:
                 local[tenant] = local.get(tenant, 0) + here
             if there:

@@ -263,7 +263,7 @@ class TimerMessageService:
     def _fire(self, unit: TimerUnit, slot_s: int, now_ms: int) -> bool:
         m = self.store.look_message_by_offset(unit.phy_offset)
         if m is None and self.store.cold(unit.phy_offset):
-            self.reputter.cold.add(unit.phy_offset)  # in the tier, not fetched yet: next tick
+            self.reputter.cold.add((unit.phy_offset, -1))  # in the tier, not fetched yet: next tick
             return False
         if m is None or m.topic != TIMER_TOPIC:
             self.lost += 1

@@ -348,7 +348,7 @@ class CommitLog:
                 if magic != MESSAGE_MAGIC_CODE or total < _HEADER_SIZE + 3 or pos + total > limit:
                     return
                 try:
-                    req = self._check_record(mv, pos, total, mf.file_from_offset + pos, check_crc)
+                    req = self.check_record(mv, pos, total, mf.file_from_offset + pos, check_crc)
                 except RecordError as e:
                     log.warning("commit log record at %d is not sound: %s", mf.file_from_offset + pos, e)
                     return
@@ -359,7 +359,7 @@ class CommitLog:
                 return
 
     @staticmethod
-    def _check_record(mv: memoryview, pos: int, total: int, phys_expected: int, check_crc: bool) -> DispatchRequest:
+    def check_record(mv: memoryview, pos: int, total: int, phys_expected: int, check_crc: bool) -> DispatchRequest:
         parsed = parse_record(mv, pos, check_crc=check_crc)
         queue_id, queue_offset, phys, sys_flag, store_ts = (
             parsed.header[3],

@@ -276,6 +276,11 @@ class IndexService:
     def end_phy_offset(self) -> int:
         return self.files[-1].end_phy_offset if self.files else -1
 
+    def begin_phy_offset(self) -> int:
+        """The CommitLog offset of the first entry these files hold (-1: none)."""
+        first = self.files[0] if self.files else None
+        return first.begin_phy_offset if first is not None and first.index_count > 1 else -1
+
     def _writable(self) -> IndexFile:
         if self.files and not self.files[-1].is_full():
             return self.files[-1]

@@ -41,6 +41,7 @@ from data_plane.store.flush import (
 from data_plane.store.flush_waits import FlushWaits
 from data_plane.store.index_file import IndexService
 from data_plane.store.index_flush import IndexFlush
+from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.mapped_file import py_populate
 from data_plane.store.mapped_file_queue import AllocateMappedFileService
 from data_plane.store.message import (
@@ -736,6 +737,19 @@ class MessageStore:
         if self.tier is not None:
             await cold_read.fetch(self.tier, commit_log_offset, size)
 
+    async def fetch_cold_read(self, result: GetMessageResult) -> None:
+        """Bring into memory what a queue read stopped at (``result.cold``): a tiered record, or
+        tiered ConsumeQueue units. Raises ObjectStoreError."""
+        await self.fetch_cold_need(result.cold_offset, result.cold_units)
+
+    async def fetch_cold_need(self, record_offset: int, units: int) -> None:
+        if self.tier is None:
+            return
+        if units >= 0:
+            await self.tier.load_units(units)
+        if record_offset >= 0:
+            await cold_read.fetch(self.tier, record_offset, 0)
+
     def look_message_by_offset(self, commit_log_offset: int) -> StoredMessage | None:
         raw = self.read_record(commit_log_offset)
         if raw is None:
@@ -789,26 +803,39 @@ class MessageStore:
     async def query_message_cold(
         self, topic: str, key: str, max_num: int = 32, begin_ms: int = 0, end_ms: int = 2**62
     ) -> list[StoredMessage]:
-        """``query_message`` over tiered messages too: the index (local for the whole retention)
-        finds them, and each hit is fetched and decoded in turn."""
+        """``query_message`` over tiered messages too: the local IndexFiles find what they still
+        hold, the tiered files' index objects the rest (ranged GETs on a worker thread), and each
+        hit is fetched and decoded in turn."""
         if self.index is None:
             return []
         max_num = max(1, min(max_num, 64 * 1024))
         out: list[StoredMessage] = []
-        for phy in self.index.query(topic, key, max_num * 2, begin_ms, end_ms):
+        offsets = self.index.query(topic, key, max_num * 2, begin_ms, end_ms)
+        tier = self.tier
+        if tier is not None and len(offsets) < max_num * 2:
+            below = max(self.queues_floor, self.index.begin_phy_offset())  # (what the local files lack)
+            seen = set(offsets)
+            more = await asyncio.get_running_loop().run_in_executor(
+                None, tier.keyed_offsets, topic, key, begin_ms, end_ms, below
+            )
+            offsets += [phy for phy in more if phy not in seen]
+        for phy in offsets:
             if _keyed(await self.look_message_by_offset_cold(phy), topic, key, out) >= max_num:
                 break
         return out
 
     def min_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)
-        return cq.min_offset_in_queue() if cq is not None else 0
+        local = cq.min_offset_in_queue() if cq is not None else 0
+        return queue_read.queue_min(self, topic, queue_id, local)
 
     def max_offset_in_queue(self, topic: str, queue_id: int) -> int:
         cq = self.queues.get(topic, queue_id)
         return cq.max_offset_in_queue() if cq is not None else 0
 
     def offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms``, over the
+        local units (``offset_in_queue_by_time_cold``: over tiered messages too)."""
         cq = self.queues.get(topic, queue_id)
         if cq is None:
             return 0
@@ -817,10 +844,9 @@ class MessageStore:
     async def offset_in_queue_by_time_cold(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """``offset_in_queue_by_time`` over tiered messages too: the search's probes of tiered
         records are fetched first."""
-        cq = self.queues.get(topic, queue_id)
-        if cq is None:
+        if self.queues.get(topic, queue_id) is None:
             return 0
-        return await cold_read.offset_by_time(self, cq, timestamp_ms)
+        return await cold_read.offset_by_time(self, topic, queue_id, timestamp_ms)
 
     def store_timestamp_at(self, commit_log_offset: int) -> int:
         """The store time of the record at an offset, tiered too when in memory (-1: none)."""
@@ -829,9 +855,36 @@ class MessageStore:
         return self.commit_log.store_timestamp_at(commit_log_offset)
 
     def commit_log_offset_in_queue(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """The CommitLog offset of a queue's unit (-1: none, or tiered units not in memory:
+        ``commit_log_offset_in_queue_cold``)."""
         cq = self.queues.get(topic, queue_id)
+        if cq is not None and queue_offset < cq.min_offset_in_queue() and self.tier is not None:
+            found = self.tier.units(topic, queue_id, queue_offset, 1)
+            return int(CQ_UNIT.unpack_from(found[0], 0)[0]) if isinstance(found, tuple) else -1
         u = cq.unit(queue_offset) if cq is not None else None
         return u[0] if u is not None else -1
+
+    def unit_in_tier(self, topic: str, queue_id: int, queue_offset: int) -> bool:
+        """The queue's unit at ``queue_offset`` is only in the tier's indexes."""
+        cq = self.queues.get(topic, queue_id)
+        return (
+            self.tier is not None
+            and cq is not None
+            and queue_offset < cq.min_offset_in_queue()
+            and self.tier.queues.first(topic, queue_id) is not None
+        )
+
+    async def commit_log_offset_in_queue_cold(self, topic: str, queue_id: int, queue_offset: int) -> int:
+        """``commit_log_offset_in_queue``, fetching tiered units first. Raises ObjectStoreError."""
+        for _ in range(COLD_FETCH_TRIES):
+            cq = self.queues.get(topic, queue_id)
+            if self.tier is None or cq is None or queue_offset >= cq.min_offset_in_queue():
+                break
+            found = self.tier.units(topic, queue_id, queue_offset, 1)
+            if not isinstance(found, int) or found >= 0:
+                break
+            await self.tier.load_units(-1 - found)
+        return self.commit_log_offset_in_queue(topic, queue_id, queue_offset)
 
     def message_store_timestamp(self, topic: str, queue_id: int, queue_offset: int) -> int:
         phy = self.commit_log_offset_in_queue(topic, queue_id, queue_offset)
@@ -839,6 +892,12 @@ class MessageStore:
 
     def min_phy_offset(self) -> int:
         return self.commit_log.min_offset()
+
+    def queues_local_floor(self) -> int:
+        """Below which CommitLog offset the local ConsumeQueues and IndexFiles need hold nothing:
+        the tier's index objects hold those units and keys (``Tier.units_floor``)."""
+        local = self.commit_log.min_offset()
+        return max(self.log_floor(), self.tier.units_floor(local)) if self.tier is not None else local
 
     def log_floor(self) -> int:
         """Where the messages this store can serve begin: the local log's first offset, or

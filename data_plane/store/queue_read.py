@@ -36,7 +36,8 @@ def get_message(
     cq = store.queues.get(topic, queue_id)
     if cq is None:
         return GetMessageResult(GetMessageStatus.NO_MATCHED_LOGIC_QUEUE, next_begin_offset=0)
-    min_offset = cq.min_offset_in_queue()
+    local_min = cq.min_offset_in_queue()
+    min_offset = queue_min(store, topic, queue_id, local_min)
     max_offset = cq.max_offset_in_queue()
     result = GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, min_offset=min_offset, max_offset=max_offset)
     if max_offset == 0:
@@ -57,7 +58,21 @@ def get_message(
         return result
     max_msg_nums = max(1, max_msg_nums)
     # Scan at least a page of units so that a selective tag filter still makes progress.
-    found = cq.units(offset, max(max_msg_nums, 800 if tags_codes is not None or record_filter else 0))
+    want = max(max_msg_nums, 800 if tags_codes is not None or record_filter else 0)
+    tier = store.tier
+    if offset < local_min and tier is not None:  # units the local queue no longer holds
+        tiered = tier.units(topic, queue_id, offset, want)
+        if isinstance(tiered, int):  # not in memory: the caller fetches them (``fetch_cold_read``)
+            result.cold_units = -1 - tiered
+            result.next_begin_offset = offset
+            return result
+        if tiered is None:  # units that are gone: go on where there are some
+            result.status = GetMessageStatus.OFFSET_FOUND_NULL
+            result.next_begin_offset = min(tier.gap(topic, queue_id, offset) or local_min, local_min)
+            return result
+        found: tuple[memoryview, int] | None = tiered
+    else:
+        found = cq.units(offset, want)
     if found is None:
         result.status = GetMessageStatus.OFFSET_FOUND_NULL
         result.next_begin_offset = offset + 1
@@ -65,7 +80,6 @@ def get_message(
     units, n = found
     cl = store.commit_log
     log_min = cl.min_offset()
-    tier = store.tier
     max_bytes = store.config.max_transfer_bytes_on_message
     status = GetMessageStatus.NO_MATCHED_MESSAGE
     messages = result.messages
@@ -159,3 +173,11 @@ def get_message(
         # (a tiered read is never suggested to a slave: the slave reads the same bucket)
         result.suggest_pulling_from_slave = behind > store.hot_data_bytes and last_phy >= log_min
     return result
+
+
+def queue_min(store: MessageStore, topic: str, queue_id: int, local_min: int) -> int:
+    """A queue's first offset: in the tier's indexes when they reach further back than the local
+    queue's units."""
+    tier = store.tier
+    first = tier.queues.first(topic, queue_id) if tier is not None else None
+    return first if first is not None and first < local_min else local_min

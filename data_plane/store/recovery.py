@@ -79,7 +79,7 @@ def recover(store: MessageStore, *, crashed: bool) -> int:
         raise RuntimeError(f"recovery disagrees with itself: log valid to {valid_end}, redispatch to {end}")
 
     for cq in store.queues:
-        cq.correct_min_offset(store.log_floor())  # (the tier keeps what it holds)
+        cq.correct_min_offset(store.queues_local_floor())  # (below it: the tier's indexes)
     adopt_queue_state(store)
     store.flush_indexes(True)
     return valid_end

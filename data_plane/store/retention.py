@@ -253,12 +253,13 @@ def clean_once(store: MessageStore, now_s: float) -> CleanReport:
             usage = store._disk_usage_ratio(cfg.store_path)
         mfq.retry_zombies()
         cq_deleted = idx_deleted = 0
-        # The queues and the index keep what the tier still holds.
-        phy_min = store.log_floor()
+        # The queues and the index keep what the tier's indexes do not hold (with a tier, the
+        # units and keys of the files in it are in their index objects: ``file_index``).
+        phy_min = store.queues_local_floor()
         if deleted:
             log.info("retention deleted %d CommitLog files; local log now starts at %d, messages at %d", deleted,
-                     mfq.min_offset(), phy_min)  # fmt: skip
-        if deleted or phy_min != store.queues_floor:  # (tier retention moves the floor too)
+                     mfq.min_offset(), store.log_floor())  # fmt: skip
+        if deleted or phy_min != store.queues_floor:  # (tier retention and uploads move the floor too)
             store.queues_floor = phy_min
             for cq in store.queues:
                 cq_deleted += cq.delete_expired_files(phy_min)

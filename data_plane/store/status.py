@@ -189,6 +189,13 @@ class GetMessageResult:
     # The read stopped at a tiered record not in memory (its CommitLog offset; -1: it did not):
     # ``await MessageStore.fetch_cold`` it and read again. Never on the wire.
     cold_offset: int = -1
+    # Or at tiered ConsumeQueue units not in memory (their address for ``Tier.load_units``; -1:
+    # it did not). ``await MessageStore.fetch_cold_read`` fetches whichever it was.
+    cold_units: int = -1
+
+    @property
+    def cold(self) -> bool:
+        return self.cold_offset >= 0 or self.cold_units >= 0
 
     @property
     def message_count(self) -> int:

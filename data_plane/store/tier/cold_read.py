@@ -10,7 +10,6 @@ from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
 from data_plane.store.message import MAGIC_AND_SIZE, OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
 
 if TYPE_CHECKING:
-    from data_plane.store.consume_queue import ConsumeQueue
     from data_plane.store.message_store import MessageStore
     from data_plane.store.tier.tier import Tier
 
@@ -61,14 +60,14 @@ async def fetch(tier: Tier, offset: int, size: int = 0) -> None:
         await tier.load(offset, total)
 
 
-async def offset_by_time(store: MessageStore, cq: ConsumeQueue, timestamp_ms: int) -> int:
-    """``ConsumeQueue.offset_by_time`` whose probes of tiered records are fetched first."""
-    lo = cq.min_offset_in_queue()
-    hi = cq.max_offset_in_queue()
+async def offset_by_time(store: MessageStore, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    """``ConsumeQueue.offset_by_time`` over tiered units and records too, each probe fetched
+    first when it is only in the tier."""
+    lo = store.min_offset_in_queue(topic, queue_id)
+    hi = store.max_offset_in_queue(topic, queue_id)
     while lo < hi:
         mid = (lo + hi) // 2
-        u = cq.unit(mid)
-        phy = u[0] if u is not None else -1
+        phy = await store.commit_log_offset_in_queue_cold(topic, queue_id, mid)
         if phy >= 0 and store.cold(phy):
             await store.fetch_cold(phy, HEADER_SIZE)
         ts = store.store_timestamp_at(phy) if phy >= 0 else -1

@@ -4,14 +4,15 @@ and every tier deletion. A file is in the manifest only once its object was chec
 ETag); an object no manifest names is an upload that did not finish, and is overwritten.
 
 Each entry keeps what readers and retention need without opening the object: where the file
-starts in the CommitLog, how many bytes it holds, when its newest message was stored, and the
-topics with messages in it (tier retention is per topic: a file goes when every topic in it is
-past its own retention).
+starts in the CommitLog, how many bytes it holds, when its oldest and newest messages were
+stored, the topics with messages in it (tier retention is per topic: a file goes when every
+topic in it is past its own retention), and where its index object is (``file_index``).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 from dataclasses import dataclass, field
 
@@ -29,12 +30,24 @@ class TieredFile:
     newest_store_ms: int  # no message of the file was stored later
     topics: tuple[str, ...]
     uploaded_ms: int
+    # The file's index object (``file_index``; empty key: none, its ConsumeQueue units and index
+    # entries stay local): its key, its length, where its head ends and where its key table starts.
+    index_key: str = ""
+    index_size: int = 0
+    index_head: int = 0
+    index_keys_at: int = 0
+    oldest_store_ms: int = 0  # no message of the file was stored earlier
 
     def to_json(self) -> dict[str, object]:
-        return {
+        d: dict[str, object] = {
             "from": self.from_offset, "size": self.size, "key": self.key, "etag": self.etag,
             "newest_ms": self.newest_store_ms, "topics": list(self.topics), "uploaded_ms": self.uploaded_ms,
         }  # fmt: skip
+        if self.index_key:
+            d["index"] = {"key": self.index_key, "size": self.index_size, "head": self.index_head,
+                          "keys_at": self.index_keys_at}  # fmt: skip
+            d["oldest_ms"] = self.oldest_store_ms
+        return d
 
     @classmethod
     def from_json(cls, d: dict[str, object]) -> TieredFile:
@@ -49,7 +62,22 @@ class TieredFile:
             raise ValueError("manifest entry: key and etag must be strings")
         if not isinstance(topics, list) or not all(isinstance(t, str) for t in topics):
             raise ValueError("manifest entry: topics must be a list of names")
-        return cls(num("from"), num("size"), key, etag, num("newest_ms"), tuple(topics), num("uploaded_ms"))
+        f = cls(num("from"), num("size"), key, etag, num("newest_ms"), tuple(topics), num("uploaded_ms"))
+        index = d.get("index")
+        if index is None:
+            return f
+        if not isinstance(index, dict) or not isinstance(index.get("key"), str) or not index["key"]:
+            raise ValueError("manifest entry: index must name its object")
+        sizes = [v for v in (index.get(k) for k in ("size", "head", "keys_at")) if type(v) is int]
+        if len(sizes) != 3:
+            raise ValueError("manifest entry: index size, head and keys_at must be integers")
+        size, head, keys_at = sizes
+        if not 0 < head <= keys_at <= size or keys_at > f.size:
+            raise ValueError(f"manifest entry: index lengths out of order ({head}, {keys_at}, {size})")
+        return dataclasses.replace(
+            f, index_key=index["key"], index_size=size, index_head=head, index_keys_at=keys_at,
+            oldest_store_ms=num("oldest_ms"),
+        )  # fmt: skip
 
 
 @dataclass

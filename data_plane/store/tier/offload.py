@@ -11,8 +11,10 @@ A round (every ``tier_check_interval_ms``, or when woken):
 * **Upload:** oldest first, every file that is sealed (a later file exists), older than
   ``tier_after_hours`` and wholly below the group's *agreed* offset — the bytes every member
   that could become master holds (``MessageStore.tier_safe_offset``) — so that no object ever
-  holds a record a failover could take back. Each upload is verified (size and multipart ETag),
-  then the manifest is written (remote first, then the local copy) and published to readers.
+  holds a record a failover could take back. Each upload is verified (size and multipart ETag);
+  the file's index object (``file_index``: its ConsumeQueue units and key entries, built from
+  its records) follows it; then the manifest is written (remote first, then the local copy) and
+  published to readers.
 * **Tier retention:** tiered files whose every topic is past its own retention
   (``topic_retention_hours``; unlimited never is) leave the manifest first, then the bucket.
 
@@ -22,16 +24,17 @@ here: retention (on the loop) deletes a local file only once the manifest names 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
-import struct
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
-from data_plane.store.message import MAGIC_AND_SIZE, OFF_BODY_LENGTH, OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
+from data_plane.store.message import MAGIC_AND_SIZE, OFF_STORE_TIMESTAMP, STORE_TIMESTAMP
+from data_plane.store.tier import file_index
 from data_plane.store.tier.manifest import TieredFile
 from data_plane.store.tier.object_store import ObjectStoreError
 
@@ -43,9 +46,6 @@ log = logging.getLogger(__name__)
 
 HOUR_MS = 3_600_000
 _HEAD = RECORD_HEADER.size
-_BODY_LENGTH = struct.Struct(">i")
-# Records walked between two yields of the GIL while a file's topics are listed.
-_WALK_SLICE = 2_000
 
 
 def first_store_timestamp(path: str) -> int | None:
@@ -62,38 +62,6 @@ def first_store_timestamp(path: str) -> int | None:
     if magic != MESSAGE_MAGIC_CODE or total <= 0:
         return None
     return int(STORE_TIMESTAMP.unpack_from(head, OFF_STORE_TIMESTAMP)[0])
-
-
-def topics_in(path: str, length: int, window: int = 8 * 1024 * 1024) -> tuple[str, ...]:
-    """The topics with records in the first ``length`` bytes of a CommitLog file, by walking its
-    record headers (a record's topic follows its body), a window of the file at a time."""
-    topics: set[bytes] = set()
-    with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        buf = b""
-        base = pos = walked = 0  # buf holds the file from base; pos is the record being read
-        while pos + _HEAD <= length:
-            rel = pos - base
-            if rel + _HEAD > len(buf):
-                base, rel = pos, 0
-                buf = os.pread(fd, min(window, length - pos), pos)
-                if len(buf) < _HEAD:
-                    break
-            total, magic = MAGIC_AND_SIZE.unpack_from(buf, rel)
-            if magic != MESSAGE_MAGIC_CODE or total <= _HEAD or pos + total > length:
-                break  # the blank at a file's end, or where records stop
-            if rel + total > len(buf):  # the record runs past the window: read from it
-                base, rel = pos, 0
-                buf = os.pread(fd, min(max(window, total), length - pos), pos)
-                if len(buf) < total:
-                    break
-            at = rel + _HEAD + _BODY_LENGTH.unpack_from(buf, rel + OFF_BODY_LENGTH)[0]
-            topics.add(buf[at + 1 : at + 1 + buf[at]])
-            pos += total
-            walked += 1
-            if walked % _WALK_SLICE == 0:
-                time.sleep(0)  # let the event loop have the GIL
-    return tuple(sorted(t.decode("utf-8", "replace") for t in topics))
 
 
 class Offloader:
@@ -196,10 +164,18 @@ class Offloader:
         tier = self._tier
         key = tier.object_key(from_offset)
         began = time.monotonic()
-        topics = topics_in(path, length)
+        index = file_index.build(path, from_offset, length)
         up = tier.objects.upload_file(key, path, length, self._store.config.tier_upload_part_bytes)
-        took = time.monotonic() - began
+        topics = index.head.topics
         entry = TieredFile(from_offset, up.size, key, up.etag, newest_ms, topics, int(time.time() * 1000))
+        if index.head.keys_at <= up.size:  # (always, but for a file of a record or two)
+            tier.objects.put_bytes(tier.index_key(from_offset), index.data)
+            entry = dataclasses.replace(
+                entry, index_key=tier.index_key(from_offset), index_size=len(index.data),
+                index_head=index.head.units_at, index_keys_at=index.head.keys_at, oldest_store_ms=index.head.oldest_ms,
+            )  # fmt: skip
+            tier.keep_head(entry, index.data[: index.head.units_at])
+        took = time.monotonic() - began
         m = tier.manifest.copy()
         m.add(entry)
         tier.publish(m)
@@ -227,9 +203,10 @@ class Offloader:
         m = m.copy()
         gone = m.remove_first(n)
         tier.publish(m)  # no reader is sent to an object about to go
-        tier.objects.delete([f.key for f in gone])
+        tier.objects.delete([f.key for f in gone] + [f.index_key for f in gone if f.index_key])
         for f in gone:
             tier.cache.forget(f.from_offset)
+        tier.forget_indexes(gone)
         self.deleted_files += len(gone)
         log.info("tier retention deleted %d files; the tier now starts at %s", n, m.files[0].from_offset if m.files
                  else "the local log")  # fmt: skip
