@@ -14,6 +14,9 @@ import pytest
 
 from data_plane.local_object_store import LocalObjectStore
 from data_plane.store import Message, MessageStore, PutMessageStatus
+from data_plane.store.consume_queue import ConsumeQueue
+from data_plane.store.index_file import key_hash
+from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.message import decode_record
 from data_plane.store.tier import file_index
 from tests.conftest import ManualClock
@@ -22,6 +25,17 @@ from tests.integration.test_tier_store import GROUP, HOUR_MS, Put, _fill, _read_
 from tests.object_store_fixture import object_store_fixture, tier_bucket_fixture  # noqa: F401
 
 open_store = test_tier_store.open_store  # (the fixture)
+
+
+def _units(cq: ConsumeQueue, offset: int, n: int) -> bytes:
+    """``n`` units of the local queue from ``offset`` (across its files)."""
+    out = b""
+    while n > 0:
+        found = cq.units(offset, n)
+        assert found is not None
+        out += bytes(found[0])
+        offset, n = offset + found[1], n - found[1]
+    return out
 
 
 def _local_queue_files(store: MessageStore, topic: str) -> int:
@@ -69,9 +83,9 @@ def test_the_index_objects_are_uploaded_and_hold_each_files_units_and_keys(
         last = cq.unit(mine[-1].queue_offset)
         assert last is not None
         assert head.size == last[0] + last[1] - f.from_offset, "it indexes the file up to where its records end"
-        units = b"".join(bytes(cq.units(p.queue_offset, 1)[0]) for p in mine)  # type: ignore[index]
+        units = _units(cq, mine[0].queue_offset, len(mine))
         assert data[r.units_at : r.units_at + 20 * r.count] == units, "the units are the local queue's"
-        assert r.size == sum(cq.unit(p.queue_offset)[1] for p in mine)  # type: ignore[index]
+        assert r.size == sum(size for _, size, _ in CQ_UNIT.iter_unpack(units))
         assert head.keys == len(mine), "one entry a KEYS key"
         assert (f.oldest_store_ms, f.newest_store_ms >= mine[-1].stored_ms) == (mine[0].stored_ms, True)
 
@@ -203,14 +217,12 @@ def test_build_indexes_a_file_by_the_dispatchers_rules(make_store: Callable[...,
     head = file_index.parse_head(built.data[: built.head.units_at])
     assert head == built.head
     assert head.keys == 120
-    for r in head.ranges:
-        cq = store.queues.get(r.topic, r.queue_id)
+    for rng in head.ranges:
+        cq = store.queues.get(rng.topic, rng.queue_id)
         assert cq is not None
-        assert (r.first, r.count) == (0, cq.max_offset_in_queue())
-        local = bytes(cq.units(0, r.count)[0])  # type: ignore[index]
-        assert built.data[r.units_at : r.units_at + 20 * r.count] == local
+        assert (rng.first, rng.count) == (0, cq.max_offset_in_queue())
+        assert built.data[rng.units_at : rng.units_at + 20 * rng.count] == _units(cq, 0, rng.count)
     # Every key's entries are found by its block, and only there.
-    from data_plane.store.index_file import key_hash
 
     for i in (0, 17, 39):
         topic = "X" if i % 3 else "Y"
