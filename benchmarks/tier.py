@@ -511,8 +511,9 @@ async def _settle_cold(rig: Rig, w: Written) -> dict[str, Any]:
     return {"seconds": round(time.monotonic() - began, 1), **_offload_figures(before, st)}
 
 
-def _tiered_objects(rig: Rig) -> list[tuple[int, int, str]]:
-    """(from offset, size, key) of every CommitLog object in the bucket, in offset order."""
+def _tiered_objects(rig: Rig, kind: str = "commitlog") -> list[tuple[int, int, str]]:
+    """(from offset, size, key) of every CommitLog object in the bucket (``kind`` "index": every
+    index object), in offset order."""
     bucket, prefix = rig.bucket_and_prefix
     store = rig.cluster.object_store
     assert store is not None
@@ -522,11 +523,24 @@ def _tiered_objects(rig: Rig) -> list[tuple[int, int, str]]:
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             for obj in page.get("Contents", ()):
                 head, _, name = obj["Key"].rpartition("/")
-                if head.endswith("/commitlog") and name.isdigit():
+                if head.endswith("/" + kind) and name.isdigit():
                     out.append((int(name), int(obj["Size"]), obj["Key"]))
     finally:
         client.close()
     return sorted(out)
+
+
+def index_share(rig: Rig) -> dict[str, Any]:
+    """The tiered files' index objects against the files: what finding messages in the tier costs."""
+    files = {f: size for f, size, _ in _tiered_objects(rig)}
+    indexes = {f: size for f, size, _ in _tiered_objects(rig, "index")}
+    file_bytes = sum(files.values())
+    index_bytes = sum(indexes.values())
+    return {
+        "files": len(files), "indexed_files": len(files.keys() & indexes.keys()),
+        "file_bytes": file_bytes, "index_bytes": index_bytes,
+        "index_to_file_ratio": round(index_bytes / file_bytes, 4) if file_bytes else None,
+    }  # fmt: skip
 
 
 def _chunks(objects: list[tuple[int, int, str]], start: int, end: int, chunk: int) -> list[tuple[str, int, int]]:
@@ -611,6 +625,8 @@ async def read_back(rig: Rig, o: TierBenchOptions, bodies: Bodies) -> dict[str, 
     cold["log_mb_per_s"] = round(span / cold["seconds"] / 1e6, 1) if cold["seconds"] else 0.0
     hot["log_mb_per_s"] = round(span / hot["seconds"] / 1e6, 1) if hot["seconds"] else 0.0
     _log(f"  cold: {cold}")
+    index = await asyncio.to_thread(index_share, rig)
+    _log(f"  index objects: {index}")
     _log("  plain boto3 reads of the same objects ...")
     plain = await asyncio.to_thread(plain_reads, rig, w, chunk)
     _log(f"  plain: {plain}")
@@ -623,6 +639,7 @@ async def read_back(rig: Rig, o: TierBenchOptions, bodies: Bodies) -> dict[str, 
         "commit_log_mb": round(span / 1e6, 1),
         "hot": hot,
         "offload_alone": settle,  # uploading every sealed file, nothing else running; then local deletion
+        "index": index,
         "cold": cold,
         "plain_boto3": plain,
         "cold_chunk_mb_per_s": round(cold_chunk_rate, 1),

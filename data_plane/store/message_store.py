@@ -816,7 +816,7 @@ class MessageStore:
             below = max(self.queues_floor, self.index.begin_phy_offset())  # (what the local files lack)
             seen = set(offsets)
             more = await asyncio.get_running_loop().run_in_executor(
-                None, tier.keyed_offsets, topic, key, begin_ms, end_ms, below
+                None, tier.keyed_offsets, topic, key, begin_ms, end_ms, below, max_num * 2 - len(offsets)
             )
             offsets += [phy for phy in more if phy not in seen]
         for phy in offsets:

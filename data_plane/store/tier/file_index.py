@@ -23,7 +23,6 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-import time
 from dataclasses import dataclass
 
 from data_plane.store.commit_log import CommitLog, DispatchRequest, queue_offset_advances
@@ -39,7 +38,6 @@ RANGE = struct.Struct("<iqIqq")  # queue id, first queue offset, count, where it
 TOPIC_LEN = struct.Struct("<H")
 UNIT_SIZE = CQ_UNIT.size
 _REC_HEAD = RECORD_HEADER.size
-_WALK_SLICE = 2_000  # records between two yields of the GIL
 
 
 class IndexObjectError(ValueError):
@@ -129,14 +127,20 @@ class _Builder:
             self.phys.append(req.commit_log_offset)
 
 
+def build_data(path: str, from_offset: int, length: int) -> bytes:
+    """``build``'s object alone (what a process of its own hands back)."""
+    return build(path, from_offset, length).data
+
+
 def build(path: str, from_offset: int, length: int, window: int = 8 * 1024 * 1024) -> BuiltIndex:
     """The index of the first ``length`` bytes of the CommitLog file at ``path`` (which starts at
-    ``from_offset``), read a window at a time with pread (off the loop; the file is sealed)."""
+    ``from_offset``), read a window at a time with pread (the file is sealed). The offloader runs
+    it in a process of its own (``build_data``): it parses every record."""
     b = _Builder()
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
         buf = b""
-        base = pos = walked = 0
+        base = pos = 0
         while pos + _REC_HEAD <= length:
             rel = pos - base
             if rel + _REC_HEAD > len(buf):
@@ -157,9 +161,6 @@ def build(path: str, from_offset: int, length: int, window: int = 8 * 1024 * 102
             except RecordError:
                 break
             pos += total
-            walked += 1
-            if walked % _WALK_SLICE == 0:
-                time.sleep(0)  # let the event loop have the GIL
     return encode(from_offset, pos, max(b.oldest, 0), b.runs, b.hashes, b.phys)
 
 

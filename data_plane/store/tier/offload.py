@@ -24,12 +24,15 @@ here: retention (on the loop) deletes a local file only once the manifest names 
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import itertools
 import logging
+import multiprocessing
 import os
 import threading
 import time
+from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
@@ -43,6 +46,13 @@ if TYPE_CHECKING:
     from data_plane.store.tier.tier import Tier
 
 log = logging.getLogger(__name__)
+
+INDEXER_NICE = 10  # the index builder's CPU priority below the broker's
+
+
+def _lower_priority() -> None:
+    os.nice(INDEXER_NICE)
+
 
 HOUR_MS = 3_600_000
 _HEAD = RECORD_HEADER.size
@@ -73,6 +83,7 @@ class Offloader:
         self._thread: threading.Thread | None = None
         self._tenure = False  # this store is the master and has read the manifest since it became one
         self._round_lock = threading.Lock()  # one round at a time (the thread's, or a caller's)
+        self._indexer: concurrent.futures.ProcessPoolExecutor | None = None  # builds index objects
         # Figures (runtime info).
         self.uploaded_files = 0
         self.uploaded_bytes = 0
@@ -95,6 +106,31 @@ class Offloader:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=30)
+        with self._round_lock:
+            if self._indexer is not None:
+                self._indexer.shutdown(wait=True, cancel_futures=True)
+                self._indexer = None
+
+    def _build_index(self, path: str, from_offset: int, length: int) -> concurrent.futures.Future[bytes]:
+        """The file's index object, built in a process of its own at a lower CPU priority (while
+        the file uploads): the walk parses every record, and in the broker's process it would hold
+        the GIL the loop needs."""
+        if self._indexer is None:
+            self._indexer = concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
+            )
+        try:
+            return self._indexer.submit(file_index.build_data, path, from_offset, length)
+        except BrokenProcessPool:  # (it was killed): a new one next time
+            self._indexer = None
+            raise
+
+    def _built(self, building: concurrent.futures.Future[bytes]) -> bytes:
+        try:
+            return building.result()
+        except BrokenProcessPool:
+            self._indexer = None
+            raise
 
     def _run(self) -> None:
         interval = self._store.config.tier_check_interval_ms / 1000
@@ -164,17 +200,20 @@ class Offloader:
         tier = self._tier
         key = tier.object_key(from_offset)
         began = time.monotonic()
-        index = file_index.build(path, from_offset, length)
-        up = tier.objects.upload_file(key, path, length, self._store.config.tier_upload_part_bytes)
-        topics = index.head.topics
-        entry = TieredFile(from_offset, up.size, key, up.etag, newest_ms, topics, int(time.time() * 1000))
-        if index.head.keys_at <= up.size:  # (always, but for a file of a record or two)
-            tier.objects.put_bytes(tier.index_key(from_offset), index.data)
+        building = self._build_index(path, from_offset, length)
+        try:
+            up = tier.objects.upload_file(key, path, length, self._store.config.tier_upload_part_bytes)
+        finally:
+            data = self._built(building)
+        head = file_index.parse_head(data)
+        entry = TieredFile(from_offset, up.size, key, up.etag, newest_ms, head.topics, int(time.time() * 1000))
+        if head.keys_at <= up.size:  # (always, but for a file of a record or two)
+            tier.objects.put_bytes(tier.index_key(from_offset), data)
             entry = dataclasses.replace(
-                entry, index_key=tier.index_key(from_offset), index_size=len(index.data),
-                index_head=index.head.units_at, index_keys_at=index.head.keys_at, oldest_store_ms=index.head.oldest_ms,
+                entry, index_key=tier.index_key(from_offset), index_size=len(data), index_head=head.units_at,
+                index_keys_at=head.keys_at, oldest_store_ms=head.oldest_ms,
             )  # fmt: skip
-            tier.keep_head(entry, index.data[: index.head.units_at])
+            tier.keep_head(entry, data[: head.units_at])
         took = time.monotonic() - began
         m = tier.manifest.copy()
         m.add(entry)
@@ -184,7 +223,7 @@ class Offloader:
         self.upload_seconds += took
         log.info(
             "tier: uploaded CommitLog file %020d (%d bytes, %d topics) in %.2f s (%.1f MB/s)",
-            from_offset, up.size, len(topics), took, up.size / max(took, 1e-6) / 1e6,
+            from_offset, up.size, len(head.topics), took, up.size / max(took, 1e-6) / 1e6,
         )  # fmt: skip
 
     def _apply_tier_retention(self) -> None:

@@ -141,12 +141,15 @@ class Tier:
     async def load_units(self, address: int) -> None:
         await asyncio.get_running_loop().run_in_executor(None, self.index_cache.fetch, address, UNIT_SIZE)
 
-    def keyed_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int, below: int) -> list[int]:
-        """CommitLog offsets indexed under ``topic#key`` in the tiered files that start below
-        ``below`` and hold messages of the time range, newest first (worker threads: ranged GETs)."""
+    def keyed_offsets(self, topic: str, key: str, begin_ms: int, end_ms: int, below: int, want: int) -> list[int]:
+        """Up to about ``want`` CommitLog offsets indexed under ``topic#key`` in the tiered files that
+        start below ``below`` and hold messages of the time range, newest first (worker threads:
+        two ranged GETs a file whose key table may hold the key)."""
         h = key_hash(f"{topic}#{key}")
         out: list[int] = []
         for f in reversed(self.manifest.files):
+            if len(out) >= want:
+                break
             if f.from_offset >= below or not f.index_key or topic not in f.topics:
                 continue
             if f.newest_store_ms < begin_ms or f.oldest_store_ms > end_ms:
