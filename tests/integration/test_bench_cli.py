@@ -21,7 +21,7 @@ import pytest
 
 from loadtest.verdict import brief, targets, verdict
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 REPO = Path(__file__).resolve().parents[2]
 MESSAGES = 2000

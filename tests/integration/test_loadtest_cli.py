@@ -19,7 +19,7 @@ import pytest
 
 from loadtest.rate import RateProfile
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 REPO = Path(__file__).resolve().parents[2]
 RATE = 300  # msgs/s

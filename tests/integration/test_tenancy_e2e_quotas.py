@@ -40,7 +40,7 @@ from tests.integration.tenancy_cluster import (
 from tests.integration.test_tenancy_e2e_refusals import pull_cmd, send_cmd
 from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture  # noqa: F401
 
-pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+pytestmark = [pytest.mark.integration, pytest.mark.timing, pytest.mark.asyncio]
 
 REPO = Path(__file__).resolve().parents[2]  # where ``python -m tests.integration...`` resolves
 PUBLISH_LIMIT = 200  # msgs/s

@@ -16,7 +16,7 @@ import pytest
 from loadtest.partition.run import Harness, missed_targets, run_schedule
 from loadtest.partition.schedule import NAMED, Schedule, random_schedule
 
-pytestmark = [pytest.mark.partition, pytest.mark.asyncio(loop_scope="module")]
+pytestmark = [pytest.mark.partition, pytest.mark.timing, pytest.mark.asyncio(loop_scope="module")]
 
 
 async def holds(harness: Harness, schedule: Schedule) -> None:

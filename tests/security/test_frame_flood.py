@@ -38,6 +38,8 @@ from sdk import Message, MessageQueue, Producer, PullConsumer
 from tests.integration.conftest import ServerProcess
 from tests.integration.helpers import until
 
+pytestmark = pytest.mark.timing  # (floods: the servers' CPU and memory are measured)
+
 MIB = 1024 * 1024
 ATTACKER = "127.0.0.2"
 UNKNOWN_CODE = 9999  # answered REQUEST_CODE_NOT_SUPPORTED by both servers: proof a frame was served

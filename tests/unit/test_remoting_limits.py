@@ -26,7 +26,7 @@ from data_plane.remoting.limits import (
 )
 from tests.conftest import counter_points
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.timing]
 
 KIB = 1024
 
