@@ -30,6 +30,8 @@ def refuses_connections(port: int, timeout_s: float = 10.0) -> bool:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
         except ConnectionRefusedError:
             return True
+        except (ConnectionResetError, TimeoutError):
+            pass  # (the server going down while this connected)
         time.sleep(0.02)
     return False
 

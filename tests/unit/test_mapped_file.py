@@ -371,6 +371,7 @@ def _timed_release_all(mf: MappedFile, span: list[float]) -> None:
     span.append(time.perf_counter())
 
 
+@pytest.mark.timing
 @pytest.mark.skipif(
     mapped_file_module._compiled_release is None,
     reason="the pure-Python twin releases with mmap.madvise, which holds the GIL (by design)",
