@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from control_plane import console
 from control_plane.auth import MAX_TOKEN_CHARS
 from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
 from control_plane.handlers import credentials, endpoints, fleet, groups, ha, public, tenants, topics, usage
@@ -81,6 +82,7 @@ def create_app(
     for route in ALL_ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     app[OPENAPI] = build_document(ALL_ROUTES)
+    console.setup(app, settings.master_key.value)
     app[LOGIN_LIMITER] = LoginLimiter()
     if services is not None:
         app[SERVICES] = services
