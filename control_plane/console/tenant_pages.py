@@ -8,6 +8,7 @@ reaches every tenant. Forms are checked by the API's validators (``forms.form_bo
 from __future__ import annotations
 
 import datetime as dt
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -44,7 +45,32 @@ async def topics(request: web.Request) -> web.StreamResponse:
     principal, tenant_id = await auth.tenant_resource(request, "topic", None, None)
     _seen(request, principal)
     listed = auth.visible(principal, "topic", await context.services(request).topics.list_topics(tenant_id=tenant_id))
-    return render(request, "topics.html", tenant=tenant_id, topics=listed, message_types=MESSAGE_TYPES)
+    q = request.query.get("q", "").strip()
+    if q:
+        listed = [t for t in listed if q.lower() in t["name"].lower()]
+    shown = paged(request, listed)
+    return render(request, "topics.html", tenant=tenant_id, topics=shown, q=q, message_types=MESSAGE_TYPES)
+
+
+PAGE_SIZE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class Paged:
+    items: list[dict[str, Any]]
+    total: int
+    page: int
+    pages: int
+
+
+def paged(request: web.Request, items: list[dict[str, Any]]) -> Paged:
+    """``?page=N`` (1-based) of ``items``, PAGE_SIZE a page."""
+    raw = request.query.get("page", "1")
+    if not raw.isdigit() or int(raw) < 1:
+        raise InvalidField("page", "must be a page number from 1")
+    pages = max(1, -(-len(items) // PAGE_SIZE))
+    page = min(int(raw), pages)
+    return Paged(items[(page - 1) * PAGE_SIZE : page * PAGE_SIZE], len(items), page, pages)
 
 
 @page
