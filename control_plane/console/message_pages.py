@@ -5,6 +5,7 @@ does: the tenant, the grant on the named group or topic, and that the topic or g
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from aiohttp import web
@@ -13,9 +14,11 @@ from control_plane import auth, context
 from control_plane.console.brokers import admin_client
 from control_plane.console.render import PRINCIPAL, page, redirect, render
 from control_plane.errors import InvalidField
+from control_plane.handlers.usage import parse_time
 from control_plane.names import RESOURCE_NAME
 from data_plane.cli.admin import message_dict
 from data_plane.cli.dlq import dead_letter_dict
+from data_plane.store.message import StoredMessage
 from data_plane.tenancy.namespace import wire_name
 from sdk.admin import message_id_forms
 
@@ -80,37 +83,61 @@ async def group(request: web.Request) -> web.StreamResponse:
 
 @page
 async def messages(request: web.Request) -> web.StreamResponse:
-    """Search a topic's messages by key (``?key=``) or by id (``?msg_id=``)."""
+    """Search a topic's messages by key (``?key=``), by id (``?msg_id=``), or by the time they
+    were stored (``?from=&to=``, UTC, read through one of the tenant's groups: ``?group=``)."""
     principal, tenant_id = await auth.tenant_resource(request, "topic", None, None)
     request[PRINCIPAL] = principal
     q = request.query
-    topic, key, msg_id = q.get("topic") or None, (q.get("key") or "").strip(), (q.get("msg_id") or "").strip()
+    search = {k: (q.get(k) or "").strip() for k in ("key", "msg_id", "from", "to", "group")}
+    topic = q.get("topic") or None
     found: list[dict[str, Any]] | None = None
     if topic is not None:
         topic = _topic_param(topic)
         auth.require_grant(principal, "topic", topic, None)
         await context.services(request).topics.get(tenant_id=tenant_id, name=topic)
-        if bool(key) == bool(msg_id):
-            raise InvalidField("key", "give a message key or a message id (one of the two)")
-        if len(key) > MAX_KEY_CHARS:
-            raise InvalidField("key", f"at most {MAX_KEY_CHARS} characters")
-        wire = wire_name(tenant_id, topic)
-        async with admin_client(request) as admin:
-            if key:
-                hits = await admin.query_by_key(wire, key, max_num=MAX_FOUND)
-            else:
-                hits = [await admin.view_message(_msg_id(msg_id), wire)]
-        found = [_shown(message_dict(m)) for m in hits]
+        found = [_shown(message_dict(m)) for m in await _search(request, tenant_id, topic, search)]
+    listed = await context.services(request).groups.list_groups(tenant_id=tenant_id)
     return render(
         request,
         "messages.html",
         tenant=tenant_id,
         topics=await _topic_names(request, tenant_id),
+        groups=[g["name"] for g in auth.visible(principal, "group", listed)],
         topic=topic,
-        key=key,
-        msg_id=msg_id,
+        search=search,
         found=found,
     )
+
+
+async def _search(request: web.Request, tenant_id: str, topic: str, search: dict[str, str]) -> list[StoredMessage]:
+    key, msg_id = search["key"], search["msg_id"]
+    by_time = bool(search["from"] or search["to"])
+    if [bool(key), bool(msg_id), by_time].count(True) != 1:
+        raise InvalidField("key", "give a message key, a message id, or a time range (one of the three)")
+    if len(key) > MAX_KEY_CHARS:
+        raise InvalidField("key", f"at most {MAX_KEY_CHARS} characters")
+    wire = wire_name(tenant_id, topic)
+    if by_time:
+        begin, end = parse_time("from", search["from"]), parse_time("to", search["to"])
+        if begin > end:
+            raise InvalidField("from", "must not be after to")
+        group = search["group"]
+        if not RESOURCE_NAME.fullmatch(group):
+            raise InvalidField("group", "choose the consumer group to read through")
+        auth.require_grant(request[PRINCIPAL], "group", group, "subscribe")
+        await context.services(request).groups.get(tenant_id=tenant_id, name=group)
+    async with admin_client(request) as admin:
+        if key:
+            return await admin.query_by_key(wire, key, max_num=MAX_FOUND)
+        if msg_id:
+            return [await admin.view_message(_msg_id(msg_id), wire)]
+        return await admin.messages_between(
+            wire, wire_name(tenant_id, group), begin_ms=_ms(begin), end_ms=_ms(end), max_num=MAX_FOUND
+        )
+
+
+def _ms(t: dt.datetime) -> int:
+    return int(t.timestamp() * 1000)
 
 
 def _shown(d: dict[str, Any]) -> dict[str, Any]:

@@ -54,6 +54,11 @@ def start_chromium() -> webdriver.Chrome:
     return webdriver.Chrome(options=options, service=Service(executable_path=driver))
 
 
+def _button(label: str) -> str:
+    """A button by its text or, where the text is short, its accessible name (aria-label)."""
+    return f'//button[normalize-space()="{label}" or @aria-label="{label}"]'
+
+
 class Browser:
     def __init__(self, driver: webdriver.Chrome, base_url: str) -> None:
         self.driver = driver
@@ -94,7 +99,7 @@ class Browser:
 
         def run() -> None:
             old = self.driver.find_element(By.TAG_NAME, "html")
-            button = self.driver.find_element(By.XPATH, f'//button[normalize-space()="{button_text}"]')
+            button = self.driver.find_element(By.XPATH, _button(button_text))
             button.click()
             WebDriverWait(self.driver, WAIT_S).until(expected_conditions.staleness_of(old))
 
@@ -105,7 +110,7 @@ class Browser:
 
         def run() -> str:
             old = self.driver.find_element(By.TAG_NAME, "html")
-            self.driver.find_element(By.XPATH, f'//button[normalize-space()="{button_text}"]').click()
+            self.driver.find_element(By.XPATH, _button(button_text)).click()
             alert = WebDriverWait(self.driver, WAIT_S).until(expected_conditions.alert_is_present())
             question = str(alert.text)
             alert.accept()

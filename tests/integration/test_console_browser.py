@@ -7,6 +7,7 @@ suspends a tenant. One browser for the module, one cluster for the scenario."""
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -111,6 +112,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
     # Produce with the SDK; the group's page shows the lag, then watches it fall.
     creds = acme.credentials(tenancy)
     ns = tenancy.namesrv.address
+    before = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=1)
     async with Producer("acme%shop", namesrv_addrs=ns, credentials=creds) as producer:
         for i in range(SENT):
             await producer.send(Message("acme%orders", f"body-{i}".encode(), keys=f"order-{i}"))
@@ -157,6 +159,11 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
         events = await browser.texts("#trace-events tbody tr")
         assert any("stored" in e for e in events), events
         await browser.screenshot("trace")
+        # By the time they were stored, read through the billing group.
+        after = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(seconds=1)
+        span = f"from={before:%Y-%m-%dT%H:%M:%S}&to={after:%Y-%m-%dT%H:%M:%S}"
+        await browser.go(f"/console/t/acme/messages?topic=orders&{span}&group=billing")
+        assert await browser.text("#found caption") == f"{SENT} messages found in orders"
 
         # A consumer that fails one message: it goes to the dead letters (no retries), and the
         # console sends it back to the topic, where the failing consumer gets it again.
