@@ -12,6 +12,7 @@ from aiohttp import web
 
 from control_plane import auth, context
 from control_plane.console.brokers import admin_client
+from control_plane.console.rates import ConsumeRates, Rate
 from control_plane.console.render import PRINCIPAL, page, redirect, render
 from control_plane.errors import InvalidField
 from control_plane.handlers.usage import parse_time
@@ -22,6 +23,7 @@ from data_plane.store.message import StoredMessage
 from data_plane.tenancy.namespace import wire_name
 from sdk.admin import message_id_forms
 
+CONSUME_RATES = web.AppKey("console_consume_rates", ConsumeRates)
 MAX_KEY_CHARS = 128
 MAX_FOUND = 32
 MAX_DEAD_LETTERS = 100
@@ -56,6 +58,7 @@ async def group(request: web.Request) -> web.StreamResponse:
     topic = request.query.get("topic") or None
     progress: list[dict[str, Any]] | None = None
     consumers: list[str] = []
+    rate: Rate | None = None
     if topic is not None:
         topic = _topic_param(topic)
         auth.require_grant(principal, "topic", topic, None)
@@ -68,6 +71,8 @@ async def group(request: web.Request) -> web.StreamResponse:
              "consumer_offset": r.consumer_offset, "lag": r.lag}
             for r in rows
         ]  # fmt: skip
+        committed = sum(max(0, r.consumer_offset) for r in rows)
+        rate = request.app[CONSUME_RATES].observe((tenant_id, name, topic), committed)
     return render(
         request,
         "group.html",
@@ -78,6 +83,7 @@ async def group(request: web.Request) -> web.StreamResponse:
         progress=progress,
         total_lag=sum(p["lag"] for p in progress or []),
         consumers=consumers,
+        rate=rate,
     )
 
 

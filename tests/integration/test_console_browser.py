@@ -137,6 +137,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
             return seen_lag[-1] == 0
 
         await until(drained, "the console's lag at 0", timeout_s=30)
+        assert float(await browser.text("[data-rate]")) > 0  # committed since the previous look
         assert len(consumed) >= SENT
         assert "0 consumers online" not in await browser.text("#total-lag")
 
