@@ -50,6 +50,9 @@ ROUTES: list[tuple[str, str, PageHandler]] = [
     ("POST", OPS + "/tenants/{tenant}/plan", operator_pages.change_plan),
     ("POST", OPS + "/tenants/{tenant}/quota", operator_pages.put_quota),
     ("GET", OPS + "/plans", operator_pages.plans),
+    ("GET", OPS + "/new-plan", operator_pages.new_plan),
+    ("GET", OPS + "/plans/{plan}", operator_pages.plan),
+    ("POST", OPS + "/plans/{plan}", operator_pages.put_plan),
     ("GET", OPS + "/fleet", operator_pages.fleet),
 ]
 

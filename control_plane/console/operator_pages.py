@@ -15,10 +15,11 @@ from control_plane import auth, context
 from control_plane.console import forms
 from control_plane.console.brokers import admin_client
 from control_plane.console.render import PRINCIPAL, ConsoleUnavailable, page, redirect, render
-from control_plane.errors import InvalidField
+from control_plane.errors import InvalidField, PlanNotFound
 from control_plane.handlers import tenants as tenant_handlers
 from control_plane.names import PLAN_NAME, TENANT_ID
-from control_plane.repositories.plans import LIMIT_FIELDS, PLAN_COLUMNS
+from control_plane.repositories.plans import LIMIT_FIELDS, PLAN_COLUMNS, PLAN_DEFAULTS, PLAN_FIELDS
+from control_plane.request_body import Body
 
 OPS = "/console/ops"
 
@@ -93,21 +94,24 @@ async def change_plan(request: web.Request) -> web.StreamResponse:
     return redirect(request, f"{OPS}/tenants/{tenant_id}", flash=f"Tenant {tenant_id} is on plan {plan}.")
 
 
+async def _plan_form(request: web.Request, fields: tuple[str, ...]) -> Body:
+    """A plan's or an override's fields: numbers, and yes/no selects ("": left out)."""
+    booleans = [f for f in fields if PLAN_COLUMNS[f] == "boolean"]
+    body = await forms.form_body(request, fields, integers=[f for f in fields if f not in booleans])
+    form = await request.post()
+    for f in booleans:
+        body.data.pop(f, None)
+        if form.get(f) in ("true", "false"):
+            body.data[f] = form.get(f) == "true"
+    return body
+
+
 @page
 async def put_quota(request: web.Request) -> web.StreamResponse:
     """Replace the tenant's overrides: a blank field falls back to the plan."""
     await _operator(request)
     tenant_id = auth.tenant_id_of(request)
-    booleans = [f for f in LIMIT_FIELDS if PLAN_COLUMNS[f] == "boolean"]
-    form = await request.post()
-    body = await forms.form_body(
-        request, LIMIT_FIELDS, integers=[f for f in LIMIT_FIELDS if f not in booleans], booleans=()
-    )
-    for f in booleans:  # a select: "" (the plan's), "true" or "false"
-        value = form.get(f)
-        body.data.pop(f, None)
-        if value in ("true", "false"):
-            body.data[f] = value == "true"
+    body = await _plan_form(request, LIMIT_FIELDS)
     overrides = {f: tenant_handlers.plan_field(body, f) for f in LIMIT_FIELDS}
     await context.services(request).tenants.put_quota(tenant_id=tenant_id, overrides=overrides)
     return redirect(request, f"{OPS}/tenants/{tenant_id}", flash=f"Quota overrides of {tenant_id} saved.")
@@ -118,6 +122,40 @@ async def plans(request: web.Request) -> web.StreamResponse:
     await _operator(request)
     listed = await context.services(request).tenants.list_plans()
     return render(request, "ops_plans.html", plans=listed, fields=list(PLAN_COLUMNS))
+
+
+@page
+async def new_plan(request: web.Request) -> web.StreamResponse:
+    """The plans page's "new plan" box: to that plan's form."""
+    await _operator(request)
+    name = request.query.get("name", "").strip()
+    if not PLAN_NAME.fullmatch(name):
+        raise InvalidField("name", "a plan name: lower-case letters, digits and -")
+    return redirect(request, f"{OPS}/plans/{name}")
+
+
+@page
+async def plan(request: web.Request) -> web.StreamResponse:
+    """A plan's form (a plan not made yet: its defaults)."""
+    await _operator(request)
+    name = tenant_handlers.plan_name_of(request)
+    try:
+        found: dict[str, Any] | None = await context.services(request).tenants.get_plan(name)
+    except PlanNotFound:
+        found = None
+    values = found if found is not None else {"name": name, **PLAN_DEFAULTS}
+    fields = [(f, PLAN_COLUMNS[f] == "boolean") for f in PLAN_FIELDS]
+    return render(request, "ops_plan.html", plan=values, exists=found is not None, fields=fields)
+
+
+@page
+async def put_plan(request: web.Request) -> web.StreamResponse:
+    """Create or replace the plan, every field (a blank one: its default; some have none)."""
+    await _operator(request)
+    name = tenant_handlers.plan_name_of(request)
+    fields = tenant_handlers.plan_fields(await _plan_form(request, PLAN_FIELDS))
+    _plan, created = await context.services(request).tenants.put_plan(name, fields)
+    return redirect(request, f"{OPS}/plans", flash=f"Plan {name} {'created' if created else 'saved'}.")
 
 
 @page

@@ -55,6 +55,18 @@ async def test_signing_in_sets_an_httponly_strict_session_cookie_for_the_console
     assert made["secret"] not in topics.text
 
 
+async def test_signing_in_goes_back_to_a_console_page_and_nowhere_else(
+    control_plane: ControlPlaneHarness, console: ConsoleClient
+) -> None:
+    made, _ = await control_plane.new_tenant("acme")
+    for target, lands in (("/console/t/acme/groups", "/console/t/acme/groups"), ("https://evil.example/", "/console/"),
+                          ("//evil.example/console/", "/console/")):  # fmt: skip
+        form = await console.get("/console/sign-in")
+        fields = {"client_id": made["access_key"], "client_secret": made["secret"], "next": target}
+        page = await console.post("/console/sign-in", fields, csrf=form.csrf)
+        assert (page.status, page.location) == (303, lands), target
+
+
 async def test_a_wrong_secret_is_refused_with_a_message_and_no_session(
     control_plane: ControlPlaneHarness, console: ConsoleClient
 ) -> None:
@@ -270,3 +282,28 @@ async def test_an_operator_creates_suspends_and_resumes_a_tenant(
         await tenant_console.close()
     for path in ("/console/ops/plans", "/console/ops/fleet", "/console/t/gamma/topics"):
         assert (await console.get(path)).status == 200, path
+
+
+async def test_an_operator_creates_and_changes_a_plan(
+    control_plane: ControlPlaneHarness, console: ConsoleClient
+) -> None:
+    cp = control_plane
+    assert (await console.sign_in(cp.operator_access_key, cp.operator_secret)).status == 303
+    opened = await console.get("/console/ops/new-plan?name=gold")
+    assert (opened.status, opened.location) == (303, "/console/ops/plans/gold")
+    limits = {"publish_msgs_per_s": "10", "publish_bytes_per_s": "1000", "consume_msgs_per_s": "20",
+              "consume_bytes_per_s": "2000", "max_topics": "3", "max_queues": "12", "storage_bytes": "10000",
+              "max_retention_hours": "2", "unlimited_retention": "false"}  # fmt: skip
+    page = "/console/ops/plans/gold"
+    missing = await console.submit(page, page, {k: v for k, v in limits.items() if k != "max_topics"})
+    assert missing.status == 400
+    assert "max_topics" in missing.text
+    made = await console.submit(page, page, limits)
+    assert (made.status, made.location) == (303, "/console/ops/plans")
+    got = (await cp.call("GET", "/v1/plans/gold", operator=True)).body
+    assert (got["max_topics"], got["max_connections"], got["max_tiered_bytes"]) == (3, 1000, None)
+    changed = await console.submit(page, page, {**limits, "max_topics": "5", "unlimited_retention": "true"})
+    assert changed.status == 303
+    got = (await cp.call("GET", "/v1/plans/gold", operator=True)).body
+    assert (got["max_topics"], got["unlimited_retention"]) == (5, True)
+    assert "gold" in (await console.get("/console/ops/plans")).text
