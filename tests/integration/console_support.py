@@ -5,6 +5,7 @@ each page's CSRF token to send it back with the next form."""
 from __future__ import annotations
 
 import re
+import ssl
 from dataclasses import dataclass
 from http.cookies import SimpleCookie
 
@@ -33,9 +34,10 @@ class Page:
 
 
 class ConsoleClient:
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, ssl_context: ssl.SSLContext | None = None) -> None:
         self.base_url = base_url
-        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True))
+        connector = aiohttp.TCPConnector(ssl=ssl_context) if ssl_context is not None else None
+        self.session = aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True), connector=connector)
 
     async def close(self) -> None:
         await self.session.close()

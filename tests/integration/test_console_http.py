@@ -4,17 +4,26 @@ kept out of another's pages — and that its forms change what the API shows."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
+import orjson
 import pytest
 import pytest_asyncio
+from aiohttp import web
 
+from control_plane import db
+from control_plane.app import create_app
 from control_plane.console.render import CSP
+from control_plane.services import Services
+from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, ServerTls, client_context, make_local_ca
 from tests.integration.console_support import ConsoleClient
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
+    make_settings,
     postgres_dsn_fixture,
     postgres_server_fixture,
 )
@@ -65,6 +74,36 @@ async def test_signing_in_goes_back_to_a_console_page_and_nowhere_else(
         fields = {"client_id": made["access_key"], "client_secret": made["secret"], "next": target}
         page = await console.post("/console/sign-in", fields, csrf=form.csrf)
         assert (page.status, page.location) == (303, lands), target
+
+
+async def test_under_tls_the_session_cookie_is_secure(postgres_dsn: str, tmp_path: Path) -> None:
+    files = make_local_ca(str(tmp_path / "tls"))
+    server_tls = ServerTls("enforcing", files[CERT_FILE], files[KEY_FILE]).context()
+    settings = make_settings(postgres_dsn, tmp_path)
+    pool = await db.create_pool(settings.database_url, min_size=1, max_size=2)
+    runner: web.AppRunner | None = None
+    try:
+        services = Services.create(pool, settings)
+        await services.start()
+        runner = web.AppRunner(create_app(settings, services=services))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=server_tls).start()
+        url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+        operator = orjson.loads(await asyncio.to_thread(Path(settings.bootstrap_credentials_file).read_bytes))
+        console = ConsoleClient(url, ssl_context=client_context(ca_file=files[CA_FILE]))
+        try:
+            page = await console.sign_in(operator["access_key"], operator["secret"])
+            assert page.status == 303
+            session = page.set_cookies["orbit_session"]
+            assert session["secure"] is True
+            assert session["httponly"] is True
+            assert session["samesite"] == "Strict"
+        finally:
+            await console.close()
+    finally:
+        if runner is not None:
+            await runner.cleanup()
+        await pool.close()
 
 
 async def test_a_wrong_secret_is_refused_with_a_message_and_no_session(
