@@ -1,7 +1,7 @@
 """Server-rendered SVG charts: no script, no charting library, readable without colour.
 
-``line_chart`` draws one series (a value per time bucket) as a polyline over a light grid with
-its maximum and the first and last bucket's times labelled; the SVG carries a ``<title>`` and
+``line_chart`` draws one series (a value at each time, placed by its time) as a polyline over a
+light grid with its maximum and the first and last times labelled; the SVG carries a ``<title>`` and
 ``role="img"`` with an ``aria-label`` summing it up for screen readers, and the page shows the
 same figures as a table beside it."""
 
@@ -27,11 +27,16 @@ class Point:
     value: int
 
 
-def _label_time(t: dt.datetime, *, daily: bool) -> str:
-    return t.strftime("%Y-%m-%d") if daily else t.strftime("%m-%d %H:%M")
-
-
-def line_chart(title: str, points: Sequence[Point], *, fmt: Callable[[int], str] = str, daily: bool = False) -> Markup:
+def line_chart(
+    title: str,
+    points: Sequence[Point],
+    *,
+    fmt: Callable[[int], str] = str,
+    time_format: str = "%m-%d %H:%M",
+    span: tuple[dt.datetime, dt.datetime] | None = None,
+) -> Markup:
+    """``time_format``: how the axis's ends are labelled (strftime); ``span``: the time axis's
+    ends (default: the first and the last point's times)."""
     top = max((p.value for p in points), default=0)
     label = f"{title}: {len(points)} points, peak {fmt(top)}"
     plot_w, plot_h = WIDTH - PAD_LEFT - PAD_RIGHT, HEIGHT - PAD_TOP - PAD_BOTTOM
@@ -49,19 +54,21 @@ def line_chart(title: str, points: Sequence[Point], *, fmt: Callable[[int], str]
     parts.append(f'<text x="{PAD_LEFT - 4}" y="{PAD_TOP + plot_h}" text-anchor="end" font-size="11">0</text>')
     if not points:
         parts.append(f'<text x="{PAD_LEFT + plot_w / 2}" y="{PAD_TOP + plot_h / 2}" text-anchor="middle" '
-                     'font-size="12" fill="#666">no usage in this range</text>')  # fmt: skip
+                     'font-size="12" fill="#666">nothing in this range</text>')  # fmt: skip
     else:
-        span = max(1, len(points) - 1)
+        t0, t1 = span if span is not None else (points[0].at, points[-1].at)
+        span_s = (t1 - t0).total_seconds() or 1.0  # x: time (a gap shows as one)
         scale = plot_h / top if top else 0.0
         coords = " ".join(
-            f"{PAD_LEFT + plot_w * i / span:.1f},{PAD_TOP + plot_h - p.value * scale:.1f}" for i, p in enumerate(points)
+            f"{PAD_LEFT + plot_w * (p.at - t0).total_seconds() / span_s:.1f},{PAD_TOP + plot_h - p.value * scale:.1f}"
+            for p in points
         )
         parts.append(f'<polyline fill="none" stroke="#1f5fbf" stroke-width="2" points="{coords}"/>')
         if len(points) == 1:
             cx, cy = coords.split(",")
             parts.append(f'<circle cx="{cx}" cy="{cy}" r="3" fill="#1f5fbf"/>')
         y_text = HEIGHT - 6
-        first, last = _label_time(points[0].at, daily=daily), _label_time(points[-1].at, daily=daily)
+        first, last = t0.strftime(time_format), t1.strftime(time_format)
         parts.append(f'<text x="{PAD_LEFT}" y="{y_text}" font-size="11">{escape(first)}</text>')
         parts.append(
             f'<text x="{WIDTH - PAD_RIGHT}" y="{y_text}" text-anchor="end" font-size="11">{escape(last)}</text>'

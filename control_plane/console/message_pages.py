@@ -9,10 +9,12 @@ import datetime as dt
 from typing import Any
 
 from aiohttp import web
+from markupsafe import Markup
 
 from control_plane import auth, context
+from control_plane.console import charts
 from control_plane.console.brokers import admin_client
-from control_plane.console.rates import ConsumeRates, Rate
+from control_plane.console.lag_history import LagHistory, Rate
 from control_plane.console.render import PRINCIPAL, page, redirect, render
 from control_plane.errors import InvalidField
 from control_plane.handlers.usage import parse_time
@@ -23,7 +25,7 @@ from data_plane.store.message import StoredMessage
 from data_plane.tenancy.namespace import wire_name
 from sdk.admin import message_id_forms
 
-CONSUME_RATES = web.AppKey("console_consume_rates", ConsumeRates)
+LAG_HISTORY = web.AppKey("console_lag_history", LagHistory)
 MAX_KEY_CHARS = 128
 MAX_FOUND = 32
 MAX_DEAD_LETTERS = 100
@@ -59,6 +61,7 @@ async def group(request: web.Request) -> web.StreamResponse:
     progress: list[dict[str, Any]] | None = None
     consumers: list[str] = []
     rate: Rate | None = None
+    lag_chart: Markup | None = None
     if topic is not None:
         topic = _topic_param(topic)
         auth.require_grant(principal, "topic", topic, None)
@@ -72,7 +75,11 @@ async def group(request: web.Request) -> web.StreamResponse:
             for r in rows
         ]  # fmt: skip
         committed = sum(max(0, r.consumer_offset) for r in rows)
-        rate = request.app[CONSUME_RATES].observe((tenant_id, name, topic), committed)
+        total = sum(r.lag for r in rows)
+        rate, samples = request.app[LAG_HISTORY].observe((tenant_id, name, topic), committed=committed, lag=total)
+        lag_chart = charts.line_chart(
+            f"Lag of {name} on {topic}", [charts.Point(s.wall, s.lag) for s in samples], time_format="%H:%M:%S"
+        )
     return render(
         request,
         "group.html",
@@ -84,6 +91,7 @@ async def group(request: web.Request) -> web.StreamResponse:
         total_lag=sum(p["lag"] for p in progress or []),
         consumers=consumers,
         rate=rate,
+        lag_chart=lag_chart,
     )
 
 

@@ -267,21 +267,16 @@ async def usage(request: web.Request) -> web.StreamResponse:
     view = request.query.get("view", "minute")
     if view not in ("minute", "day"):
         raise InvalidField("view", "must be minute or day")
-    now = dt.datetime.now(dt.UTC)
-    if view == "minute":
-        got = await services.usage.usage(
-            tenant_id=tenant_id, start=now - dt.timedelta(hours=1), end=now, granularity="minute"
-        )
-        buckets = got["buckets"]
-    else:
-        got = await services.usage.usage(
-            tenant_id=tenant_id, start=now - dt.timedelta(days=30), end=now, granularity="hour"
-        )
-        buckets = _daily(got["buckets"])
+    end = dt.datetime.now(dt.UTC)
+    span, granularity = (dt.timedelta(hours=1), "minute") if view == "minute" else (dt.timedelta(days=30), "hour")
+    got = await services.usage.usage(tenant_id=tenant_id, start=end - span, end=end, granularity=granularity)
+    buckets = got["buckets"] if view == "minute" else _daily(got["buckets"])
     drawn = []
+    time_format = "%Y-%m-%d" if view == "day" else "%m-%d %H:%M"
+    axis = (end - span, end)
     for field, (title, fmt) in CHARTED.items():
         points = _series(buckets, field)
-        chart = charts.line_chart(title, points, fmt=fmt or human_bytes, daily=view == "day")
+        chart = charts.line_chart(title, points, fmt=fmt or human_bytes, time_format=time_format, span=axis)
         drawn.append({"field": field, "title": title, "svg": chart, "points": points, "fmt": fmt or human_bytes})
     quota = await services.tenants.quota(tenant_id=tenant_id)
     topics = await services.topics.list_topics(tenant_id=tenant_id)

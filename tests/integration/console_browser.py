@@ -8,6 +8,7 @@ the browser has the page, runs in a worker thread (``Browser``'s methods are asy
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import shutil
 import subprocess
@@ -16,13 +17,16 @@ from pathlib import Path
 from typing import TypeVar
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 WAIT_S = 10.0
+CLICK_ATTEMPTS = 3
 WINDOW = "1280,900"
 T = TypeVar("T")
 
@@ -98,19 +102,33 @@ class Browser:
         """Click the button whose text is ``button_text`` and wait for the next page."""
 
         def run() -> None:
-            old = self.driver.find_element(By.TAG_NAME, "html")
-            button = self.driver.find_element(By.XPATH, _button(button_text))
-            button.click()
+            old = self._click(By.XPATH, _button(button_text))
             WebDriverWait(self.driver, WAIT_S).until(expected_conditions.staleness_of(old))
 
         await self._run(run)
+
+    def _click(self, by: str, what: str) -> WebElement:
+        """Click the element once it can be; the page's root it was clicked on. The document can
+        still be replaced under a just-loaded page (Chromium answers "Node … does not belong to
+        the document"): then the new one's element is clicked."""
+        for attempt in range(CLICK_ATTEMPTS):
+            try:
+                root = self.driver.find_element(By.TAG_NAME, "html")
+                WebDriverWait(self.driver, WAIT_S).until(
+                    expected_conditions.element_to_be_clickable((by, what))
+                ).click()
+                return root
+            except WebDriverException as e:  # (a StaleElementReferenceException is one)
+                replaced = isinstance(e, StaleElementReferenceException) or "does not belong to the document" in str(e)
+                if not replaced or attempt == CLICK_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     async def press_and_confirm(self, button_text: str) -> str:
         """Click a button whose form asks first (console.js), accept, wait; the question asked."""
 
         def run() -> str:
-            old = self.driver.find_element(By.TAG_NAME, "html")
-            self.driver.find_element(By.XPATH, _button(button_text)).click()
+            old = self._click(By.XPATH, _button(button_text))
             alert = WebDriverWait(self.driver, WAIT_S).until(expected_conditions.alert_is_present())
             question = str(alert.text)
             alert.accept()
@@ -121,8 +139,7 @@ class Browser:
 
     async def follow(self, link_text: str) -> None:
         def run() -> None:
-            old = self.driver.find_element(By.TAG_NAME, "html")
-            self.driver.find_element(By.LINK_TEXT, link_text).click()
+            old = self._click(By.LINK_TEXT, link_text)
             WebDriverWait(self.driver, WAIT_S).until(expected_conditions.staleness_of(old))
 
         await self._run(run)
@@ -130,17 +147,33 @@ class Browser:
     async def text(self, css: str = "main") -> str:
         return str(await self._run(lambda: self.driver.find_element(By.CSS_SELECTOR, css).text))
 
+    async def attribute(self, css: str, name: str) -> str:
+        return str(await self._run(lambda: self.driver.find_element(By.CSS_SELECTOR, css).get_attribute(name)))
+
     async def texts(self, css: str) -> list[str]:
         return await self._run(lambda: [str(e.text) for e in self.driver.find_elements(By.CSS_SELECTOR, css)])
 
     async def source(self) -> str:
         return str(await self._run(lambda: self.driver.page_source))
 
-    async def screenshot(self, name: str) -> None:
-        if self.screenshots is not None:
-            self.screenshots.mkdir(parents=True, exist_ok=True)
-            target = self.screenshots / f"{name}.png"
-            await self._run(lambda: self.driver.save_screenshot(str(target)))
+    async def screenshot(self, name: str, *, whole_page: bool = False) -> None:
+        """Into ORBIT_CONSOLE_SCREENSHOTS/``name``.png when set: the window, or the whole page."""
+        if self.screenshots is None:
+            return
+        self.screenshots.mkdir(parents=True, exist_ok=True)
+        target = str(self.screenshots / f"{name}.png")
+
+        def run() -> None:
+            if not whole_page:
+                self.driver.save_screenshot(target)
+                return
+            # The DevTools protocol's capture beyond the viewport (a headless window keeps its size).
+            size = self.driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+            clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+            shot = self.driver.execute_cdp_cmd("Page.captureScreenshot", {"captureBeyondViewport": True, "clip": clip})
+            Path(target).write_bytes(base64.b64decode(shot["data"]))
+
+        await self._run(run)
 
     async def forget_cookies(self) -> None:
         await self._run(self.driver.delete_all_cookies)

@@ -118,7 +118,6 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
             await producer.send(Message("acme%orders", f"body-{i}".encode(), keys=f"order-{i}"))
     await browser.go("/console/t/acme/groups/billing?topic=orders")
     assert await total_lag(browser) == SENT
-    await browser.screenshot("group-lag")
     consumed: list[bytes] = []
 
     def ok(msgs: list[MessageExt]) -> ConsumeResult:
@@ -138,6 +137,10 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
 
         await until(drained, "the console's lag at 0", timeout_s=30)
         assert float(await browser.text("[data-rate]")) > 0  # committed since the previous look
+        # The lag chart: every look at the page (the first, the one that saw 20, the reloads since).
+        chart = await browser.attribute("svg.chart", "aria-label")
+        assert chart == f"Lag of billing on orders: {2 + len(seen_lag)} points, peak {SENT}"
+        await browser.screenshot("group-lag", whole_page=True)
         assert len(consumed) >= SENT
         assert "0 consumers online" not in await browser.text("#total-lag")
 
@@ -228,7 +231,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
     await browser.go("/console/t/acme/usage")
     assert len(await browser.texts("svg.chart")) == 6
     assert "max_topics" in await browser.text("#quotas")
-    await browser.screenshot("usage")
+    await browser.screenshot("usage", whole_page=True)
 
     # Another tenant's pages and resources are refused, whatever the URL says.
     for path in ("/console/t/beta/topics", "/console/t/beta/groups/thief/dead-letters", "/console/ops/tenants"):

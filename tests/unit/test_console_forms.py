@@ -48,4 +48,4 @@ def test_a_chart_is_an_accessible_svg_that_escapes_its_labels() -> None:
     assert "<polyline" in svg
     assert "<in>" not in svg
     empty = str(line_chart("Nothing", []))
-    assert "no usage in this range" in empty
+    assert "nothing in this range" in empty
