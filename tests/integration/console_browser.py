@@ -124,6 +124,10 @@ class Browser:
                     raise
         raise AssertionError("unreachable")
 
+    async def tick(self, css: str) -> None:
+        """Click a checkbox (no page change)."""
+        await self._run(lambda: self._click(By.CSS_SELECTOR, css))
+
     async def press_and_confirm(self, button_text: str) -> str:
         """Click a button whose form asks first (console.js), accept, wait; the question asked."""
 

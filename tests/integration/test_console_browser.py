@@ -203,6 +203,17 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
             await browser.press(f"Resend {dead_id}")
             assert "Resent 1 dead letter" in await browser.text(".flash")
             await until(lambda: len(poisoned) >= 2, "the resent message consumed again", timeout_s=30)
+            # It failed again: two dead letters now; "select all" (console.js) and resend both.
+
+            async def two_parked() -> bool:
+                await browser.reload()
+                return len(await browser.texts("#dead-letters tbody input[name=msg_id]")) == 2
+
+            await until(two_parked, "the resent copy among the dead letters too", timeout_s=30)
+            await browser.tick("input[data-select-all]")
+            await browser.press("Resend selected")
+            assert "Resent 2 dead letters" in await browser.text(".flash")
+            await until(lambda: len(poisoned) >= 4, "both resent messages consumed again", timeout_s=30)
         finally:
             await audit.shutdown()
     finally:
