@@ -37,6 +37,7 @@ SECURITY_HEADERS = {
     "Cache-Control": "no-store",
 }
 ENV = web.AppKey("console_templates", jinja2.Environment)
+PRINCIPAL = web.RequestKey("console_principal", Principal)  # who the page is for (its navigation)
 PageHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -73,9 +74,6 @@ def render(request: web.Request, template: str, *, status: int = 200, **context:
     return response
 
 
-PRINCIPAL = web.RequestKey("console_principal", Principal)
-
-
 def redirect(request: web.Request, location: str, *, flash: str | None = None) -> web.Response:
     """303 See Other to ``location`` (after a POST: the browser GETs it)."""
     response = web.Response(status=303, headers={"Location": location})
@@ -85,7 +83,9 @@ def redirect(request: web.Request, location: str, *, flash: str | None = None) -
 
 
 def sign_in_again(request: web.Request, message: str) -> web.Response:
-    response = redirect(request, f"/console/sign-in?next={quote(request.path_qs, safe='')}", flash=message)
+    """To the sign-in page, the session cookie cleared; back here afterwards (a page, not a form's action)."""
+    back = request.path_qs if request.method == "GET" else "/console/"
+    response = redirect(request, f"/console/sign-in?next={quote(back, safe='')}", flash=message)
     session.end(request, response)
     return response
 
