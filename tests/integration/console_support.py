@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
 from http.cookies import SimpleCookie
 
 import aiohttp
@@ -79,3 +80,37 @@ class ConsoleClient:
         page = await self.get(page_path)
         assert page.status == 200, (page.status, page.text[:500])
         return await self.post(action, form, csrf=page.csrf)
+
+
+@dataclass
+class FormFields(HTMLParser):
+    """The form fields of a page that no label names: an ``<input>`` (not hidden), ``<select>``
+    or ``<textarea>`` without a ``<label for>`` of its id, an ``aria-label``, or a ``<label>``
+    around it."""
+
+    labelled_ids: set[str] = field(default_factory=set)
+    fields: list[dict[str, str | None]] = field(default_factory=list)
+    inside_label: int = 0
+
+    def __post_init__(self) -> None:
+        super().__init__()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        a = dict(attrs)
+        if tag == "label":
+            self.inside_label += 1
+            if a.get("for"):
+                self.labelled_ids.add(str(a["for"]))
+        elif tag in ("input", "select", "textarea") and a.get("type") != "hidden":
+            self.fields.append({**a, "wrapped": "yes" if self.inside_label else None})
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "label":
+            self.inside_label -= 1
+
+    def unlabelled(self, html: str) -> list[dict[str, str | None]]:
+        self.feed(html)
+        return [
+            f for f in self.fields
+            if not (f.get("wrapped") or f.get("aria-label") or (f.get("id") or "") in self.labelled_ids)
+        ]  # fmt: skip

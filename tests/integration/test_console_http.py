@@ -19,7 +19,7 @@ from control_plane.app import create_app
 from control_plane.console.render import CSP
 from control_plane.services import Services
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, ServerTls, client_context, make_local_ca
-from tests.integration.console_support import ConsoleClient
+from tests.integration.console_support import ConsoleClient, FormFields
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
@@ -135,6 +135,33 @@ async def test_every_page_carries_a_strict_content_security_policy(
     asset = await console.get("/console/static/console.js")
     assert asset.status == 200
     assert asset.headers["Content-Type"].startswith(("application/javascript", "text/javascript"))
+
+
+async def test_every_form_field_has_a_label(control_plane: ControlPlaneHarness, console: ConsoleClient) -> None:
+    cp = control_plane
+    await cp.new_broker_group("broker-a")
+    await signed_in_tenant(cp, console, "acme")
+    assert (await cp.call("POST", "/v1/tenants/acme/topics", operator=True, json={"name": "orders"})).status == 201
+    assert (await cp.call("POST", "/v1/tenants/acme/groups", operator=True, json={"name": "billing"})).status == 201
+    pages = ["/console/t/acme/topics", "/console/t/acme/topics/orders/delete", "/console/t/acme/groups",
+             "/console/t/acme/messages", "/console/t/acme/credentials", "/console/t/acme/usage"]  # fmt: skip
+    operator = ConsoleClient(cp.url)
+    try:
+        assert (await operator.sign_in(cp.operator_access_key, cp.operator_secret)).status == 303
+        ops_pages = ["/console/ops/tenants", "/console/ops/tenants/acme", "/console/ops/plans",
+                     "/console/ops/plans/standard"]  # fmt: skip
+        for client, paths in ((console, pages), (operator, ops_pages)):
+            for path in paths:
+                page = await client.get(path)
+                assert page.status == 200, path
+                assert FormFields().unlabelled(page.text) == [], path
+        signed_out = ConsoleClient(cp.url)
+        try:
+            assert FormFields().unlabelled((await signed_out.get("/console/sign-in")).text) == []
+        finally:
+            await signed_out.close()
+    finally:
+        await operator.close()
 
 
 async def test_a_post_without_the_pages_csrf_token_changes_nothing(
