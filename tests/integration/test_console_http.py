@@ -116,6 +116,19 @@ async def test_a_wrong_secret_is_refused_with_a_message_and_no_session(
     assert "orbit_session" not in page.set_cookies
 
 
+async def test_failed_sign_ins_are_limited_as_the_token_endpoints_are(
+    control_plane: ControlPlaneHarness, console: ConsoleClient
+) -> None:
+    made, _ = await control_plane.new_tenant("acme")
+    for _ in range(10):  # the limiter's failures per address
+        assert (await console.sign_in(made["access_key"], "guess")).status == 401
+    held = await console.sign_in(made["access_key"], made["secret"])
+    assert held.status == 429
+    assert "Too many failed sign-ins" in held.text
+    # The same limiter as POST /oauth/token's: that answers 429 too.
+    assert (await control_plane.token_request(made["access_key"], made["secret"])).status == 429
+
+
 async def test_every_page_carries_a_strict_content_security_policy(
     control_plane: ControlPlaneHarness, console: ConsoleClient
 ) -> None:
