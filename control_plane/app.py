@@ -3,7 +3,8 @@
 ``create_app(settings)`` owns its pool (opened, migrated and bootstrapped in ``cleanup_ctx``);
 ``create_app(settings, services=...)`` serves services the caller owns (tests, embedding).
 With ``settings.reconcile_interval_s`` > 0 the app also runs the reconciler, and every
-successful change through the API (a non-GET under /v1/ answered 2xx) starts a round at once.
+successful change through the API (a non-GET under /v1/ answered 2xx) or the web console (a
+form under /console/t/ or /console/ops/ answered 200 or 303) starts a round at once.
 
 Telemetry (``settings.telemetry`` "console" | "otlp", or ``create_app(..., telemetry=tel)``): the
 outermost middleware makes a SERVER span per request and records the request counter and
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
+from control_plane import console
 from control_plane.auth import MAX_TOKEN_CHARS
 from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
 from control_plane.handlers import credentials, endpoints, fleet, groups, ha, public, tenants, topics, usage
@@ -81,6 +83,7 @@ def create_app(
     for route in ALL_ROUTES:
         app.router.add_route(route.method, route.path, route.handler)
     app[OPENAPI] = build_document(ALL_ROUTES)
+    console.setup(app, settings.master_key.value)
     app[LOGIN_LIMITER] = LoginLimiter()
     if services is not None:
         app[SERVICES] = services
@@ -109,11 +112,19 @@ async def reconciler_ctx(app: web.Application) -> AsyncIterator[None]:
 @web.middleware
 async def kick_reconciler_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     response = await handler(request)
-    if request.method != "GET" and 200 <= response.status < 300 and request.path.startswith("/v1/"):
+    if request.method != "GET" and _changed(request, response):
         reconciler = request.app.get(RECONCILER)
         if reconciler is not None:
             reconciler.kick()
     return response
+
+
+def _changed(request: web.Request, response: web.StreamResponse) -> bool:
+    """A successful change: an API call answered 2xx, or a console form answered with its
+    redirect (303 See Other) or its result page (200: a new credential's secret)."""
+    if request.path.startswith("/v1/"):
+        return 200 <= response.status < 300
+    return request.path.startswith(("/console/t/", "/console/ops/")) and response.status in (200, 303)
 
 
 # --- telemetry ------------------------------------------------------------------------------------

@@ -32,17 +32,35 @@ MAX_TOKEN_CHARS = 8192
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 §2.1; a JWT is base64url parts and dots
 
 
-async def authenticate(request: web.Request) -> Principal:
+# The console's pages (control_plane/console) put their session's token here after reading it
+# from the session cookie; the API's routes never read cookies, so only Authorization counts there.
+SESSION_TOKEN = web.RequestKey("console_session_token", str)
+
+
+def bearer_token(request: web.Request) -> str:
+    """The request's token: the console session's, else the Authorization header's, checked."""
+    session = request.get(SESSION_TOKEN)
+    if isinstance(session, str):
+        return session
     header = request.headers.get("Authorization", "")
     scheme, _, token = header.partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("an Authorization: Bearer <token> header is required")
+    check_token_shape("Authorization", token)
+    return token
+
+
+def check_token_shape(field: str, token: str) -> None:
     if len(token) > MAX_TOKEN_CHARS:
-        raise InvalidField("Authorization", f"the bearer token is longer than {MAX_TOKEN_CHARS} characters")
+        raise InvalidField(field, f"the bearer token is longer than {MAX_TOKEN_CHARS} characters")
     if not B64TOKEN.fullmatch(token):
         reason = "the bearer token may hold only A-Z a-z 0-9 - . _ ~ + / and trailing = (RFC 6750)"
-        raise InvalidField("Authorization", reason)
+        raise InvalidField(field, reason)
+
+
+async def authenticate(request: web.Request) -> Principal:
+    token = bearer_token(request)
     services = context.services(request)
     principal = await services.tokens.verify(token)
     return await services.credentials.check_current(principal)

@@ -319,6 +319,7 @@ class LocalCluster:
         }
         if self.tenancy:
             out["control_plane"] = self.control_plane_url
+            out["console"] = f"{self.control_plane_url}/console/"  # the web console (docs/console.md)
             out["operator_credentials_file"] = os.path.join(self.root, "control-plane", "operator.json")
         if self.tls:
             out["tls_ca_file"] = self.tls_files[CA_FILE]

@@ -474,8 +474,6 @@ class AdminClient:
         """Up to ``max_num`` messages of the group's dead-letter queue ``%DLQ%<group>``, oldest
         first (read with PULL_MESSAGE as the group, committing nothing). Empty when the group
         never parked a message."""
-        from sdk.message import MessageQueue
-        from sdk.protocol import pull_request
         from sdk.retry import dlq_topic
 
         topic = dlq_topic(group)
@@ -486,23 +484,55 @@ class AdminClient:
         for name, addr, q in self._read_queues(route):
             offset = await self._queue_offset(addr, RequestCode.GET_MIN_OFFSET, topic, q)
             end = await self._queue_offset(addr, RequestCode.GET_MAX_OFFSET, topic, q)
-            while offset < end and len(out) < max_num:
-                cmd = pull_request(
-                    group=group, mq=MessageQueue(topic, name, q), offset=offset, max_nums=min(32, max_num - len(out)),
-                    subscription="*", sub_version=0, suspend_timeout_ms=0, suspend=False,
-                )  # fmt: skip
-                r = await self._call(addr, cmd)
-                if r.code != ResponseCode.SUCCESS:
-                    self._ok(r, f"read {topic}:{q} at {offset}", ResponseCode.PULL_NOT_FOUND,
-                             ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED)  # fmt: skip
-                    nxt = int((r.ext_fields or {}).get("nextBeginOffset", offset))
-                    if nxt <= offset:
-                        break
-                    offset = nxt
-                    continue
-                got = decode_records(r.body_bytes())
-                out.extend(got[: max_num - len(out)])
-                offset = max(int((r.ext_fields or {}).get("nextBeginOffset", offset + len(got))), offset + 1)
+            out.extend(await self._read_queue(group, topic, name, addr, q, offset, end, max_num - len(out)))
+        return out
+
+    async def messages_between(
+        self, topic: str, group: str, *, begin_ms: int, end_ms: int, max_num: int = 32
+    ) -> list[StoredMessage]:
+        """Up to ``max_num`` messages of ``topic`` stored from ``begin_ms`` to ``end_ms`` (epoch
+        ms, both included), oldest first per queue: each queue's offsets found by time
+        (SEARCH_OFFSET_BY_TIMESTAMP), then read with PULL_MESSAGE as ``group`` (a group allowed
+        to read the topic), committing nothing."""
+        out: list[StoredMessage] = []
+        for name, addr, q in self._read_queues(await self.route(topic)):
+            if len(out) >= max_num:
+                break
+            search = RequestCode.SEARCH_OFFSET_BY_TIMESTAMP
+            first = await self._queue_offset(addr, search, topic, q, timestamp=str(begin_ms))
+            last = await self._queue_offset(addr, search, topic, q, timestamp=str(end_ms + 1))
+            got = await self._read_queue(group, topic, name, addr, q, first, last, max_num - len(out))
+            out.extend(m for m in got if begin_ms <= m.store_timestamp <= end_ms)
+        out.sort(key=lambda m: m.store_timestamp)
+        return out
+
+    async def _read_queue(
+        self, group: str, topic: str, broker: str, addr: str, queue_id: int, offset: int, end: int, max_num: int
+    ) -> list[StoredMessage]:
+        """Up to ``max_num`` messages of one queue from ``offset`` to before ``end``, pulled as
+        ``group`` without committing."""
+        from sdk.message import MessageQueue
+        from sdk.protocol import pull_request
+
+        out: list[StoredMessage] = []
+        while offset < end and len(out) < max_num:
+            cmd = pull_request(
+                group=group, mq=MessageQueue(topic, broker, queue_id), offset=offset,
+                max_nums=min(32, max_num - len(out)), subscription="*", sub_version=0, suspend_timeout_ms=0,
+                suspend=False,
+            )  # fmt: skip
+            r = await self._call(addr, cmd)
+            if r.code != ResponseCode.SUCCESS:
+                self._ok(r, f"read {topic}:{queue_id} at {offset}", ResponseCode.PULL_NOT_FOUND,
+                         ResponseCode.PULL_RETRY_IMMEDIATELY, ResponseCode.PULL_OFFSET_MOVED)  # fmt: skip
+                nxt = int((r.ext_fields or {}).get("nextBeginOffset", offset))
+                if nxt <= offset:
+                    break
+                offset = nxt
+                continue
+            got = decode_records(r.body_bytes())
+            out.extend(got[: max_num - len(out)])
+            offset = max(int((r.ext_fields or {}).get("nextBeginOffset", offset + len(got))), offset + 1)
         return out
 
     async def dlq_message(self, group: str, msg_id: str, *, scan_max: int = 100_000) -> StoredMessage:

@@ -14,7 +14,7 @@ from control_plane.routes import Route, json_response
 ACCESS_KEY_MAX_CHARS = 64
 
 
-def _access_key(request: web.Request) -> str:
+def access_key_of(request: web.Request) -> str:
     access_key = request.match_info["access_key"]
     if not access_key.isalnum() or len(access_key) > ACCESS_KEY_MAX_CHARS:
         raise InvalidField("access_key", "must be an access key")
@@ -40,7 +40,7 @@ async def list_credentials(request: web.Request) -> web.StreamResponse:
 
 async def revoke_credential(request: web.Request) -> web.StreamResponse:
     _principal, tenant_id = await auth.tenant_admin(request)
-    revoked = await context.services(request).credentials.revoke(tenant_id=tenant_id, access_key=_access_key(request))
+    revoked = await context.services(request).credentials.revoke(tenant_id=tenant_id, access_key=access_key_of(request))
     return json_response(revoked)
 
 
@@ -50,7 +50,7 @@ async def put_grants(request: web.Request) -> web.StreamResponse:
     if not body.has("grants"):
         raise InvalidField("grants", "is required")
     updated = await context.services(request).credentials.set_grants(
-        tenant_id=tenant_id, access_key=_access_key(request), grants=parse_grants(body.data["grants"])
+        tenant_id=tenant_id, access_key=access_key_of(request), grants=parse_grants(body.data["grants"])
     )
     return json_response(updated)
 
@@ -81,7 +81,7 @@ async def list_admin_credentials(request: web.Request) -> web.StreamResponse:
 
 async def revoke_admin_credential(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
-    revoked = await context.services(request).credentials.revoke(tenant_id=None, access_key=_access_key(request))
+    revoked = await context.services(request).credentials.revoke(tenant_id=None, access_key=access_key_of(request))
     return json_response(revoked)
 
 

@@ -15,7 +15,7 @@ from control_plane.services.groups import DEFAULT_FIXED_INTERVAL_MS, DEFAULT_MAX
 SPEC = ("retry_policy", "fixed_interval_ms", "max_retries", "consume_orderly", "description")
 
 
-def _spec(body: Body, *, defaults: bool) -> dict[str, Any]:
+def spec_of(body: Body, *, defaults: bool) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "retry_policy": body.choice("retry_policy", RETRY_POLICIES, default="exponential" if defaults else None),
         "fixed_interval_ms": body.integer("fixed_interval_ms", minimum=100, maximum=86_400_000),
@@ -36,7 +36,7 @@ async def create_group(request: web.Request) -> web.StreamResponse:
     body = await context.body(request, ("name", *SPEC))
     name = auth.new_resource_name(principal, body, "group")
     group, created = await context.services(request).groups.create(
-        tenant_id=tenant_id, name=name, spec=_spec(body, defaults=True)
+        tenant_id=tenant_id, name=name, spec=spec_of(body, defaults=True)
     )
     return json_response(group, status=201 if created else 200)
 
@@ -56,7 +56,7 @@ async def update_group(request: web.Request) -> web.StreamResponse:
     tenant_id, name = await auth.named_resource(request, "group", "admin")
     body = await context.body(request, SPEC)
     group = await context.services(request).groups.update(
-        tenant_id=tenant_id, name=name, changes=_spec(body, defaults=False)
+        tenant_id=tenant_id, name=name, changes=spec_of(body, defaults=False)
     )
     return json_response(group)
 

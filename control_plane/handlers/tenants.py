@@ -33,7 +33,7 @@ def _field_schema(f: str, *, override: bool) -> dict[str, Any]:
     return schema
 
 
-def _field(body: Body, f: str, *, required: bool = False) -> int | bool | None:
+def plan_field(body: Body, f: str, *, required: bool = False) -> int | bool | None:
     """One plan or override field, checked against its column (None: left out or null)."""
     if PLAN_COLUMNS[f] == "boolean":
         return body.boolean(f)
@@ -41,7 +41,13 @@ def _field(body: Body, f: str, *, required: bool = False) -> int | bool | None:
     return body.integer(f, minimum=lo, maximum=hi, required=required)
 
 
-def _plan_name(request: web.Request) -> str:
+def plan_fields(body: Body) -> dict[str, int | bool | None]:
+    """A whole plan: every field checked, those left out at their defaults (required without one)."""
+    given = {f: plan_field(body, f, required=f not in PLAN_DEFAULTS) for f in PLAN_FIELDS}
+    return {f: PLAN_DEFAULTS[f] if v is None else v for f, v in given.items()}
+
+
+def plan_name_of(request: web.Request) -> str:
     return auth.path_name(request, "plan", PLAN_NAME)
 
 
@@ -106,16 +112,14 @@ async def list_plans(request: web.Request) -> web.StreamResponse:
 
 async def get_plan(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
-    return json_response(await context.services(request).tenants.get_plan(_plan_name(request)))
+    return json_response(await context.services(request).tenants.get_plan(plan_name_of(request)))
 
 
 async def put_plan(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
-    name = _plan_name(request)
+    name = plan_name_of(request)
     body = await context.body(request, PLAN_FIELDS)
-    given = {f: _field(body, f, required=f not in PLAN_DEFAULTS) for f in PLAN_FIELDS}
-    fields = {f: PLAN_DEFAULTS[f] if v is None else v for f, v in given.items()}
-    plan, created = await context.services(request).tenants.put_plan(name, fields)
+    plan, created = await context.services(request).tenants.put_plan(name, plan_fields(body))
     return json_response(plan, status=201 if created else 200)
 
 
@@ -128,7 +132,7 @@ async def put_quota(request: web.Request) -> web.StreamResponse:
     await auth.operator(request)
     tenant_id = auth.tenant_id_of(request)
     body = await context.body(request, LIMIT_FIELDS)
-    overrides = {f: _field(body, f) for f in LIMIT_FIELDS}
+    overrides = {f: plan_field(body, f) for f in LIMIT_FIELDS}
     return json_response(await context.services(request).tenants.put_quota(tenant_id=tenant_id, overrides=overrides))
 
 

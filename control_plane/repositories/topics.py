@@ -128,6 +128,19 @@ async def placements_of(conn: Connection, *, tenant_id: str, topic: str) -> list
     )
 
 
+async def placements_by_topic(conn: Connection, *, tenant_id: str) -> dict[str, list[Record]]:
+    """Every placement of the tenant's topics in one query, by topic (each topic's by broker group)."""
+    rows = await conn.fetch(
+        "SELECT topic, broker_group, queue_count, applied FROM topic_placements"
+        " WHERE tenant_id = $1 ORDER BY topic, broker_group",
+        tenant_id,
+    )
+    out: dict[str, list[Record]] = {}
+    for r in rows:
+        out.setdefault(r["topic"], []).append(r)
+    return out
+
+
 async def mark_applied(conn: Connection, *, tenant_id: str, topic: str, broker_group: str | None) -> str:
     """Mark one placement (or all, when ``broker_group`` is None) applied; the topic turns
     ``active`` once all its placements are. Returns the topic's status."""

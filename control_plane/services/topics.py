@@ -84,7 +84,7 @@ def _spec(row: Record) -> dict[str, Any]:
 def _topic(row: Record, placements: list[Record]) -> dict[str, Any]:
     out = _spec(row)
     out["wire_name"] = wire_name(row["tenant_id"], row["name"])
-    out["placements"] = [jsonable(p) for p in placements]
+    out["placements"] = [jsonable(p, drop=("topic",)) for p in placements]
     return out
 
 
@@ -189,10 +189,8 @@ class TopicService:
     async def list_topics(self, *, tenant_id: str) -> list[dict[str, Any]]:
         async with self.pool.acquire() as conn:
             await tenants_repo.get_tenant(conn, tenant_id=tenant_id)
-            return [
-                _topic(r, await repo.placements_of(conn, tenant_id=tenant_id, topic=r["name"]))
-                for r in await repo.list_topics(conn, tenant_id=tenant_id)
-            ]
+            placements = await repo.placements_by_topic(conn, tenant_id=tenant_id)
+            return [_topic(r, placements.get(r["name"], [])) for r in await repo.list_topics(conn, tenant_id=tenant_id)]
 
     async def update(
         self,

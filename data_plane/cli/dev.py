@@ -175,6 +175,7 @@ def dev_up(args: argparse.Namespace) -> int:
     if cluster.control_plane_url:
         print(f"  control plane {cluster.control_plane_url}  (OpenAPI: {cluster.control_plane_url}/openapi.json)")
         print(f"  operator      credentials in {endpoints['operator_credentials_file']}")
+        print(f"  console       {endpoints['console']}  (sign in with the demo tenant's access key and secret below)")
     print(f"  name server   {cluster.namesrv}")
     for name, addr in cluster.brokers.items():
         print(f"  {name:<13} {addr}")

@@ -113,12 +113,18 @@ def test_dev_up_serves_a_demo_tenant_whose_printed_credentials_work(tmp_path: Pa
         )
         with urllib.request.urlopen(req, timeout=10) as resp:
             assert json.loads(resp.read())["token_type"] == "Bearer"
+        # The web console, listed as console: its URL leads to the sign-in page.
+        assert info["console"] == info["control_plane"] + "/console/"
+        with urllib.request.urlopen(info["console"], timeout=10) as resp:
+            assert resp.url.endswith("/console/sign-in")
+            assert "Sign in to Orbit" in resp.read().decode()
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "Demo tenant 'demo'" in out
+    assert f"console       {info['console']}" in out
     assert creds["access_key"] in out
     assert "stopped." in out
     cp = urlparse(info["control_plane"])
