@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import functools
 import os
-import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -85,25 +84,14 @@ class TenancyCluster:
     broker_credentials_file: Path | None = None
     port: int = 0
     registered: bool = False  # broker group GROUP exists in the control plane
-    bound: socket.socket | None = None  # the control plane's listening socket, before it serves
     runner: web.AppRunner | None = None
     wire: RemotingClient = field(default_factory=RemotingClient)
     to_close: list[ClientCredentials] = field(default_factory=list)
 
     # --- the control plane ---------------------------------------------------------------------
     async def start_control_plane(self) -> None:
-        """Serve the app (with its reconciler) on ``self.port`` (0 the first time)."""
-        runner = web.AppRunner(create_app(self.settings, services=self.services))
-        await runner.setup()
-        site: web.BaseSite
-        if self.bound is not None:
-            site = web.SockSite(runner, self.bound)
-            self.bound = None
-        else:
-            site = web.TCPSite(runner, "127.0.0.1", self.port, reuse_address=True)
-        await site.start()
-        self.port = runner.addresses[0][1]
-        self.runner = runner
+        """Serve the app (with its reconciler) again on ``self.port``."""
+        self.runner, self.port = await serve_control_plane(self.settings, self.services, self.port)
         self.cp.url = f"http://127.0.0.1:{self.port}"
 
     async def stop_control_plane(self) -> None:
@@ -241,6 +229,15 @@ def tenancy_namesrv_flags(control_plane_url: str, state_dir: Path) -> list[str]:
     return ["--tenancy", "--control-plane-url", control_plane_url, "--state-dir", str(state_dir)]
 
 
+async def serve_control_plane(settings: Settings, services: Services, port: int = 0) -> tuple[web.AppRunner, int]:
+    """The control plane's app (with its reconciler) served on 127.0.0.1:``port`` (0: a port the
+    system picks): its runner and port."""
+    runner = web.AppRunner(create_app(settings, services=services))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port, reuse_address=True).start()
+    return runner, int(runner.addresses[0][1])
+
+
 @pytest_asyncio.fixture(name="tenancy")
 async def tenancy_fixture(
     postgres_dsn: str,
@@ -259,14 +256,20 @@ async def tenancy_fixture(
         await services.start()
         async with aiohttp.ClientSession() as session:
             harness = ControlPlaneHarness.of_operator("", settings, services, session)
-            # The name server is told the control plane's URL before that serves: its socket is
-            # bound now and kept, so no other process can take the port in between.
-            cp_sock = socket.create_server(("127.0.0.1", 0))
-            cp_port = cp_sock.getsockname()[1]
-            namesrv = start_namesrv(*tenancy_namesrv_flags(f"http://127.0.0.1:{cp_port}", tmp_path / "namesrv-state"))
-            cluster = TenancyCluster(harness, settings, services, namesrv, tmp_path, start_broker, port=cp_port)
-            cluster.bound = cp_sock
-            await cluster.start_control_plane()
+            # The control plane serves first, on a port of its own choosing (none picked free
+            # beforehand, which another process could take in between); the name server is then
+            # told its URL, and finds it answering.
+            runner, cp_port = await serve_control_plane(settings, services)
+            harness.url = f"http://127.0.0.1:{cp_port}"
+            try:
+                # (off the loop: the control plane on it answers the name server's first JWKS fetch)
+                flags = tenancy_namesrv_flags(harness.url, tmp_path / "namesrv-state")
+                namesrv = await asyncio.to_thread(start_namesrv, *flags)
+                cluster = TenancyCluster(harness, settings, services, namesrv, tmp_path, start_broker,
+                                         port=cp_port, runner=runner)  # fmt: skip
+            finally:
+                if cluster is None:
+                    await runner.cleanup()
             await harness.log_in_operator()
             made = await harness.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
             assert made.status == 201, made.body
@@ -297,8 +300,6 @@ async def tenancy_fixture(
                 await cluster.close()
                 await cluster.stop_control_plane()
     finally:
-        if cluster is not None and cluster.bound is not None:
-            cluster.bound.close()
         await pool.close()
 
 
