@@ -118,6 +118,20 @@ def test_dev_up_serves_a_demo_tenant_whose_printed_credentials_work(tmp_path: Pa
         with urllib.request.urlopen(info["console"], timeout=10) as resp:
             assert resp.url.endswith("/console/sign-in")
             assert "Sign in to Orbit" in resp.read().decode()
+        # The demo tenant signs in there with the credentials printed, as a browser does (the
+        # form's CSRF token, the session cookie), and lands on its topics.
+        import http.cookiejar
+        import re
+
+        browser = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        with browser.open(info["console"] + "sign-in", timeout=10) as resp:
+            form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', resp.read().decode()))
+        assert set(form) == {"csrf", "next"}, form
+        form.update(client_id=creds["access_key"], client_secret=creds["secret"])
+        with browser.open(info["console"] + "sign-in", data=urllib.parse.urlencode(form).encode(), timeout=10) as resp:
+            landed = resp.read().decode()
+        assert "tenant demo" in landed, landed[:2000]
+        assert ">hello<" in landed, landed[:2000]
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
