@@ -11,13 +11,24 @@ from pathlib import Path
 
 from aiohttp import web
 
-from control_plane.console import csrf, message_pages, operator_pages, render, sign_in, tenant_pages
+from control_plane.console import (
+    access_pages,
+    csrf,
+    fleet_pages,
+    message_pages,
+    operator_pages,
+    render,
+    sign_in,
+    tenant_pages,
+)
 from control_plane.console.lag_history import LagHistory
 from control_plane.console.render import PageHandler
 
 STATIC_DIR = Path(__file__).parent / "static"
 T = tenant_pages.T
 OPS = operator_pages.OPS
+FLEET = fleet_pages.FLEET
+ACCESS = access_pages.ACCESS
 ROUTES: list[tuple[str, str, PageHandler]] = [
     ("GET", "/console/", sign_in.home),
     ("GET", "/console/sign-in", sign_in.sign_in_form),
@@ -53,7 +64,18 @@ ROUTES: list[tuple[str, str, PageHandler]] = [
     ("GET", OPS + "/new-plan", operator_pages.new_plan),
     ("GET", OPS + "/plans/{plan}", operator_pages.plan),
     ("POST", OPS + "/plans/{plan}", operator_pages.put_plan),
-    ("GET", OPS + "/fleet", operator_pages.fleet),
+    ("GET", FLEET, fleet_pages.fleet),
+    ("POST", FLEET, fleet_pages.create_group),
+    ("GET", FLEET + "/{group}", fleet_pages.group),
+    ("POST", FLEET + "/{group}", fleet_pages.update_group),
+    ("POST", FLEET + "/{group}/delete", fleet_pages.delete_group),
+    ("POST", FLEET + "/{group}/hosts", fleet_pages.add_host),
+    ("POST", FLEET + "/{group}/hosts/{host}/credential", fleet_pages.issue_host_credential),
+    ("POST", FLEET + "/{group}/hosts/{host}/revoke", fleet_pages.revoke_host_credential),
+    ("GET", ACCESS, access_pages.credentials),
+    ("POST", ACCESS, access_pages.create_credential),
+    ("POST", ACCESS + "/{access_key}/revoke", access_pages.revoke_credential),
+    ("POST", OPS + "/signing-keys/rotate", access_pages.rotate_signing_key),
 ]
 
 

@@ -25,9 +25,11 @@ async def form_body(
     *,
     integers: Collection[str] = (),
     booleans: Collection[str] = (),
+    lists: Collection[str] = (),
 ) -> Body:
     """The POSTed form's ``allowed`` fields (blank ones left out), ``integers`` parsed as
-    integers and ``booleans`` (checkboxes) as true when sent; any other field is refused."""
+    integers, ``booleans`` (checkboxes) as true when sent and ``lists`` split at commas and
+    white space (``a:1, b:2``); any other field is refused."""
     form = await request.post()
     data: dict[str, Any] = {}
     for key, raw in form.items():
@@ -40,6 +42,8 @@ async def form_body(
             data[key] = value in ("on", "true", "1")
         elif not value:
             continue
+        elif key in lists:
+            data[key] = [item for item in value.replace(",", " ").split() if item]
         elif key in integers:
             try:
                 data[key] = int(value)

@@ -1,9 +1,7 @@
-"""An operator's pages: tenants (create, suspend, resume, plan, quota overrides), plans, and
-the fleet — broker groups with capacity and placed queues, each member's role, epoch,
-replication lag and last heartbeat (the failover leases), and what the brokers themselves say
-of their CommitLog (read with the operator's session). Every page begins with the API's
-operator check (``auth.operator``); a topic's queue placement is on the topic's page, which
-operators reach for any tenant."""
+"""An operator's pages: tenants (create, suspend, resume, plan, quota overrides) and plans (the
+fleet's are in ``fleet_pages``). Every page begins with the API's operator check
+(``auth.operator``); a topic's queue placement is on the topic's page, which operators reach
+for any tenant."""
 
 from __future__ import annotations
 
@@ -13,8 +11,7 @@ from aiohttp import web
 
 from control_plane import auth, context
 from control_plane.console import forms
-from control_plane.console.brokers import admin_client
-from control_plane.console.render import PRINCIPAL, ConsoleUnavailable, page, redirect, render
+from control_plane.console.render import page, redirect, render, require_operator
 from control_plane.errors import InvalidField, PlanNotFound
 from control_plane.handlers import tenants as tenant_handlers
 from control_plane.names import PLAN_NAME, TENANT_ID
@@ -24,13 +21,9 @@ from control_plane.request_body import Body
 OPS = "/console/ops"
 
 
-async def _operator(request: web.Request) -> None:
-    request[PRINCIPAL] = await auth.operator(request)
-
-
 @page
 async def tenants(request: web.Request) -> web.StreamResponse:
-    await _operator(request)
+    await require_operator(request)
     services = context.services(request)
     plans = [p["name"] for p in await services.tenants.list_plans()]
     return render(request, "ops_tenants.html", tenants=await services.tenants.list_tenants(), plans=plans)
@@ -38,7 +31,7 @@ async def tenants(request: web.Request) -> web.StreamResponse:
 
 @page
 async def create_tenant(request: web.Request) -> web.StreamResponse:
-    await _operator(request)
+    await require_operator(request)
     body = await forms.form_body(request, ("id", "display_name", "plan"))
     tenant_id = body.name("id", TENANT_ID, what=tenant_handlers.TENANT_ID_TEXT)
     plan = body.text("plan", default="free") or "free"
@@ -52,7 +45,7 @@ async def create_tenant(request: web.Request) -> web.StreamResponse:
 
 @page
 async def tenant(request: web.Request) -> web.StreamResponse:
-    await _operator(request)
+    await require_operator(request)
     tenant_id = auth.tenant_id_of(request)
     services = context.services(request)
     found = await services.tenants.get(tenant_id=tenant_id)
@@ -73,7 +66,7 @@ async def resume(request: web.Request) -> web.StreamResponse:
 
 
 async def _set_status(request: web.Request, status: str) -> web.StreamResponse:
-    await _operator(request)
+    await require_operator(request)
     tenant_id = auth.tenant_id_of(request)
     await context.services(request).tenants.set_status(tenant_id=tenant_id, status=status)
     word = "suspended" if status == "suspended" else "resumed"
@@ -82,7 +75,7 @@ async def _set_status(request: web.Request, status: str) -> web.StreamResponse:
 
 @page
 async def change_plan(request: web.Request) -> web.StreamResponse:
-    await _operator(request)
+    await require_operator(request)
     tenant_id = auth.tenant_id_of(request)
     body = await forms.form_body(request, ("plan", "display_name"))
     plan = body.text("plan")
@@ -109,7 +102,7 @@ async def _plan_form(request: web.Request, fields: tuple[str, ...]) -> Body:
 @page
 async def put_quota(request: web.Request) -> web.StreamResponse:
     """Replace the tenant's overrides: a blank field falls back to the plan."""
-    await _operator(request)
+    await require_operator(request)
     tenant_id = auth.tenant_id_of(request)
     body = await _plan_form(request, LIMIT_FIELDS)
     overrides = {f: tenant_handlers.plan_field(body, f) for f in LIMIT_FIELDS}
@@ -119,7 +112,7 @@ async def put_quota(request: web.Request) -> web.StreamResponse:
 
 @page
 async def plans(request: web.Request) -> web.StreamResponse:
-    await _operator(request)
+    await require_operator(request)
     listed = await context.services(request).tenants.list_plans()
     return render(request, "ops_plans.html", plans=listed, fields=list(PLAN_COLUMNS))
 
@@ -127,7 +120,7 @@ async def plans(request: web.Request) -> web.StreamResponse:
 @page
 async def new_plan(request: web.Request) -> web.StreamResponse:
     """The plans page's "new plan" box: to that plan's form."""
-    await _operator(request)
+    await require_operator(request)
     name = request.query.get("name", "").strip()
     if not PLAN_NAME.fullmatch(name):
         raise InvalidField("name", "a plan name: lower-case letters, digits and -")
@@ -137,7 +130,7 @@ async def new_plan(request: web.Request) -> web.StreamResponse:
 @page
 async def plan(request: web.Request) -> web.StreamResponse:
     """A plan's form (a plan not made yet: its defaults)."""
-    await _operator(request)
+    await require_operator(request)
     name = tenant_handlers.plan_name_of(request)
     try:
         found: dict[str, Any] | None = await context.services(request).tenants.get_plan(name)
@@ -151,28 +144,8 @@ async def plan(request: web.Request) -> web.StreamResponse:
 @page
 async def put_plan(request: web.Request) -> web.StreamResponse:
     """Create or replace the plan, every field (a blank one: its default; some have none)."""
-    await _operator(request)
+    await require_operator(request)
     name = tenant_handlers.plan_name_of(request)
     fields = tenant_handlers.plan_fields(await _plan_form(request, PLAN_FIELDS))
     _plan, created = await context.services(request).tenants.put_plan(name, fields)
     return redirect(request, f"{OPS}/plans", flash=f"Plan {name} {'created' if created else 'saved'}.")
-
-
-@page
-async def fleet(request: web.Request) -> web.StreamResponse:
-    await _operator(request)
-    services = context.services(request)
-    groups = await services.fleet.list_groups()
-    leases = {g["broker_name"]: g for g in await services.ha.groups()}
-    brokers: list[dict[str, Any]] = []
-    unreachable: str | None = None
-    try:
-        async with admin_client(request) as admin:
-            brokers = await admin.cluster_status()
-    except ConsoleUnavailable as e:
-        unreachable = str(e)
-    for b in brokers:
-        st = b.get("status") or {}
-        lo, hi = st.get("commitLogMinOffset"), st.get("commitLogMaxOffset")
-        b["log_bytes"] = int(hi) - int(lo) if lo is not None and hi is not None else None
-    return render(request, "ops_fleet.html", groups=groups, leases=leases, brokers=brokers, unreachable=unreachable)

@@ -74,6 +74,11 @@ def render(request: web.Request, template: str, *, status: int = 200, **context:
     return response
 
 
+async def require_operator(request: web.Request) -> None:
+    """The API's operator check; the operator is the page's principal."""
+    request[PRINCIPAL] = await auth.operator(request)
+
+
 def redirect(request: web.Request, location: str, *, flash: str | None = None) -> web.Response:
     """303 See Other to ``location`` (after a POST: the browser GETs it)."""
     response = web.Response(status=303, headers={"Location": location})

@@ -210,7 +210,7 @@ async def create_credential(request: web.Request) -> web.StreamResponse:
         tenant_id=tenant_id, role="tenant", grants=grants, description=body.text("description", default="") or ""
     )
     # The secret is on this answer only (never stored in the clear, never shown again).
-    return render(request, "secret_once.html", tenant=tenant_id, made=made)
+    return render(request, "secret_once.html", made=made, back=f"/console/t/{tenant_id}/credentials")
 
 
 @page

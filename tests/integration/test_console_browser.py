@@ -7,13 +7,16 @@ suspends a tenant. One browser for the module, one cluster for the scenario."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
 from selenium import webdriver
 
+from data_plane.dev_tenancy import DEMO_TOPIC, ControlPlaneAPI, ensure_demo
 from sdk import ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from sdk.admin import AdminClient
 from tests.integration.console_browser import Browser, start_chromium
@@ -81,42 +84,52 @@ async def total_lag(browser: Browser) -> int:
     return int(await browser.text("[data-total-lag]"))
 
 
+async def demo_tenant(tenancy: TenancyCluster, tmp_path: Path) -> Tenant:
+    """The demo tenant as ``orbit dev up`` makes it (its topic, group and credential)."""
+    api = ControlPlaneAPI(tenancy.cp.url)
+    await asyncio.to_thread(api.login, tenancy.cp.operator_access_key, tenancy.cp.operator_secret)
+    demo = await asyncio.to_thread(ensure_demo, api, str(tmp_path / "demo.json"))
+    return Tenant(demo.tenant, demo.access_key, demo.secret, await tenancy.cp.token_for(demo.access_key, demo.secret))
+
+
 async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_the_console(
-    tenancy: TenancyCluster, browser: Browser
+    tenancy: TenancyCluster, browser: Browser, tmp_path: Path
 ) -> None:
-    """One cluster for both (starting one takes most of the time)."""
-    acme = await tenancy.new_tenant("acme")
+    """One cluster for both (starting one takes most of the time). The tenant is the demo tenant
+    ``orbit dev up`` makes, signed in with the credential it prints."""
+    demo = await demo_tenant(tenancy, tmp_path)
     beta = await tenancy.new_tenant("beta")
-    await sign_in(browser, acme.access_key, acme.secret)
-    assert await browser.path() == "/console/t/acme/topics"
+    await sign_in(browser, demo.access_key, demo.secret)
+    assert await browser.path() == "/console/t/demo/topics"
+    assert DEMO_TOPIC in await browser.text("#topics")  # what dev up made for it
 
     # A topic and two groups, through the forms.
     await browser.type("topic-name", "orders")
     await browser.type("topic-retention", "48")
     await browser.press("Create topic")
-    assert await browser.path() == "/console/t/acme/topics/orders"
+    assert await browser.path() == "/console/t/demo/topics/orders"
     assert "Topic orders created with 4 queues." in await browser.text(".flash")
-    await topic_active(tenancy, acme, "orders")
-    await browser.go("/console/t/acme/groups")
+    await topic_active(tenancy, demo, "orders")
+    await browser.go("/console/t/demo/groups")
     await browser.type("group-name", "billing")
     await browser.press("Create group")
-    await browser.go("/console/t/acme/groups")
+    await browser.go("/console/t/demo/groups")
     await browser.type("group-name", "audit")
     await browser.type("group-retries", "0")
     await browser.press("Create group")
-    await group_on_broker(tenancy, acme, "billing")
-    await group_on_broker(tenancy, acme, "audit")
-    await browser.go("/console/t/acme/topics")
+    await group_on_broker(tenancy, demo, "billing")
+    await group_on_broker(tenancy, demo, "audit")
+    await browser.go("/console/t/demo/topics")
     await browser.screenshot("topics")
 
     # Produce with the SDK; the group's page shows the lag, then watches it fall.
-    creds = acme.credentials(tenancy)
+    creds = demo.credentials(tenancy)
     ns = tenancy.namesrv.address
     before = dt.datetime.now(dt.UTC).replace(microsecond=0) - dt.timedelta(seconds=1)
-    async with Producer("acme%shop", namesrv_addrs=ns, credentials=creds) as producer:
+    async with Producer("demo%shop", namesrv_addrs=ns, credentials=creds) as producer:
         for i in range(SENT):
-            await producer.send(Message("acme%orders", f"body-{i}".encode(), keys=f"order-{i}"))
-    await browser.go("/console/t/acme/groups/billing?topic=orders")
+            await producer.send(Message("demo%orders", f"body-{i}".encode(), keys=f"order-{i}"))
+    await browser.go("/console/t/demo/groups/billing?topic=orders")
     assert await total_lag(browser) == SENT
     consumed: list[bytes] = []
 
@@ -124,8 +137,8 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
         consumed.extend(m.body for m in msgs)
         return ConsumeResult.SUCCESS
 
-    billing = PushConsumer("acme%billing", namesrv_addrs=ns, credentials=creds, instance_name="billing", **QUICK)
-    billing.subscribe("acme%orders")
+    billing = PushConsumer("demo%billing", namesrv_addrs=ns, credentials=creds, instance_name="billing", **QUICK)
+    billing.subscribe("demo%orders")
     billing.on_message(ok)
     await billing.start()
     try:
@@ -145,12 +158,12 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
         assert "0 consumers online" not in await browser.text("#total-lag")
 
         # Find a message by key, then open its trace.
-        await browser.go("/console/t/acme/messages")
+        await browser.go("/console/t/demo/messages")
         await browser.choose("search-topic", "orders")
         await browser.type("search-key", "order-7", enter=True)
 
         async def answered() -> bool:
-            return (await browser.path()).startswith("/console/t/acme/messages?")
+            return (await browser.path()).startswith("/console/t/demo/messages?")
 
         await until(answered, "the search's answer")
         (row,) = await browser.texts("#found tbody tr")
@@ -166,7 +179,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
         # By the time they were stored, read through the billing group.
         after = dt.datetime.now(dt.UTC).replace(microsecond=0) + dt.timedelta(seconds=1)
         span = f"from={before:%Y-%m-%dT%H:%M:%S}&to={after:%Y-%m-%dT%H:%M:%S}"
-        await browser.go(f"/console/t/acme/messages?topic=orders&{span}&group=billing")
+        await browser.go(f"/console/t/demo/messages?topic=orders&{span}&group=billing")
         assert await browser.text("#found caption") == f"{SENT} messages found in orders"
 
         # A consumer that fails one message: it goes to the dead letters (no retries), and the
@@ -180,15 +193,15 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
             return ConsumeResult.SUCCESS
 
         audit = PushConsumer(
-            "acme%audit", namesrv_addrs=ns, credentials=creds, instance_name="audit", max_reconsume_times=0, **QUICK
+            "demo%audit", namesrv_addrs=ns, credentials=creds, instance_name="audit", max_reconsume_times=0, **QUICK
         )
-        audit.subscribe("acme%orders")
+        audit.subscribe("demo%orders")
         audit.on_message(fail_poison)
         await audit.start()
         try:
-            async with Producer("acme%shop", namesrv_addrs=ns, credentials=creds) as producer:
-                await producer.send(Message("acme%orders", b"poison", keys="bad"))
-            await browser.go("/console/t/acme/groups/audit/dead-letters")
+            async with Producer("demo%shop", namesrv_addrs=ns, credentials=creds) as producer:
+                await producer.send(Message("demo%orders", b"poison", keys="bad"))
+            await browser.go("/console/t/demo/groups/audit/dead-letters")
 
             async def parked() -> bool:
                 await browser.reload()
@@ -196,7 +209,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
 
             await until(parked, "the poison message among audit's dead letters", timeout_s=30)
             (dead_row,) = await browser.texts("#dead-letters tbody tr")
-            assert "acme%orders" in dead_row
+            assert "demo%orders" in dead_row
             assert "poison" in dead_row
             await browser.screenshot("dead-letters")
             dead_id = dead_row.split()[0]
@@ -220,18 +233,18 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
         await billing.shutdown()
 
     # A credential: made with its secret shown once, then revoked; the new one works until then.
-    await browser.go("/console/t/acme/credentials")
+    await browser.go("/console/t/demo/credentials")
     await browser.type("cred-description", "reporting job")
     await browser.press("Create credential")
     access_key = await browser.text("#new-access-key")
     secret = await browser.text("#new-secret")
     assert len(secret) >= 32
     await browser.screenshot("credential-created")
-    await browser.go("/console/t/acme/credentials")
+    await browser.go("/console/t/demo/credentials")
     assert secret not in await browser.source()
     await browser.screenshot("credentials")
-    async with AdminClient([ns], credentials=Tenant("acme", access_key, secret, "").credentials(tenancy)) as admin:
-        assert await admin.group_progress("acme%billing", "acme%orders")
+    async with AdminClient([ns], credentials=Tenant("demo", access_key, secret, "").credentials(tenancy)) as admin:
+        assert await admin.group_progress("demo%billing", "demo%orders")
     question = await browser.press_and_confirm(f"Revoke {access_key}")
     assert question.startswith(f"Revoke {access_key}?")
     assert f"Credential {access_key} revoked." in await browser.text(".flash")
@@ -239,7 +252,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
     assert row == "revoked"
 
     # Usage and quotas render (charts as SVG).
-    await browser.go("/console/t/acme/usage")
+    await browser.go("/console/t/demo/usage")
     assert len(await browser.texts("svg.chart")) == 6
     assert "max_topics" in await browser.text("#quotas")
     await browser.screenshot("usage", whole_page=True)
@@ -252,7 +265,7 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
 
     # An operator: the tenants, the fleet as the brokers answer, a topic's placement; suspends beta.
     await tenancy.create_topic(beta, "loot")
-    await browser.go("/console/t/acme/topics")
+    await browser.go("/console/t/demo/topics")
     await browser.press("Sign out")
     assert "Signed out." in await browser.text(".flash")
     cp = tenancy.cp
@@ -264,6 +277,10 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
     brokers = await browser.texts("#brokers tbody tr")
     assert any("broker-a" in b and "MASTER" in b for b in brokers), brokers
     await browser.screenshot("ops-fleet")
+    await browser.follow("broker-a")  # a group's page: its capacity, hosts and their credentials
+    assert await browser.text("h1") == "Broker group broker-a"
+    assert "127.0.0.1" in await browser.text("#group-hosts")
+    await browser.screenshot("ops-group", whole_page=True)
     await browser.go("/console/t/beta/topics/loot")  # an operator reaches any tenant's topic: its placement
     assert "broker-a" in await browser.text("table")
     await browser.go("/console/ops/tenants/beta")
