@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 from collections.abc import Callable
 
 import boto3
@@ -19,6 +21,7 @@ from data_plane.store.index_file import key_hash
 from data_plane.store.layouts import CQ_UNIT
 from data_plane.store.message import decode_record
 from data_plane.store.tier import file_index
+from data_plane.store.tier.object_store import ObjectStoreError
 from tests.conftest import ManualClock
 from tests.integration import test_tier_store
 from tests.integration.test_tier_store import GROUP, HOUR_MS, Put, _fill, _read_queue, _tier_and_drop_local
@@ -251,3 +254,55 @@ def test_a_damaged_index_head_is_refused_clearly(damage: Callable[[bytes], bytes
     assert file_index.parse_head(head).keys == 2
     with pytest.raises(file_index.IndexObjectError):
         file_index.parse_head(damage(head))
+
+
+def test_key_queries_take_the_heads_from_memory_not_the_disk(
+    open_store: Callable[..., MessageStore], clock: ManualClock
+) -> None:
+    store = open_store()
+    puts = _filled_and_tiered(store, clock)
+    assert store.tier is not None
+    heads = os.path.join(store.config.tier_state_path, "index")
+    for name in os.listdir(heads):  # a query that read them from disk would find nothing now
+        os.unlink(os.path.join(heads, name))
+    found = asyncio.run(store.query_message_cold("T", puts[3].key))
+    assert [m.body for m in found] == [puts[3].body]
+
+
+def test_retention_hides_its_files_from_readers_before_publishing_and_shows_them_again_if_it_cannot(
+    open_store: Callable[..., MessageStore], clock: ManualClock, object_store: LocalObjectStore
+) -> None:
+    store = open_store()
+    puts = _filled_and_tiered(store, clock)
+    tier = store.tier
+    assert tier is not None
+    files = list(tier.manifest.files)
+    store.topic_retention_hours = {"T": 3.0}
+    clock.advance(1000 * HOUR_MS)
+    failed: list[BaseException] = []
+
+    def retention_round() -> None:
+        try:
+            tier.offloader.round()
+        except BaseException as e:  # the manifest cannot be written: the object store is frozen
+            failed.append(e)
+
+    object_store.pause()
+    worker = threading.Thread(target=retention_round)
+    try:
+        worker.start()
+        deadline = time.monotonic() + 30
+        while tier.queues.first("T", 0) is not None:  # hidden while the manifest is being written
+            assert time.monotonic() < deadline, "retention never hid the files it deletes"
+            assert worker.is_alive(), "the round ended without hiding the files"
+            time.sleep(0.005)
+        assert tier.manifest.files == files, "the manifest without them is not published yet"
+        worker.join(60)  # the write times out against the frozen store
+    finally:
+        object_store.resume()
+        worker.join(60)
+    assert failed, "the round ended without an error: the object store answered"
+    assert isinstance(failed[0], ObjectStoreError)
+    assert tier.manifest.files == files
+    assert tier.queues.first("T", 0) == 0, "the files it could not delete are readable again"
+    assert asyncio.run(_read_queue(store, "T")) == [p.body for p in puts]

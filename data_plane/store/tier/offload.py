@@ -241,7 +241,12 @@ class Offloader:
             return
         m = m.copy()
         gone = m.remove_first(n)
-        tier.publish(m)  # no reader is sent to an object about to go
+        tier.hide(gone)  # no reader is sent to an object about to go
+        try:
+            tier.publish(m)
+        except BaseException:
+            tier.unhide(gone)
+            raise
         tier.objects.delete([f.key for f in gone] + [f.index_key for f in gone if f.index_key])
         for f in gone:
             tier.cache.forget(f.from_offset)

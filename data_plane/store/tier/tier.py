@@ -60,6 +60,8 @@ class Tier:
         # through a cache of their own, addressed at the indexed file's CommitLog offsets.
         self.queues = TieredQueues()
         self._heads_dir = os.path.join(self._state_dir, "index")
+        # The parsed heads by file, for key queries (their ranges are the ones ``queues`` holds).
+        self._heads: dict[int, IndexHead] = {}
         self.index_cache = ChunkCache(
             self.objects, self._find_index, self._after_index,
             chunk_bytes=index_chunk, read_ahead=2, memory_bytes=index_memory,
@@ -154,7 +156,7 @@ class Tier:
                 continue
             if f.newest_store_ms < begin_ms or f.oldest_store_ms > end_ms:
                 continue
-            head = self._head(f)
+            head = self._heads.get(f.from_offset) or self._head(f)
             block = head.key_block(h) if head is not None else None
             if head is None or block is None:
                 continue
@@ -168,11 +170,14 @@ class Tier:
         return out
 
     def _head(self, f: TieredFile) -> IndexHead | None:
+        """The file's head as kept locally (None: not kept, or damaged)."""
         try:
             with open(os.path.join(self._heads_dir, f"{f.from_offset:020d}"), "rb") as fh:
-                return file_index.parse_head(fh.read())
+                head = file_index.parse_head(fh.read())
         except (OSError, file_index.IndexObjectError):
             return None
+        self._heads[f.from_offset] = head
+        return head
 
     def keep_head(self, f: TieredFile, head_bytes: bytes) -> IndexHead:
         """Check an index head, keep it locally and take its queue ranges."""
@@ -184,6 +189,7 @@ class Tier:
         with open(path + ".tmp", "wb") as fh:
             fh.write(head_bytes)
         os.replace(path + ".tmp", path)
+        self._heads[f.from_offset] = head
         self.queues.add(head)
         return head
 
@@ -205,9 +211,22 @@ class Tier:
                 except file_index.IndexObjectError as e:
                     log.warning("tier: the index of %020d cannot be used (its units stay local): %s", f.from_offset, e)
 
+    def hide(self, gone: list[TieredFile]) -> None:
+        """Readers stop finding ``gone``'s messages (their queue ranges go) before the manifest
+        without them is published: a reader is never sent to a file about to go."""
+        self.queues.drop({f.from_offset for f in gone})
+
+    def unhide(self, kept: list[TieredFile]) -> None:
+        """Undo ``hide`` when the manifest without them could not be published."""
+        for f in kept:
+            head = self._heads.get(f.from_offset) or self._head(f)
+            if head is not None:
+                self.queues.add(head)
+
     def forget_indexes(self, gone: list[TieredFile]) -> None:
         self.queues.drop({f.from_offset for f in gone})
         for f in gone:
+            self._heads.pop(f.from_offset, None)
             self.index_cache.forget(f.from_offset)
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(self._heads_dir, f"{f.from_offset:020d}"))
@@ -255,6 +274,7 @@ class Tier:
                 log.warning("tier: the bucket's manifest (generation %d) is older than the local copy (%d): "
                             "taking the bucket's", m.generation, self.manifest.generation)  # fmt: skip
                 m.generation = self.manifest.generation + 1
+            self.hide(gone)
             m.save_local(self._state_dir)
             self.manifest = m
             self.forget_indexes(gone)
