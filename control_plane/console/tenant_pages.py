@@ -24,7 +24,7 @@ from control_plane.handlers.credentials import access_key_of
 from control_plane.principal import Principal
 from control_plane.services.groups import RETRY_POLICIES
 from control_plane.services.topics import MESSAGE_TYPES
-from control_plane.services.usage import USAGE_FIELDS
+from control_plane.services.usage import GAUGES, USAGE_FIELDS
 
 T = "/console/t/{tenant}"
 
@@ -239,8 +239,11 @@ CHARTED = {
     "requests_4k": ("Requests (4 KiB units)", str),
     "bytes_in": ("Published bytes", None),
     "bytes_out": ("Consumed bytes", None),
+    "messages_in": ("Messages published", str),
+    "messages_out": ("Messages consumed", str),
     "stored_bytes": ("Stored bytes", None),
     "tiered_bytes": ("Tiered bytes", None),
+    "throttled_requests": ("Throttled requests", str),
     "forced_deleted_messages": ("Messages deleted inside retention", str),
 }
 
@@ -256,7 +259,7 @@ def _daily(buckets: list[dict[str, Any]]) -> list[dict[str, Any]]:
         day = b["start"][:10]
         d = days.setdefault(day, {"start": f"{day}T00:00:00+00:00", **dict.fromkeys(USAGE_FIELDS, 0)})
         for f in USAGE_FIELDS:
-            d[f] = max(d[f], b[f]) if f in ("stored_bytes", "tiered_bytes") else d[f] + b[f]
+            d[f] = max(d[f], b[f]) if f in GAUGES else d[f] + b[f]
     return [days[k] for k in sorted(days)]
 
 
@@ -277,7 +280,12 @@ async def usage(request: web.Request) -> web.StreamResponse:
     for field, (title, fmt) in CHARTED.items():
         points = _series(buckets, field)
         chart = charts.line_chart(title, points, fmt=fmt or human_bytes, time_format=time_format, span=axis)
-        drawn.append({"field": field, "title": title, "svg": chart, "points": points, "fmt": fmt or human_bytes})
+        # Over the range: a counter's sum, a gauge's peak (what the usage API's totals say).
+        total = max((p.value for p in points), default=0) if field in GAUGES else sum(p.value for p in points)
+        drawn.append({
+            "field": field, "title": title, "svg": chart, "points": points, "fmt": fmt or human_bytes,
+            "total": total, "total_label": "peak" if field in GAUGES else "total",
+        })  # fmt: skip
     quota = await services.tenants.quota(tenant_id=tenant_id)
     topics = await services.topics.list_topics(tenant_id=tenant_id)
     used = {

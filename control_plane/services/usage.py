@@ -10,11 +10,23 @@ from control_plane.repositories import tenants as tenants_repo
 from control_plane.repositories import usage as repo
 
 MAX_RANGE = {"minute": dt.timedelta(days=2), "hour": dt.timedelta(days=93)}
-# Counters add up: requests_4k, bytes_in, bytes_out, and forced_deleted_messages — messages a broker
-# deleted inside their retention at its disk's emergency watermark (docs/store.md, "Retention").
+# Counters add up: requests_4k, bytes_in, bytes_out, forced_deleted_messages — messages a broker
+# deleted inside their retention at its disk's emergency watermark (docs/store.md, "Retention") —,
+# messages_in (published messages stored), messages_out (messages delivered to consumers) and
+# throttled_requests (requests refused for a quota or limit).
 # Gauges: stored_bytes, a tenant's bytes on brokers' disks, and tiered_bytes, its bytes in object
 # storage only (brokers without a tier report none); totals show each one's largest bucket.
-USAGE_FIELDS = ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "forced_deleted_messages", "tiered_bytes")
+USAGE_FIELDS = (
+    "requests_4k",
+    "bytes_in",
+    "bytes_out",
+    "stored_bytes",
+    "forced_deleted_messages",
+    "tiered_bytes",
+    "messages_in",
+    "messages_out",
+    "throttled_requests",
+)
 GAUGES = ("stored_bytes", "tiered_bytes")
 
 

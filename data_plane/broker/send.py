@@ -233,6 +233,9 @@ class SendProcessor:
                 cmd, self.store.stored_result(raw), None, topic, queue_id, (cast("int", raw.tags_code),)
             )
         self._stored_plain(topic, queue_id, raw)
+        # (Not in _stored_plain: send_frame never stores a message a tenant's quota meters.)
+        if (tenancy := self.broker.tenancy) is not None:
+            tenancy.after_put(topic, 1)
         return self._stored_answer(cmd, raw.wrote_offset, queue_id, raw.queue_offset)
 
     def send_frame(self, conn: Connection, frame: Body) -> bytes | None:
@@ -523,6 +526,8 @@ class SendProcessor:
             for tag_code in {tags_hash_code(t) if t else 0 for t in distinct}:
                 self.hold.notify(msgs[0].topic, msgs[0].queue_id, end, tag_code)
         self.broker.on_stored(topic, a.msg_num, a.wrote_bytes)
+        if (tenancy := self.broker.tenancy) is not None:
+            tenancy.after_put(topic, a.msg_num)
         if self.broker.trace is not None and msgs is not None:  # the "stored" trace event (trace.py)
             self.broker.trace.on_stored(cmd, msgs, topic, queue_id, a)
         if status is PutMessageStatus.PUT_OK and a.msg_num == 1 and cmd.serialize_type == SERIALIZE_JSON:

@@ -2,6 +2,7 @@
 
     every request ─▶ before(): Authorizer.check ─▶ tenant suspended? ─▶ meter the request ─▶ handler
     send          ─▶ before_put(): the tenant's publish bucket ─▶ FLOW_CONTROL (215, retry-after-ms) or store
+                     ─▶ after_put(): count the messages stored
     pull          ─▶ before_pull(): is the tenant's consume bucket in debt? ─▶ serve ─▶ after_pull(): charge it
     ORBIT_SYNC_TENANCY (9001, operators only) ─▶ credentials, tenant status and quota shares, kept on disk
 
@@ -9,7 +10,9 @@ Nothing here calls the control plane on a request path: tokens are verified agai
 JWKS, access keys against the last credential snapshot, quotas against the last shares — all
 kept under ``<store_dir>/config`` so a restarted broker serves with them while the control plane
 is down. Usage is counted per tenant and minute into a spool (``<store_dir>/usage``) that a
-reporter sends to the control plane when it can.
+reporter sends to the control plane when it can. Every request refused because its tenant is over
+a quota or limit (publish and consume quotas, storage shares, connections, requests in flight) is
+counted once as the tenant's ``throttled_requests``.
 
 A resource's tenant is its namespace (``tenant%name``); after authorization it is also the
 principal's (operators may touch any tenant's resources; their requests are metered to the
@@ -24,7 +27,7 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
 import orjson
@@ -341,6 +344,7 @@ class BrokerTenancy:
             log.warning("tenant %s: refusing connection %s, it holds %d (max_connections_per_tenant)",
                         tenant, conn.peer, held)  # fmt: skip
             asyncio.get_running_loop().call_soon(conn.close)  # after the answer is written
+            self.meter.record_throttled(tenant)
             return cmd.response(
                 ResponseCode.SYSTEM_BUSY,
                 f"tenant {tenant} holds {held} connections to this broker, the most it may; close some first",
@@ -351,9 +355,16 @@ class BrokerTenancy:
         if cell is None:
             cell = self.tenant_load[tenant] = [0, self.tenant_inflight_limits.get(tenant, 0)]
         conn.tenant_load = cell
+        conn.on_tenant_busy = self._busy_counter(tenant)
         if self.fair_share is not None:
             conn.share = self.fair_share.tenant(tenant)
         return None
+
+    def _busy_counter(self, tenant: str) -> Callable[[], None]:
+        """What a connection of ``tenant`` calls when it refuses a request over the tenant's
+        requests in flight (``max_inflight_requests``): a throttled request."""
+        meter = self.meter
+        return lambda: meter.record_throttled(tenant)
 
     def connection_closed(self, conn: Connection) -> None:
         tenant = conn.attrs.pop("tenant", None)
@@ -412,6 +423,7 @@ class BrokerTenancy:
         if tenant in self.suspended:
             return cmd.response(ResponseCode.NO_PERMISSION, f"tenant {tenant} is suspended")
         if tenant in self.over_storage:
+            self.meter.record_throttled(tenant)
             return cmd.response(ResponseCode.FLOW_CONTROL, self._storage_remark(tenant))
         return None
 
@@ -434,6 +446,7 @@ class BrokerTenancy:
         wait_ms = self.quotas.acquire_publish(tenant, n, nbytes)
         if wait_ms:
             self.quota_refusals += 1
+            self.meter.record_throttled(tenant)
             return cmd.response(ResponseCode.FLOW_CONTROL, self._publish_remark(tenant, wait_ms))
         return None
 
@@ -461,6 +474,7 @@ class BrokerTenancy:
         if not wait_ms:
             return None
         self.early_refusals += 1
+        self.meter.record_throttled(tenant)
         self._throttle(conn, wait_ms)
         return flow_control_frame(f[1], f[0], self._publish_remark(tenant, wait_ms))
 
@@ -522,6 +536,7 @@ class BrokerTenancy:
             return None
         wait_ms = self.quotas.acquire_consume(tenant, 0, 0)
         if wait_ms:
+            self.meter.record_throttled(tenant)
             return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "consume", wait_ms))
         return None
 
@@ -529,7 +544,14 @@ class BrokerTenancy:
         tenant = tenant_of(topic)
         if tenant is not None:
             self.quotas.charge_consume(tenant, msgs, nbytes)
-            self.meter.record_request(tenant, 0, nbytes)
+            self.meter.record_request(tenant, 0, nbytes, msgs)
+
+    def after_put(self, topic: str, msgs: int) -> None:
+        """``msgs`` sent to ``topic`` were stored (send.py, once per send: a transactional message
+        when its half is, a delayed one when it is taken for later)."""
+        tenant = tenant_of(topic)
+        if tenant is not None:
+            self.meter.record_stored(tenant, msgs)
 
     # --- the control plane's snapshot -----------------------------------------------------------------
     async def sync(self, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

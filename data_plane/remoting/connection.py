@@ -155,6 +155,9 @@ class Connection(asyncio.Protocol):
         # [requests in flight, their limit (0: none)]: a cell the connections of one
         # tenant share (set by the layer above once the connection is known to be the tenant's).
         self.tenant_load: list[int] | None = None
+        # Called when this connection refuses a request over its tenant's requests in flight (the
+        # layer above counts it for the tenant); set with ``tenant_load``.
+        self.on_tenant_busy: Callable[[], None] | None = None
         # The tenant's share of the loop (fair_share.py), set with ``tenant_load`` when the server
         # shares its loop between tenants; None: requests are handled as they are read.
         self.share: TenantShare | None = None
@@ -458,6 +461,8 @@ class Connection(asyncio.Protocol):
             return
         load = self.tenant_load
         if load is not None and load[1] and load[0] >= load[1]:
+            if self.on_tenant_busy is not None:
+                self.on_tenant_busy()
             self._answer(cmd, cmd.response(
                 ResponseCode.SYSTEM_BUSY,
                 f"this tenant has {load[0]} requests in flight on this broker, the most its plan allows "

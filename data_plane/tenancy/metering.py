@@ -1,17 +1,26 @@
 """UsageMeter: what each tenant used on this broker, minute by minute.
 
-Counters per tenant, bumped on the hot path by ``record_request`` (one dict lookup and three
-additions):
+Counters per tenant, bumped on the hot path by ``record_request`` (one dict lookup and four
+additions; a pull's also counts the messages it delivered):
 
     requests_4k   a request moving n bytes (in + out) counts ceil(n / 4096) units, at least 1
     bytes_in      bytes received (a send's messages)
     bytes_out     bytes returned (a pull's messages)
+    messages_in   messages the tenant published that the broker stored (``record_stored``)
+    messages_out  messages delivered to the tenant's consumers (pulls and POP receives:
+                  ``record_request``'s ``messages_out``)
+    throttled_requests  requests refused because the tenant was over a quota or limit
+                  (``record_throttled``: one dict lookup and one addition)
     stored_bytes  a gauge the broker sets periodically (``set_stored_bytes``), not a sum: the
                   tenant's bytes on this broker's disk
     tiered_bytes  a gauge set with it (``replace_stored_bytes``): the tenant's bytes this broker
-                  keeps in object storage only; in a record only when not 0
+                  keeps in object storage only
     forced_deleted_messages  messages the store deleted inside their retention at the disk's
-                  emergency watermark (``record_forced_deletion``); in a record only when not 0
+                  emergency watermark (``record_forced_deletion``)
+
+A record always carries requests_4k, bytes_in, bytes_out and stored_bytes; the others only when
+not 0, so records of brokers that count none of them keep the shape control planes without them
+accept.
 
 The caller drives time: ``roll(now_ms)`` with a wall clock. The counters gathered since the last
 roll belong to the open minute; when ``now_ms`` is in a later minute they become one
@@ -62,6 +71,9 @@ class UsageRecord(TypedDict):
     stored_bytes: int
     forced_deleted_messages: NotRequired[int]  # present when not 0
     tiered_bytes: NotRequired[int]  # present when not 0 (brokers without a tier never send it)
+    messages_in: NotRequired[int]  # present when not 0
+    messages_out: NotRequired[int]  # present when not 0
+    throttled_requests: NotRequired[int]  # present when not 0
 
 
 def request_units(nbytes: int) -> int:
@@ -82,13 +94,28 @@ def wall_ms() -> int:
 
 
 class _Counters:
-    __slots__ = ("bytes_in", "bytes_out", "forced_deleted_messages", "requests_4k")
+    __slots__ = (
+        "bytes_in",
+        "bytes_out",
+        "forced_deleted_messages",
+        "messages_in",
+        "messages_out",
+        "requests_4k",
+        "throttled_requests",
+    )
 
     def __init__(self) -> None:
         self.requests_4k = 0
         self.bytes_in = 0
         self.bytes_out = 0
         self.forced_deleted_messages = 0
+        self.messages_in = 0
+        self.messages_out = 0
+        self.throttled_requests = 0
+
+
+# The counters a record carries only when not 0 (``UsageRecord``'s NotRequired counters).
+_SPARSE_COUNTERS = ("forced_deleted_messages", "messages_in", "messages_out", "throttled_requests")
 
 
 class UsageMeter:
@@ -130,13 +157,30 @@ class UsageMeter:
         self._roll_lock = asyncio.Lock()
 
     # --- the hot path -------------------------------------------------------------------------
-    def record_request(self, tenant: str, nbytes_in: int, nbytes_out: int) -> None:
+    def record_request(self, tenant: str, nbytes_in: int, nbytes_out: int, messages_out: int = 0) -> None:
+        """A request of ``tenant`` moving these bytes; ``messages_out``: the messages it delivered."""
         c = self._counters.get(tenant)
         if c is None:
             c = self._counters[tenant] = _Counters()
         c.requests_4k += ((nbytes_in + nbytes_out + 4095) >> 12) or 1
         c.bytes_in += nbytes_in
         c.bytes_out += nbytes_out
+        c.messages_out += messages_out
+
+    def record_stored(self, tenant: str, messages: int) -> None:
+        """``messages`` the tenant published were stored (the request itself is metered apart)."""
+        c = self._counters.get(tenant)
+        if c is None:
+            c = self._counters[tenant] = _Counters()
+        c.messages_in += messages
+
+    def record_throttled(self, tenant: str) -> None:
+        """One request of ``tenant`` refused for a quota or limit (also on the frame path: keep it
+        this cheap)."""
+        c = self._counters.get(tenant)
+        if c is None:
+            c = self._counters[tenant] = _Counters()
+        c.throttled_requests += 1
 
     # --- messages lost to the disk's emergency watermark -------------------------------------------
     def record_forced_deletion(self, tenant: str, messages: int) -> None:
@@ -194,8 +238,10 @@ class UsageMeter:
                 "bytes_out": c.bytes_out if c else 0,
                 "stored_bytes": self._stored.get(tenant, 0),
             }
-            if c is not None and c.forced_deleted_messages:
-                record["forced_deleted_messages"] = c.forced_deleted_messages
+            if c is not None:
+                for f in _SPARSE_COUNTERS:
+                    if n := getattr(c, f):
+                        record[f] = n  # type: ignore[literal-required]
             if tenant in self._tiered:
                 record["tiered_bytes"] = self._tiered[tenant]
             records.append(record)
@@ -212,7 +258,8 @@ class UsageMeter:
             c.requests_4k += r["requests_4k"]
             c.bytes_in += r["bytes_in"]
             c.bytes_out += r["bytes_out"]
-            c.forced_deleted_messages += r.get("forced_deleted_messages", 0)
+            for f in _SPARSE_COUNTERS:
+                setattr(c, f, getattr(c, f) + r.get(f, 0))
 
     async def roll_and_spool(self, now_ms: int | None = None) -> int:
         """``roll`` and append the records to the spool (fsync on a worker thread). How many

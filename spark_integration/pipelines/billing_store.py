@@ -1,4 +1,4 @@
-"""BillingStore: the metering pipeline's writes to PostgreSQL (tables of migration 0004).
+"""BillingStore: the metering pipeline's writes to PostgreSQL (tables of migrations 0004, 0009, 0010).
 
 One micro-batch is one transaction:
 
@@ -47,6 +47,9 @@ class MinuteRow:
     stored_bytes: int  # the broker's largest sample in the minute (bytes on its disk)
     records: int
     tiered_bytes: int  # the broker's largest sample in the minute (bytes in object storage only)
+    messages_in: int  # counters, summed like the first three
+    messages_out: int
+    throttled_requests: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,12 +60,22 @@ class HourRow:
     bytes_in: int
     bytes_out: int
     records: int
+    messages_in: int
+    messages_out: int
+    throttled_requests: int
 
 
 def _minute_args(r: MinuteRow) -> tuple[Any, ...]:
     return (
         r.tenant, utc_ms(r.minute_ms), r.broker, r.requests_4k, r.bytes_in, r.bytes_out, r.stored_bytes, r.records,
-        r.tiered_bytes,
+        r.tiered_bytes, r.messages_in, r.messages_out, r.throttled_requests,
+    )  # fmt: skip
+
+
+def _hour_args(r: HourRow) -> tuple[Any, ...]:
+    return (
+        r.tenant, utc_ms(r.hour_ms), r.requests_4k, r.bytes_in, r.bytes_out, r.records, r.messages_in, r.messages_out,
+        r.throttled_requests,
     )  # fmt: skip
 
 
@@ -115,12 +128,15 @@ class BillingStore:
             self._conn.executemany(
                 """INSERT INTO billing_usage_minute AS m
                        (tenant_id, minute, broker, requests_4k, bytes_in, bytes_out, stored_bytes, records,
-                        tiered_bytes)
-                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+                        tiered_bytes, messages_in, messages_out, throttled_requests)
+                   VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
                    ON CONFLICT (tenant_id, minute, broker) DO UPDATE SET
                        requests_4k = m.requests_4k + EXCLUDED.requests_4k,
                        bytes_in = m.bytes_in + EXCLUDED.bytes_in,
                        bytes_out = m.bytes_out + EXCLUDED.bytes_out,
+                       messages_in = m.messages_in + EXCLUDED.messages_in,
+                       messages_out = m.messages_out + EXCLUDED.messages_out,
+                       throttled_requests = m.throttled_requests + EXCLUDED.throttled_requests,
                        stored_bytes = GREATEST(m.stored_bytes, EXCLUDED.stored_bytes),
                        tiered_bytes = GREATEST(m.tiered_bytes, EXCLUDED.tiered_bytes),
                        records = m.records + EXCLUDED.records,
@@ -135,15 +151,19 @@ class BillingStore:
         self._run(
             self._conn.executemany(
                 """INSERT INTO billing_usage_hour AS h
-                       (tenant_id, hour, requests_4k, bytes_in, bytes_out, stored_bytes_peak, records)
-                   VALUES ($1, $2, $3, $4, $5, 0, $6)
+                       (tenant_id, hour, requests_4k, bytes_in, bytes_out, stored_bytes_peak, records, messages_in,
+                        messages_out, throttled_requests)
+                   VALUES ($1, $2, $3, $4, $5, 0, $6, $7, $8, $9)
                    ON CONFLICT (tenant_id, hour) DO UPDATE SET
                        requests_4k = h.requests_4k + EXCLUDED.requests_4k,
                        bytes_in = h.bytes_in + EXCLUDED.bytes_in,
                        bytes_out = h.bytes_out + EXCLUDED.bytes_out,
                        records = h.records + EXCLUDED.records,
+                       messages_in = h.messages_in + EXCLUDED.messages_in,
+                       messages_out = h.messages_out + EXCLUDED.messages_out,
+                       throttled_requests = h.throttled_requests + EXCLUDED.throttled_requests,
                        updated_at = now()""",
-                [(r.tenant, utc_ms(r.hour_ms), r.requests_4k, r.bytes_in, r.bytes_out, r.records) for r in rows],
+                [_hour_args(r) for r in rows],
             )
         )
 

@@ -49,9 +49,14 @@ RECORD_SCHEMA = StructType(
         StructField("bytes_out", LongType()),
         StructField("stored_bytes", LongType()),
         StructField("tiered_bytes", LongType()),  # only in records of brokers with a tier, when not 0
+        StructField("messages_in", LongType()),  # these three: only when not 0
+        StructField("messages_out", LongType()),
+        StructField("throttled_requests", LongType()),
     ]
 )
 _COUNTERS = ("requests_4k", "bytes_in", "bytes_out")
+# Counters a record carries only when not 0 (a record without one counts 0).
+_SPARSE_COUNTERS = ("messages_in", "messages_out", "throttled_requests")
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,21 @@ def usage_records(spark: SparkSession, opts: MeteringOptions) -> DataFrame:
 
 
 def _valid() -> Column:
-    """A record every field of which is there (tiered_bytes may be left out), with no negative count."""
+    """A record every field of which is there (tiered_bytes and the sparse counters may be left
+    out), with no negative count."""
     ok = F.col("report_id").isNotNull() & F.col("tenant").isNotNull() & F.col("broker").isNotNull()
     for c in ("minute", *_COUNTERS, "stored_bytes"):
         ok = ok & F.col(c).isNotNull() & (F.col(c) >= 0)
-    return ok & (F.col("tiered_bytes").isNull() | (F.col("tiered_bytes") >= 0))
+    for c in ("tiered_bytes", *_SPARSE_COUNTERS):
+        ok = ok & (F.col(c).isNull() | (F.col(c) >= 0))
+    return ok
+
+
+def _sums() -> list[Column]:
+    return [
+        *[F.sum(c).alias(c) for c in _COUNTERS],
+        *[F.sum(F.coalesce(F.col(c), F.lit(0))).alias(c) for c in _SPARSE_COUNTERS],
+    ]
 
 
 def not_applied(records: DataFrame, applied: Mapping[QueuePosition, int]) -> DataFrame:
@@ -136,7 +151,7 @@ def per_minute(records: DataFrame) -> DataFrame:
         records.withColumn("minute_ms", F.col("minute") - F.col("minute") % MINUTE_MS)
         .groupBy("tenant", "minute_ms", "broker")
         .agg(
-            *[F.sum(c).alias(c) for c in _COUNTERS],
+            *_sums(),
             F.max("stored_bytes").alias("stored_bytes"),
             F.count(F.lit(1)).alias("records"),
             F.max(F.coalesce(F.col("tiered_bytes"), F.lit(0))).alias("tiered_bytes"),
@@ -148,7 +163,7 @@ def per_hour(records: DataFrame) -> DataFrame:
     return (
         records.withColumn("hour_ms", F.col("minute") - F.col("minute") % HOUR_MS)
         .groupBy("tenant", "hour_ms")
-        .agg(*[F.sum(c).alias(c) for c in _COUNTERS], F.count(F.lit(1)).alias("records"))
+        .agg(*_sums(), F.count(F.lit(1)).alias("records"))
     )
 
 
@@ -185,13 +200,15 @@ class BillingSink:
             good = fresh.filter(_valid())
             minutes = [
                 MinuteRow(r.tenant, r.minute_ms, r.broker, r.requests_4k, r.bytes_in, r.bytes_out,
-                          r.stored_bytes, r.records, r.tiered_bytes)
+                          r.stored_bytes, r.records, r.tiered_bytes, r.messages_in, r.messages_out,
+                          r.throttled_requests)
                 for r in per_minute(good).collect()
             ]  # fmt: skip
             hours = [
-                HourRow(r.tenant, r.hour_ms, r.requests_4k, r.bytes_in, r.bytes_out, r.records)
+                HourRow(r.tenant, r.hour_ms, r.requests_4k, r.bytes_in, r.bytes_out, r.records, r.messages_in,
+                        r.messages_out, r.throttled_requests)
                 for r in per_hour(good).collect()
-            ]
+            ]  # fmt: skip
             ends = {
                 (r.topic, r.queue_broker, r.queue_id): r.next_offset
                 for r in fresh.groupBy("topic", "queue_broker", "queue_id")

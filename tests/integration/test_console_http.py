@@ -5,6 +5,7 @@ kept out of another's pages — and that its forms change what the API shows."""
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -386,3 +387,46 @@ async def test_an_operator_creates_and_changes_a_plan(
     got = (await cp.call("GET", "/v1/plans/gold", operator=True)).body
     assert (got["max_topics"], got["unlimited_retention"]) == (5, True)
     assert "gold" in (await console.get("/console/ops/plans")).text
+
+
+def figure(page_text: str, field: str) -> str:
+    """The usage page's figure of ``field``: its caption, chart and table of figures."""
+    found = re.search(rf'<figure id="chart-{field}">(.*?)</figure>', page_text, re.S)
+    assert found is not None, f"no chart of {field}"
+    return found.group(1)
+
+
+async def test_the_usage_page_charts_messages_and_throttled_requests_with_their_totals(
+    control_plane: ControlPlaneHarness, console: ConsoleClient
+) -> None:
+    cp = control_plane
+    await signed_in_tenant(cp, console, "acme")
+    await cp.new_tenant("beta")
+    made = await cp.call("POST", "/v1/admin/credentials", operator=True, json={"role": "broker"})
+    broker = await cp.token_for(made.body["access_key"], made.body["secret"])
+    now_ms = int(time.time() * 1000)
+    records = [
+        {"report_id": f"r-{i}", "broker": "broker-a", "tenant": tenant, "minute": now_ms - ago_min * 60_000,
+         "requests_4k": 1, "bytes_in": 0, "bytes_out": 0, "stored_bytes": 0, **counts}
+        for i, (tenant, ago_min, counts) in enumerate([
+            ("acme", 5, {"messages_in": 10, "messages_out": 4, "throttled_requests": 2}),
+            ("acme", 3, {"messages_in": 6, "messages_out": 17, "throttled_requests": 1}),
+            ("beta", 3, {"messages_in": 999, "messages_out": 999, "throttled_requests": 999}),  # not acme's
+        ])
+    ]  # fmt: skip
+    reply = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": records})
+    assert reply.body == {"accepted": 3, "duplicates": 0}
+    for view in ("minute", "day"):
+        page = await console.get(f"/console/t/acme/usage?view={view}")
+        assert page.status == 200, page.text
+        for field, title, total, peak in [
+            ("messages_in", "Messages published", 16, 10 if view == "minute" else 16),
+            ("messages_out", "Messages consumed", 21, 17 if view == "minute" else 21),
+            ("throttled_requests", "Throttled requests", 3, 2 if view == "minute" else 3),
+        ]:
+            shown = figure(page.text, field)
+            assert f"<figcaption>{title} <small" in shown
+            assert f"total {total}</small>" in shown, (view, field, shown)
+            assert f"peak {peak}" in shown  # the chart's label (its highest point)
+            assert "999" not in shown
+        assert '<small class="total">peak 0 B</small>' in figure(page.text, "stored_bytes")  # a gauge: its peak

@@ -79,6 +79,9 @@ async def test_usage_is_ingested_once_per_report_id_and_aggregated(control_plane
         "forced_deleted_messages": 12,
         "stored_bytes_max": 9000,
         "tiered_bytes_max": 0,  # no broker here keeps anything in object storage
+        "messages_in": 0,  # records without the message counters count 0
+        "messages_out": 0,
+        "throttled_requests": 0,
     }
     beta_usage = await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)
     assert beta_usage.body["totals"]["requests_4k"] == 999
@@ -95,15 +98,19 @@ async def test_only_brokers_report_and_bad_records_are_refused(control_plane: Co
     bad = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": [record("r-1", "yesterday")]})
     assert bad.status == 400
     assert "minute" in bad.body["error"]["message"]
-    for field in ("bytes_in", "tiered_bytes"):
-        negative = await cp.call(
+    for field, value in [
+        ("bytes_in", -1),
+        ("tiered_bytes", -1),
+        *((f, v) for f in ("messages_in", "messages_out", "throttled_requests") for v in (-1, "12", 1.5, True)),
+    ]:
+        refused = await cp.call(
             "POST",
             "/internal/v1/usage",
             token=broker,
-            json={"records": [{**record("r-1", "2026-05-01T10:00:00Z"), field: -1}]},
+            json={"records": [{**record("r-1", "2026-05-01T10:00:00Z"), field: value}]},
         )
-        assert negative.status == 400
-        assert field in negative.body["error"]["details"]["field"]
+        assert refused.status == 400, (field, value, refused.body)
+        assert field in refused.body["error"]["details"]["field"]
     epoch_ms = await cp.call(
         "POST", "/internal/v1/usage", token=broker, json={"records": [record("r-2", 1_777_629_600_000)]}
     )
@@ -166,3 +173,42 @@ async def test_a_brokers_meter_spool_and_reporter_bring_tiered_bytes_to_the_usag
     assert (got["stored_bytes_max"], got["tiered_bytes_max"]) == (4096, 1 << 30)
     got = (await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)).body["totals"]
     assert (got["stored_bytes_max"], got["tiered_bytes_max"], got["bytes_in"]) == (10, 0, 100)
+
+
+async def test_message_counts_and_throttled_requests_add_up_per_minute_and_hour(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    cp = control_plane
+    _, acme = await cp.new_tenant("acme")
+    _, beta = await cp.new_tenant("beta")
+    broker = await broker_token(cp)
+    batch = [
+        record("a-1", "2026-05-01T10:00:00Z", messages_in=10, messages_out=4, throttled_requests=2),
+        record("a-2", "2026-05-01T10:00:30Z", messages_in=5, throttled_requests=1),  # a broker's minute adds up
+        record("b-1", "2026-05-01T10:00:00Z", broker="broker-b", messages_in=1, messages_out=20),  # so do brokers
+        record("a-3", "2026-05-01T10:30:00Z"),  # a broker that counted none of them sends none: 0
+        record("a-4", "2026-05-01T11:00:00Z", messages_in=7, messages_out=7, throttled_requests=30),
+        record("x-1", "2026-05-01T10:00:00Z", tenant="beta", messages_in=1000, throttled_requests=1000),
+    ]
+    reply = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": batch})
+    assert reply.status == 200
+    assert reply.body == {"accepted": 6, "duplicates": 0}
+    again = await cp.call("POST", "/internal/v1/usage", token=broker, json={"records": batch[:1]})
+    assert again.body == {"accepted": 0, "duplicates": 1}  # a resent record is not counted again
+
+    def counts(bucket: dict[str, int]) -> tuple[int, int, int]:
+        return bucket["messages_in"], bucket["messages_out"], bucket["throttled_requests"]
+
+    q = "from=2026-05-01T10:00:00Z&to=2026-05-01T12:00:00Z"
+    minutes = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=minute", token=acme)
+    assert {b["start"][11:16]: counts(b) for b in minutes.body["buckets"]} == {
+        "10:00": (16, 24, 3),
+        "10:30": (0, 0, 0),
+        "11:00": (7, 7, 30),
+    }
+    assert counts(minutes.body["totals"]) == (23, 31, 33)
+    hours = await cp.call("GET", f"/v1/tenants/acme/usage?{q}&granularity=hour", token=acme)
+    assert [counts(b) for b in hours.body["buckets"]] == [(16, 24, 3), (7, 7, 30)]
+    assert counts(hours.body["totals"]) == (23, 31, 33)
+    beta_usage = await cp.call("GET", f"/v1/tenants/beta/usage?{q}", token=beta)
+    assert counts(beta_usage.body["totals"]) == (1000, 0, 1000)

@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.asyncio, pytest.mark.timeout(
 
 PIPELINE = "test-metering"
 MINUTE_MS, HOUR_MS = 60_000, 3_600_000
+SPARSE_COUNTERS = ("messages_in", "messages_out", "throttled_requests")
 
 
 async def applied_offset(dsn: str) -> int:
@@ -55,9 +56,10 @@ async def topic_records(spark: SparkHandle, tenancy: TenancyCluster, end: int) -
 
 def expected_aggregates(records: list[dict[str, Any]]) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
     """What billing_usage_minute and billing_usage_hour must hold, computed here record by record:
-    [requests_4k, bytes_in, bytes_out, stored_bytes (peak), records, tiered_bytes (peak)]. A record
-    without tiered_bytes (a broker without a tier) counts 0."""
-    minutes: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    [requests_4k, bytes_in, bytes_out, stored_bytes (peak), records, tiered_bytes (peak), messages_in,
+    messages_out, throttled_requests]. A record without tiered_bytes (a broker without a tier) or
+    without one of the last three counters (none counted) counts 0."""
+    minutes: dict[Any, list[int]] = defaultdict(lambda: [0] * 9)
     for r in records:
         m = minutes[(r["tenant"], r["minute"] - r["minute"] % MINUTE_MS, r["broker"])]
         m[0] += r["requests_4k"]
@@ -66,14 +68,16 @@ def expected_aggregates(records: list[dict[str, Any]]) -> tuple[dict[Any, list[i
         m[3] = max(m[3], r["stored_bytes"])
         m[4] += 1
         m[5] = max(m[5], r.get("tiered_bytes", 0))
+        for i, f in enumerate(SPARSE_COUNTERS, start=6):
+            m[i] += r.get(f, 0)
     totals: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])  # a tenant's minute: its brokers' gauges
     for (tenant, minute, _broker), m in minutes.items():
         totals[(tenant, minute)][0] += m[3]
         totals[(tenant, minute)][1] += m[5]
-    hours: dict[Any, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0, 0])
+    hours: dict[Any, list[int]] = defaultdict(lambda: [0] * 9)
     for (tenant, minute, _broker), m in minutes.items():
         h = hours[(tenant, minute - minute % HOUR_MS)]
-        for i in (0, 1, 2, 4):
+        for i in (0, 1, 2, 4, 6, 7, 8):
             h[i] += m[i]
         h[3] = max(h[3], totals[(tenant, minute)][0])
         h[5] = max(h[5], totals[(tenant, minute)][1])
@@ -85,12 +89,14 @@ async def billed(dsn: str) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
     try:
         minute_rows = await conn.fetch(
             """SELECT tenant_id, (extract(epoch FROM minute) * 1000)::bigint AS ms, broker,
-                      requests_4k, bytes_in, bytes_out, stored_bytes, records, tiered_bytes
+                      requests_4k, bytes_in, bytes_out, stored_bytes, records, tiered_bytes, messages_in,
+                      messages_out, throttled_requests
                FROM billing_usage_minute"""
         )
         hour_rows = await conn.fetch(
             """SELECT tenant_id, (extract(epoch FROM hour) * 1000)::bigint AS ms,
-                      requests_4k, bytes_in, bytes_out, stored_bytes_peak, records, tiered_bytes_peak
+                      requests_4k, bytes_in, bytes_out, stored_bytes_peak, records, tiered_bytes_peak,
+                      messages_in, messages_out, throttled_requests
                FROM billing_usage_hour"""
         )
     finally:
@@ -103,6 +109,7 @@ async def billed(dsn: str) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
             r["stored_bytes"],
             r["records"],
             r["tiered_bytes"],
+            *(r[f] for f in SPARSE_COUNTERS),
         ]
         for r in minute_rows
     }
@@ -114,6 +121,7 @@ async def billed(dsn: str) -> tuple[dict[Any, list[int]], dict[Any, list[int]]]:
             r["stored_bytes_peak"],
             r["records"],
             r["tiered_bytes_peak"],
+            *(r[f] for f in SPARSE_COUNTERS),
         ]
         for r in hour_rows
     }
@@ -187,6 +195,8 @@ async def test_metering_pipeline_bills_each_usage_record_once_across_restarts(
     first = await check_billing(spark, tenancy, postgres_dsn)
     billed_in = {t: sum(r["bytes_in"] for r in first if r["tenant"] == t) for t in ("acme", "globex")}
     assert billed_in == {"acme": 20 * BODY, "globex": 7 * BODY}
+    messages_in = {t: sum(r.get("messages_in", 0) for r in first if r["tenant"] == t) for t in ("acme", "globex")}
+    assert messages_in == {"acme": 20, "globex": 7}  # (and billed as check_billing compared)
 
     # A restart from the checkpoint picks up where the first run stopped.
     await traffic(5, 3)

@@ -1,16 +1,22 @@
 """Usage metering end to end: what a tenant does on a broker reaches the control plane's usage API
 through the broker's spool and reporter — exactly once, also when a report is delivered twice,
-and late but complete when the control plane was unreachable meanwhile."""
+and late but complete when the control plane was unreachable meanwhile; the messages it published
+and consumed, and its requests refused over its quotas, counted one by one."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from data_plane.remoting.codes import ResponseCode
+from data_plane.remoting.codes import RequestCode, ResponseCode
+from data_plane.remoting.command import RemotingCommand
+from sdk import Message, protocol
+from sdk.message import new_unique_ids
 from tests.integration.tenancy_cluster import (
     GROUP,
     TenancyCluster,
@@ -143,3 +149,67 @@ async def test_a_meter_rolling_every_second_keys_each_period_by_its_start() -> N
     assert [(r["report_id"], r["bytes_in"]) for r in second] == [("broker-a:1700000041000:acme", 50)]
     with pytest.raises(ValueError, match="divide a minute"):
         UsageMeter("broker-a", period_ms=7000)
+
+
+async def test_messages_published_and_consumed_and_throttled_requests_reach_the_usage_api(
+    tenancy: TenancyCluster,
+) -> None:
+    """A batch and single sends count their stored messages, a pull the messages it returned;
+    every send refused over the publish quota and every pull refused over the consume quota (the
+    consumed messages put the bucket in debt) counts once as a throttled request."""
+    acme = await tenancy.new_tenant("acme")
+    quota = {"publish_msgs_per_s": 10, "consume_msgs_per_s": 2}
+    reply = await tenancy.cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json=quota)
+    assert reply.status == 200, reply.body
+    await tenancy.create_topic(acme, "orders")
+    await tenancy.create_group(acme, "billing")
+    await tenancy.reconciled(rounds=2)
+
+    def batch_cmd() -> RemotingCommand:
+        batch = [Message("acme%orders", b"b" * 100) for _ in range(3)]
+        return protocol.send_batch_request(
+            group="DEFAULT_PRODUCER", msgs=batch, queue_id=0, unique_ids=new_unique_ids(3),
+            born_timestamp_ms=int(time.time() * 1000),
+        )  # fmt: skip
+
+    stored, refused = 0, 0
+
+    async def send_until_refused(make: Callable[[], RemotingCommand], n: int, refusals: int) -> None:
+        """Sends of ``n`` messages until the publish bucket (10 a second) refused ``refusals``."""
+        nonlocal stored, refused
+        deadline, until_refused = time.monotonic() + 20, refused + refusals
+        while refused < until_refused:
+            assert time.monotonic() < deadline, f"{stored} messages stored, no refusal: no publish quota here"
+            resp = await tenancy.invoke(make(), token=acme.token)
+            if resp.code == ResponseCode.SUCCESS:
+                stored += n
+            else:
+                assert resp.code == ResponseCode.FLOW_CONTROL, (resp.code, resp.remark)
+                refused += 1
+
+    # Single sends of a tenant over its quota are refused off their frames (the early refusal),
+    # batches on the command path: each refusal is counted once, whichever path made it.
+    await send_until_refused(batch_cmd, 3, 1)
+    await send_until_refused(lambda: send_cmd("acme%orders", b"u" * 100), 1, 3)
+    await send_until_refused(batch_cmd, 3, 1)
+    info = (await tenancy.operator_json(RequestCode.GET_BROKER_RUNTIME_INFO))["table"]
+    on_command_path, early = int(info["quotaRefusals"]), int(info["quotaEarlyRefusals"])
+    assert (on_command_path >= 2, early >= 1) == (True, True), info
+    assert on_command_path + early == refused
+    resp = await tenancy.invoke(pull_cmd("acme%orders", "acme%billing"), token=acme.token)
+    assert resp.code == ResponseCode.SUCCESS, (resp.code, resp.remark)
+    pulled = len(protocol.decode_messages(resp.body_bytes(), GROUP))
+    assert pulled == min(stored, 32)  # well over the consume bucket's 2: it is in debt now
+    again = await tenancy.invoke(pull_cmd("acme%orders", "acme%billing"), token=acme.token)
+    assert again.code == ResponseCode.FLOW_CONTROL, (again.code, again.remark)
+    want = {"messages_in": stored, "messages_out": pulled, "throttled_requests": refused + 1}
+
+    async def counted() -> dict[str, int]:
+        reply = await tenancy.cp.call("GET", "/v1/tenants/acme/usage?granularity=minute", token=acme.token)
+        assert reply.status == 200, reply.body
+        return {k: int(reply.body["totals"][k]) for k in want}
+
+    async def reported() -> bool:
+        return await counted() == want
+
+    await until(reported, f"usage {want} in the control plane", timeout_s=20)

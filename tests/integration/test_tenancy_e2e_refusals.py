@@ -283,8 +283,9 @@ async def test_a_tenant_past_its_connection_limit_is_refused_and_others_are_not(
 async def test_the_plans_connection_and_in_flight_limits_reach_the_broker(tenancy: TenancyCluster) -> None:
     """A tenant's quota override of ``max_connections`` and ``max_inflight_requests`` is what the
     broker enforces: a connection past the first limit is refused and closed, a request past the
-    second (long-polling pulls held on an empty queue count while held) answered SYSTEM_BUSY;
-    another tenant's requests on the same broker are not counted with it."""
+    second (long-polling pulls held on an empty queue count while held) answered SYSTEM_BUSY, each
+    counted as one of the tenant's throttled requests; another tenant's requests on the same
+    broker are not counted with it."""
     acme = await tenancy.new_tenant("acme")
     beta = await tenancy.new_tenant("beta")
     for t in (acme, beta):
@@ -332,3 +333,15 @@ async def test_the_plans_connection_and_in_flight_limits_reach_the_broker(tenanc
         assert not other.done()
         for h in [*held, other]:
             h.cancel()
+
+    # Both refusals are acme's throttled requests in its usage (the held pulls refused nothing);
+    # beta was refused nothing.
+    async def throttled(tenant: Tenant) -> int:
+        reply = await tenancy.cp.call("GET", f"/v1/tenants/{tenant.id}/usage?granularity=minute", token=tenant.token)
+        assert reply.status == 200, reply.body
+        return int(reply.body["totals"]["throttled_requests"])
+
+    async def reported() -> bool:
+        return await throttled(acme) == 2 and await throttled(beta) == 0
+
+    await until(reported, "acme's 2 throttled requests in its usage", timeout_s=20)

@@ -291,7 +291,8 @@ def integer_cases(topic: str, group: str) -> list[tuple[str, int, str, str, dict
             cases.append((f, value, "PATCH", "/v1/fleet/broker-groups/broker-a", {f: value}))
         for f in ("max_offset", "epoch", "lag_bytes"):
             cases.append((f, value, "POST", "/internal/v1/ha/heartbeat", {**heartbeat, f: value}))
-        for f in ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "tiered_bytes"):
+        usage_counters = ("messages_in", "messages_out", "throttled_requests")
+        for f in ("requests_4k", "bytes_in", "bytes_out", "stored_bytes", "tiered_bytes", *usage_counters):
             cases.append((f, value, "POST", "/internal/v1/usage", {"records": [{**record, f: value}]}))
     return cases
 

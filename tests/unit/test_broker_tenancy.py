@@ -157,3 +157,33 @@ def test_tiered_bytes_are_metered_apart_and_have_a_quota_of_their_own(
     refused = send(tenancy, "acme%orders")
     assert refused is not None
     assert f"({acme_local} of {acme_local} bytes on disk" in (refused.remark or "")
+
+
+def refused_for_quota(answer: RemotingCommand | None) -> bool:
+    return answer is not None and answer.code == ResponseCode.FLOW_CONTROL
+
+
+def test_stored_and_delivered_messages_and_each_quota_refusal_are_metered_for_the_tenant(
+    make_store: Callable[..., MessageStore], tmp_path: Path
+) -> None:
+    tenancy = tenancy_on(make_store(), tmp_path)
+    limits = {"publish_msgs_per_s": 1, "consume_msgs_per_s": 1}
+    tenancy._apply_tenants(parse_snapshot(snapshot(tenants=[{"id": "acme", "status": "active", "limits": limits}])))
+    tenancy.after_put("acme%orders", 3)  # a batch of 3 stored
+    tenancy.after_put("%RETRY%acme%billing", 1)  # a retry topic is its group's tenant's
+    tenancy.after_put("SCHEDULE_TOPIC_XXXX", 5)  # no tenant's
+    assert send(tenancy, "acme%orders") is None  # the bucket holds one second: one message
+    assert refused_for_quota(send(tenancy, "acme%orders"))
+    pull = RemotingCommand(RequestCode.PULL_MESSAGE)
+    assert tenancy.before_pull(pull, "acme%orders") is None
+    tenancy.after_pull("acme%orders", 4, 400)  # 4 delivered: the consume bucket is in debt
+    assert refused_for_quota(tenancy.before_pull(pull, "acme%orders"))
+    tenancy.over_storage = frozenset({"acme"})
+    assert refused_for_quota(send(tenancy, "acme%orders"))
+    assert send(tenancy, "beta%orders") is None  # beta has no limits
+    records = {r["tenant"]: r for r in tenancy.meter.roll(tenancy.meter.open_minute + 60_000)}
+    acme = records["acme"]
+    # Publish quota, consume quota, storage share: three refusals, each once.
+    assert (acme.get("messages_in"), acme.get("messages_out"), acme.get("throttled_requests")) == (4, 4, 3)
+    assert acme["bytes_out"] == 400
+    assert set(records) == {"acme"}  # what passed the quota is counted once stored, not before

@@ -117,6 +117,56 @@ def test_tiered_bytes_is_a_gauge_of_its_own_in_records_only_when_not_zero() -> N
     assert [(r["tenant"], r.get("tiered_bytes")) for r in meter.roll(T0 + 3 * MINUTE_MS)] == [("acme", None)]
 
 
+def test_message_counts_and_throttled_requests_are_counters_in_records_only_when_not_zero() -> None:
+    meter = UsageMeter("b", clock_ms=WallClock())
+    meter.record_request("acme", 3000, 0)  # a send (its request) ...
+    meter.record_stored("acme", 3)  # ... whose batch of 3 messages was stored
+    meter.record_request("acme", 0, 500, 2)  # a pull that delivered 2 messages
+    meter.record_request("acme", 0, 0)  # a pull that found nothing
+    meter.record_throttled("acme")
+    meter.record_throttled("acme")
+    meter.record_throttled("initech")  # refused, nothing else
+    meter.record_request("globex", 10, 0)  # traffic without messages: no new fields
+    records = {r["tenant"]: r for r in meter.roll(T0 + MINUTE_MS)}
+    acme = records["acme"]
+    assert (acme["messages_in"], acme["messages_out"], acme["throttled_requests"]) == (3, 2, 2)
+    assert (acme["requests_4k"], acme["bytes_in"], acme["bytes_out"]) == (3, 3000, 500)
+    assert records["initech"] == {
+        "report_id": f"b:{T0}:initech",
+        "broker": "b",
+        "tenant": "initech",
+        "minute": T0,
+        "requests_4k": 0,
+        "bytes_in": 0,
+        "bytes_out": 0,
+        "stored_bytes": 0,
+        "throttled_requests": 1,
+    }
+    assert not {"messages_in", "messages_out", "throttled_requests"} & records["globex"].keys()
+    meter.record_stored("acme", 1)  # counters reset with each roll
+    (again,) = meter.roll(T0 + 2 * MINUTE_MS)
+    assert (again.get("messages_in"), again.get("messages_out"), again.get("throttled_requests")) == (1, None, None)
+
+
+def test_fold_back_keeps_the_message_counts_and_throttled_requests() -> None:
+    meter = UsageMeter("b", clock_ms=WallClock())
+    meter.record_stored("acme", 5)
+    meter.record_request("acme", 0, 100, 4)
+    meter.record_throttled("acme")
+    meter.record_forced_deletion("acme", 9)
+    meter.fold_back(meter.roll(T0 + MINUTE_MS))  # the spool refused them
+    meter.record_stored("acme", 1)
+    (rec,) = meter.roll(T0 + 2 * MINUTE_MS)
+    assert rec["minute"] == T0 + MINUTE_MS
+    assert (rec["messages_in"], rec["messages_out"], rec["throttled_requests"], rec["forced_deleted_messages"]) == (
+        6,
+        4,
+        1,
+        9,
+    )
+    assert (rec["requests_4k"], rec["bytes_out"]) == (1, 100)
+
+
 def test_a_late_roll_moves_traffic_into_the_open_minute_without_losing_any() -> None:
     meter = UsageMeter("b", clock_ms=WallClock())
     meter.record_request("acme", 100, 0)
@@ -175,6 +225,8 @@ async def test_a_full_spool_folds_the_minute_into_the_next_one(
     meter = UsageMeter("b", spool=spool, clock_ms=WallClock())
     for minute in range(1, 4):
         meter.record_request("acme", 1000 * minute, 0)
+        meter.record_stored("acme", minute)
+        meter.record_throttled("acme")
         with caplog.at_level(logging.WARNING):
             await meter.roll_and_spool(T0 + minute * MINUTE_MS)
     assert spool.full_refusals >= 1
@@ -185,6 +237,8 @@ async def test_a_full_spool_folds_the_minute_into_the_next_one(
     assert await meter.roll_and_spool(T0 + 4 * MINUTE_MS) == 1
     spooled += drain(spool)
     assert sum(r["bytes_in"] for r in spooled) == 1000 + 2000 + 3000 + 4000  # delayed, not lost
+    assert sum(r.get("messages_in", 0) for r in spooled) == 1 + 2 + 3
+    assert sum(r.get("throttled_requests", 0) for r in spooled) == 3
     assert len({r["report_id"] for r in spooled}) == len(spooled)
 
 
