@@ -16,6 +16,7 @@ import pytest
 import pytest_asyncio
 from selenium import webdriver
 
+from control_plane.console.tenant_pages import CHARTED
 from data_plane.dev_tenancy import DEMO_TOPIC, ControlPlaneAPI, ensure_demo
 from sdk import ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from sdk.admin import AdminClient
@@ -253,7 +254,15 @@ async def test_a_tenant_runs_its_queues_and_an_operator_suspends_a_tenant_from_t
 
     # Usage and quotas render (charts as SVG).
     await browser.go("/console/t/demo/usage")
-    assert len(await browser.texts("svg.chart")) == 6
+    assert len(await browser.texts("svg.chart")) == len(CHARTED)
+
+    async def metered() -> bool:  # the broker reports usage every second here
+        await browser.reload()
+        published = int((await browser.text("#chart-messages_in .total")).split()[-1])
+        consumed = int((await browser.text("#chart-messages_out .total")).split()[-1])
+        return published >= SENT + 1 and consumed >= SENT + 1  # the orders and the poison, at least
+
+    await until(metered, "the messages published and consumed on the usage charts", timeout_s=30)
     assert "max_topics" in await browser.text("#quotas")
     await browser.screenshot("usage", whole_page=True)
 
