@@ -56,6 +56,12 @@ async def get_topic(request: web.Request) -> web.StreamResponse:
     return json_response(await context.services(request).topics.get(tenant_id=tenant_id, name=name))
 
 
+async def scaling_events(request: web.Request) -> web.StreamResponse:
+    tenant_id, name = await auth.named_resource(request, "topic", None)
+    events = await context.services(request).topics.scaling_events(tenant_id=tenant_id, name=name)
+    return json_response({"events": events})
+
+
 async def update_topic(request: web.Request) -> web.StreamResponse:
     tenant_id, name = await auth.named_resource(request, "topic", "admin")
     body = await context.body(request, SPEC)
@@ -147,6 +153,14 @@ ROUTES = [
     ),
     Route("GET", P, list_topics, "List the tenant's topics (those the credential's grants cover)", "tenant", "topics"),
     Route("GET", P + "/{name}", get_topic, "Get a topic with its placements", "tenant", "topics"),
+    Route(
+        "GET",
+        P + "/{name}/scaling-events",
+        scaling_events,
+        "What the autoscaler did to the topic's queues and why, newest first (at most 200)",
+        "tenant",
+        "topics",
+    ),
     Route(
         "PATCH",
         P + "/{name}",

@@ -9,7 +9,7 @@ from control_plane.repositories.plans import EFFECTIVE_LIMITS_SQL
 async def placed_topics(conn: Connection, broker_group: str) -> list[Record]:
     return await conn.fetch(
         """SELECT t.tenant_id, t.name, t.message_type, t.retention_hours, t.local_retention_hours, t.status,
-                  p.queue_count
+                  p.queue_count, p.write_queue_count
            FROM topic_placements p
            JOIN topics t ON t.tenant_id = p.tenant_id AND t.name = p.topic
            JOIN tenants tn ON tn.id = t.tenant_id

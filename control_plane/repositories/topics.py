@@ -109,19 +109,36 @@ async def delete_topic(conn: Connection, *, tenant_id: str, name: str) -> None:
 
 
 async def add_placements(conn: Connection, *, tenant_id: str, topic: str, queues_by_group: dict[str, int]) -> None:
-    """Add queues on broker groups (a group already holding the topic gets more queues, and is
-    marked not applied until the reconciler has caught up)."""
+    """Add writable queues on broker groups, marked not applied until the reconciler has caught
+    up. On a group already holding the topic, its read-only queues (being drained) take messages
+    again first, then new queues are added: the writable ones stay ``[0, write_queue_count)``."""
     await conn.executemany(
-        """INSERT INTO topic_placements (tenant_id, topic, broker_group, queue_count) VALUES ($1, $2, $3, $4)
+        """INSERT INTO topic_placements (tenant_id, topic, broker_group, queue_count, write_queue_count)
+           VALUES ($1, $2, $3, $4, $4)
            ON CONFLICT (tenant_id, topic, broker_group)
-           DO UPDATE SET queue_count = topic_placements.queue_count + EXCLUDED.queue_count, applied = false""",
+           DO UPDATE SET write_queue_count = topic_placements.write_queue_count + EXCLUDED.queue_count,
+                         queue_count = GREATEST(topic_placements.queue_count,
+                                                topic_placements.write_queue_count + EXCLUDED.queue_count),
+                         applied = false""",
         [(tenant_id, topic, group, n) for group, n in sorted(queues_by_group.items()) if n > 0],
+    )
+    await sync_queue_count(conn, tenant_id=tenant_id, topic=topic)
+
+
+async def sync_queue_count(conn: Connection, *, tenant_id: str, topic: str) -> None:
+    """The topic's ``queue_count``: every queue of its placements, writable or draining."""
+    await conn.execute(
+        """UPDATE topics SET queue_count = GREATEST(1, (SELECT COALESCE(sum(queue_count), 0) FROM topic_placements
+                                                        WHERE tenant_id = $1 AND topic = $2))
+           WHERE tenant_id = $1 AND name = $2""",
+        tenant_id,
+        topic,
     )
 
 
 async def placements_of(conn: Connection, *, tenant_id: str, topic: str) -> list[Record]:
     return await conn.fetch(
-        "SELECT broker_group, queue_count, applied FROM topic_placements"
+        "SELECT broker_group, queue_count, write_queue_count, applied FROM topic_placements"
         " WHERE tenant_id = $1 AND topic = $2 ORDER BY broker_group",
         tenant_id,
         topic,
@@ -131,7 +148,7 @@ async def placements_of(conn: Connection, *, tenant_id: str, topic: str) -> list
 async def placements_by_topic(conn: Connection, *, tenant_id: str) -> dict[str, list[Record]]:
     """Every placement of the tenant's topics in one query, by topic (each topic's by broker group)."""
     rows = await conn.fetch(
-        "SELECT topic, broker_group, queue_count, applied FROM topic_placements"
+        "SELECT topic, broker_group, queue_count, write_queue_count, applied FROM topic_placements"
         " WHERE tenant_id = $1 ORDER BY topic, broker_group",
         tenant_id,
     )

@@ -96,10 +96,12 @@ class DesiredStateService:
                 "tenant": r["tenant_id"],
                 "topic": r["name"],
                 "read_queue_nums": r["queue_count"],
-                "write_queue_nums": r["queue_count"],
+                # Writable queues [0, write); none: the group only drains it (read-only, and
+                # writeQueueNums at its least, 1, as brokers take no 0).
+                "write_queue_nums": max(1, r["write_queue_count"]),
                 "message_type": r["message_type"],
                 "order": r["message_type"] == "FIFO",
-                "perm": PERM_READ | PERM_WRITE,
+                "perm": PERM_READ | PERM_WRITE if r["write_queue_count"] > 0 else PERM_READ,
                 "retention_hours": r["retention_hours"],
                 "local_retention_hours": r["local_retention_hours"],
                 "status": r["status"],

@@ -25,6 +25,7 @@ from control_plane.errors import InvalidField, QuotaExceeded, TenantSuspended, T
 from control_plane.repositories import fleet as fleet_repo
 from control_plane.repositories import jsonable
 from control_plane.repositories import plans as plans_repo
+from control_plane.repositories import scaling as scaling_repo
 from control_plane.repositories import tenants as tenants_repo
 from control_plane.repositories import topics as repo
 from data_plane.tenancy.namespace import wire_name
@@ -186,6 +187,11 @@ class TopicService:
             row = await repo.require_topic(conn, tenant_id=tenant_id, name=name)
             return _topic(row, await repo.placements_of(conn, tenant_id=tenant_id, topic=name))
 
+    async def scaling_events(self, *, tenant_id: str, name: str) -> list[dict[str, Any]]:
+        async with self.pool.acquire() as conn:
+            await repo.require_topic(conn, tenant_id=tenant_id, name=name)
+            return [jsonable(r) for r in await scaling_repo.list_events(conn, tenant_id=tenant_id, topic=name)]
+
     async def list_topics(self, *, tenant_id: str) -> list[dict[str, Any]]:
         async with self.pool.acquire() as conn:
             await tenants_repo.get_tenant(conn, tenant_id=tenant_id)
@@ -204,7 +210,8 @@ class TopicService:
     ) -> dict[str, Any]:
         """Change retention, local retention, the throughput hint or the description (None and
         ``UNCHANGED``: unchanged; ``local_retention_hours`` None: back to the broker's default).
-        A larger hint adds queues (placed like new ones); queues are never taken away."""
+        A larger hint adds writable queues (placed like new ones; a group's read-only ones take
+        messages again first); the autoscaler, not the hint, takes queues away."""
         async with self.pool.acquire() as conn, conn.transaction():
             await _lock_active_tenant(conn, tenant_id)
             row = await repo.require_topic(conn, tenant_id=tenant_id, name=name, for_update=True)
@@ -217,12 +224,15 @@ class TopicService:
                 row["throughput_hint_msgs_per_s"] if throughput_hint_msgs_per_s is None else throughput_hint_msgs_per_s
             )
             queue_count, status = int(row["queue_count"]), str(row["status"])
-            extra = placement.queue_count_for(hint) - queue_count
+            writable = sum(int(p["write_queue_count"]) for p in await repo.placements_of(conn, tenant_id=tenant_id,
+                                                                                          topic=name))  # fmt: skip
+            extra = placement.queue_count_for(hint) - writable
             if extra > 0:
                 _topics, used = await repo.count_topics_and_queues(conn, tenant_id=tenant_id)
                 extra = _queues_within_plan(extra, used=used, limit=limits["max_queues"])
                 await _place(conn, tenant_id=tenant_id, topic=name, queues=extra)
-                queue_count, status = queue_count + extra, "provisioning"
+                queue_count = int((await repo.require_topic(conn, tenant_id=tenant_id, name=name))["queue_count"])
+                status = "provisioning"
             row = await repo.update_topic(
                 conn,
                 tenant_id=tenant_id,

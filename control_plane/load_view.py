@@ -1,0 +1,55 @@
+"""Publish rates from the brokers' load reports (``topic_load_samples``): the autoscaler's view.
+
+A topic's rate on a broker is the growth of ``appended`` (the sum of its queues' max offsets)
+between the first and the last report of the window, over the time between them; a topic's
+rate is the sum over its brokers, a broker group's the sum over its topics. A queue taken away
+or given back changes ``appended`` by its offsets, not by messages: a pair of reports with
+different queue counts adds no growth."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+from collections import defaultdict
+
+from control_plane.db import Pool
+
+Key = tuple[str, str]
+
+
+class SampledLoad:
+    def __init__(self, pool: Pool) -> None:
+        self.pool = pool
+
+    async def _per_broker(self, window_s: float) -> dict[tuple[str, str, str], float]:
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=window_s)
+        async with self.pool.acquire() as conn:
+            rows = await conn.fetch(
+                "SELECT tenant_id, topic, broker, at, appended, queues FROM topic_load_samples WHERE at >= $1"
+                " ORDER BY tenant_id, topic, broker, at",
+                since,
+            )
+        series: dict[tuple[str, str, str], list[tuple[dt.datetime, int, int]]] = defaultdict(list)
+        for r in rows:
+            series[(r["tenant_id"], r["topic"], r["broker"])].append((r["at"], int(r["appended"]), int(r["queues"])))
+        out: dict[tuple[str, str, str], float] = {}
+        for key, points in series.items():
+            if len(points) < 2:
+                continue  # one report: no rate yet
+            grown = sum(max(0, b[1] - a[1]) for a, b in itertools.pairwise(points) if a[2] == b[2])
+            span = (points[-1][0] - points[0][0]).total_seconds()
+            if span > 0:
+                out[key] = grown / span
+        return out
+
+    async def topic_rates(self, window_s: float) -> dict[Key, float]:
+        out: dict[Key, float] = defaultdict(float)
+        for (tenant, topic, _broker), rate in (await self._per_broker(window_s)).items():
+            out[(tenant, topic)] += rate
+        return dict(out)
+
+    async def group_rates(self, window_s: float) -> dict[str, float]:
+        out: dict[str, float] = defaultdict(float)
+        for (_tenant, _topic, broker), rate in (await self._per_broker(window_s)).items():
+            out[broker] += rate
+        return dict(out)
