@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 DEFAULT_IDLE_S = 86_400.0
 MIN_IDLE_S = 0.1
 MAX_INTERVAL_S = 60.0
-LOOK_BATCH = 1024  # queues looked at (or let go of) between two turns of the event loop
+LOOK_BATCH = 256  # queues looked at (or let go of) between two turns of the event loop
 
 
 def sweep_interval_s(idle_s: float) -> float:
