@@ -65,6 +65,7 @@ from data_plane.remoting.connection import Connection
 from data_plane.remoting.errors import RemotingError
 from data_plane.remoting.server import Processors, RemotingServer
 from data_plane.store import MessageStore, fastpath
+from data_plane.store.idle_queues import IdleQueues
 from data_plane.store.message import Message
 from data_plane.tasks import cancel_all
 from data_plane.tls import client_context
@@ -136,6 +137,7 @@ class Broker:
             self._namesrv_credential = load_broker_credentials(config.broker_credentials_file)
         self._registered: set[str] = set()  # name servers whose last registration was accepted
         self.store: MessageStore = None  # type: ignore[assignment]  # set in start(), once the port is known
+        self.idle_queues: IdleQueues = None  # type: ignore[assignment]  # set in start(), with the store
         self.address = ""
         self.replication: Replication = None  # type: ignore[assignment]  # set in start()
         # Kept by replication.py: this broker's role now, and whether the send path may write
@@ -170,6 +172,7 @@ class Broker:
         os.makedirs(self.config.store_dir, exist_ok=True)
         self.store = MessageStore(self.config.store_config(self.server.port))
         await asyncio.to_thread(self.store.start)
+        self.idle_queues = IdleQueues(self.store, self.config.idle_queue_close_s)
         # Answers leave only after the records they acknowledge are in the CommitLog file.
         self.server.before_write = self.store.write_staged
         self.topics.load()
@@ -228,6 +231,7 @@ class Broker:
             loop.create_task(self._persist_loop()),
             loop.create_task(self._scan_clients_loop()),
             loop.create_task(self.store.run_maintenance()),
+            loop.create_task(self.idle_queues.run(), name="orbit-idle-queues"),
             *([loop.create_task(self.trace.run())] if self.trace is not None else []),
         ]
         if self.config.failover_enabled:  # first: the control plane says what this broker is
@@ -488,6 +492,7 @@ class Broker:
             info["messagesFromOffset"] = st.log_floor()
         if self.grpc is not None:  # the RocketMQ 5 endpoint, for orbit proxy (docs/rocketmq5.md)
             info["grpcAddress"] = f"{self.address.rpartition(':')[0]}:{self.grpc.port}"
+        info.update(self.idle_queues.runtime_info())  # mappedQueueFiles, idleClosedQueues, openFds
         info.update(self.schedule.runtime_info())
         info.update(self.gc_watch.runtime_info())
         if self.stall_watch is not None:

@@ -25,6 +25,7 @@ from typing import Any
 
 from data_plane.remoting.limits import InboundLimits
 from data_plane.store.config import FlushDiskType, StoreConfig
+from data_plane.store.idle_queues import idle_problem
 from data_plane.tls import ServerTls
 
 
@@ -155,6 +156,10 @@ class BrokerConfig:
     fair_share_slice_us: int = 200
     # How often tenants' stored bytes are measured (metered, and checked against their storage share).
     storage_check_interval_s: float = 30.0
+    # A ConsumeQueue neither written nor read for this long is closed to idle: its files flushed
+    # and unmapped, no descriptor held, until its next append or read (store/idle_queues.py,
+    # docs/idle_topics.md). 0: never.
+    idle_queue_close_s: float = 86_400.0
     # OpenTelemetry (docs/broker.md#observability): "none", "console" or "otlp" (OTLP/HTTP to
     # OTEL_EXPORTER_OTLP_ENDPOINT and the other standard OTEL_* variables).
     telemetry: str = "none"
@@ -322,6 +327,8 @@ class BrokerConfig:
             url = getattr(self, name)
             if url and not url.startswith(("http://", "https://")):
                 problems.append(f"{name} {url!r} is not an http(s) URL")
+        if (idle := idle_problem(self.idle_queue_close_s)) is not None:
+            problems.append(idle)
         if self.storage_check_interval_s <= 0:
             problems.append("storage_check_interval_s must be > 0")
         if self.quota_burst_s <= 0:

@@ -13,11 +13,20 @@ its offset is >= 0 and its size > 0; an all-zero unit marks the end. The tag has
 ``String.hashCode`` of the TAGS property, so broker-side filtering matches what stock clients
 send in their subscription code sets (seed 7.4). Files are sparse; disk blocks are reserved a
 chunk ahead of the writes.
+
+A queue nobody has written or read for a while is *closed to idle* (``idle_queues.py``): its
+files are flushed and unmapped, which also closes the descriptor each mapping holds, and the
+queue keeps, in memory, its offsets and where each file's units end. Its min and max offsets
+answer from memory; a single unit (``unit``: offset-by-time searches, retention, storage
+accounting) is read with ``pread`` and leaves the queue closed; anything that appends or reads
+units in bulk (a pull, POP, a redispatch) maps the same files again first (``reopen``), with the
+positions they had, so no recovery scan is needed.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterator
 
 from data_plane.store.layouts import CQ_UNIT
@@ -27,6 +36,21 @@ from data_plane.store.positions import QueuePositions
 
 CQ_UNIT_SIZE = CQ_UNIT.size
 HOLE_UNIT = CQ_UNIT.pack(-1, 0, 0)  # a unit whose record is gone for good: readers skip it
+# Reopening a closed queue maps files: one thread at a time (a reader on the event loop and an
+# appender on another thread may both find a queue closed).
+_REOPEN_LOCK = threading.Lock()
+
+
+class ClosedFile:
+    """What a closed queue remembers of one of its files: enough to map it again as it was."""
+
+    __slots__ = ("file_from_offset", "path", "reserved_upto", "wrote_position")
+
+    def __init__(self, mf: MappedFile) -> None:
+        self.path = mf.path
+        self.file_from_offset = mf.file_from_offset
+        self.wrote_position = mf.wrote_position
+        self.reserved_upto = mf.reserved_upto
 
 
 def _reserve_chunk(pos: int) -> int:
@@ -41,13 +65,18 @@ class ConsumeQueue(QueuePositions):
     nothing that reads or changes the queue misses them."""
 
     __slots__ = (
+        "_closed",
+        "_closed_max",
         "_reserve_seen",
+        "active_at_s",
         "file_size",
         "last_file",
         "mfq",
         "min_logic_offset",
         "queue_id",
+        "seen_max",
         "topic",
+        "touched",
     )
 
     def __init__(self, root: str, topic: str, queue_id: int, units_per_file: int) -> None:
@@ -59,14 +88,97 @@ class ConsumeQueue(QueuePositions):
         self.min_logic_offset = 0
         self.last_file: MappedFile | None = None
         self._reserve_seen: tuple[MappedFile | None, int] = (None, 0)  # (file, position) at the last reserve_ahead
+        # Closed to idle: the files' positions (None while open) and the max logic offset.
+        self._closed: list[ClosedFile] | None = None
+        self._closed_max = -1
+        # The idle sweep's marks (idle_queues.py): a read of units since its last look, the max
+        # offset it last saw, and when (store clock, seconds) it last saw the queue in use.
+        self.touched = False
+        self.seen_max = -1
+        self.active_at_s = 0.0
 
     # --- positions -------------------------------------------------------------------------
     def min_offset_in_queue(self) -> int:
         return self.min_logic_offset // CQ_UNIT_SIZE
 
     def max_offset_in_queue(self) -> int:
+        if self._closed_max >= 0:
+            return self._closed_max // CQ_UNIT_SIZE
         self.sync_units()
         return self.mfq.max_offset() // CQ_UNIT_SIZE
+
+    # --- closing to idle and reopening -----------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """Closed to idle: no file mapped, no descriptor held."""
+        return self._closed is not None
+
+    def detach_idle(self) -> list[MappedFile]:
+        """Close the queue to idle: forget its mapped files (returned, still mapped, for the
+        caller to ``close`` — on a worker thread) and keep their positions. Only with nothing
+        pending and every unit flushed, and with no appender running (the caller holds the
+        CommitLog lock); returns [] and leaves the queue open otherwise."""
+        self.sync_units()
+        files = self.mfq.files
+        if self._closed is not None or not files or self.pending_units or self.dirty_pages():
+            return []
+        self._closed_max = self.mfq.max_offset()
+        self._closed = [ClosedFile(mf) for mf in files]
+        self.last_file = None
+        self._reserve_seen = (None, 0)
+        self.mfq.files = []
+        return files
+
+    def reopen(self) -> None:
+        """Map a closed queue's files again, with the positions they had (every unit of them
+        was flushed before they were unmapped). No-op when open. Raises OSError when a file
+        cannot be mapped (the queue stays closed)."""
+        with _REOPEN_LOCK:
+            closed = self._closed
+            if closed is None:
+                return
+            files: list[MappedFile] = []
+            try:
+                for cf in closed:
+                    if os.stat(cf.path).st_size != self.file_size:  # (never made anew by the mapping)
+                        raise OSError(f"{cf.path}: not the ConsumeQueue file that was closed")
+                    mf = MappedFile(cf.path, self.file_size, reserve=False, keep_fd=False)
+                    files.append(mf)
+                    mf.set_positions(cf.wrote_position)
+                    mf.reserved_upto = max(mf.reserved_upto, cf.reserved_upto)
+            except BaseException:
+                for mf in files:
+                    mf.close()
+                raise
+            mfq = self.mfq
+            mfq.flushed_where = self._closed_max  # (before the files: the flush thread reads both)
+            mfq.files = files
+            self.last_file = files[-1]
+            self._closed = None
+            self._closed_max = -1
+
+    def _open(self) -> None:
+        if self._closed is not None:
+            self.reopen()
+
+    @staticmethod
+    def _read_closed_unit(closed: list[ClosedFile], logic: int) -> tuple[int, int, int] | None:
+        """The unit at logical byte ``logic`` of a closed queue's files, read with ``pread``
+        (the list given, not ``_closed``: a thread other than the loop's may find the queue
+        reopened meanwhile, and the files are the same)."""
+        for cf in closed:
+            pos = logic - cf.file_from_offset
+            if 0 <= pos < cf.wrote_position:
+                fd = os.open(cf.path, os.O_RDONLY)
+                try:
+                    data = os.pread(fd, CQ_UNIT_SIZE, pos)
+                finally:
+                    os.close(fd)
+                if len(data) < CQ_UNIT_SIZE:
+                    return None
+                off, size, tags = CQ_UNIT.unpack(data)
+                return int(off), int(size), int(tags)
+        return None
 
     # --- writing ---------------------------------------------------------------------------
     def reserve_ahead(self, rounds: float) -> bool:
@@ -90,6 +202,8 @@ class ConsumeQueue(QueuePositions):
     def put(self, commit_log_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
         """Write the unit for ``queue_offset``. Returns False when the unit was already there
         (a re-dispatch after recovery) and True when written. Raises OSError on a full disk."""
+        if self._closed is not None:
+            self.reopen()
         self.sync_units()
         expect = queue_offset * CQ_UNIT_SIZE
         mf = self.last_file
@@ -107,6 +221,8 @@ class ConsumeQueue(QueuePositions):
     def put_units(self, units: bytes, queue_offset: int, end_offset: int) -> None:
         """Write consecutive units (as laid out by ``fastpath.write_batch``) starting at
         ``queue_offset``, for records ending by ``end_offset``: one copy when they fit."""
+        if self._closed is not None:
+            self.reopen()
         self.sync_units()
         n = len(units)
         if not n:
@@ -126,6 +242,7 @@ class ConsumeQueue(QueuePositions):
             self.put(off, size, tags, queue_offset + i)
 
     def _put_slow(self, commit_log_offset: int, size: int, tags_code: int, expect: int) -> bool:
+        self._open()
         max_logic = self.mfq.max_offset()
         if not self.mfq.files:
             max_logic = expect
@@ -159,7 +276,14 @@ class ConsumeQueue(QueuePositions):
     # --- reading ---------------------------------------------------------------------------
     def units(self, queue_offset: int, max_units: int) -> tuple[memoryview, int] | None:
         """Up to ``max_units`` units from ``queue_offset`` as a slice of one file, with the
-        count; None when the offset is outside the queue."""
+        count; None when the offset is outside the queue. A read: maps a closed queue again."""
+        self.touched = True
+        return self._units(queue_offset, max_units)
+
+    def _units(self, queue_offset: int, max_units: int) -> tuple[memoryview, int] | None:
+        """``units`` without marking the queue in use (maintenance reads)."""
+        if self._closed is not None:
+            self.reopen()
         self.sync_units()
         logic = queue_offset * CQ_UNIT_SIZE
         if logic < self.min_logic_offset:
@@ -174,7 +298,12 @@ class ConsumeQueue(QueuePositions):
         return mf.mv[pos:end], (end - pos) // CQ_UNIT_SIZE
 
     def unit(self, queue_offset: int) -> tuple[int, int, int] | None:
-        found = self.units(queue_offset, 1)
+        """One unit; read with ``pread`` from a closed queue, which stays closed."""
+        closed = self._closed
+        if closed is not None:
+            logic = queue_offset * CQ_UNIT_SIZE
+            return self._read_closed_unit(closed, logic) if logic >= self.min_logic_offset else None
+        found = self._units(queue_offset, 1)
         if found is None:
             return None
         off, size, tags = CQ_UNIT.unpack_from(found[0], 0)
@@ -190,7 +319,7 @@ class ConsumeQueue(QueuePositions):
         step = 8
         while hi > lo:
             start = max(lo, hi - step, (hi - 1) // per_file * per_file)  # (within one file)
-            found = self.units(start, hi - start)
+            found = self._units(start, hi - start)
             if found is None:
                 return
             view = found[0]
@@ -275,6 +404,7 @@ class ConsumeQueue(QueuePositions):
         file that holds them is returned, for the caller to ``sync`` — with a file all of whose
         units go deleted whole, the work is in proportion to the units dropped."""
         self.sync_units()
+        self._open()
         zeroed: MappedFile | None = None
         files = self.mfq.files
         while files:
@@ -311,12 +441,13 @@ class ConsumeQueue(QueuePositions):
         return zeroed
 
     def correct_min_offset(self, phy_min_offset: int) -> None:
-        """After CommitLog files were deleted: the first unit whose record still exists."""
+        """After CommitLog files were deleted: the first unit whose record still exists (read
+        with ``pread`` from a closed queue, which stays closed)."""
         self.sync_units()
-        files = self.mfq.files
-        if not files:
+        first = self.first_file_offset()
+        if first is None:
             return
-        lo = max(self.min_logic_offset, files[0].file_from_offset) // CQ_UNIT_SIZE
+        lo = max(self.min_logic_offset, first) // CQ_UNIT_SIZE
         hi = self.max_offset_in_queue()
         while lo < hi:  # over every file: units point at ever larger CommitLog offsets
             mid = (lo + hi) // 2
@@ -328,7 +459,16 @@ class ConsumeQueue(QueuePositions):
         self.min_logic_offset = max(self.min_logic_offset, lo * CQ_UNIT_SIZE)
 
     def delete_expired_files(self, phy_min_offset: int) -> int:
-        """Delete leading files whose every unit points below ``phy_min_offset``."""
+        """Delete leading files whose every unit points below ``phy_min_offset`` (a closed queue
+        is mapped again only when it has such a file)."""
+        closed = self._closed
+        if closed is not None:
+            first = closed[0]
+            u = self._read_closed_unit(closed, first.file_from_offset + first.wrote_position - CQ_UNIT_SIZE)
+            if len(closed) < 2 or u is None or u[0] + u[1] > phy_min_offset:
+                self.correct_min_offset(phy_min_offset)
+                return 0
+            self.reopen()
         self.sync_units()
         files = self.mfq.files
         count = 0
@@ -366,12 +506,24 @@ class ConsumeQueue(QueuePositions):
                 mf.flushed_position = max(mf.flushed_position, min(where - mf.file_from_offset, mf.wrote_position))
         self.mfq.flushed_where = max(self.mfq.flushed_where, where)
 
+    def first_file_offset(self) -> int | None:
+        """Where the first file starts (None without a file), open or closed."""
+        closed = self._closed
+        if closed is not None:
+            return closed[0].file_from_offset
+        files = self.mfq.files
+        return files[0].file_from_offset if files else None
+
+    def mapped_files(self) -> int:
+        return len(self.mfq.files)
+
     def close(self) -> None:
         self.sync_units()
         self.mfq.close()
         self.last_file = None
 
     def destroy(self) -> None:
+        self._open()
         self.sync_units()
         self.mfq.destroy()
         self.last_file = None

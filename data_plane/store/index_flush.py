@@ -20,6 +20,22 @@ log = logging.getLogger(__name__)
 RESERVE_WARNING_INTERVAL_S = 60.0  # a failing reserve-ahead (a full disk) is logged at most this often
 
 
+SYNC_ALL_OVER = 64  # more queues than this to flush: one sync(2) for all of them
+
+
+def flush_queues(queues: list[ConsumeQueue], least_pages: int) -> None:
+    """Flush ``queues``; thousands of them with one sync(2) instead of an open/fdatasync/close
+    per file. Blocking: for a thread other than the event loop's."""
+    if len(queues) > SYNC_ALL_OVER:
+        marks = [(cq, cq.mfq.max_offset()) for cq in queues]
+        os.sync()
+        for cq, where in marks:
+            cq.mark_flushed(where)
+    else:
+        for cq in queues:
+            cq.flush(least_pages)
+
+
 class IndexFlush:
     def __init__(self, store: MessageStore) -> None:
         self.store = store
@@ -59,15 +75,7 @@ class IndexFlush:
             # taking less reserves its small chunks itself. (A walk over all 10,000 queues
             # takes ~2 ms a round; docs/store.md, "Reserving ahead".)
             self.reserve_ahead(dirty)
-        if len(dirty) > 64:
-            # Thousands of queues: one sync(2) instead of an open/fdatasync/close per file.
-            marks = [(cq, cq.mfq.max_offset()) for cq in dirty]
-            os.sync()
-            for cq, where in marks:
-                cq.mark_flushed(where)
-        else:
-            for cq in dirty:
-                cq.flush(least)
+        flush_queues(dirty, least)
         if cfg.release_flushed_pages:
             for cq in dirty:
                 cq.mfq.release_flushed_pages(64 * 1024)

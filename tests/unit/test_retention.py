@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from data_plane.store import GetMessageStatus, Message, MessageStore, PutMessageStatus
+from data_plane.store.idle_queues import IdleQueues
 from data_plane.store.message import decode_record
 from data_plane.store.retention import ForcedDeletion, disk_usage_ratio, newest_store_time_ms
 from tests.conftest import ManualClock, small_config
@@ -232,11 +233,18 @@ def test_the_broker_set_retention_keeps_files_longer_than_the_store_default(
     assert store.clean_once(now_s=_when_past(store, puts, 3)).commit_log_files_deleted == 3
 
 
+@pytest.mark.parametrize("idle", [False, True])
 def test_consume_queue_min_offsets_move_forward_and_reads_below_them_answer_offset_too_small(
-    open_store: Callable[..., MessageStore], clock: ManualClock
+    open_store: Callable[..., MessageStore], clock: ManualClock, idle: bool
 ) -> None:
+    """Also for a queue closed to idle (idle_queues.py): its min offset moves and its files go."""
     store = open_store(Disk(0.10), file_reserved_time_hours=1.0)
     puts = _fill(store, clock, 5)
+    if idle:
+        sweep = IdleQueues(store, 1.0)
+        asyncio.run(sweep.sweep())
+        clock.advance(1001)
+        assert asyncio.run(sweep.sweep()) == 1
     cq_dir = os.path.join(store.config.consume_queue_path, "T", "0")
     cq_files_before = sorted(os.listdir(cq_dir))
     assert len(cq_files_before) >= 3
