@@ -10,6 +10,12 @@ With ``slaves`` > 0 the broker group is a SYNC_MASTER (``master_role``) and that
 (``broker-a-s1``, ...; listen port = broker port + 10 x n); with tenancy on too, the group fails
 over automatically through the control plane's leases (docs/ha.md).
 
+With ``broker_groups`` > 1 there are that many such groups, ``broker-a``, ``broker-b``, ... (each
+member's store under ``<root>/<member name>``), every one registered with the control plane's
+fleet with a broker credential of its own. Ports: group ``broker-a`` as above; each further group
+takes the next free block after the previous group's ports (``group_ports.py``); with port 0
+every member takes a free port.
+
 With ``tier`` the brokers tier their sealed CommitLog files to a local S3-compatible store
 (``data_plane/local_object_store.py``, started first, stopped last, empty at every start): bucket
 ``orbit-tier``, prefix the cluster's name, short retention (``TIER_STORE_SETTINGS``), and the
@@ -40,6 +46,7 @@ from data_plane.dev_tenancy import (
     ensure_demo,
     operator_api,
 )
+from data_plane.group_ports import MEMBER_PORT_STEP, group_name, next_free_base
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, make_local_ca
 
 if TYPE_CHECKING:
@@ -147,6 +154,7 @@ class LocalCluster:
     broker_flags: list[str] = field(default_factory=list)
     tenancy: bool = False
     slaves: int = 0
+    broker_groups: int = 1  # broker-a, broker-b, ...: each a master and ``slaves`` slaves
     master_role: str = "SYNC_MASTER"
     failover: bool = True  # with tenancy and slaves
     control_plane_port: int = 8080
@@ -163,6 +171,7 @@ class LocalCluster:
     tier_settings: dict[str, str | float] = field(default_factory=dict)  # [store] settings of every broker
     broker_env: dict[str, str] | None = None  # None: this process's environment
     _env_before: str | None = None
+    _group_bases: dict[int, int] = field(default_factory=dict)  # group (> 0) -> its master's port
 
     @property
     def run_dir(self) -> str:
@@ -172,7 +181,6 @@ class LocalCluster:
         try:
             if self.tier:
                 self.start_object_store()
-            tenancy_flags: list[str] = []
             api = None
             ns_tls: list[str] = []
             cp_tls: list[str] = []
@@ -212,29 +220,38 @@ class LocalCluster:
                 self.children.append(cp)
                 self.control_plane_url = str(cp.info["url"])
                 api = operator_api(self.control_plane_url, operator_file)
-                broker_creds = os.path.join(self.root, "broker-a", "broker-credentials.json")
-                ensure_broker_credential(api, broker_creds)
-                tenancy_flags = [
-                    "--set",
-                    "auth_enabled=true",
-                    "--set",
-                    f"control_plane_url={self.control_plane_url}",
-                    "--set",
-                    f"broker_credentials_file={broker_creds}",
-                ]
             ns_args = ["--listen", f"{self.host}:{self.namesrv_port}", *ns_tls]
             if self.tenancy:  # it checks credentials: the control plane's keys, and what its reconciler sends
                 ns_args += ["--tenancy", "--control-plane-url", self.control_plane_url,
                             "--state-dir", os.path.join(self.root, "namesrv")]  # fmt: skip
             ns = spawn("namesrv", "namesrv", ns_args, self.run_dir)
             self.children.append(ns)
-            members: list[Child] = []
-            for i, name in enumerate(self.broker_names):  # each kept as it starts: a later failure stops it
-                args = self.broker_args(i, ns.address, tenancy_flags)
-                members.append(spawn("broker", name, args, self.run_dir, env=self.broker_env))
-                self.children.append(members[-1])
+            for group in range(self.broker_groups):
+                name = group_name(group)
+                tenancy_flags: list[str] = []
+                if api is not None:  # each group reports usage with a credential of its own
+                    broker_creds = os.path.join(self.root, name, "broker-credentials.json")
+                    ensure_broker_credential(api, broker_creds)
+                    tenancy_flags = [
+                        "--set", "auth_enabled=true",
+                        "--set", f"control_plane_url={self.control_plane_url}",
+                        "--set", f"broker_credentials_file={broker_creds}",
+                    ]  # fmt: skip
+                if group and self.broker_port:
+                    try:
+                        base = next_free_base(self._last_port(group - 1), self.slaves + 1, self.host)
+                    except OSError as e:
+                        raise ClusterError(f"{name} did not start: {e}") from None
+                    self._group_bases[group] = base
+                members: list[Child] = []
+                # Each member kept as it starts: a later failure stops it.
+                for i, member in enumerate(self.member_names(group)):
+                    args = self.broker_args(i, ns.address, tenancy_flags, group=group)
+                    members.append(spawn("broker", member, args, self.run_dir, env=self.broker_env))
+                    self.children.append(members[-1])
+                if api is not None:
+                    ensure_broker_group(api, name, [m.address for m in members], ns.address)
             if api is not None:
-                ensure_broker_group(api, "broker-a", [m.address for m in members], ns.address)
                 self.demo = ensure_demo(api, os.path.join(self.root, "demo-credentials.json"))
         except (ClusterError, BootstrapError):
             self.stop()
@@ -263,22 +280,40 @@ class LocalCluster:
 
     @property
     def broker_names(self) -> list[str]:
-        return ["broker-a", *(f"broker-a-s{i}" for i in range(1, self.slaves + 1))]
+        """The members of group broker-a: its master, then its slaves."""
+        return self.member_names(0)
 
-    def member_port(self, member: int) -> int:
-        """The port broker group member ``member`` (0: the master) listens on (0: a free one)."""
+    def member_names(self, group: int) -> list[str]:
+        """The members of broker group ``group`` (0: broker-a): its master, then its slaves."""
+        name = group_name(group)
+        return [name, *(f"{name}-s{i}" for i in range(1, self.slaves + 1))]
+
+    @property
+    def group_names(self) -> list[str]:
+        return [group_name(g) for g in range(self.broker_groups)]
+
+    def member_port(self, member: int, group: int = 0) -> int:
+        """The port member ``member`` (0: the master) of broker group ``group`` listens on (0: a
+        free one). A further group's ports are known once the group before it started."""
+        if group:
+            return self._group_bases[group] + MEMBER_PORT_STEP * member if self.broker_port else 0
         if member == 0 or self.slave_port is None:
-            return self.broker_port + 10 * member if self.broker_port else 0
-        return self.slave_port + 10 * (member - 1) if self.slave_port else 0
+            return self.broker_port + MEMBER_PORT_STEP * member if self.broker_port else 0
+        return self.slave_port + MEMBER_PORT_STEP * (member - 1) if self.slave_port else 0
 
-    def broker_args(self, member: int, namesrv: str, tenancy_flags: list[str]) -> list[str]:
-        """``orbit broker`` flags of member 0 (the master) or slave ``member``."""
-        port = self.member_port(member)
-        store_dir = os.path.join(self.root, self.broker_names[member])
+    def _last_port(self, group: int) -> int:
+        """The highest port broker group ``group``'s members listen on (fixed ports only)."""
+        return max(self.member_port(m, group) for m in range(self.slaves + 1))
+
+    def broker_args(self, member: int, namesrv: str, tenancy_flags: list[str], *, group: int = 0) -> list[str]:
+        """``orbit broker`` flags of member 0 (the master) or slave ``member`` of broker group
+        ``group`` (0: broker-a)."""
+        port = self.member_port(member, group)
+        store_dir = os.path.join(self.root, self.member_names(group)[member])
         args = [
             "--listen", f"{self.host}:{port}",
             "--namesrv", namesrv,
-            "--broker-name", "broker-a",
+            "--broker-name", group_name(group),
             "--store-dir", store_dir,
             "--flush", self.flush,
             *tenancy_flags,
@@ -309,10 +344,22 @@ class LocalCluster:
     def brokers(self) -> dict[str, str]:
         return {c.name: c.address for c in self.children if c.name.startswith("broker")}
 
+    def broker_group_addrs(self) -> list[dict[str, Any]]:
+        """Every broker group with its master's and its slaves' addresses, broker-a first."""
+        brokers = self.brokers
+        out: list[dict[str, Any]] = []
+        for group in range(self.broker_groups):
+            master, *slaves = self.member_names(group)
+            if master in brokers:
+                addrs = [brokers[s] for s in slaves if s in brokers]
+                out.append({"name": master, "master": brokers[master], "slaves": addrs})
+        return out
+
     def endpoints(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "namesrv": self.namesrv,
             "brokers": self.brokers,
+            "broker_groups": self.broker_group_addrs(),
             "grpc": self._child("broker-a").info.get("grpc_address", ""),
             "data_dir": self.root,
             "logs": self.run_dir,

@@ -5,7 +5,11 @@ One instance per (event loop, name servers, instance name, credentials hook) hol
 * the ``RemotingClient`` — one connection per server, and the dispatch of the requests a
   broker sends us (NOTIFY_CONSUMER_IDS_CHANGED → the group's consumer rebalances at once);
 * the route cache: topic → ``TopicRoute``, filled on demand from the name servers and refreshed
-  every ``route_refresh_interval_ms`` for every topic a member uses;
+  every ``route_refresh_interval_ms`` (default 30 s, RocketMQ's pollNameServerInterval) for
+  every topic a member uses — and at once when a broker says the cached route is stale
+  (``route_stale``: a queue it does not serve, a topic it has not or takes no writes for), at
+  most once a topic per ``route_refresh_min_interval_ms`` (``sdk.route_refresh``). A refreshed
+  route whose queues changed makes the topic's consumers rebalance at once;
 * heartbeats: every ``heartbeat_interval_ms`` a HEART_BEAT with every producer group and
   consumer group (with subscriptions) goes to every broker of those routes, so brokers know who
   is in a group; UNREGISTER_CLIENT when a member leaves;
@@ -46,12 +50,14 @@ from sdk.errors import (
     ClientStateError,
     IllegalArgumentError,
     OrbitError,
+    QueueNotServedError,
     RouteNotFoundError,
     from_remoting,
 )
 from sdk.message import DEFAULT_TOPIC, MessageQueue
 from sdk.pacer import shared_pacer
-from sdk.route import MASTER_ID, TopicRoute, parse_route
+from sdk.route import MASTER_ID, TopicRoute, parse_route, without_write_queues
+from sdk.route_refresh import DEFAULT_MIN_INTERVAL_MS, RouteRefreshLimiter
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +102,7 @@ class ClientInstance:
         credentials: Credentials | TokenProvider | None = None,
         request_timeout_ms: int = 3000,
         route_refresh_interval_ms: int = 30000,
+        route_refresh_min_interval_ms: int = DEFAULT_MIN_INTERVAL_MS,
         heartbeat_interval_ms: int = 30000,
         connect_timeout_ms: int = 3000,
         tls: ssl.SSLContext | None = None,
@@ -133,9 +140,11 @@ class ClientInstance:
         self.consumers: dict[str, ConsumerMember] = {}
         self._namesrv_index = 0
         self._route_locks: dict[str, asyncio.Lock] = {}
+        self.route_refresh = RouteRefreshLimiter(self.fetch_route, route_refresh_min_interval_ms / 1000)
         self._refs = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._wake_heartbeat = asyncio.Event()
+        self._wake_route_loop = asyncio.Event()
         self.started = False
         self.closed = False
         self.on_close: Callable[[ClientInstance], None] | None = None
@@ -162,11 +171,19 @@ class ClientInstance:
             return
         self.closed = True
         await cancel_all(self._tasks)
+        await self.route_refresh.close()
         await self.remoting.close()
         if self.on_close is not None:
             self.on_close(self)
 
     # --- members ------------------------------------------------------------------------------------
+    def shorten_route_refresh(self, interval_ms: int) -> None:
+        """Refresh routes every ``interval_ms`` from now on, if that is more often than now (a
+        member joining the shared instance with a shorter ``route_refresh_interval_ms``)."""
+        if interval_ms < self.route_refresh_interval_ms:
+            self.route_refresh_interval_ms = interval_ms
+            self._wake_route_loop.set()
+
     def add_producer(self, member: ProducerMember) -> None:
         if member.group in self.producers:
             raise ClientStateError(
@@ -285,6 +302,7 @@ class ClientInstance:
         lock = self._route_locks.setdefault(topic, asyncio.Lock())
         async with lock:
             addr, resp = await self.invoke_namesrv(protocol.route_request(topic))
+            self.route_refresh.fetched(topic)
             data = protocol.parse_route_response(resp, addr)
             if data is None:
                 return None
@@ -293,11 +311,27 @@ class ClientInstance:
             self.routes[topic] = route
             if old is None or set(old.broker_addrs) != set(route.broker_addrs):
                 self._wake_heartbeat.set()  # new brokers hear from us at once
-            if old is not None and old != route:
+            moved = old is not None and (
+                old.subscribe_queues != route.subscribe_queues or old.broker_addrs != route.broker_addrs
+            )
+            if moved:  # queues added or removed, brokers changed: the topic's consumers rebalance now
                 for c in list(self.consumers.values()):
                     if topic in set(c.topics()):
                         c.request_rebalance()
             return route
+
+    def route_stale(self, mq: MessageQueue, error: OrbitError) -> None:
+        """A broker answered ``error`` for ``mq``: the cached route of its topic is stale. A send
+        refused (a queue not served, a topic not writable or not there) takes the refused
+        queues out of the cached route's publish queues at once — the queue and those above it,
+        or all of the broker's — so a retry goes to a writable queue; and the route is fetched
+        again soon (``route_refresh``)."""
+        # Not writable there, or not there at all: none of the broker's queues.
+        from_queue = mq.queue_id if isinstance(error, QueueNotServedError) else 0
+        route = self.routes.get(mq.topic)
+        if route is not None:
+            self.routes[mq.topic] = without_write_queues(route, mq.broker_name, from_queue)
+        self.route_refresh.ask(mq.topic)
 
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         route = None if refresh else self.routes.get(topic)
@@ -310,7 +344,10 @@ class ClientInstance:
     async def publish_route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         """The route to send to: the topic's own, or — for a topic the name servers do not know
         yet — the default topic's (TBW102) brokers with up to 4 queues, so that the first send
-        creates the topic on the broker (autoCreateTopicEnable)."""
+        creates the topic on the broker (autoCreateTopicEnable). ``refresh``: ask the name
+        servers, unless the route was fetched within ``route_refresh_min_interval_ms``."""
+        if refresh and self.route_refresh.recent(topic):
+            refresh = False
         route = None if refresh else self.routes.get(topic)
         if route is None or not route.publish_queues:
             route = await self.fetch_route(topic)
@@ -386,7 +423,10 @@ class ClientInstance:
 
     async def _route_loop(self) -> None:
         while True:
-            await asyncio.sleep(self.route_refresh_interval_ms / 1000)
+            await wait_event(self._wake_route_loop, self.route_refresh_interval_ms / 1000)
+            if self._wake_route_loop.is_set():  # a shorter interval: the next round after it
+                self._wake_route_loop.clear()
+                continue
             topics: set[str] = set()
             for p in list(self.producers.values()):
                 topics.update(p.topics())
@@ -529,5 +569,7 @@ async def acquire_instance(
                 del table[key]
 
         inst.on_close = forget
+    elif "route_refresh_interval_ms" in options:
+        inst.shorten_route_refresh(options["route_refresh_interval_ms"])
     await inst.acquire()
     return inst

@@ -5,9 +5,12 @@
 * the client instance (heartbeats carry this member's ``consumer_data``) and the offset store
   (remote for CLUSTERING, a local file for BROADCASTING);
 * rebalancing — every ``rebalance_interval_ms``, at once when a broker says the group changed
-  (NOTIFY_CONSUMER_IDS_CHANGED) or a route changed: for each subscribed topic, the topic's read
-  queues and the group's client ids go through the allocation strategy (BROADCASTING takes every
-  queue); queues no longer ours are dropped (their offsets persisted first), new ones start;
+  (NOTIFY_CONSUMER_IDS_CHANGED) or a route refresh changed a subscribed topic's route (queues
+  added or removed): for each subscribed topic, the topic's read queues and the group's client
+  ids go through the allocation strategy (BROADCASTING takes every queue); queues no longer ours
+  are dropped (their offsets persisted first), new ones start. A pull answered that its queue
+  is not served (SYSTEM_ERROR "queueId[N] is illegal", TOPIC_NOT_EXIST) asks for the topic's
+  route at once and waits, quietly, for the rebalance to drop the queue;
 * one pull loop per assigned queue: a long-poll PULL_MESSAGE (the broker holds it up to
   ``pull_suspend_ms`` when there is nothing new), the exact tag re-check, the ``ProcessQueue``
   cache with flow control (the loop waits while the cache is over its limits), and
@@ -39,7 +42,15 @@ from data_plane.tasks import cancel_all
 from sdk import protocol
 from sdk.aio import wait_event
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
-from sdk.errors import ClientStateError, FlowControlError, IllegalArgumentError, OrbitError, RouteNotFoundError
+from sdk.errors import (
+    ClientStateError,
+    FlowControlError,
+    IllegalArgumentError,
+    OrbitError,
+    QueueNotServedError,
+    RouteNotFoundError,
+    TopicNotExistError,
+)
 from sdk.message import MessageExt, MessageQueue
 from sdk.offset_store import LocalOffsetStore, OffsetStore, RemoteOffsetStore
 from sdk.process_queue import ProcessQueue
@@ -564,6 +575,7 @@ class ConsumerBase:
         broker_id = 0
         addr = ""
         timeout_ms = self.pull_suspend_ms + max(self.request_timeout_ms, 5000)
+        gone = False  # a pull answered that the queue is not served (logged once)
         while not pq.dropped and not self._stop.is_set():
             if not await self._may_pull(mq, pq):
                 continue
@@ -596,6 +608,15 @@ class ConsumerBase:
                     return
                 if isinstance(e, FlowControlError):  # over quota: wait as long as the broker says
                     await wait_event(self._stop, e.retry_after_ms / 1000)
+                    continue
+                if isinstance(e, QueueNotServedError | TopicNotExistError):
+                    # The queue is gone from the topic there: the route, fetched again, no longer
+                    # lists it and the rebalance that follows drops this loop. Said once.
+                    if not gone:
+                        gone = True
+                        log.info("consumer %s: %s is gone (%s); the route refresh drops it", self.group, mq, e)
+                    inst.route_refresh.ask(mq.topic)
+                    await wait_event(self._stop, self.pull_retry_delay_ms / 1000)
                     continue
                 log.warning("consumer %s: pull of %s failed: %s", self.group, mq, e)
                 # Another broker of the group next (a slave while the master is away).

@@ -27,6 +27,10 @@ from data_plane.remoting.errors import (
 
 _RETRY_AFTER = re.compile(r"retry-after-ms=(\d{1,9})")
 _QUOTA_RATE = re.compile(r"quota-msgs-per-s=([0-9]{1,9}(?:\.[0-9]{1,6})?)")
+# RocketMQ's (and Orbit's) remark for a queue id a topic does not have for the request:
+# "request queueId[5] is illegal, ..." (send), "queueId[5] is illegal, topic:[...] ..." (pull).
+_QUEUE_ILLEGAL = re.compile(r"queueId\[-?\d{1,10}\] is illegal")
+_SENDING_FORBIDDEN = "sending is forbidden"  # RocketMQ's remark: the topic's perm lacks WRITE
 
 
 class OrbitError(Exception):
@@ -136,6 +140,16 @@ class BrokerSystemError(BrokerError):
     retriable = True
 
 
+class QueueNotServedError(BrokerSystemError):
+    """The broker has no such queue for this request (SYSTEM_ERROR "queueId[N] is illegal"): a
+    send to a queue id at or above the topic's writeQueueNums there (the queue is read-only or
+    gone), a pull at or above its readQueueNums (gone). The topic's queues changed since the
+    route was read: the producer sends elsewhere and refreshes the route, a consumer waits for
+    the refreshed route to drop the queue."""
+
+    invalid_metadata = True
+
+
 class SystemBusyError(BrokerError):
     """The broker sheds load (flow control, page cache busy); back off and retry."""
 
@@ -196,6 +210,15 @@ class NoPermissionError(BrokerError):
     """The topic refuses this operation (permission bits or access control)."""
 
     code = ResponseCode.NO_PERMISSION
+
+
+class TopicNotWritableError(NoPermissionError):
+    """The topic takes no writes on this broker now (NO_PERMISSION "the topic[...] sending is
+    forbidden": its perm lacks WRITE there, as when a broker group is being drained). Retriable
+    on the topic's other brokers, after a route refresh."""
+
+    retriable = True
+    invalid_metadata = True
 
 
 class TopicNotExistError(BrokerError):
@@ -260,6 +283,10 @@ def for_code(code: int, remark: str | None = None, addr: str = "") -> OrbitError
     """The exception for a failure code a server answered."""
     cls = CODE_TO_ERROR.get(code)
     remark = remark or ""
+    if code == ResponseCode.SYSTEM_ERROR and _QUEUE_ILLEGAL.search(remark):
+        cls = QueueNotServedError
+    elif code == ResponseCode.NO_PERMISSION and _SENDING_FORBIDDEN in remark:
+        cls = TopicNotWritableError
     where = f"{addr}: " if addr else ""
     if cls is None or not issubclass(cls, BrokerError):
         if cls is not None:  # a client-side class that shares the code (MESSAGE_ILLEGAL)

@@ -17,7 +17,13 @@ statuses of a message that was stored, not errors.
   A ``sharding_key`` picks ``queues[crc32(key) % len(queues)]`` (the same in every process, as
   long as the number of queues does not change); a ``queue_selector(queues, msg)`` picks freely.
 * Retries: up to ``retry_times`` more attempts for retriable errors, all within
-  ``send_timeout_ms``. A retry can store a message twice (the first attempt may have landed):
+  ``send_timeout_ms``. A broker answering that the topic's queues changed — a queue it does not
+  serve (SYSTEM_ERROR "queueId[N] is illegal": the topic's writeQueueNums shrank), the topic not
+  writable (NO_PERMISSION) or not there (TOPIC_NOT_EXIST) — takes the refused queues out of the
+  cached route, the retry goes to a writable queue, and the route is fetched again at once (at
+  most once a topic per second: ``sdk.route_refresh``); the caller sees no error. Queues added
+  to a topic are used from the next route refresh (``route_refresh_interval_ms``).
+  A retry can store a message twice (the first attempt may have landed):
   delivery is at least once; ``msg_id`` (UNIQ_KEY) is the same on every attempt, so consumers
   can de-duplicate.
 * Flow control: a broker answering FLOW_CONTROL (215, the tenant is over its quota) stored
@@ -51,6 +57,7 @@ from data_plane.store.message import topic_of
 from sdk import protocol
 from sdk.client_instance import ClientInstance, Credentials, acquire_instance
 from sdk.errors import (
+    BrokerError,
     ClientStateError,
     FlowControlError,
     IllegalArgumentError,
@@ -673,12 +680,19 @@ class Producer:
                 continue
             except OrbitError as e:
                 attempt += 1
-                self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=True)
+                if e.invalid_metadata and isinstance(e, BrokerError):
+                    # The broker answered that the topic's queues changed (not that it is slow or
+                    # away): the retry goes to a queue the trimmed route still lists, while the
+                    # route is fetched again (at most once a topic per short interval).
+                    inst.route_stale(mq, e)
+                    refresh = False
+                else:
+                    self.fault.update(mq.broker_name, int((loop.time() - begin) * 1000), isolation=True)
+                    refresh = e.invalid_metadata
                 if not e.retriable:
                     raise
                 log.info("send to %s failed (attempt %d): %s", mq, attempt, e)
                 last_error = e
-                refresh = e.invalid_metadata
                 continue
             if addr is not None:
                 inst.pacer.granted(addr)

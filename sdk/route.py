@@ -8,6 +8,10 @@ its addresses by broker id ("0" = the master). From it:
   and that has a master;
 * subscribe queues — ``0..readQueueNums-1`` of every broker whose perm has READ (4).
 
+A broker refusing a send to one of a route's queues trims the cached route until the name
+servers' next answer (``without_write_queues``): a topic's queue ids on a broker are
+``0..n-1``, so a refused id and every id above it are not writable there.
+
 Both are sorted (topic, broker name, queue id), so every client in every process sees the same
 order: a sharding key picks the same queue everywhere, and allocation is the same on each
 consumer.
@@ -15,7 +19,7 @@ consumer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from data_plane.remoting.codes import PERM_READ, PERM_WRITE
@@ -64,3 +68,10 @@ def parse_route(topic: str, data: dict[str, Any], *, max_write_queues: int | Non
         if perm & PERM_READ:
             subscribe.extend(MessageQueue(topic, name, i) for i in range(int(qd.get("readQueueNums", 0))))
     return TopicRoute(topic, tuple(sorted(set(publish))), tuple(sorted(set(subscribe))), addrs, data)
+
+
+def without_write_queues(route: TopicRoute, broker_name: str, from_queue_id: int = 0) -> TopicRoute:
+    """``route`` without the publish queues of ``broker_name`` from ``from_queue_id`` up (0:
+    all of that broker's); ``route`` itself when it has none of them."""
+    kept = tuple(q for q in route.publish_queues if q.broker_name != broker_name or q.queue_id < from_queue_id)
+    return route if len(kept) == len(route.publish_queues) else replace(route, publish_queues=kept)

@@ -45,6 +45,8 @@ class AdminProcessor:
         perm = field_int(ext, "perm", PERM_READ_WRITE, lo=0, hi=7)
         order = field_bool(ext, "order", False)
         sys_flag = field_int(ext, "topicSysFlag", 0, lo=0, hi=2**31 - 1)
+        before = self.broker.topics.get(topic)
+        read_before = before["readQueueNums"] if before is not None else 0
         try:
             self.broker.topics.create_or_update(
                 topic, read_queue_nums=read, write_queue_nums=write, perm=perm, order=order, sys_flag=sys_flag,
@@ -52,6 +54,8 @@ class AdminProcessor:
             )  # fmt: skip
         except ValueError as e:
             return cmd.response(ResponseCode.SYSTEM_ERROR, str(e))
+        if read < read_before:  # queues gone: their held pulls answer now
+            self.broker.hold.release_queues(topic, read)
         self.broker.topics_changed()
         return self._created(cmd, self.store.queues_ready(topic))
 

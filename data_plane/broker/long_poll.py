@@ -163,6 +163,18 @@ class PullRequestHoldService:
             self._settle(h, False)
         return len(held)
 
+    def release_queues(self, topic: str, from_queue_id: int) -> int:
+        """Wake the pulls held on ``topic``'s queues from ``from_queue_id`` up now, with False:
+        the topic's readQueueNums shrank, and their consumers learn at their next pull that the
+        queues are gone rather than at the end of the suspend time. How many were woken."""
+        gone = [key for key in self.held if key[0] == topic and key[1] >= from_queue_id]
+        n = 0
+        for key in gone:
+            for h in self.held.pop(key):
+                self._settle(h, False)
+                n += 1
+        return n
+
     def wake_all(self) -> None:
         """Wake every held pull now, with False (shutdown)."""
         for lst in list(self.held.values()):

@@ -369,10 +369,7 @@ class SendProcessor:
         if queue_id < 0:
             queue_id = random.randrange(nq)
         elif queue_id >= nq:
-            return cmd.response(
-                ResponseCode.SYSTEM_ERROR,
-                f"request queueId[{queue_id}] is illegal, topic {topic} has {nq} write queues",
-            )
+            return cmd.response(ResponseCode.SYSTEM_ERROR, queue_not_writable(topic, queue_id, tc))
         # A batch's body is used where it lies (a large one is a view of the frame); a single
         # message's becomes its store Message's bytes.
         raw = cmd.body
@@ -552,6 +549,18 @@ _STORED_CODES = frozenset(
      ResponseCode.SLAVE_NOT_AVAILABLE}
 )  # fmt: skip
 _TRACEPARENT_BYTES = b"traceparent\x01"
+
+
+def queue_not_writable(topic: str, queue_id: int, tc: TopicConfig) -> str:
+    """The remark of SYSTEM_ERROR for a send to a queue id at or above the topic's
+    writeQueueNums: RocketMQ's "request queueId[N] is illegal" (clients that follow routes key on
+    it), then whether the queue is read-only (below readQueueNums: it is being drained) or gone."""
+    write, read = tc["writeQueueNums"], tc["readQueueNums"]
+    state = "read-only" if queue_id < read else "gone"
+    return (
+        f"request queueId[{queue_id}] is illegal, topic[{topic}] queue {queue_id} is {state}: "
+        f"writeQueueNums {write}, readQueueNums {read}; refresh the topic's route"
+    )
 
 
 def _code_name(code: int) -> str:

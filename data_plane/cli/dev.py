@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from data_plane.dev_tenancy import BootstrapError, Demo
+from data_plane.group_ports import MAX_BROKER_GROUPS
 from data_plane.local_cluster import ClusterError, LocalCluster
 
 
@@ -79,9 +80,22 @@ The local development cluster, every part a process on this machine:
   - a name server;
   - broker group broker-a: a SYNC_MASTER and a slave replicating it, with failover through
     the control plane (--single-broker: one broker; --no-tenancy: no control plane, no
-    credentials);
+    credentials); --broker-groups N runs N such groups, broker-a, broker-b, ..., each
+    registered with the control plane's fleet (each further group on the next free ports
+    after the previous group's: with the defaults broker-b on 10931 / 10941);
   - with --tier, an S3-compatible store (moto) the brokers tier sealed CommitLog files to.
 State lives under --dir, so a second `dev up` finds its topics and messages again."""
+
+
+def broker_groups(text: str) -> int:
+    """``--broker-groups``: a whole number 1..MAX_BROKER_GROUPS."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if not 1 <= n <= MAX_BROKER_GROUPS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of broker groups from 1 to {MAX_BROKER_GROUPS}")
+    return n
 
 
 def add_parser(sub: Any) -> None:
@@ -112,6 +126,11 @@ def add_parser(sub: Any) -> None:
     up.add_argument(
         "--single-broker", action="store_true",
         help="one broker instead of a broker group of a SYNC_MASTER and a slave",
+    )  # fmt: skip
+    up.add_argument(
+        "--broker-groups", type=broker_groups, default=1, metavar="N",
+        help=f"how many broker groups (broker-a, broker-b, ...; 1..{MAX_BROKER_GROUPS}, default 1); each further "
+        "group takes the next free ports after the previous group's",
     )  # fmt: skip
     up.add_argument(
         "--store-set", action="append", default=[], metavar="KEY=VALUE",
@@ -156,6 +175,7 @@ def dev_up(args: argparse.Namespace) -> int:
         ],
         tenancy=not args.no_tenancy,
         slaves=0 if args.single_broker else 1,
+        broker_groups=args.broker_groups,
         control_plane_port=args.control_plane_port,
         tls=args.tls,
         tier=args.tier,
@@ -179,6 +199,9 @@ def dev_up(args: argparse.Namespace) -> int:
     print(f"  name server   {cluster.namesrv}")
     for name, addr in cluster.brokers.items():
         print(f"  {name:<13} {addr}")
+    if cluster.broker_groups > 1:
+        fleet = " (each in the control plane's fleet)" if cluster.control_plane_url else ""
+        print(f"  broker groups {', '.join(cluster.group_names)}{fleet}")
     if endpoints.get("grpc"):
         print(f"  gRPC (v5)     {endpoints['grpc']}  (RocketMQ 5 clients)")
     if cluster.tls:

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from sdk import Producer
+from sdk import ConsumeResult, MessageExt, Producer, PushConsumer
 
 DEADLINE_S = 20.0
 # Broker flags: no DISK_FULL refusals while the shared test disk is busy (disk policy is not what
@@ -169,3 +169,20 @@ async def create_topic(namesrv_addr: str, topic: str, queues: int) -> None:
     """Create ``topic`` with ``queues`` queues through an SDK producer's admin request."""
     async with Producer("admin", namesrv_addrs=namesrv_addr, instance_name="admin") as p:
         await p.create_topic(topic, queue_nums=queues)
+
+
+def collecting(
+    group: str, namesrv_addr: str, topic: str, name: str, expression: str = "*", **options: Any
+) -> tuple[PushConsumer, list[MessageExt]]:
+    """A push consumer (``QUICK`` options, then ``options``) whose concurrent listener appends
+    every message to the returned list."""
+    c = PushConsumer(group, namesrv_addrs=namesrv_addr, instance_name=name, **{**QUICK, **options})
+    c.subscribe(topic, expression)
+    got: list[MessageExt] = []
+
+    async def listener(msgs: list[MessageExt]) -> ConsumeResult:
+        got.extend(msgs)
+        return ConsumeResult.SUCCESS
+
+    c.on_message(listener)
+    return c, got

@@ -29,29 +29,13 @@ from sdk import (
 )
 from sdk.admin import AdminClient
 from tests.integration import helpers
-from tests.integration.helpers import QUICK, create_topic
+from tests.integration.helpers import QUICK, collecting, create_topic
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE_S = 30.0
 until = functools.partial(helpers.until, timeout_s=DEADLINE_S)
-
-
-def collecting(
-    group: str, namesrv_addr: str, topic: str, name: str, expression: str = "*", **options: Any
-) -> tuple[PushConsumer, list[MessageExt]]:
-    """A push consumer whose concurrent listener appends every message to the returned list."""
-    c = PushConsumer(group, namesrv_addrs=namesrv_addr, instance_name=name, **{**QUICK, **options})
-    c.subscribe(topic, expression)
-    got: list[MessageExt] = []
-
-    async def listener(msgs: list[MessageExt]) -> ConsumeResult:
-        got.extend(msgs)
-        return ConsumeResult.SUCCESS
-
-    c.on_message(listener)
-    return c, got
 
 
 @pytest.mark.asyncio

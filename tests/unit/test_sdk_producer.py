@@ -59,6 +59,7 @@ class FakeInstance:
         self.sent: list[tuple[str, RemotingCommand]] = []
         self.oneway: list[tuple[str, RemotingCommand]] = []
         self.refreshes = 0
+        self.stale: list[tuple[MessageQueue, int | None]] = []  # route_stale calls: (queue, error code)
         self.routes: dict[str, TopicRoute] = {}  # no cached routes: every send asks publish_route
         self.pacer = Pacer()
 
@@ -71,6 +72,9 @@ class FakeInstance:
 
     async def broker_addr(self, mq: MessageQueue, broker_id: int = 0, *, master_only: bool = False) -> str:
         return ADDRS[mq.broker_name]
+
+    def route_stale(self, mq: MessageQueue, error: errors.OrbitError) -> None:
+        self.stale.append((mq, error.code))
 
     async def invoke(self, addr: str, cmd: RemotingCommand, timeout_ms: int | None = None) -> RemotingCommand:
         self.sent.append((addr, cmd))
@@ -250,7 +254,7 @@ async def test_retriable_failures_stop_after_retry_times_and_raise_the_last_erro
 
 
 @pytest.mark.asyncio
-async def test_a_topic_error_refreshes_the_route_before_the_retry() -> None:
+async def test_a_topic_error_marks_the_route_stale_and_the_retry_goes_on() -> None:
     calls = 0
 
     def answer(addr: str, cmd: RemotingCommand) -> RemotingCommand:
@@ -262,7 +266,9 @@ async def test_a_topic_error_refreshes_the_route_before_the_retry() -> None:
 
     fake = FakeInstance(answer)
     await _producer(fake).send(Message("T", b"x"))
-    assert fake.refreshes == 1
+    # (the instance trims the cached route and fetches it again in the background: ClientInstance.route_stale)
+    assert [(mq.topic, code) for mq, code in fake.stale] == [("T", ResponseCode.TOPIC_NOT_EXIST)]
+    assert len(fake.sent) == 2
 
 
 @pytest.mark.asyncio
