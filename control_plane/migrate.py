@@ -1,6 +1,10 @@
 """Migrations: the numbered SQL files of ``control_plane/migrations`` applied in order, each in
 its own transaction together with its row in ``schema_migrations`` (version, name, sha256).
 
+Numbers are unique, not necessarily contiguous: migrations written on separate branches may
+land in either order, and one whose number is below an applied one is applied when it appears
+(each file must therefore stand on its own against the schema of the files numbered before it).
+
 Several control planes may start at once: a session advisory lock lets one apply while the
 others wait, then find nothing left to do. An applied file whose text changed is refused
 (``MigrationError``): migrations are append-only.
@@ -47,8 +51,8 @@ def load_migrations() -> list[Migration]:
             found.append(Migration(int(m.group(1)), m.group(2), entry.read_text()))
     found.sort(key=lambda x: x.version)
     versions = [x.version for x in found]
-    if versions != list(range(1, len(found) + 1)):
-        raise MigrationError(f"migration numbers must run 1, 2, 3 ... without gaps: {versions}")
+    if len(set(versions)) != len(versions) or (versions and versions[0] < 1):
+        raise MigrationError(f"migration numbers must be unique and start at 1 or later: {versions}")
     return found
 
 
