@@ -12,7 +12,6 @@ from pathlib import Path
 from aiohttp import web
 
 from control_plane.console import csrf, message_pages, operator_pages, render, sign_in, tenant_pages
-from control_plane.console.lag_history import LagHistory
 from control_plane.console.render import PageHandler
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -77,7 +76,6 @@ async def _to_console(request: web.Request) -> web.StreamResponse:
 def setup(app: web.Application, master_key: bytes) -> None:
     app[render.ENV] = render.environment()
     app[csrf.KEY] = csrf.derive_key(master_key)
-    app[message_pages.LAG_HISTORY] = LagHistory()
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
     app.router.add_route("GET", "/console", _to_console)
