@@ -4,14 +4,17 @@ may report and read, bad reports, and retention."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from data_plane.remoting.codes import ResponseCode
 from tests.integration.load_support import lag, latest, reported_empty, send, stored_backlog, taker
 from tests.integration.tenancy_cluster import TenancyCluster, tenancy_fixture, until  # noqa: F401
+from tests.integration.test_tenancy_e2e_refusals import send_cmd
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
@@ -117,6 +120,25 @@ async def test_a_broker_reports_for_its_own_group_and_its_topics_only(control_pl
     assert [r["broker"] for r in brokers] == [home]
     got = (await cp.call("GET", "/v1/tenants/acme/groups/billing/lag?topic=orders", token=acme_token)).body
     assert latest(got["buckets"], "backlog") == 6
+
+
+async def test_refused_sends_are_counted_per_topic_in_the_stored_history(tenancy: TenancyCluster) -> None:
+    acme = await tenancy.new_tenant("acme")
+    reply = await tenancy.cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"publish_msgs_per_s": 50})
+    assert reply.status == 200, reply.body
+    await tenancy.create_topic(acme, "orders")
+    answers = await asyncio.gather(*(tenancy.invoke(send_cmd("acme%orders"), token=acme.token) for _ in range(200)))
+    refused = sum(a.code == ResponseCode.FLOW_CONTROL for a in answers)
+    assert refused > 0
+    assert {a.code for a in answers} <= {ResponseCode.SUCCESS, ResponseCode.FLOW_CONTROL}
+
+    async def counted() -> bool:
+        reply = await tenancy.cp.call("GET", "/v1/tenants/acme/topics/orders/load", token=acme.token)
+        assert reply.status == 200, reply.body
+        stored: int = sum(b["refused"] for b in reply.body["buckets"])
+        return stored == refused
+
+    await until(counted, f"{refused} refusals in the stored history of orders", timeout_s=30)
 
 
 def one_topic(*queues: dict[str, Any], **fields: Any) -> dict[str, Any]:
