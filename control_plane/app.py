@@ -2,6 +2,7 @@
 
 ``create_app(settings)`` owns its pool (opened, migrated and bootstrapped in ``cleanup_ctx``);
 ``create_app(settings, services=...)`` serves services the caller owns (tests, embedding).
+The app prunes brokers' load samples past ``settings.load_history_hours`` in the background.
 With ``settings.reconcile_interval_s`` > 0 the app also runs the reconciler, and every
 successful change through the API (a non-GET under /v1/ answered 2xx) or the web console (a
 form under /console/t/ or /console/ops/ answered 200 or 303) starts a round at once.
@@ -14,6 +15,7 @@ duration histogram (``telemetry_middleware``). Off ("none", the default) it is n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -24,7 +26,7 @@ from aiohttp.typedefs import Handler, Middleware
 from control_plane import console
 from control_plane.auth import MAX_TOKEN_CHARS
 from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
-from control_plane.handlers import credentials, endpoints, fleet, groups, ha, public, tenants, topics, usage
+from control_plane.handlers import credentials, endpoints, fleet, groups, ha, load, public, tenants, topics, usage
 from control_plane.login_limiter import LoginLimiter
 from control_plane.middleware import error_middleware
 from control_plane.openapi import build_document
@@ -48,6 +50,7 @@ ALL_ROUTES: list[Route] = [
     *groups.ROUTES,
     *credentials.ROUTES,
     *usage.ROUTES,
+    *load.ROUTES,
     *ha.ROUTES,
     *endpoints.ROUTES,
 ]
@@ -97,7 +100,20 @@ def create_app(
         app.cleanup_ctx.append(services_ctx)
     if settings.reconcile_interval_s > 0:
         app.cleanup_ctx.append(reconciler_ctx)
+    app.cleanup_ctx.append(load_pruning_ctx)
     return app
+
+
+async def load_pruning_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Brokers' load samples older than ``load_history_hours`` are deleted every ``load_prune_interval_s``."""
+    services = app[SERVICES]
+    task = asyncio.get_running_loop().create_task(
+        services.load.prune_every(services.settings.load_prune_interval_s), name="load-pruning"
+    )
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 async def reconciler_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -12,6 +12,7 @@ flags (``server.main``). The master key is a secret: it never appears in ``repr`
 | bootstrap_credentials_file | ORBIT_BOOTSTRAP_CREDENTIALS_FILE | --bootstrap-credentials-file |
 | json_body_limit_bytes | ORBIT_JSON_BODY_LIMIT_BYTES | |
 | telemetry (none, console, otlp) | ORBIT_TELEMETRY | --telemetry |
+| load_history_hours (brokers' load samples kept) | ORBIT_LOAD_HISTORY_HOURS | |
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ class Settings:
     reconcile_interval_s: float = 5.0
     # OpenTelemetry (docs/control_plane.md#observability): "none", "console" or "otlp".
     telemetry: str = "none"
+    # Brokers' load samples (docs/elasticity.md) are kept this long, pruned every load_prune_interval_s.
+    load_history_hours: float = 48.0
+    load_prune_interval_s: float = 600.0
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -119,6 +123,10 @@ class Settings:
             raise SettingsError("json_body_limit_bytes must be within 1 KiB..16 MiB")
         if self.telemetry not in ("none", "console", "otlp"):
             raise SettingsError(f"telemetry {self.telemetry!r} is not one of none, console, otlp")
+        if not 1 <= self.load_history_hours <= 24 * 93:
+            raise SettingsError("load_history_hours must be within 1..2232 (93 days)")
+        if not 0.05 <= self.load_prune_interval_s <= 86_400:
+            raise SettingsError("load_prune_interval_s must be within 0.05..86400")
 
     @property
     def listen_host(self) -> str:
@@ -153,6 +161,7 @@ class Settings:
             ("json_body_limit_bytes", "ORBIT_JSON_BODY_LIMIT_BYTES", int),
             ("reconcile_interval_s", "ORBIT_RECONCILE_INTERVAL_S", float),
             ("telemetry", "ORBIT_TELEMETRY", str),
+            ("load_history_hours", "ORBIT_LOAD_HISTORY_HOURS", float),
         ):
             if env.get(var):
                 try:

@@ -21,7 +21,6 @@ from control_plane.console import (
     sign_in,
     tenant_pages,
 )
-from control_plane.console.lag_history import LagHistory
 from control_plane.console.render import PageHandler
 
 STATIC_DIR = Path(__file__).parent / "static"
@@ -99,7 +98,6 @@ async def _to_console(request: web.Request) -> web.StreamResponse:
 def setup(app: web.Application, master_key: bytes) -> None:
     app[render.ENV] = render.environment()
     app[csrf.KEY] = csrf.derive_key(master_key)
-    app[message_pages.LAG_HISTORY] = LagHistory()
     for method, path, handler in ROUTES:
         app.router.add_route(method, path, handler)
     app.router.add_route("GET", "/console", _to_console)

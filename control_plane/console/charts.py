@@ -24,14 +24,19 @@ PAD_RIGHT = 8
 @dataclass(frozen=True, slots=True)
 class Point:
     at: dt.datetime
-    value: int
+    value: float
+
+
+def number(value: float) -> str:
+    """A whole number as it is, any other with two decimals."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.2f}"
 
 
 def line_chart(
     title: str,
     points: Sequence[Point],
     *,
-    fmt: Callable[[int], str] = str,
+    fmt: Callable[[float], str] = number,
     time_format: str = "%m-%d %H:%M",
     span: tuple[dt.datetime, dt.datetime] | None = None,
 ) -> Markup:

@@ -9,12 +9,10 @@ import datetime as dt
 from typing import Any
 
 from aiohttp import web
-from markupsafe import Markup
 
 from control_plane import auth, context
-from control_plane.console import charts
+from control_plane.console import load_charts
 from control_plane.console.brokers import admin_client
-from control_plane.console.lag_history import LagHistory, Rate
 from control_plane.console.render import PRINCIPAL, page, redirect, render
 from control_plane.errors import InvalidField
 from control_plane.handlers.usage import parse_time
@@ -25,7 +23,6 @@ from data_plane.store.message import StoredMessage
 from data_plane.tenancy.namespace import wire_name
 from sdk.admin import message_id_forms
 
-LAG_HISTORY = web.AppKey("console_lag_history", LagHistory)
 MAX_KEY_CHARS = 128
 MAX_FOUND = 32
 MAX_DEAD_LETTERS = 100
@@ -52,7 +49,9 @@ async def _topic_names(request: web.Request, tenant_id: str) -> list[str]:
 
 @page
 async def group(request: web.Request) -> web.StreamResponse:
-    """A group's settings, and with ``?topic=`` its lag on each queue of that topic."""
+    """A group's settings, and with ``?topic=`` its lag on each queue of that topic (live, from
+    the brokers) and its backlog and consume rate over the last hour or day (``?range=``, stored
+    from the brokers' load reports)."""
     tenant_id, name = await auth.named_resource(request, "group", None)
     principal = await auth.authenticate(request)
     request[PRINCIPAL] = principal
@@ -60,8 +59,9 @@ async def group(request: web.Request) -> web.StreamResponse:
     topic = request.query.get("topic") or None
     progress: list[dict[str, Any]] | None = None
     consumers: list[str] = []
-    rate: Rate | None = None
-    lag_chart: Markup | None = None
+    history: list[load_charts.Chart] = []
+    step_s = 0
+    w = load_charts.window(request)
     if topic is not None:
         topic = _topic_param(topic)
         auth.require_grant(principal, "topic", topic, None)
@@ -74,12 +74,14 @@ async def group(request: web.Request) -> web.StreamResponse:
              "consumer_offset": r.consumer_offset, "lag": r.lag}
             for r in rows
         ]  # fmt: skip
-        committed = sum(max(0, r.consumer_offset) for r in rows)
-        total = sum(r.lag for r in rows)
-        rate, samples = request.app[LAG_HISTORY].observe((tenant_id, name, topic), committed=committed, lag=total)
-        lag_chart = charts.line_chart(
-            f"Lag of {name} on {topic}", [charts.Point(s.wall, s.lag) for s in samples], time_format="%H:%M:%S"
+        lag = await context.services(request).load.group_lag(
+            tenant_id=tenant_id, group=name, topic=topic, start=w.start, end=w.end
         )
+        step_s = lag["step_s"]
+        history = [
+            load_charts.chart(f"Backlog of {name} on {topic}", lag["buckets"], "backlog", w),
+            load_charts.chart(f"Consume rate of {name} on {topic} (messages/s)", lag["buckets"], "consume_rate", w),
+        ]
     return render(
         request,
         "group.html",
@@ -90,8 +92,9 @@ async def group(request: web.Request) -> web.StreamResponse:
         progress=progress,
         total_lag=sum(p["lag"] for p in progress or []),
         consumers=consumers,
-        rate=rate,
-        lag_chart=lag_chart,
+        history=history,
+        step_s=step_s,
+        window=w,
     )
 
 

@@ -53,7 +53,7 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def human_bytes(n: int | None) -> str:
+def human_bytes(n: float | None) -> str:
     if n is None:
         return "—"
     value = float(n)

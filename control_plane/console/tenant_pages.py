@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from control_plane import auth, context
-from control_plane.console import charts, forms
+from control_plane.console import charts, forms, load_charts
 from control_plane.console.render import PRINCIPAL, human_bytes, page, redirect, render
 from control_plane.errors import InvalidField
 from control_plane.grants import Resource, default_grants, grants_to_json
@@ -113,10 +113,15 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 
 @page
 async def topic(request: web.Request) -> web.StreamResponse:
+    """A topic's settings and placement, and its publish rate over the last hour or day (``?range=``)."""
     tenant_id, name = await auth.named_resource(request, "topic", None)
     _seen(request, await auth.authenticate(request))
-    found = await context.services(request).topics.get(tenant_id=tenant_id, name=name)
-    return render(request, "topic.html", tenant=tenant_id, topic=found)
+    services = context.services(request)
+    found = await services.topics.get(tenant_id=tenant_id, name=name)
+    w = load_charts.window(request)
+    load = await services.load.topic_load(tenant_id=tenant_id, topic=name, start=w.start, end=w.end)
+    publish = load_charts.chart(f"Publish rate of {name} (messages/s)", load["buckets"], "publish_rate", w)
+    return render(request, "topic.html", tenant=tenant_id, topic=found, publish=publish, window=w)
 
 
 @page

@@ -23,6 +23,7 @@ from control_plane.services.desired_state import DesiredState, DesiredStateServi
 from control_plane.services.fleet import FleetService
 from control_plane.services.groups import GroupService
 from control_plane.services.ha import HaService
+from control_plane.services.load import LoadService
 from control_plane.services.tenants import TenantService
 from control_plane.services.tokens import TokenService
 from control_plane.services.topics import TopicService
@@ -43,6 +44,7 @@ class Services:
     topics: TopicService
     groups: GroupService
     usage: UsageService
+    load: LoadService
     desired: DesiredStateService
     ha: HaService
 
@@ -61,6 +63,7 @@ class Services:
             topics=TopicService(pool),
             groups=GroupService(pool),
             usage=UsageService(pool),
+            load=LoadService(pool, history_hours=settings.load_history_hours),
             desired=DesiredStateService(pool, credentials),
             ha=HaService(pool),
         )

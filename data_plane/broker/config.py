@@ -140,6 +140,13 @@ class BrokerConfig:
     # How often usage counters become records (a divisor of 60 s; each record is keyed by the start
     # of its period, which the control plane counts in that period's minute). Short in tests.
     usage_roll_interval_s: float = 60.0
+    # Load reports (docs/elasticity.md): every load_report_interval_s a master sends its tenant
+    # topics' max offsets, consumer groups' committed offsets and refusals to the control plane, at
+    # most load_report_max_items topics and groups a report; one unchanged (and without backlog) is
+    # sent again only every load_report_refresh_s (at the next report past it, if the interval is longer).
+    load_report_interval_s: float = 10.0
+    load_report_max_items: int = 500
+    load_report_refresh_s: float = 120.0
     # Also write every usage record as a message of the system topic ORBIT_SYS_USAGE (operators
     # only), which the Spark metering pipeline reads (data_plane/tenancy/usage_topic.py).
     usage_topic_enabled: bool = False
@@ -341,6 +348,12 @@ class BrokerConfig:
             problems.append("fair_share_slice_us must be 1..1000000")
         if self.usage_report_interval_s <= 0:
             problems.append("usage_report_interval_s must be > 0")
+        if not 0.05 <= self.load_report_interval_s <= 3600:
+            problems.append("load_report_interval_s must be within 0.05..3600")
+        if not 1 <= self.load_report_max_items <= 10_000:
+            problems.append("load_report_max_items must be within 1..10000")
+        if not 1 <= self.load_report_refresh_s <= 86_400:
+            problems.append("load_report_refresh_s must be within 1..86400")
         roll_ms = round(self.usage_roll_interval_s * 1000)
         if roll_ms < 1000 or 60_000 % roll_ms:
             problems.append("usage_roll_interval_s must be a whole number of seconds dividing 60")

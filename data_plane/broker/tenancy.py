@@ -27,6 +27,7 @@ import math
 import os
 import re
 import tomllib
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, NotRequired, TypedDict
 
@@ -46,6 +47,8 @@ from data_plane.remoting.fair_share import FairShare
 from data_plane.remoting.send_frame import flow_control_frame, send_fields
 from data_plane.store.message import Message, RecordError, parse_record
 from data_plane.tasks import cancel_all
+from data_plane.tenancy.load_report import LoadReports
+from data_plane.tenancy.load_reporter import LoadReporter
 from data_plane.tenancy.metering import UsageMeter
 from data_plane.tenancy.namespace import parse_wire_name, tenant_of
 from data_plane.tenancy.quota import Limits, QuotaManager, flow_control_remark, parse_retry_after_ms
@@ -220,6 +223,9 @@ class BrokerTenancy:
         self.throttled = 0  # connections paused for their tenant's retry-after (throttle)
         self.early_refusals = 0  # sends refused off their frames (refuse_send_early)
         self.quota_refusals = 0  # sends and batches refused for the publish quota on the command path
+        # Per tenant topic, its sends and pulls refused (quota, suspended, over storage) not yet in a load report.
+        self.refused_topics: Counter[str] = Counter()
+        self.load_reporter: LoadReporter | None = None
         self.meter = UsageMeter(
             cfg.broker_name,
             spool=self.spool,
@@ -274,6 +280,7 @@ class BrokerTenancy:
                 backoff_max_s=max(1.0, cfg.usage_report_interval_s),
             )
             self.reporter.start()
+            self.load_reporter = self._load_reporter(self._token_source)
         loop = asyncio.get_running_loop()
         if cfg.fair_share:
             self.fair_share = FairShare(
@@ -285,6 +292,23 @@ class BrokerTenancy:
             loop.create_task(self.meter.run(on_spooled=on_spooled), name="orbit-usage-meter"),
             loop.create_task(self._stored_bytes_loop(), name="orbit-stored-bytes"),
         ]
+        if self.load_reporter is not None:
+            self._tasks.append(loop.create_task(self.load_reporter.run(), name="orbit-load-reporter"))
+
+    def _load_reporter(self, token_source: ClientCredentials) -> LoadReporter:
+        cfg = self.broker.config
+        broker = self.broker
+        return LoadReporter(
+            LoadReports(cfg.broker_name, max_items=cfg.load_report_max_items, refresh_s=cfg.load_report_refresh_s),
+            control_plane_url=cfg.control_plane_url,
+            token=token_source.token,
+            interval_s=cfg.load_report_interval_s,
+            topics=lambda: broker.topics.topics,
+            offset_table=lambda: broker.offsets.table,  # (a slave's table is replaced as it follows)
+            max_offset=broker.store.max_offset_in_queue,
+            refused=self.refused_topics,
+            is_master=lambda: broker.is_master,
+        )
 
     async def stop(self) -> None:
         await cancel_all(self._tasks)
@@ -388,6 +412,7 @@ class BrokerTenancy:
             return None
         refused = self._refused_writes(cmd, tenant)
         if refused is not None:
+            self.refused_topics[msgs[0].topic] += 1
             return refused
         if len(msgs) == 1 and is_transactional(msgs[0].sys_flag, msgs[0].properties):
             # The check service sends the half (body and all) to a producer of its group: the
@@ -404,7 +429,13 @@ class BrokerTenancy:
         nbytes = 0
         for m in msgs:
             nbytes += len(m.body)
-        return self._publish_quota(cmd, tenant, len(msgs), nbytes)
+        return self._counted(msgs[0].topic, self._publish_quota(cmd, tenant, len(msgs), nbytes))
+
+    def _counted(self, topic: str, refused: RemotingCommand | None) -> RemotingCommand | None:
+        """``refused``, counted for ``topic``'s load report when it is a refusal."""
+        if refused is not None:
+            self.refused_topics[topic] += 1
+        return refused
 
     def meters(self, topic: str) -> bool:
         """Whether a publish to ``topic`` is counted against a tenant (a topic outside every
@@ -417,7 +448,7 @@ class BrokerTenancy:
         tenant = tenant_of(topic)
         if tenant is None:
             return None
-        return self._refused_writes(cmd, tenant) or self._publish_quota(cmd, tenant, n, nbytes)
+        return self._counted(topic, self._refused_writes(cmd, tenant) or self._publish_quota(cmd, tenant, n, nbytes))
 
     def _refused_writes(self, cmd: RemotingCommand, tenant: str) -> RemotingCommand | None:
         if tenant in self.suspended:
@@ -475,6 +506,7 @@ class BrokerTenancy:
             return None
         self.early_refusals += 1
         self.meter.record_throttled(tenant)
+        self.refused_topics[topic] += 1
         self._throttle(conn, wait_ms)
         return flow_control_frame(f[1], f[0], self._publish_remark(tenant, wait_ms))
 
@@ -537,6 +569,7 @@ class BrokerTenancy:
         wait_ms = self.quotas.acquire_consume(tenant, 0, 0)
         if wait_ms:
             self.meter.record_throttled(tenant)
+            self.refused_topics[topic] += 1
             return cmd.response(ResponseCode.FLOW_CONTROL, flow_control_remark(tenant, "consume", wait_ms))
         return None
 

@@ -20,30 +20,18 @@ the disk.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import random
 from collections.abc import Awaitable, Callable
 
 import aiohttp
-import orjson
 
-from data_plane.tenancy.usage_spool import SpoolBatch, UsageSpool
-from data_plane.tls import http_ssl
+from data_plane.tenancy.report_poster import ReportError, ReportPoster, TokenSource
+from data_plane.tenancy.usage_spool import UsageSpool
 
 log = logging.getLogger(__name__)
 
 USAGE_PATH = "/internal/v1/usage"
-
-TokenSource = Callable[[], str | Awaitable[str]]
-
-
-class ReportError(Exception):
-    """One send failed (transport error or a non-2xx answer)."""
-
-    def __init__(self, message: str, *, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class UsageReporter:
@@ -66,16 +54,15 @@ class UsageReporter:
         if batch_records < 1:
             raise ValueError("batch_records must be >= 1")
         self.spool = spool
-        self.url = control_plane_url.rstrip("/") + USAGE_PATH
-        self._token = token
+        self.poster = ReportPoster(
+            control_plane_url, USAGE_PATH, token, request_timeout_s=request_timeout_s, session=session
+        )
+        self.url = self.poster.url
         self.batch_records = batch_records
         self.idle_interval_s = idle_interval_s
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.backoff_jitter = backoff_jitter
-        self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-        self._session = session
-        self._own_session = session is None
         self._sleep = sleep
         self._rng = rng
         self._wake = asyncio.Event()
@@ -103,9 +90,7 @@ class UsageReporter:
             except asyncio.CancelledError:
                 if not task.cancelled():  # we were cancelled ourselves
                     raise
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.poster.close()
 
     def wake(self) -> None:
         """New records were spooled: send them now rather than after the idle wait."""
@@ -147,30 +132,11 @@ class UsageReporter:
         batch = await asyncio.to_thread(self.spool.read_batch, self.batch_records)
         if batch is None:
             return 0
-        await self._post(batch)
+        await self.poster.post({"records": batch.records})
         await asyncio.to_thread(self.spool.ack, batch)
         self.batches_sent += 1
         self.records_acked += len(batch.records)
         return len(batch.records)
-
-    async def _post(self, batch: SpoolBatch) -> None:
-        try:
-            token = self._token()
-            if inspect.isawaitable(token):
-                token = await token
-        except Exception as e:
-            raise ReportError(f"no token: {e!r}") from e
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=http_ssl()))
-        body = orjson.dumps({"records": batch.records})
-        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
-        try:
-            async with self._session.post(self.url, data=body, headers=headers, timeout=self._timeout) as resp:
-                text = await resp.text()
-                if not 200 <= resp.status < 300:
-                    raise ReportError(f"HTTP {resp.status}: {text[:200]}", status=resp.status)
-        except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            raise ReportError(f"{type(e).__name__}: {e}") from e
 
     async def _idle(self, timeout_s: float) -> None:
         if not self._wake.is_set():

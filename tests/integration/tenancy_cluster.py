@@ -136,6 +136,8 @@ class TenancyCluster:
             "usage_roll_interval_s=1",
             "--set",
             "usage_report_interval_s=1",
+            "--set",
+            "load_report_interval_s=0.5",
             *extra,
         ]
 

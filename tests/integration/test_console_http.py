@@ -21,6 +21,8 @@ from control_plane.console.render import CSP
 from control_plane.services import Services
 from data_plane.tls import CA_FILE, CERT_FILE, KEY_FILE, ServerTls, client_context, make_local_ca
 from tests.integration.console_support import ConsoleClient, FormFields
+from tests.integration.load_support import reported_empty, send, stored_backlog, taker
+from tests.integration.tenancy_cluster import TenancyCluster, tenancy_fixture  # noqa: F401
 from tests.postgres_fixture import (  # noqa: F401
     ControlPlaneHarness,
     control_plane_fixture,
@@ -430,3 +432,50 @@ async def test_the_usage_page_charts_messages_and_throttled_requests_with_their_
             assert f"peak {peak}" in shown  # the chart's label (its highest point)
             assert "999" not in shown
         assert '<small class="total">peak 0 B</small>' in figure(page.text, "stored_bytes")  # a gauge: its peak
+
+
+async def test_the_group_page_draws_the_stored_lag_history_on_its_first_look(tenancy: TenancyCluster) -> None:
+    """Nobody looked at the page while the group consumed: its first look draws the backlog and
+    the consume rate from the brokers' load reports kept by the control plane, beside the live
+    per-queue table; the topic's page draws its publish rate."""
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "orders")
+    await tenancy.create_group(acme, "billing")
+    await reported_empty(tenancy, "orders")
+    await send(tenancy, acme, "orders", 20)
+    async with taker(tenancy, acme, "billing", "orders") as consumer:
+        await consumer.take(5)
+        await stored_backlog(tenancy, acme, "billing", "orders", 15)
+        await consumer.take(3)
+        await stored_backlog(tenancy, acme, "billing", "orders", 12)
+    console = ConsoleClient(tenancy.cp.url)
+    try:
+        assert (await console.sign_in(acme.access_key, acme.secret)).status == 303
+        page = await console.get("/console/t/acme/groups/billing?topic=orders")
+        assert page.status == 200, page.text
+        assert "<strong data-total-lag>12</strong>" in page.text  # live, from the broker
+        # Each minute shows its last figure: 12 now; the peak, 15 (or 20 had the consumer stored
+        # its starting offsets before its first commit, and a report caught them at a minute's end).
+        points, peak = chart(page.text, "Backlog of billing on orders")
+        assert points >= 1
+        assert 12 <= peak <= 20
+        assert "Backlog of billing on orders, last hour: now 12<" in page.text
+        assert chart(page.text, "Consume rate of billing on orders (messages/s)")[1] > 0
+        assert re.search(r"<strong data-rate>[\d.]+</strong> messages/s", page.text)
+        day = await console.get("/console/t/acme/groups/billing?topic=orders&range=day")
+        assert day.status == 200
+        assert 'href="/console/t/acme/groups/billing?topic=orders&amp;range=day" aria-current="page"' in day.text
+        assert chart(day.text, "Backlog of billing on orders")[1] >= 12
+        assert "Backlog of billing on orders, last day: now 12<" in day.text
+        assert (await console.get("/console/t/acme/groups/billing?topic=orders&range=week")).status == 400
+        topic = await console.get("/console/t/acme/topics/orders")
+        assert chart(topic.text, "Publish rate of orders (messages/s)")[1] > 0
+    finally:
+        await console.close()
+
+
+def chart(html: str, title: str) -> tuple[int, float]:
+    """The points and the peak of the page's chart titled ``title`` (from its aria-label)."""
+    found = re.search(f'aria-label="{re.escape(title)}: (\\d+) points, peak ([\\d.]+)"', html)
+    assert found is not None, f"no chart {title!r} in {html}"
+    return int(found[1]), float(found[2])
