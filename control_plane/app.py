@@ -25,14 +25,18 @@ from aiohttp.typedefs import Handler, Middleware
 
 from control_plane import console
 from control_plane.auth import MAX_TOKEN_CHARS
-from control_plane.context import LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
+from control_plane.autoscaler import Autoscaler
+from control_plane.context import AUTOSCALER, LOGIN_LIMITER, OPENAPI, RECONCILER, SERVICES
 from control_plane.handlers import credentials, endpoints, fleet, groups, ha, load, public, tenants, topics, usage
+from control_plane.load_view import SampledLoad
 from control_plane.login_limiter import LoginLimiter
 from control_plane.middleware import error_middleware
 from control_plane.openapi import build_document
+from control_plane.queue_drain import BrokerDrainCheck
 from control_plane.reconcile_source import ServicesStateSource
 from control_plane.reconciler import Reconciler
 from control_plane.routes import Route
+from control_plane.scaling_policy import ScalingSettings
 from control_plane.services import Services, open_services
 from control_plane.settings import Settings
 
@@ -101,7 +105,35 @@ def create_app(
     if settings.reconcile_interval_s > 0:
         app.cleanup_ctx.append(reconciler_ctx)
     app.cleanup_ctx.append(load_pruning_ctx)
+    if settings.autoscale_interval_s > 0:
+        app.cleanup_ctx.append(autoscaler_ctx)
     return app
+
+
+async def autoscaler_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Topics' queues follow their load (docs/elasticity.md); a change kicks the reconciler."""
+    services = app[SERVICES]
+    s = services.settings
+    source = ServicesStateSource(services)
+
+    def changed() -> None:
+        reconciler = app.get(RECONCILER)
+        if reconciler is not None:
+            reconciler.kick()
+
+    autoscaler = Autoscaler(
+        services.pool,
+        SampledLoad(services.pool),
+        BrokerDrainCheck(services, source.operator_token),
+        ScalingSettings(queue_capacity_msgs_per_s=s.queue_capacity_msgs_per_s, shrink_after_s=s.scale_down_after_s),
+        interval_s=s.autoscale_interval_s,
+        window_s=s.scale_window_s,
+        on_change=changed,
+    )
+    app[AUTOSCALER] = autoscaler
+    autoscaler.start()
+    yield
+    await autoscaler.close()
 
 
 async def load_pruning_ctx(app: web.Application) -> AsyncIterator[None]:

@@ -87,6 +87,7 @@ class Autoscaler:
         hot_group_at: float = 0.8,
         refuse_every_s: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         settings.check()
         self.pool = pool
@@ -98,7 +99,9 @@ class Autoscaler:
         self.hot_group_at = hot_group_at
         self.refuse_every_s = refuse_every_s
         self.clock = clock
+        self.on_change = on_change  # told after a round that changed a placement
         self.rounds = 0
+        self.changes = 0
         self._low_since: dict[Key, float] = {}
         self._refused_at: dict[tuple[Key, str], float] = {}
         self._task: asyncio.Task[None] | None = None
@@ -129,12 +132,15 @@ class Autoscaler:
             rates = await self.load.topic_rates(self.window_s)
             hot = await self._hot_groups()
             now = self.clock()
+            before = self.changes
             for t in topics:
                 try:
                     await self._topic(t, rates.get(t.key), hot, now)
                 except Exception:
                     log.exception("autoscaler: topic %s of %s", t.name, t.tenant)
             self.rounds += 1
+            if self.changes != before:
+                self.on_change()
 
     async def _hot_groups(self) -> set[str]:
         rates = await self.load.group_rates(self.window_s)
@@ -217,6 +223,7 @@ class Autoscaler:
             after = await repo.lock_placements(conn, tenant_id=t.tenant, topic=t.name)
             write, every = repo.totals(after)
             if write > writable:
+                self.changes += 1
                 await repo.add_event(conn, tenant_id=t.tenant, topic=t.name, action=action, write_queues=write,
                                      read_queues=every, publish_rate=rate, reason=d.reason)  # fmt: skip
                 log.info(
@@ -239,6 +246,7 @@ class Autoscaler:
                     await _set_writable(conn, t, p, int(p["write_queue_count"]) - k)
             write, every = repo.totals(await repo.lock_placements(conn, tenant_id=t.tenant, topic=t.name))
             reason = f"{d.reason}; {every - write} queues read-only until their consumers drain them"
+            self.changes += 1
             await repo.add_event(conn, tenant_id=t.tenant, topic=t.name, action="shrink", write_queues=write,
                                  read_queues=every, publish_rate=rate, reason=reason)  # fmt: skip
         log.info("autoscaler: %s of %s shrinks to %d writable queues (%s)", t.name, t.tenant, write, d.reason)
@@ -252,6 +260,7 @@ class Autoscaler:
             for p in placements:
                 if p["broker_group"] in groups and p["write_queue_count"] > 0:
                     await _set_writable(conn, t, p, 0)
+                    self.changes += 1
         names = ", ".join(sorted(groups))
         await self._grow(t, Decision("grow", writable, f"broker group {names} is draining"), rate, hot, action="move")
 
@@ -267,6 +276,7 @@ class Autoscaler:
             await repo.set_queues(conn, tenant_id=t.tenant, topic=t.name, group=group, read=write, write=write)
             w, every = repo.totals(await repo.lock_placements(conn, tenant_id=t.tenant, topic=t.name))
             reason = f"queues {write}..{read - 1} on {group} drained by every consumer group, and removed"
+            self.changes += 1
             await repo.add_event(conn, tenant_id=t.tenant, topic=t.name, action="remove", write_queues=w,
                                  read_queues=every, publish_rate=None, reason=reason)  # fmt: skip
         log.info("autoscaler: %s of %s: %s", t.name, t.tenant, reason)
@@ -279,7 +289,7 @@ class Autoscaler:
             return
         self._refused_at[(t.key, kind)] = now
         async with self.pool.acquire() as conn:
-            write, every = repo.totals(t.placements)
+            write, every = repo.totals(await topics_repo.placements_of(conn, tenant_id=t.tenant, topic=t.name))
             await repo.add_event(conn, tenant_id=t.tenant, topic=t.name, action="refuse", write_queues=write,
                                  read_queues=every, publish_rate=rate, reason=reason)  # fmt: skip
         log.info("autoscaler: %s of %s not scaled: %s", t.name, t.tenant, reason)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from control_plane.autoscaler import Autoscaler
 from control_plane.login_limiter import LoginLimiter
 from control_plane.reconciler import Reconciler
 from control_plane.request_body import Body, read_json
@@ -18,6 +19,7 @@ def services(request: web.Request) -> Services:
 
 OPENAPI = web.AppKey("openapi", dict)
 RECONCILER = web.AppKey("reconciler", Reconciler)
+AUTOSCALER = web.AppKey("autoscaler", Autoscaler)
 LOGIN_LIMITER = web.AppKey("login_limiter", LoginLimiter)
 
 

@@ -13,6 +13,9 @@ flags (``server.main``). The master key is a secret: it never appears in ``repr`
 | json_body_limit_bytes | ORBIT_JSON_BODY_LIMIT_BYTES | |
 | telemetry (none, console, otlp) | ORBIT_TELEMETRY | --telemetry |
 | load_history_hours (brokers' load samples kept) | ORBIT_LOAD_HISTORY_HOURS | |
+| autoscale_interval_s (0: no autoscaler) | ORBIT_AUTOSCALE_INTERVAL_S | --autoscale-interval-s |
+| queue_capacity_msgs_per_s (what a queue sustains) | ORBIT_QUEUE_CAPACITY_MSGS_PER_S | |
+| scale_window_s, scale_down_after_s | ORBIT_SCALE_WINDOW_S, ORBIT_SCALE_DOWN_AFTER_S | |
 """
 
 from __future__ import annotations
@@ -110,6 +113,12 @@ class Settings:
     # Brokers' load samples (docs/elasticity.md) are kept this long, pruned every load_prune_interval_s.
     load_history_hours: float = 48.0
     load_prune_interval_s: float = 600.0
+    # The autoscaler (docs/elasticity.md): its round interval (0: none), what one queue sustains,
+    # the window publish rates are measured over, and how long a low rate lasts before queues go.
+    autoscale_interval_s: float = 10.0
+    queue_capacity_msgs_per_s: float = 1000.0
+    scale_window_s: float = 20.0
+    scale_down_after_s: float = 60.0
 
     def __post_init__(self) -> None:
         host, sep, port = self.listen.rpartition(":")
@@ -127,6 +136,14 @@ class Settings:
             raise SettingsError("load_history_hours must be within 1..2232 (93 days)")
         if not 0.05 <= self.load_prune_interval_s <= 86_400:
             raise SettingsError("load_prune_interval_s must be within 0.05..86400")
+        if not (self.autoscale_interval_s == 0 or 0.1 <= self.autoscale_interval_s <= 3600):
+            raise SettingsError("autoscale_interval_s must be 0 (no autoscaler) or within 0.1..3600")
+        if not 1 <= self.queue_capacity_msgs_per_s <= 10_000_000:
+            raise SettingsError("queue_capacity_msgs_per_s must be within 1..10000000")
+        if not 1 <= self.scale_window_s <= 3600:
+            raise SettingsError("scale_window_s must be within 1..3600")
+        if not 0 <= self.scale_down_after_s <= 86_400:
+            raise SettingsError("scale_down_after_s must be within 0..86400")
 
     @property
     def listen_host(self) -> str:
@@ -162,6 +179,10 @@ class Settings:
             ("reconcile_interval_s", "ORBIT_RECONCILE_INTERVAL_S", float),
             ("telemetry", "ORBIT_TELEMETRY", str),
             ("load_history_hours", "ORBIT_LOAD_HISTORY_HOURS", float),
+            ("autoscale_interval_s", "ORBIT_AUTOSCALE_INTERVAL_S", float),
+            ("queue_capacity_msgs_per_s", "ORBIT_QUEUE_CAPACITY_MSGS_PER_S", float),
+            ("scale_window_s", "ORBIT_SCALE_WINDOW_S", float),
+            ("scale_down_after_s", "ORBIT_SCALE_DOWN_AFTER_S", float),
         ):
             if env.get(var):
                 try:

@@ -95,6 +95,7 @@ def make_settings(dsn: str, tmp_path: Path, **changes: Any) -> Settings:
         "pool_min_size": 1,
         "pool_max_size": 5,
         "reconcile_interval_s": 0,  # tests that want the reconciler ask for it
+        "autoscale_interval_s": 0,  # and the autoscaler
     }
     values.update(changes)
     return Settings(**values)

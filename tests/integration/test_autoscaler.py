@@ -1,0 +1,267 @@
+"""The autoscaler against a real cluster: the control plane on a real PostgreSQL, a multi-tenant
+name server and authenticating brokers as processes reporting their load every 0.5 s. A topic
+grows when the SDK publishes past what its queues carry, shrinks when the load stops (the queues
+read-only until its consumers drained them, then gone, no message left behind), an ordered topic
+keeps its queues, a plan's max_queues bounds growth, and a draining broker group hands its queues
+to another. The autoscaler's rounds are run by the test; one queue "sustains" 20 msgs/s here."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from control_plane.autoscaler import Autoscaler
+from control_plane.load_view import SampledLoad
+from control_plane.queue_drain import BrokerDrainCheck
+from control_plane.reconcile_source import ServicesStateSource
+from control_plane.scaling_policy import ScalingSettings
+from sdk import ConsumeResult, Message, MessageExt, Producer, PushConsumer
+from tests.integration.helpers import QUICK
+from tests.integration.tenancy_cluster import (
+    TenancyCluster,
+    Tenant,
+    tenancy_fixture,  # noqa: F401
+    until,
+)
+from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture  # noqa: F401
+
+pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
+SETTINGS = ScalingSettings(queue_capacity_msgs_per_s=20, grow_at=0.8, target=0.5, shrink_at=0.25, shrink_after_s=1)
+
+
+def autoscaler(cluster: TenancyCluster) -> Autoscaler:
+    source = ServicesStateSource(cluster.services)
+    return Autoscaler(
+        cluster.services.pool,
+        SampledLoad(cluster.services.pool),
+        BrokerDrainCheck(cluster.services, source.operator_token),
+        SETTINGS,
+        window_s=3.0,
+        on_change=cluster.reconciler.kick,
+    )
+
+
+async def placements(cluster: TenancyCluster, tenant: Tenant, topic: str) -> dict[str, tuple[int, int]]:
+    """{broker group: (writable, every queue)} of the topic."""
+    got = await cluster.cp.call("GET", f"/v1/tenants/{tenant.id}/topics/{topic}", token=tenant.token)
+    assert got.status == 200, got.body
+    return {p["broker_group"]: (p["write_queue_count"], p["queue_count"]) for p in got.body["placements"]}
+
+
+async def events(cluster: TenancyCluster, tenant: Tenant, topic: str) -> list[dict[str, Any]]:
+    got = await cluster.cp.call("GET", f"/v1/tenants/{tenant.id}/topics/{topic}/scaling-events", token=tenant.token)
+    assert got.status == 200, got.body
+    return list(reversed(got.body["events"]))  # oldest first
+
+
+async def scaled(
+    cluster: TenancyCluster, scaler: Autoscaler, what: str, check: Callable[[], Any], timeout_s: float = 40
+) -> None:
+    """Run rounds (each after the reconciler applied the last change) until ``check()`` holds."""
+
+    async def done() -> bool:
+        await scaler.round()
+        return bool(await check())
+
+    await until(done, what, timeout_s=timeout_s)
+
+
+async def broker_queues(cluster: TenancyCluster, wire_topic: str) -> tuple[int, int]:
+    """(writeQueueNums, readQueueNums) broker-a holds for the topic."""
+    tc = (await cluster.broker_topics())[wire_topic]
+    return int(tc["writeQueueNums"]), int(tc["readQueueNums"])
+
+
+@asynccontextmanager
+async def publishing(cluster: TenancyCluster, tenant: Tenant, topic: str, rate: float) -> AsyncIterator[list[Any]]:
+    """The SDK producer sending at about ``rate`` msgs/s until the block ends: the SendResults."""
+    results: list[Any] = []
+    creds = tenant.credentials(cluster)
+    producer = Producer(
+        f"{tenant.id}%shop", namesrv_addrs=cluster.namesrv.address, credentials=creds, route_refresh_interval_ms=1000
+    )
+    await producer.start()
+    stop = asyncio.Event()
+
+    async def run() -> None:
+        i, start = 0, time.monotonic()
+        while not stop.is_set():
+            results.append(await producer.send(Message(f"{tenant.id}%{topic}", f"m-{i}".encode())))
+            i += 1
+            ahead = start + i / rate - time.monotonic()
+            if ahead > 0:
+                await asyncio.sleep(ahead)  # open loop pacing, not a wait for a condition
+
+    task = asyncio.get_running_loop().create_task(run())
+    try:
+        yield results
+    finally:
+        stop.set()
+        await task
+        await producer.shutdown()
+
+
+@asynccontextmanager
+async def consuming(cluster: TenancyCluster, tenant: Tenant, group: str, topic: str) -> AsyncIterator[list[str]]:
+    got: list[str] = []
+
+    def ok(msgs: list[MessageExt]) -> ConsumeResult:
+        got.extend(m.body.decode() for m in msgs)
+        return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(
+        f"{tenant.id}%{group}", namesrv_addrs=cluster.namesrv.address, credentials=tenant.credentials(cluster),
+        instance_name=f"scale-{group}", route_refresh_interval_ms=1000, **QUICK,
+    )  # fmt: skip
+    consumer.subscribe(f"{tenant.id}%{topic}")
+    consumer.on_message(ok)
+    await consumer.start()
+    try:
+        yield got
+    finally:
+        await consumer.shutdown()
+
+
+async def test_a_topic_grows_with_its_load_then_drains_and_removes_the_queues_it_no_longer_needs(
+    tenancy: TenancyCluster,
+) -> None:
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "orders")
+    await tenancy.create_group(acme, "billing")
+    scaler = autoscaler(tenancy)
+    assert await placements(tenancy, acme, "orders") == {"broker-a": (4, 4)}
+    async with consuming(tenancy, acme, "billing", "orders") as consumed:
+        async with publishing(tenancy, acme, "orders", rate=200) as sent:
+
+            async def grown() -> bool:
+                return (await placements(tenancy, acme, "orders"))["broker-a"][0] >= 8
+
+            await scaled(tenancy, scaler, "the topic grown past 8 writable queues", grown)
+            writable, every = (await placements(tenancy, acme, "orders"))["broker-a"]
+            assert writable == every
+            await tenancy.reconciled(rounds=1)
+            assert await broker_queues(tenancy, "acme%orders") == (writable, writable)
+            (grow, *_) = await events(tenancy, acme, "orders")
+            assert (grow["action"], grow["write_queues"]) == ("grow", writable)
+            assert grow["publish_rate"] > 64  # 80 % of 4 queues at 20 msgs/s
+            mark = len(sent)
+
+            async def uses_new_queues() -> bool:
+                return any(r.message_queue.queue_id >= 4 for r in sent[mark:])
+
+            await until(uses_new_queues, "the producer sending to the queues added", timeout_s=15)
+        # The load stops: after a low second the topic shrinks to its minimum, 4 writable queues;
+        # the others stay readable until the consumer has drained them, then go.
+
+        async def shrunk() -> bool:
+            return (await placements(tenancy, acme, "orders"))["broker-a"][0] == 4
+
+        await scaled(tenancy, scaler, "the topic shrunk to 4 writable queues", shrunk)
+        shrink = [e for e in await events(tenancy, acme, "orders") if e["action"] == "shrink"]
+        assert [(e["write_queues"], e["read_queues"]) for e in shrink] == [(4, writable)]
+
+        async def removed() -> bool:
+            return await placements(tenancy, acme, "orders") == {"broker-a": (4, 4)}
+
+        await scaled(tenancy, scaler, "the drained queues removed", removed)
+        await tenancy.reconciled(rounds=1)
+        assert await broker_queues(tenancy, "acme%orders") == (4, 4)
+        bodies = {r.msg_id for r in sent}
+        assert len(bodies) == len(sent)
+
+        async def all_consumed() -> bool:
+            return len(set(consumed)) >= len(sent)
+
+        await until(all_consumed, "every message sent consumed", timeout_s=30)
+        assert {f"m-{i}" for i in range(len(sent))} == set(consumed), "no message left behind"
+    actions = [e["action"] for e in await events(tenancy, acme, "orders")]
+    assert actions == ["grow", "shrink", "remove"], actions
+
+
+async def test_an_ordered_topic_keeps_its_queues_and_says_why(tenancy: TenancyCluster) -> None:
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "ledger", message_type="FIFO")
+    scaler = autoscaler(tenancy)
+    async with publishing(tenancy, acme, "ledger", rate=200):
+
+        async def refused() -> bool:
+            return any(e["action"] == "refuse" for e in await events(tenancy, acme, "ledger"))
+
+        await scaled(tenancy, scaler, "the ordered topic's refusal recorded", refused)
+    assert await placements(tenancy, acme, "ledger") == {"broker-a": (4, 4)}
+    (refusal,) = await events(tenancy, acme, "ledger")
+    assert "out of order" in refusal["reason"]
+
+
+async def test_growth_stops_at_the_plans_max_queues_with_the_reason_recorded(tenancy: TenancyCluster) -> None:
+    acme = await tenancy.new_tenant("acme")
+    quota = await tenancy.cp.call("PUT", "/v1/tenants/acme/quota", operator=True, json={"max_queues": 6})
+    assert quota.status == 200, quota.body
+    await tenancy.create_topic(acme, "orders")
+    scaler = autoscaler(tenancy)
+    async with publishing(tenancy, acme, "orders", rate=200):  # asks for 20 writable queues
+
+        async def capped() -> bool:
+            kinds = [e["action"] for e in await events(tenancy, acme, "orders")]
+            return "refuse" in kinds and "grow" in kinds
+
+        await scaled(tenancy, scaler, "growth within the plan and the rest refused", capped)
+    assert await placements(tenancy, acme, "orders") == {"broker-a": (6, 6)}
+    got = await events(tenancy, acme, "orders")
+    assert [(e["action"], e["write_queues"]) for e in got] == [("grow", 6), ("refuse", 6)]
+    assert "the plan allows 6 queues and the tenant has 4" in got[1]["reason"]
+
+
+async def test_a_draining_broker_group_hands_its_queues_to_another_and_can_then_go(tenancy: TenancyCluster) -> None:
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "orders")
+    await tenancy.create_group(acme, "billing")
+    other = await asyncio.to_thread(
+        tenancy.spawn_broker, tenancy.namesrv.address, *tenancy.broker_flags(), name="broker-b"
+    )
+    made = await tenancy.cp.call(
+        "POST", "/v1/fleet/broker-groups", operator=True,
+        json={"name": "broker-b", "namesrv_addrs": [tenancy.namesrv.address], "broker_addrs": [other.address],
+              "max_queues": 1000, "max_msgs_per_s": 100_000, "storage_bytes": 1 << 40},
+    )  # fmt: skip
+    assert made.status == 201, made.body
+    await tenancy.reconciled(rounds=1)
+    scaler = autoscaler(tenancy)
+    async with consuming(tenancy, acme, "billing", "orders") as consumed:
+        async with publishing(tenancy, acme, "orders", rate=20) as sent:
+            await until(lambda: len(sent) >= 20, "messages on broker-a first")
+            drain = await tenancy.cp.call(
+                "PATCH", "/v1/fleet/broker-groups/broker-a", operator=True, json={"status": "draining"}
+            )
+            assert drain.status == 200, drain.body
+
+            async def moved() -> bool:
+                return await placements(tenancy, acme, "orders") == {"broker-a": (0, 4), "broker-b": (4, 4)}
+
+            await scaled(tenancy, scaler, "broker-a read-only, broker-b taking the topic", moved)
+            mark = len(sent)
+
+            async def on_b() -> bool:
+                return len(sent) > mark + 10 and all(r.message_queue.broker_name == "broker-b" for r in sent[-10:])
+
+            await until(on_b, "the producer sending to broker-b only", timeout_s=20)
+        in_use = await tenancy.cp.call("DELETE", "/v1/fleet/broker-groups/broker-a", operator=True)
+        assert in_use.status == 409, in_use.body
+
+        async def gone_from_a() -> bool:
+            return await placements(tenancy, acme, "orders") == {"broker-b": (4, 4)}
+
+        await scaled(tenancy, scaler, "broker-a's drained queues removed", gone_from_a)
+
+        async def all_consumed() -> bool:
+            return set(consumed) >= {f"m-{i}" for i in range(len(sent))}
+
+        await until(all_consumed, "every message consumed", timeout_s=30)
+    assert [e["action"] for e in await events(tenancy, acme, "orders")] == ["move", "remove"]
+    removed = await tenancy.cp.call("DELETE", "/v1/fleet/broker-groups/broker-a", operator=True)
+    assert removed.status == 200, removed.body
