@@ -27,6 +27,7 @@ from control_plane.services.topics import MESSAGE_TYPES
 from control_plane.services.usage import GAUGES, USAGE_FIELDS
 
 T = "/console/t/{tenant}"
+MAX_SCALING_EVENTS = 50
 
 
 def _seen(request: web.Request, principal: Principal) -> None:
@@ -113,7 +114,8 @@ async def create_topic(request: web.Request) -> web.StreamResponse:
 
 @page
 async def topic(request: web.Request) -> web.StreamResponse:
-    """A topic's settings and placement, and its publish rate over the last hour or day (``?range=``)."""
+    """A topic's settings and placement (writable and read-only queues), its publish rate over
+    the last hour or day (``?range=``), and what the autoscaler did to it."""
     tenant_id, name = await auth.named_resource(request, "topic", None)
     _seen(request, await auth.authenticate(request))
     services = context.services(request)
@@ -121,7 +123,8 @@ async def topic(request: web.Request) -> web.StreamResponse:
     w = load_charts.window(request)
     load = await services.load.topic_load(tenant_id=tenant_id, topic=name, start=w.start, end=w.end)
     publish = load_charts.chart(f"Publish rate of {name} (messages/s)", load["buckets"], "publish_rate", w)
-    return render(request, "topic.html", tenant=tenant_id, topic=found, publish=publish, window=w)
+    events = (await services.topics.scaling_events(tenant_id=tenant_id, name=name))[:MAX_SCALING_EVENTS]
+    return render(request, "topic.html", tenant=tenant_id, topic=found, publish=publish, window=w, events=events)
 
 
 @page

@@ -8,6 +8,7 @@ to another. The autoscaler's rounds are run by the test; one queue "sustains" 20
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -21,6 +22,7 @@ from control_plane.queue_drain import BrokerDrainCheck
 from control_plane.reconcile_source import ServicesStateSource
 from control_plane.scaling_policy import ScalingSettings
 from sdk import ConsumeResult, Message, MessageExt, Producer, PushConsumer
+from tests.integration.console_support import ConsoleClient
 from tests.integration.helpers import QUICK
 from tests.integration.tenancy_cluster import (
     TenancyCluster,
@@ -181,6 +183,17 @@ async def test_a_topic_grows_with_its_load_then_drains_and_removes_the_queues_it
         assert {f"m-{i}" for i in range(len(sent))} == set(consumed), "no message left behind"
     actions = [e["action"] for e in await events(tenancy, acme, "orders")]
     assert actions == ["grow", "shrink", "remove"], actions
+    console = ConsoleClient(tenancy.cp.url)  # the tenant's topic page lists them, newest first
+    try:
+        assert (await console.sign_in(acme.access_key, acme.secret)).status == 303
+        page = await console.get("/console/t/acme/topics/orders")
+        assert page.status == 200, page.text
+        shown = re.findall(r'<tr data-action="(\w+)">', page.text)
+        assert shown == ["remove", "shrink", "grow"]
+        assert f"<td>4 / {writable}</td>" in page.text  # after the shrink: 4 writable of them all
+        assert "drained by every consumer group" in page.text
+    finally:
+        await console.close()
 
 
 async def test_an_ordered_topic_keeps_its_queues_and_says_why(tenancy: TenancyCluster) -> None:
