@@ -230,20 +230,44 @@ async def test_growth_stops_at_the_plans_max_queues_with_the_reason_recorded(ten
     assert "the plan allows 6 queues and the tenant has 4" in got[1]["reason"]
 
 
+async def second_group(cluster: TenancyCluster) -> None:
+    """Broker group broker-b: another authenticating broker, in the fleet and reconciled."""
+    other = await asyncio.to_thread(
+        cluster.spawn_broker, cluster.namesrv.address, *cluster.broker_flags(), name="broker-b"
+    )
+    made = await cluster.cp.call(
+        "POST", "/v1/fleet/broker-groups", operator=True,
+        json={"name": "broker-b", "namesrv_addrs": [cluster.namesrv.address], "broker_addrs": [other.address],
+              "max_queues": 1000, "max_msgs_per_s": 100_000, "storage_bytes": 1 << 40},
+    )  # fmt: skip
+    assert made.status == 201, made.body
+    await cluster.reconciled(rounds=1)
+
+
+async def test_new_queues_go_to_a_group_with_headroom_not_to_a_hot_one(tenancy: TenancyCluster) -> None:
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "orders")  # on broker-a, the only group then
+    await second_group(tenancy)
+    hot = await tenancy.cp.call("PATCH", "/v1/fleet/broker-groups/broker-a", operator=True,
+                                json={"max_msgs_per_s": 100})  # fmt: skip
+    assert hot.status == 200, hot.body
+    scaler = autoscaler(tenancy)
+    async with publishing(tenancy, acme, "orders", rate=200):  # broker-a past 80 % of its 100 msgs/s
+
+        async def grown() -> bool:
+            return "broker-b" in await placements(tenancy, acme, "orders")
+
+        await scaled(tenancy, scaler, "new queues placed on broker-b", grown)
+    got = await placements(tenancy, acme, "orders")
+    assert got["broker-a"] == (4, 4), "the hot group took no new queue"
+    assert got["broker-b"][0] >= 4
+
+
 async def test_a_draining_broker_group_hands_its_queues_to_another_and_can_then_go(tenancy: TenancyCluster) -> None:
     acme = await tenancy.new_tenant("acme")
     await tenancy.create_topic(acme, "orders")
     await tenancy.create_group(acme, "billing")
-    other = await asyncio.to_thread(
-        tenancy.spawn_broker, tenancy.namesrv.address, *tenancy.broker_flags(), name="broker-b"
-    )
-    made = await tenancy.cp.call(
-        "POST", "/v1/fleet/broker-groups", operator=True,
-        json={"name": "broker-b", "namesrv_addrs": [tenancy.namesrv.address], "broker_addrs": [other.address],
-              "max_queues": 1000, "max_msgs_per_s": 100_000, "storage_bytes": 1 << 40},
-    )  # fmt: skip
-    assert made.status == 201, made.body
-    await tenancy.reconciled(rounds=1)
+    await second_group(tenancy)
     scaler = autoscaler(tenancy)
     async with consuming(tenancy, acme, "billing", "orders") as consumed:
         async with publishing(tenancy, acme, "orders", rate=20) as sent:
