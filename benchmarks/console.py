@@ -47,6 +47,8 @@ PAGES = [
     f"/console/ops/tenants/{TENANT}",
     "/console/ops/plans",
     "/console/ops/fleet",
+    "/console/ops/fleet/broker-a",
+    "/console/ops/credentials",
 ]
 OPERATOR_PAGES = ("/console/ops/", f"/console/t/{TENANT}/topics/")
 
