@@ -43,6 +43,7 @@ async def run_with(watch: StallWatch, stall: object, seconds: float) -> None:
         watch.stop()
 
 
+@pytest.mark.timing  # the loop's CPU share of the stall: a busy machine starves it
 def test_a_busy_loop_is_reported_with_its_stack_and_as_working(caplog: pytest.LogCaptureFixture) -> None:
     watch = StallWatch(threshold_ms=50)
     with caplog.at_level(logging.WARNING, logger="data_plane.broker.stall_watch"):
