@@ -170,6 +170,8 @@ class LocalCluster:
     object_store: LocalObjectStore | None = None
     tier_settings: dict[str, str | float] = field(default_factory=dict)  # [store] settings of every broker
     broker_env: dict[str, str] | None = None  # None: this process's environment
+    # Added to the control plane's environment (its ORBIT_* settings: the autoscaler's, say).
+    control_plane_env: dict[str, str] = field(default_factory=dict)
     _env_before: str | None = None
     _group_bases: dict[int, int] = field(default_factory=dict)  # group (> 0) -> its master's port
 
@@ -216,6 +218,7 @@ class LocalCluster:
                         *cp_tls,
                     ],
                     self.run_dir,
+                    env={**os.environ, **self.control_plane_env} if self.control_plane_env else None,
                 )
                 self.children.append(cp)
                 self.control_plane_url = str(cp.info["url"])

@@ -7,8 +7,9 @@ happened before, its latency is measured from that intended time, and a stall sh
 run of late messages, each counted with the lateness it suffered.
 
 ``RateProfile`` is a piecewise-constant target rate (a steady rate, optionally with a burst of
-``factor`` x for a while); ``OpenLoop`` walks its schedule against a clock and hands out the
-intended times that are due. Both are pure: no sleeping, no I/O — the worker drives them.
+``factor`` x for a while, or a ramp: linear in steps of ``RAMP_STEP_S``, a hold, a fall);
+``OpenLoop`` walks its schedule against a clock and hands out the intended times that are due.
+Both are pure: no sleeping, no I/O — the worker drives them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+RAMP_STEP_S = 1.0  # a linear ramp's steps: constant rates this long, each at the ramp's rate at its middle
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +60,38 @@ class RateProfile:
         ]
         return cls(tuple(s for s in parts if s.end_s > s.start_s))
 
+    @classmethod
+    def ramp(
+        cls,
+        *,
+        start_msgs_per_s: float,
+        lead_s: float,
+        to: float,
+        over_s: float,
+        hold_s: float,
+        fall_to: float,
+        fall_s: float,
+    ) -> RateProfile:
+        """``start_msgs_per_s`` for ``lead_s``, then linearly to ``to`` over ``over_s`` (steps of
+        RAMP_STEP_S), ``to`` for ``hold_s``, then ``fall_to`` for ``fall_s``."""
+        if min(start_msgs_per_s, to, fall_to) <= 0:
+            raise ValueError("rates must be > 0")
+        parts: list[Segment] = []
+        if lead_s > 0:
+            parts.append(Segment(0.0, lead_s, start_msgs_per_s))
+        t = lead_s
+        steps = math.ceil(over_s / RAMP_STEP_S - 1e-9)
+        for _ in range(steps):
+            end = min(lead_s + over_s, t + RAMP_STEP_S)
+            mid = ((t + end) / 2 - lead_s) / over_s
+            parts.append(Segment(t, end, start_msgs_per_s + (to - start_msgs_per_s) * mid))
+            t = end
+        for length, rate in ((hold_s, to), (fall_s, fall_to)):
+            if length > 0:
+                parts.append(Segment(t, t + length, rate))
+                t += length
+        return cls(tuple(parts))
+
     def scaled(self, factor: float) -> RateProfile:
         """The same shape at ``factor`` x the rate: one generator's share of the total."""
         return RateProfile(tuple(Segment(s.start_s, s.end_s, s.msgs_per_s * factor) for s in self.segments))
@@ -76,6 +111,10 @@ class RateProfile:
             interval = 1.0 / s.msgs_per_s
             for i in range(_segment_count(s)):
                 yield s.start_s + i * interval
+
+    def count_between(self, a_s: float, b_s: float) -> float:
+        """How many messages the schedule holds in ``[a_s, b_s)`` (the rates' integral)."""
+        return sum(max(0.0, min(b_s, s.end_s) - max(a_s, s.start_s)) * s.msgs_per_s for s in self.segments)
 
     def rate_at(self, t_s: float) -> float:
         for s in self.segments:

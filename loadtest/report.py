@@ -232,10 +232,25 @@ def write(doc: dict[str, Any], out_dir: str, *, plots: bool = True) -> dict[str,
     with open(result, "wb") as f:
         f.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2) + b"\n")
     pngs = _plots(doc, out_dir) if plots else {}
+    svgs = _elastic_svgs(doc, out_dir) if plots else []
     page = os.path.join(out_dir, REPORT_FILE)
     with open(page, "w") as f:
         f.write(_html(orjson.loads(orjson.dumps(doc)), pngs, out_dir))
-    return {"json": result, "html": page, **{p: os.path.join(out_dir, p) for ps in pngs.values() for p in ps}}
+    files = {p: os.path.join(out_dir, p) for ps in pngs.values() for p in ps}
+    return {"json": result, "html": page, **files, **{os.path.basename(p): p for p in svgs}}
+
+
+def _elastic_svgs(doc: dict[str, Any], out_dir: str) -> list[str]:
+    """``<case>-elastic.svg`` for each elastic case that ran (loadtest/elastic_plot.py)."""
+    from loadtest.elastic_plot import write_svg
+
+    out = []
+    for c in doc["cases"]:
+        if c.get("status") == "ok" and "elastic" in c:
+            safe = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in c["name"])
+            title = f"{doc['scenario']['name']} / {c['name']}: rate, queues and send p99"
+            out.append(write_svg(c, os.path.join(out_dir, f"{safe}-elastic.svg"), title=title))
+    return out
 
 
 def summary_text(doc: dict[str, Any]) -> str:

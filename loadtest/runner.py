@@ -91,6 +91,15 @@ class _Timeline:
 
 
 def _profile(case: Case, msgs_per_s: float) -> RateProfile:
+    """The case's schedule at ``msgs_per_s`` (a ramp's rates scaled by ``msgs_per_s`` over the
+    case's rate, so each generator's share keeps the shape)."""
+    r = case.ramp
+    if r is not None:
+        k = msgs_per_s / case.rate_msgs_per_s
+        return RateProfile.ramp(
+            start_msgs_per_s=msgs_per_s, lead_s=case.warmup_s, to=r.to * k, over_s=r.over_s,
+            hold_s=r.hold_s, fall_to=r.fall_to * k, fall_s=r.fall_s,
+        )  # fmt: skip
     b = case.burst
     return RateProfile.steady(
         msgs_per_s=msgs_per_s,
@@ -136,6 +145,7 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
                 duration_s=case.duration_s,
                 seed=seed * 1000 + i,
                 nice=case.tenants.noisy_nice if noisy and case.tenants else 0,
+                track=case.autoscale is not None,
             )
         )
     return jobs
@@ -154,6 +164,7 @@ def _consumer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any]) -> list
                 topics=tenant.topics if tenant else topic_names(case),
                 ordered=case.ordered,
                 warmup_s=case.warmup_s,
+                track=case.autoscale is not None,
             )
         )
     return jobs
@@ -182,9 +193,19 @@ def run_case(
     try:
         sample = getattr(server, "broker_sample", None)
         before = sample() if sample is not None else None
-        loaded = _load(case, spec, getattr(server, "tenants", []), opts=opts, log=log)
+        watch = getattr(server, "queue_watch", None)
+        if watch is not None:
+            watch.start()
+        try:
+            loaded = _load(case, spec, getattr(server, "tenants", []), opts=opts, log=log)
+        finally:
+            watched = watch.stop() if watch is not None else None
         if sample is not None and before is not None:
             loaded["broker_cost"] = broker_cost(before, sample())
+        if watched is not None:
+            from loadtest.elastic_report import elastic_result
+
+            loaded["elastic"] = elastic_result(case, loaded, watched, _profile(case, case.rate_msgs_per_s))
         return {**result, **loaded}
     except RuntimeError as e:
         log(f"  {case.name} on {target}: failed: {e}")
@@ -364,6 +385,10 @@ def _case_result(
                 summary["consume"] = consume_summary(mine, case, expected=summary["acked"] * case.consumer_groups)
     if ("burner", 0) in done:
         out["cpu_burner"] = done[("burner", 0)]
+    if case.autoscale is not None:
+        from loadtest.delivery import summary as delivery_summary
+
+        out["delivery"] = delivery_summary((p["tally"] for p in prods), (c["tally"] for c in cons))
     if case.consumers_start_after_msgs and consumers_started is not None:
         out["backlog"] = backlog_summary(out["timeline"], consumers_started - start, case)
     return out

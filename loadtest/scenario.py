@@ -71,6 +71,42 @@ class Tenants:
     noisy_cpu_burn: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Ramp:
+    """The open-loop rate as a profile: ``rate_msgs_per_s`` through the warm-up, then a linear ramp
+    to ``to`` over ``over_s``, ``to`` for ``hold_s``, then ``fall_to`` for ``fall_s`` (the measured
+    part: ``duration_s`` = over_s + hold_s + fall_s)."""
+
+    to: float
+    over_s: float
+    hold_s: float
+    fall_to: float
+    fall_s: float
+
+    @property
+    def length_s(self) -> float:
+        return self.over_s + self.hold_s + self.fall_s
+
+
+@dataclass(frozen=True, slots=True)
+class Autoscale:
+    """A case on an elastic cluster (docs/elasticity.md): ``broker_groups`` groups with the control
+    plane's autoscaler on at these settings, one tenant whose topic is created through the API
+    with ``throughput_hint_msgs_per_s``, clients refreshing routes every ``route_refresh_ms``, and
+    the topic's queues read from the API every ``sample_s``."""
+
+    broker_groups: int = 2
+    interval_s: float = 2.0
+    queue_capacity_msgs_per_s: float = 1000.0
+    window_s: float = 10.0
+    down_after_s: float = 30.0
+    load_report_interval_s: float = 1.0
+    route_refresh_ms: int = 1000
+    sample_s: float = 2.0
+    throughput_hint_msgs_per_s: int = 1000
+    publish_quota_msgs_per_s: int = 100_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Case:
     """One run's settings (a scenario's base with one variant applied)."""
@@ -97,6 +133,8 @@ class Case:
     broker_role: str = "ASYNC_MASTER"
     slaves: int = 0
     tenants: Tenants | None = None
+    ramp: Ramp | None = None
+    autoscale: Autoscale | None = None
     store_set: tuple[tuple[str, str], ...] = ()
     broker_set: tuple[tuple[str, str], ...] = ()  # broker settings (``--set``), as store_set is the store's
 
@@ -141,6 +179,8 @@ FIELDS: dict[str, tuple[str, float, float]] = {
     "slaves": ("int", 0, 1),
     "burst": ("table", 0, 0),
     "tenants": ("table", 0, 0),
+    "ramp": ("table", 0, 0),
+    "autoscale": ("table", 0, 0),
     "store_set": ("table", 0, 0),
     "broker_set": ("table", 0, 0),
 }
@@ -163,6 +203,25 @@ TENANT_OPTIONAL = {
     "noisy_consume_quota_msgs_per_s",
     "noisy_publish_quota_msgs_per_s",
     "noisy_cpu_burn",
+}
+RAMP_FIELDS = {
+    "to": ("float", 1, 10_000_000),
+    "over_s": ("float", 0, 86_400),
+    "hold_s": ("float", 0, 86_400),
+    "fall_to": ("float", 1, 10_000_000),
+    "fall_s": ("float", 0, 86_400),
+}
+AUTOSCALE_FIELDS = {
+    "broker_groups": ("int", 1, 8),
+    "interval_s": ("float", 0.1, 3_600),
+    "queue_capacity_msgs_per_s": ("float", 1, 10_000_000),
+    "window_s": ("float", 1, 3_600),
+    "down_after_s": ("float", 0, 86_400),
+    "load_report_interval_s": ("float", 0.05, 3_600),
+    "route_refresh_ms": ("int", 100, 600_000),
+    "sample_s": ("float", 0.2, 60),
+    "throughput_hint_msgs_per_s": ("int", 1, 10_000_000),
+    "publish_quota_msgs_per_s": ("int", 1, 10_000_000),
 }
 TOP_ONLY = {"name", "description", "peers", "variants"}
 
@@ -223,6 +282,10 @@ def _settings(src: str, path: str, doc: Mapping[str, Any]) -> dict[str, Any]:
             out[key] = Burst(**_table(src, where, value, BURST_FIELDS))
         elif key == "tenants":
             out[key] = Tenants(**_table(src, where, value, TENANT_FIELDS, TENANT_OPTIONAL))
+        elif key == "ramp":
+            out[key] = Ramp(**_table(src, where, value, RAMP_FIELDS))
+        elif key == "autoscale":
+            out[key] = Autoscale(**_table(src, where, value, AUTOSCALE_FIELDS, AUTOSCALE_FIELDS))
         elif key in ("store_set", "broker_set"):
             if not isinstance(value, dict) or not all(isinstance(v, str | int | float | bool) for v in value.values()):
                 what = "broker store settings" if key == "store_set" else "broker settings"
@@ -253,6 +316,7 @@ def _case(src: str, name: str, settings: Mapping[str, Any], peers: tuple[str, ..
         raise ScenarioError(f"{where}: slaves: SYNC_MASTER answers only once a slave holds the bytes; set slaves = 1")
     if (case.slaves or case.broker_role != "ASYNC_MASTER" or case.flush != "ASYNC_FLUSH") and peers:
         raise ScenarioError(f"{where}: peers: flush and replication settings are Orbit's; run peers in another case")
+    _check_elastic(case, where, peers)
     if case.tenants is not None:
         if peers:
             raise ScenarioError(f"{where}: tenants: peers have no tenants; drop peers or tenants")
@@ -261,6 +325,32 @@ def _case(src: str, name: str, settings: Mapping[str, Any], peers: tuple[str, ..
         if not case.open_loop:
             raise ScenarioError(f"{where}: rate_msgs_per_s: the tenant scenario needs a target rate")
     return case
+
+
+def _check_elastic(case: Case, where: str, peers: tuple[str, ...]) -> None:
+    """The ramp and autoscale fields' checks against the rest of the case."""
+    ramp = case.ramp
+    if ramp is not None:
+        if not case.open_loop:
+            raise ScenarioError(f"{where}: ramp: a ramp starts from a target rate (rate_msgs_per_s > 0)")
+        if case.burst is not None:
+            raise ScenarioError(f"{where}: ramp: a ramp and a burst are two profiles; use one")
+        if abs(ramp.length_s - case.duration_s) > 1e-6:
+            raise ScenarioError(
+                f"{where}: ramp: over_s + hold_s + fall_s is {ramp.length_s:g} s but duration_s is "
+                f"{case.duration_s:g} s; the ramp is the measured part"
+            )
+    if case.autoscale is not None:
+        if case.tenants is not None:
+            raise ScenarioError(f"{where}: autoscale: the elastic case makes its own tenant; drop tenants")
+        if peers:
+            raise ScenarioError(f"{where}: autoscale: peers have no autoscaler; drop peers or autoscale")
+        if case.topics != 1 or case.consumer_groups != 1:
+            raise ScenarioError(
+                f"{where}: autoscale: one topic and one consumer group (topics = 1, consumer_groups = 1)"
+            )
+        if not case.open_loop:
+            raise ScenarioError(f"{where}: rate_msgs_per_s: the elastic case needs a target rate")
 
 
 def parse(doc: Mapping[str, Any], *, source: str = "<flags>", overrides: Mapping[str, Any] | None = None) -> Scenario:

@@ -59,6 +59,12 @@ def group_names(case: Case, tenant: str | None = None) -> list[str]:
     return [f"{prefix}lt-group-{i}" for i in range(case.consumer_groups)]
 
 
+def _route_options(spec: dict[str, Any]) -> dict[str, Any]:
+    """The SDK's route refresh interval when the spec sets one (an elastic case: routes change)."""
+    ms = spec.get("route_refresh_ms")
+    return {"route_refresh_interval_ms": int(ms)} if ms else {}
+
+
 def _credentials(spec: dict[str, Any]) -> Any:
     c = spec.get("credentials")
     if not c:
@@ -83,7 +89,11 @@ class OrbitPublisher:
 
         self.credentials = _credentials(spec)
         self.producer = Producer(
-            "lt-producers", namesrv_addrs=[spec["namesrv"]], credentials=self.credentials, instance_name=instance
+            "lt-producers",
+            namesrv_addrs=[spec["namesrv"]],
+            credentials=self.credentials,
+            instance_name=instance,
+            **_route_options(spec),
         )
 
     async def start(self) -> None:
@@ -119,6 +129,7 @@ class OrbitSubscriber:
             pull_batch_size=32,
             rebalance_interval_ms=2000,
             instance_name=f"lt-{os.getpid()}-{self.group}",
+            **_route_options(self.spec),
         )
         for t in self.topics:
             consumer.subscribe(t, "*")
@@ -214,6 +225,7 @@ class OrbitServer:
         self.case = case
         self.cluster: Any = None
         self.tenants: list[TenantAccess] = []
+        self.queue_watch: Any = None  # an elastic case's (loadtest/elastic.py)
 
     def start(self) -> dict[str, Any]:
         from data_plane.local_cluster import LocalCluster
@@ -225,6 +237,13 @@ class OrbitServer:
         for k, v in case.broker_set:
             flags += ["--set", f"{k}={v}"]
         options: dict[str, Any] = {}
+        auto = case.autoscale
+        if auto is not None:
+            from loadtest.elastic import cluster_options
+
+            extra, more = cluster_options(auto)
+            options.update(extra)
+            flags = [*more, *flags]  # the case's own --set after: they win
         if case.slaves:  # LocalCluster gives the master its role and each slave its own
             have = {f.name for f in dataclasses.fields(LocalCluster)}
             if not {"slaves", "master_role"} <= have:
@@ -232,19 +251,22 @@ class OrbitServer:
                     "this LocalCluster cannot start slave brokers (no 'slaves'/'master_role' options); "
                     "the replication case needs a master and a slave"
                 )
-            options = {"slaves": case.slaves, "master_role": case.broker_role}
+            options.update(slaves=case.slaves, master_role=case.broker_role)
         self.cluster = LocalCluster(
             self.root,
             namesrv_port=0,
             broker_port=0,
             flush=case.flush,
             broker_flags=flags,
-            tenancy=case.tenants is not None,
+            tenancy=case.tenants is not None or auto is not None,
             control_plane_port=0,
             **options,
         )
         self.cluster.start()
-        return {"kind": "orbit", "namesrv": self.cluster.namesrv, "credentials": None}
+        spec = {"kind": "orbit", "namesrv": self.cluster.namesrv, "credentials": None}
+        if auto is not None:
+            spec["route_refresh_ms"] = auto.route_refresh_ms
+        return spec
 
     def members(self) -> list[str]:
         """The brokers that ran (names only), for the result."""
@@ -260,7 +282,7 @@ class OrbitServer:
             with open(f"/proc/{c.proc.pid}/stat") as f:
                 fields = f.read().rpartition(")")[2].split()
             out["cpu_s"] += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        if self.case.tenants is None or not children:
+        if (self.case.tenants is None and self.case.autoscale is None) or not children:
             return out
         from data_plane.dev_tenancy import read_credentials
         from sdk.admin import AdminClient
@@ -280,7 +302,15 @@ class OrbitServer:
         return out
 
     def prepare(self, spec: dict[str, Any], *, topics: list[str], queues: int) -> None:
-        if self.case.tenants is None:
+        if self.case.autoscale is not None:
+            from loadtest.elastic import QueueWatch, make_tenant
+
+            url = self.cluster.control_plane_url
+            access = make_tenant(url, self.root, self.case, spec)
+            self.tenants = [access]
+            topic = topic_names(self.case)[0]
+            self.queue_watch = QueueWatch(url, self.root, access.tenant, topic, self.case.autoscale.sample_s)
+        elif self.case.tenants is None:
             create_topics(spec, topics, queues)
         else:
             self.tenants = self._make_tenants(spec)

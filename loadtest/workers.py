@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadtest.delivery import Tally
 from loadtest.histogram import encode_hist, new_hist, record_us
 from loadtest.rate import OpenLoop, RateProfile, Segment
 from loadtest.targets import publisher, subscriber
@@ -58,6 +59,7 @@ class ProducerJob:
     duration_s: float
     seed: int
     nice: int = 0  # added to the process's niceness before it starts
+    track: bool = False  # keep the acknowledged messages' numbers (loadtest/delivery.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,6 +71,7 @@ class ConsumerJob:
     topics: list[str]
     ordered: bool
     warmup_s: float
+    track: bool = False  # keep the delivered messages' numbers (loadtest/delivery.py)
 
 
 @dataclass
@@ -172,6 +175,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
     interval = _Interval()
     totals = {"acked": 0, "acked_measured": 0, "errors": 0, "dropped": 0, "sends": 0}
     errors_by_kind: dict[str, int] = {}
+    tally = Tally() if job.track else None
 
     # Ordered: one send at a time per key, in sequence order (asyncio.Lock wakes waiters first in,
     # first out) — concurrent sends of one key could reach the broker in any order.
@@ -194,6 +198,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
         if intended_s >= measure_from_s:
             record_us(lag, (time.time() - intended_s) * 1e6)
         topic, msgs, k = bodies(intended_s)
+        last_seq = seqs[k]
         try:
             if job.ordered:
                 async with key_locks[k]:
@@ -208,6 +213,9 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
             return
         done = time.time()
         n = len(msgs)
+        if tally is not None:
+            for seq in range(last_seq - n + 1, last_seq + 1):
+                tally.add((job.index, k), seq)
         totals["acked"] += n
         interval.n_all += n
         if intended_s >= measure_from_s:
@@ -242,6 +250,7 @@ async def _produce(job: ProducerJob, q: Any, start_wall: Any) -> dict[str, Any]:
         "hist": encode_hist(whole),
         "lag_hist": encode_hist(lag),
         "tenant": job.tenant,
+        "tally": tally.encode() if tally is not None else None,
     }
 
 
@@ -333,6 +342,7 @@ async def _consume(job: ConsumerJob, q: Any, start_wall: Any, start_evt: Any, st
     interval = _Interval()
     per_group: dict[str, int] = dict.fromkeys(job.groups, 0)
     order = OrderCheck()
+    tally = Tally() if job.track else None
     first = last = 0.0
     measure_from_ns = int(measure_from_s * 1e9)
 
@@ -355,6 +365,9 @@ async def _consume(job: ConsumerJob, q: Any, start_wall: Any, start_evt: Any, st
                     record_us(interval.hist, lat_us)
                 if job.ordered:
                     order.see((group, producer, key), seq)
+                if tally is not None:
+                    tally.add((producer, key), seq)
+                    tally.deliveries += 1
 
         return on_batch
 
@@ -382,4 +395,5 @@ async def _consume(job: ConsumerJob, q: Any, start_wall: Any, start_evt: Any, st
         "hist": encode_hist(whole),
         "out_of_order": order.out_of_order,
         "redelivered": order.redelivered,
+        "tally": tally.encode() if tally is not None else None,
     }
