@@ -260,7 +260,7 @@ async def test_new_queues_go_to_a_group_with_headroom_not_to_a_hot_one(tenancy: 
         await scaled(tenancy, scaler, "new queues placed on broker-b", grown)
     got = await placements(tenancy, acme, "orders")
     assert got["broker-a"] == (4, 4), "the hot group took no new queue"
-    assert got["broker-b"][0] >= 4
+    assert got["broker-b"][0] >= 1  # as many as the rate asked for when it was first seen
 
 
 async def test_a_draining_broker_group_hands_its_queues_to_another_and_can_then_go(tenancy: TenancyCluster) -> None:
