@@ -46,12 +46,9 @@ Key = tuple[str, str]  # tenant, topic
 
 
 class LoadView(Protocol):
-    async def topic_rates(self, window_s: float) -> dict[Key, float]:
-        """Publish msgs/s of each topic with reports over the window (absent: no report)."""
-        ...
-
-    async def group_rates(self, window_s: float) -> dict[str, float]:
-        """Publish msgs/s each broker group reported over the window."""
+    async def rates(self, window_s: float) -> tuple[dict[Key, float], dict[str, float]]:
+        """Publish msgs/s over the window of each topic with reports (absent: none) and of each
+        broker group."""
         ...
 
 
@@ -129,8 +126,8 @@ class Autoscaler:
     async def round(self) -> None:
         async with self._round_lock:
             topics = _topics(await repo.elastic_topics(self.pool))
-            rates = await self.load.topic_rates(self.window_s)
-            hot = await self._hot_groups()
+            rates, group_rates = await self.load.rates(self.window_s)
+            hot = await self._hot_groups(group_rates)
             now = self.clock()
             before = self.changes
             for t in topics:
@@ -142,8 +139,7 @@ class Autoscaler:
             if self.changes != before:
                 self.on_change()
 
-    async def _hot_groups(self) -> set[str]:
-        rates = await self.load.group_rates(self.window_s)
+    async def _hot_groups(self, rates: dict[str, float]) -> set[str]:
         async with self.pool.acquire() as conn:
             groups = await fleet_repo.list_broker_groups(conn)
         return {
@@ -195,7 +191,8 @@ class Autoscaler:
             need = d.writable - writable
             if need <= 0:
                 return
-            active = {g["name"] for g in await fleet_repo.lock_active_groups(conn)} - hot
+            cool = [g for g in await fleet_repo.lock_active_groups(conn) if g["name"] not in hot]
+            active = {g["name"] for g in cool}
             for p in placements:  # read-only queues take messages again first
                 spare = int(p["queue_count"]) - int(p["write_queue_count"])
                 if need > 0 and spare > 0 and p["broker_group"] in active:
@@ -209,9 +206,7 @@ class Autoscaler:
                 if allowed < need:
                     refused = f"the plan allows {limits['max_queues']} queues and the tenant has {used}"
                 groups = [
-                    placement.GroupCapacity(r["name"], int(r["max_queues"]), int(r["placed_queues"]))
-                    for r in await fleet_repo.lock_active_groups(conn)
-                    if r["name"] not in hot
+                    placement.GroupCapacity(r["name"], int(r["max_queues"]), int(r["placed_queues"])) for r in cool
                 ]
                 if allowed > 0:
                     try:
@@ -219,7 +214,7 @@ class Autoscaler:
                     except InsufficientCapacity as e:
                         refused, spread = e.message, {}
                     await topics_repo.add_placements(conn, tenant_id=t.tenant, topic=t.name, queues_by_group=spread)
-                    await _provisioning(conn, t)
+                    await repo.mark_provisioning(conn, tenant_id=t.tenant, topic=t.name)
             after = await repo.lock_placements(conn, tenant_id=t.tenant, topic=t.name)
             write, every = repo.totals(after)
             if write > writable:
@@ -299,14 +294,6 @@ async def _set_writable(conn: Connection, t: _Topic, p: Record, write: int) -> N
     """The placement's writable queues become ``[0, write)``; its queues stay."""
     group, read = str(p["broker_group"]), int(p["queue_count"])
     await repo.set_queues(conn, tenant_id=t.tenant, topic=t.name, group=group, read=read, write=write)
-
-
-async def _provisioning(conn: Connection, t: _Topic) -> None:
-    await conn.execute(
-        "UPDATE topics SET status = 'provisioning', updated_at = now() WHERE tenant_id = $1 AND name = $2",
-        t.tenant,
-        t.name,
-    )
 
 
 def _topics(rows: list[Record]) -> list[_Topic]:

@@ -48,14 +48,11 @@ class SampledLoad:
             out[key] = grown / window_s
         return out
 
-    async def topic_rates(self, window_s: float) -> dict[Key, float]:
-        out: dict[Key, float] = defaultdict(float)
-        for (tenant, topic, _broker), rate in (await self._per_broker(window_s)).items():
-            out[(tenant, topic)] += rate
-        return dict(out)
-
-    async def group_rates(self, window_s: float) -> dict[str, float]:
-        out: dict[str, float] = defaultdict(float)
-        for (_tenant, _topic, broker), rate in (await self._per_broker(window_s)).items():
-            out[broker] += rate
-        return dict(out)
+    async def rates(self, window_s: float) -> tuple[dict[Key, float], dict[str, float]]:
+        """Publish msgs/s over the window by topic, and by broker group (one read of the samples)."""
+        topics: dict[Key, float] = defaultdict(float)
+        groups: dict[str, float] = defaultdict(float)
+        for (tenant, topic, broker), rate in (await self._per_broker(window_s)).items():
+            topics[(tenant, topic)] += rate
+            groups[broker] += rate
+        return dict(topics), dict(groups)

@@ -58,6 +58,11 @@ async def set_queues(conn: Connection, *, tenant_id: str, topic: str, group: str
             write,
         )
     await sync_queue_count(conn, tenant_id=tenant_id, topic=topic)
+    await mark_provisioning(conn, tenant_id=tenant_id, topic=topic)
+
+
+async def mark_provisioning(conn: Connection, *, tenant_id: str, topic: str) -> None:
+    """The topic waits for the reconciler (``mark_applied`` makes it active again)."""
     await conn.execute(
         "UPDATE topics SET status = 'provisioning', updated_at = now() WHERE tenant_id = $1 AND name = $2",
         tenant_id,

@@ -22,6 +22,16 @@ from loadtest.rate import RateProfile
 pytestmark = [pytest.mark.integration, pytest.mark.timing]
 
 REPO = Path(__file__).resolve().parents[2]
+# Small store files; no DISK_FULL refusals on the shared test disk (scenarios of the other loadtest tests too).
+STORE_SET = """[store_set]
+commit_log_file_size_bytes = 16777216
+reserve_ahead_bytes = 0
+index_hash_slots = 65536
+index_max_entries = 262144
+disk_max_used_space_ratio = 0.99
+disk_space_clean_forcibly_ratio = 1.0
+disk_space_warning_level_ratio = 1.0
+"""
 RATE = 300  # msgs/s
 WARMUP_S = 0.5
 DURATION_S = 2.0
@@ -38,15 +48,7 @@ message_bytes = [100, 300]
 queues = 4
 drain_timeout_s = 30
 
-[store_set]  # small store files; no DISK_FULL refusals on the shared test disk
-commit_log_file_size_bytes = 16777216
-reserve_ahead_bytes = 0
-index_hash_slots = 65536
-index_max_entries = 262144
-disk_max_used_space_ratio = 0.99
-disk_space_clean_forcibly_ratio = 1.0
-disk_space_warning_level_ratio = 1.0
-"""
+{STORE_SET}"""
 
 
 def run(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:

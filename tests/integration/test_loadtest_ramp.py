@@ -18,10 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.test_loadtest_cli import STORE_SET
+
 pytestmark = [pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
-SCENARIO = """
+SCENARIO = f"""
 name = "tiny-ramp"
 warmup_s = 2
 duration_s = 30
@@ -30,7 +32,7 @@ consumers = 1
 rate_msgs_per_s = 40
 message_bytes = 200
 drain_timeout_s = 20
-ramp = { to = 160, over_s = 4, hold_s = 6, fall_to = 10, fall_s = 20 }
+ramp = {{ to = 160, over_s = 4, hold_s = 6, fall_to = 10, fall_s = 20 }}
 
 [autoscale]
 broker_groups = 2
@@ -42,15 +44,7 @@ load_report_interval_s = 0.5
 route_refresh_ms = 500
 sample_s = 0.5
 
-[store_set]  # small store files; no DISK_FULL refusals on the shared test disk
-commit_log_file_size_bytes = 16777216
-reserve_ahead_bytes = 0
-index_hash_slots = 65536
-index_max_entries = 262144
-disk_max_used_space_ratio = 0.99
-disk_space_clean_forcibly_ratio = 1.0
-disk_space_warning_level_ratio = 1.0
-"""
+{STORE_SET}"""
 
 
 def test_a_tiny_ramp_grows_the_topic_then_brings_it_back_to_its_minimum_losing_nothing(tmp_path: Path) -> None:
