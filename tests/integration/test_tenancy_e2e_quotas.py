@@ -329,10 +329,16 @@ async def test_a_flooding_tenant_does_not_slow_another_tenant_down(tenancy: Tena
     """beta sends one message after another (its latency is what is measured) in blocks, while
     acme's flood — 200 concurrent SDK senders against a 200 msgs/s quota, in another process —
     is alternately paused and running."""
+    # The broker's load reports at their default interval: the fixture's 0.5 s puts a report into
+    # the control plane — in this process, on the loop beta's sends are timed on — twice a second,
+    # and one about acme's growing topic only while the flood runs.
+    await tenancy.stop_broker()
+    await tenancy.start_broker("--set", "load_report_interval_s=10")
     flooder = await limited_tenant(tenancy, "acme", publish_msgs_per_s=PUBLISH_LIMIT)
     victim = await tenancy.new_tenant("beta", plan="enterprise")
     await tenancy.create_topic(victim, "orders")
     async with Producer("beta%p", namesrv_addrs=tenancy.namesrv.address, credentials=victim.credentials(tenancy)) as p:
+        await until_sent(p, "beta%orders")
         await send_latencies(p, "beta%orders", 200)  # warm up: connections, routes, token
         flood = flooding_client(
             tenancy, flooder, "acme%orders", concurrency=200, connections=1, saturated_after=PUBLISH_LIMIT * 2
