@@ -19,13 +19,17 @@ printed as JSON. CommitLog files of ``file_mb`` (64 MiB), 1 KiB messages. In the
    two kinds, in the order A B, B A, A B ...:
    A: the tier configured but no upload due (``tier_after_hours`` a year);
    B: a backlog of sealed files (at least ``backlog_mb``) being uploaded (``tier_after_hours`` 0).
+   With ``control`` a third kind ends each round:
+   C: as A, beside a process a core that only spins, under SCHED_IDLE — what any background
+   work on this machine costs the hot path's tail, with nothing of Orbit's in it.
    Each phase on a freshly started broker. Per phase: send latency, CPU shares of the broker,
    the object store and the publisher, and in B the broker's ``tier.uploadedBytes`` /
-   ``tier.uploadSeconds``; per kind, the merged p50/p99/p99.9 and B's over A's. Goal: p99 within
-   +10 %. Two placements of the object store: ``colocated`` (its process at the broker's
-   priority: on a 2-core machine its CPU for every upload competes with the broker's), then
-   ``isolated`` (at nice 19: the broker and the publisher come first, as with a remote store);
-   the goal is judged on ``isolated``, and shown for both.
+   ``tier.uploadSeconds``; per kind, the merged p50/p99/p99.9 and B's (and C's) over A's. Goal:
+   p99 within +10 %. Two placements of the object store: ``colocated`` (its process at the
+   broker's priority: on a 2-core machine its CPU for every upload competes with the broker's),
+   then ``isolated`` (under SCHED_IDLE: the broker and the publisher come first, as with a
+   remote store); the goal is judged on ``isolated``, and shown for both. ``upload_mb_s`` paces
+   the uploads (the broker's ``tier_upload_bytes_per_s``; 0: as fast as they go).
 
     python -m benchmarks.tier [--quick] [--seed S] [--out FILE|DIR]
 """
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import multiprocessing
 import os
 import random
@@ -75,7 +80,6 @@ SETTLE_TIMEOUT_S = 600.0
 # machine's disk (the parts, then the whole), which a remote S3 never does. The rig keeps them in
 # memory (the runs here hold a few GB).
 OBJECT_STORE_ENVIRONMENT = {"MOTO_S3_DEFAULT_KEY_BUFFER_SIZE": str(1 << 40)}
-OBJECT_STORE_NICE = 19
 
 
 def _log(message: str) -> None:
@@ -84,7 +88,7 @@ def _log(message: str) -> None:
 
 @dataclass(frozen=True)
 class TierBenchOptions:
-    rounds: int = 2  # pairs of offload phases (A and B: A B, B A, A B ...), the object store at nice 19
+    rounds: int = 2  # rounds of offload phases (A and B: A B, B A, A B ...), the object store under SCHED_IDLE
     colocated_rounds: int = 1  # and before them, pairs with the object store at the broker's priority
     seconds: float = 10.0  # measured seconds of each offload phase
     warmup_s: float = 2.0
@@ -98,6 +102,8 @@ class TierBenchOptions:
     first_message_samples: int = 5
     chunk_mb: float = 0  # tier_read_chunk_bytes in MiB (0: the broker's default)
     read_ahead: int = -1  # tier_read_ahead_chunks (-1: the broker's default)
+    upload_mb_s: float = 0  # tier_upload_bytes_per_s in MB/s (0: no limit)
+    control: bool = True  # a phase C (no upload, two SCHED_IDLE spinners) ends each round
 
     @classmethod
     def quick(cls) -> TierBenchOptions:
@@ -188,11 +194,12 @@ class Rig:
                     os.environ[k] = v
 
     def deprioritize_object_store(self) -> None:
-        """The object store's process at nice 19: the broker and the clients come first on this
-        machine's cores, as they would with the store on other machines."""
+        """The object store's process under SCHED_IDLE (its request threads, created by its main
+        thread, inherit the policy): the broker and the clients come first on this machine's
+        cores, as they would with the store on other machines."""
         store = self.cluster.object_store
         if store is not None and store.proc is not None:
-            os.setpriority(os.PRIO_PROCESS, store.proc.pid, OBJECT_STORE_NICE)
+            os.sched_setscheduler(store.proc.pid, os.SCHED_IDLE, os.sched_param(0))
 
     def stop(self) -> None:
         self.cluster.stop()
@@ -352,9 +359,33 @@ async def read_topic(namesrv: str, topic: str, queues: int, check: ReadCheck, o:
 
 
 # --- phase 1: offload ---------------------------------------------------------------------------------------
-def _phase_order(rounds: int) -> Iterator[str]:
+def _phase_order(rounds: int, control: bool = False) -> Iterator[tuple[int, str]]:
+    """(round, kind) of each phase: A B, B A, ... and with ``control`` a C ending each round."""
     for r in range(rounds):
-        yield from ("A", "B") if r % 2 == 0 else ("B", "A")
+        for kind in (("A", "B") if r % 2 == 0 else ("B", "A")) + (("C",) if control else ()):
+            yield r, kind
+
+
+def _spin() -> None:
+    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    while True:
+        pass
+
+
+class Spinners:
+    """A process a core that only spins under SCHED_IDLE, while the ``with`` lasts."""
+
+    def __enter__(self) -> Spinners:
+        ctx = multiprocessing.get_context("spawn")
+        self.procs = [ctx.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+        for p in self.procs:
+            p.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+            p.join()
 
 
 async def _fill_backlog(rig: Rig, o: TierBenchOptions, want_bytes: int) -> int:
@@ -382,14 +413,16 @@ def _offload_figures(before: dict[str, str], after: dict[str, str]) -> dict[str,
 
 
 async def _paced_phase(rig: Rig, o: TierBenchOptions, kind: str, pool: concurrent.futures.Executor) -> dict[str, Any]:
-    await asyncio.to_thread(rig.restart, NOT_DUE if kind == "A" else UPLOADING)
+    uploading = {**UPLOADING, "tier_upload_bytes_per_s": int(o.upload_mb_s * 1e6)}
+    await asyncio.to_thread(rig.restart, uploading if kind == "B" else NOT_DUE)
     broker = rig.broker
     before = await _status(broker.address)
     cpu = CpuShares(rig)
     opts = {"rate": o.rate, "seconds": o.seconds, "warmup_s": o.warmup_s, "message_bytes": o.message_bytes,
             "broker_pid": broker.proc.pid}  # fmt: skip
     loop = asyncio.get_running_loop()
-    r = await loop.run_in_executor(pool, e2e.worker, "open_loop", rig.namesrv, HOT_TOPIC, opts)
+    with Spinners() if kind == "C" else contextlib.nullcontext():
+        r = await loop.run_in_executor(pool, e2e.worker, "open_loop", rig.namesrv, HOT_TOPIC, opts)
     shares = cpu.shares()
     after = await _status(broker.address)
     out: dict[str, Any] = {
@@ -417,29 +450,33 @@ async def _paced_phase(rig: Rig, o: TierBenchOptions, kind: str, pool: concurren
 
 def _kind_summary(phases: list[dict[str, Any]]) -> dict[str, Any]:
     """Merged send latency of the A phases and of the B phases, their ratios, the offload rate."""
-    merged = {k: merge([p.pop("_hist") for p in phases if p["kind"] == k]) for k in ("A", "B")}
+    merged = {k: merge([p.pop("_hist") for p in phases if p["kind"] == k]) for k in ("A", "B", "C")}
     a, b = summary_ms(merged["A"]), summary_ms(merged["B"])
+    c = summary_ms(merged["C"]) if any(p["kind"] == "C" for p in phases) else None
     ups = [p["offload"] for p in phases if p["kind"] == "B"]
     up_mb = sum(u["uploaded_mb"] for u in ups)
     up_s = sum(u["upload_seconds"] for u in ups)
 
-    def ratio(q: str) -> float | None:
-        return round(b[q] / a[q], 3) if a[q] else None
+    def ratio(q: str, x: dict[str, Any] = b) -> float | None:
+        return round(x[q] / a[q], 3) if a[q] else None
 
+    control = {"control_send_latency_ms": c, "control_p99_ratio": ratio("p99", c)} if c else {}
     return {
         "not_offloading_send_latency_ms": a,
         "offloading_send_latency_ms": b,
         "p50_ratio": ratio("p50"),
         "p99_ratio": ratio("p99"),
         "p99_9_ratio": ratio("p99.9"),
+        **control,
         "offload_mb_per_s": round(up_mb / up_s, 1) if up_s else None,
         "uploading_through_every_b_phase": all(p["uploading_to_the_end"] for p in phases if p["kind"] == "B"),
     }
 
 
 async def offload(rig: Rig, o: TierBenchOptions, pool: concurrent.futures.Executor) -> dict[str, Any]:
-    """``colocated_rounds`` pairs of phases with the object store at the broker's priority, then
-    ``rounds`` pairs with it at nice 19 (``isolated``: a remote store's CPU is not the broker's)."""
+    """``colocated_rounds`` rounds of phases with the object store at the broker's priority, then
+    ``rounds`` rounds with it under SCHED_IDLE (``isolated``: a remote store's CPU is not the
+    broker's)."""
     out: dict[str, Any] = {}
     backlog = o.backlog_mb * MIB
     for placement, rounds in (("colocated", o.colocated_rounds), ("isolated", o.rounds)):
@@ -448,13 +485,16 @@ async def offload(rig: Rig, o: TierBenchOptions, pool: concurrent.futures.Execut
         if placement == "isolated":
             rig.deprioritize_object_store()
         phases: list[dict[str, Any]] = []
-        for i, kind in enumerate(_phase_order(rounds)):
-            if i % 2 == 0:  # a round begins: fill the backlog on a broker that does not upload
+        began = -1
+        for r, kind in _phase_order(rounds, o.control):
+            if r != began:  # a round begins: fill the backlog on a broker that does not upload
+                began = r
                 await asyncio.to_thread(rig.restart, NOT_DUE)
                 filled = await _fill_backlog(rig, o, backlog)
                 await asyncio.to_thread(os.sync)  # its write-back is not the phases' business
-                _log(f"{placement} object store, round {i // 2 + 1}: {filled / MIB:.0f} MiB published for the backlog")
-            _log(f"  phase {kind} ({'uploading' if kind == 'B' else 'no upload due'}), {o.rate:,} msgs/s ...")
+                _log(f"{placement} object store, round {r + 1}: {filled / MIB:.0f} MiB published for the backlog")
+            what = {"A": "no upload due", "B": "uploading", "C": "no upload due, idle-class spinners"}[kind]
+            _log(f"  phase {kind} ({what}), {o.rate:,} msgs/s ...")
             p = await _paced_phase(rig, o, kind, pool)
             lat = p["send_latency_ms"]
             _log(f"    send p50 {lat['p50']} ms, p99 {lat['p99']} ms, p99.9 {lat['p99.9']} ms"
@@ -466,8 +506,8 @@ async def offload(rig: Rig, o: TierBenchOptions, pool: concurrent.futures.Execut
                 if not p["uploading_to_the_end"]:
                     _log("    the backlog ran out before the phase ended")
             phases.append(p)
-        nice = OBJECT_STORE_NICE if placement == "isolated" else 0
-        out[placement] = {"object_store_nice": nice, **_kind_summary(phases), "phases": phases}
+        policy = "SCHED_IDLE" if placement == "isolated" else "the broker's"
+        out[placement] = {"object_store_priority": policy, **_kind_summary(phases), "phases": phases}
         _log(f"  {placement}: send p99 offloading / not: {out[placement]['p99_ratio']}")
     return out
 
@@ -750,7 +790,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_command(args: argparse.Namespace) -> int:
     o = TierBenchOptions.quick() if args.quick else TierBenchOptions()
-    flags = ("rounds", "colocated_rounds", "seconds", "rate", "read_mb", "chunk_mb", "read_ahead")
+    flags = ("rounds", "colocated_rounds", "seconds", "rate", "read_mb", "chunk_mb", "read_ahead", "upload_mb_s")
     given = {k: getattr(args, k) for k in flags}
     o = replace(o, **{k: v for k, v in given.items() if v is not None})
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)

@@ -269,12 +269,14 @@ def build_parser() -> argparse.ArgumentParser:
     tier.add_argument("--quick", action="store_true", help="one round of 4-second phases, 128 MiB read (a minute)")
     tier.add_argument("--seed", type=int, help="the bodies' and offsets' seed (default: a random one, printed)")
     tier.add_argument(
-        "--rounds", type=_whole("--rounds", 0, 20), help="pairs of offload phases, object store at nice 19 (2; quick 1)"
+        "--rounds",
+        type=_whole("--rounds", 0, 20),
+        help="rounds of offload phases, the object store under SCHED_IDLE (2; quick 1)",
     )
     tier.add_argument(
         "--colocated-rounds",
         type=_whole("--colocated-rounds", 0, 20),
-        help="pairs of offload phases before those, the object store at the broker's priority (1)",
+        help="rounds of offload phases before those, the object store at the broker's priority (1)",
     )
     tier.add_argument(
         "--seconds", type=_amount("--seconds", 1, 600), help="measured seconds of each offload phase (10; --quick 4)"
@@ -286,6 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tier.add_argument(
         "--read-ahead", type=_whole("--read-ahead", 0, 64), help="the broker's tier_read_ahead_chunks (4)"
+    )
+    tier.add_argument(
+        "--upload-mb-s",
+        type=_amount("--upload-mb-s", 1.1, 100_000),
+        help="pace uploads to this many MB/s (the broker's tier_upload_bytes_per_s; default: no limit)",
     )
     tier.add_argument("--dir", help="the cluster's directory, kept (default: a temporary one, removed)")
     tier.add_argument("--out", help="also write the JSON here; a directory: tier-<UTC time>-<git hash>.json in it")

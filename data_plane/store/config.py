@@ -130,6 +130,11 @@ class StoreConfig:
     # (until total retention). Topics may ask for longer (``topic_local_retention_hours``).
     local_retention_hours: float = 24.0
     tier_upload_part_bytes: int = 16 * 1024 * 1024  # multipart part size (S3: >= 5 MiB)
+    # An upload's bandwidth at most (0: no limit): what it takes from the hot path at any moment.
+    tier_upload_bytes_per_s: int = 0
+    # Uploads and index builds run in worker processes under SCHED_IDLE (only on CPU nothing else
+    # wants); false: at nice 10 (they then get a share of a saturated host's CPU).
+    tier_offload_idle: bool = True
     tier_read_chunk_bytes: int = 4 * 1024 * 1024  # one ranged GET of a cold read
     tier_read_ahead_chunks: int = 4  # fetched behind a cold read, in the background
     tier_cache_memory_bytes: int = 256 * 1024 * 1024  # cold chunks kept in memory
@@ -250,6 +255,8 @@ def tier_problems(cfg: StoreConfig) -> list[str]:
         out.append("local_retention_hours must be more than 0 and at most 8760")
     if not 5 * 1024 * 1024 <= cfg.tier_upload_part_bytes <= 5 * 1024 * 1024 * 1024:
         out.append("tier_upload_part_bytes must be 5 MiB..5 GiB (S3's part sizes)")
+    if cfg.tier_upload_bytes_per_s and not 1024 * 1024 <= cfg.tier_upload_bytes_per_s <= 100 * 1024**3:
+        out.append("tier_upload_bytes_per_s must be 0 (no limit) or 1 MiB/s..100 GiB/s")
     if not 4096 <= cfg.tier_read_chunk_bytes <= 64 * 1024 * 1024:
         out.append("tier_read_chunk_bytes must be 4 KiB..64 MiB")
     if not 0 <= cfg.tier_read_ahead_chunks <= 64:

@@ -50,7 +50,8 @@ def test_the_backlog_is_what_sealed_files_hold_beyond_the_tier() -> None:
 
 
 def test_offload_phases_alternate_so_that_neither_kind_always_goes_first() -> None:
-    assert list(_phase_order(3)) == ["A", "B", "B", "A", "A", "B"]
+    assert [k for _, k in _phase_order(3)] == ["A", "B", "B", "A", "A", "B"]
+    assert list(_phase_order(2, control=True)) == [(0, "A"), (0, "B"), (0, "C"), (1, "B"), (1, "A"), (1, "C")]
 
 
 def result(*, p99_isolated: float | None, lost: int = 0, cold_ratio: float = 0.6) -> dict[str, Any]:

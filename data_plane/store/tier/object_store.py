@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import logging
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +42,59 @@ def multipart_etag(part_md5s: list[bytes]) -> str:
     return f'"{hashlib.md5(b"".join(part_md5s)).hexdigest()}-{len(part_md5s)}"'
 
 
+class Pace:
+    """At most ``bytes_per_s`` over the life of the pace (0: no limit): ``take(n)`` sleeps until
+    the ``n`` bytes fit the schedule that began with the first ``take``. A bound on an upload's
+    bandwidth, and so on the CPU and network it takes from the hot path at any moment."""
+
+    def __init__(self, bytes_per_s: int) -> None:
+        self.bytes_per_s = bytes_per_s
+        self._began = 0.0
+        self._taken = 0
+
+    def take(self, n: int) -> None:
+        if self.bytes_per_s <= 0:
+            return
+        now = time.monotonic()
+        if not self._taken:
+            self._began = now
+        self._taken += n
+        ahead = self._taken / self.bytes_per_s - (now - self._began)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+class PacedBody(io.BytesIO):
+    """A part's bytes as the HTTP client reads them, each read waiting its turn on ``pace``: the
+    upload goes out smoothly, never in bursts of a part. Reads of ``UNPACED_READ`` or more are
+    not paced: over http:// botocore's signer reads the whole body in 1 MiB reads to hash it
+    before it is sent (the HTTP client reads 8-64 KiB at a time), and only the bytes going out
+    count against the bandwidth."""
+
+    UNPACED_READ = 1024 * 1024
+
+    def __init__(self, data: bytes, pace: Pace) -> None:
+        super().__init__(data)
+        self._pace = pace
+
+    def read(self, size: int | None = -1, /) -> bytes:
+        out = super().read(size)
+        if size is not None and 0 <= size < self.UNPACED_READ:
+            self._pace.take(len(out))
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """Where a bucket is and how to reach it: what a worker process needs to open the same store."""
+
+    bucket: str
+    endpoint_url: str = ""
+    region: str = "us-east-1"
+    profile: str = ""
+    timeout_s: float = 10.0
+
+
 class ObjectStore:
     def __init__(
         self,
@@ -51,6 +106,7 @@ class ObjectStore:
         timeout_s: float = 10.0,
     ) -> None:
         self.bucket = bucket
+        self.endpoint = Endpoint(bucket, endpoint_url, region, profile, timeout_s)
         cfg = botocore.config.Config(
             region_name=region or None,
             connect_timeout=timeout_s,
@@ -122,11 +178,16 @@ class ObjectStore:
                 raise ObjectStoreError(f"DELETE s3://{self.bucket}/{first.get('Key')}: {first.get('Message')}")
 
     # --- uploads -------------------------------------------------------------------------------
-    def upload_file(self, key: str, path: str, length: int, part_bytes: int) -> Uploaded:
+    @classmethod
+    def at(cls, e: Endpoint) -> ObjectStore:
+        return cls(e.bucket, endpoint_url=e.endpoint_url, region=e.region, profile=e.profile, timeout_s=e.timeout_s)
+
+    def upload_file(self, key: str, path: str, length: int, part_bytes: int, bytes_per_s: int = 0) -> Uploaded:
         """The first ``length`` bytes of ``path`` as object ``key``, in parts of ``part_bytes``:
         each part carries its MD5 (the store checks it), and the object's size and ETag are
-        checked against what was sent once it is complete. Raises ObjectStoreError; a failed
-        upload is aborted."""
+        checked against what was sent once it is complete. At most ``bytes_per_s`` on the wire
+        (0: as fast as it goes). Raises ObjectStoreError; a failed upload is aborted."""
+        pace = Pace(bytes_per_s)
         r = self._call("CreateMultipartUpload", self._s3.create_multipart_upload, Key=key)
         upload_id = r["UploadId"]
         try:
@@ -141,9 +202,10 @@ class ObjectStore:
                     if len(data) != n:
                         raise ObjectStoreError(f"{path}: read {len(data)} of {n} bytes at {pos}")
                     digest = hashlib.md5(data).digest()
+                    body = PacedBody(data, pace) if bytes_per_s > 0 else data
                     got = self._call(
                         "UploadPart", self._s3.upload_part, Key=key, UploadId=upload_id, PartNumber=number,
-                        Body=data, ContentMD5=base64.b64encode(digest).decode(),
+                        Body=body, ContentMD5=base64.b64encode(digest).decode(),
                     )  # fmt: skip
                     parts.append({"PartNumber": number, "ETag": got["ETag"]})
                     md5s.append(digest)

@@ -24,15 +24,12 @@ here: retention (on the loop) deletes a local file only once the manifest names 
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import itertools
 import logging
-import multiprocessing
 import os
 import threading
 import time
-from concurrent.futures.process import BrokenProcessPool
 from typing import TYPE_CHECKING
 
 from data_plane.store.layouts import MESSAGE_MAGIC_CODE, RECORD_HEADER
@@ -40,19 +37,13 @@ from data_plane.store.message import MAGIC_AND_SIZE, OFF_STORE_TIMESTAMP, STORE_
 from data_plane.store.tier import file_index
 from data_plane.store.tier.manifest import TieredFile
 from data_plane.store.tier.object_store import ObjectStoreError
+from data_plane.store.tier.offload_workers import OffloadWorkers
 
 if TYPE_CHECKING:
     from data_plane.store.message_store import MessageStore
     from data_plane.store.tier.tier import Tier
 
 log = logging.getLogger(__name__)
-
-INDEXER_NICE = 10  # the index builder's CPU priority below the broker's
-
-
-def _lower_priority() -> None:
-    os.nice(INDEXER_NICE)
-
 
 HOUR_MS = 3_600_000
 _HEAD = RECORD_HEADER.size
@@ -83,7 +74,7 @@ class Offloader:
         self._thread: threading.Thread | None = None
         self._tenure = False  # this store is the master and has read the manifest since it became one
         self._round_lock = threading.Lock()  # one round at a time (the thread's, or a caller's)
-        self._indexer: concurrent.futures.ProcessPoolExecutor | None = None  # builds index objects
+        self.workers = OffloadWorkers(idle=store.config.tier_offload_idle)  # uploads and index builds
         # Figures (runtime info).
         self.uploaded_files = 0
         self.uploaded_bytes = 0
@@ -107,30 +98,7 @@ class Offloader:
         if self._thread is not None:
             self._thread.join(timeout=30)
         with self._round_lock:
-            if self._indexer is not None:
-                self._indexer.shutdown(wait=True, cancel_futures=True)
-                self._indexer = None
-
-    def _build_index(self, path: str, from_offset: int, length: int) -> concurrent.futures.Future[bytes]:
-        """The file's index object, built in a process of its own at a lower CPU priority (while
-        the file uploads): the walk parses every record, and in the broker's process it would hold
-        the GIL the loop needs."""
-        if self._indexer is None:
-            self._indexer = concurrent.futures.ProcessPoolExecutor(
-                1, mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority
-            )
-        try:
-            return self._indexer.submit(file_index.build_data, path, from_offset, length)
-        except BrokenProcessPool:  # (it was killed): a new one next time
-            self._indexer = None
-            raise
-
-    def _built(self, building: concurrent.futures.Future[bytes]) -> bytes:
-        try:
-            return building.result()
-        except BrokenProcessPool:
-            self._indexer = None
-            raise
+            self.workers.shutdown()
 
     def _run(self) -> None:
         interval = self._store.config.tier_check_interval_ms / 1000
@@ -200,11 +168,15 @@ class Offloader:
         tier = self._tier
         key = tier.object_key(from_offset)
         began = time.monotonic()
-        building = self._build_index(path, from_offset, length)
+        cfg = self._store.config
+        building = self.workers.build_index(path, from_offset, length)
         try:
-            up = tier.objects.upload_file(key, path, length, self._store.config.tier_upload_part_bytes)
+            uploading = self.workers.upload(
+                tier.objects.endpoint, key, path, length, cfg.tier_upload_part_bytes, cfg.tier_upload_bytes_per_s
+            )
+            up = self.workers.result(uploading)
         finally:
-            data = self._built(building)
+            data = self.workers.result(building)
         head = file_index.parse_head(data)
         entry = TieredFile(from_offset, up.size, key, up.etag, newest_ms, head.topics, int(time.time() * 1000))
         if head.keys_at <= up.size:  # (always, but for a file of a record or two)
