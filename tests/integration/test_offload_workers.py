@@ -56,10 +56,6 @@ def test_a_paced_upload_from_a_worker_arrives_whole_and_no_faster_than_asked(
     assert up.size == len(data)
     assert store.get_range("g/commitlog/0", 0, len(data)) == data
     assert took >= (len(data) - 64 * 1024) / rate * 0.98, took
-    # and unpaced it is much faster (the pace is what held it back)
-    began = time.monotonic()
-    workers.result(workers.upload(store.endpoint, "g/commitlog/1", str(path), len(data), 5 * MIB, 0))
-    assert time.monotonic() - began < took / 2
 
 
 def _alive(pid: int) -> bool:
