@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import grpc
 import pytest
 
 from control_plane.autoscaler import Autoscaler
@@ -21,6 +22,8 @@ from control_plane.load_view import SampledLoad
 from control_plane.queue_drain import BrokerDrainCheck
 from control_plane.reconcile_source import ServicesStateSource
 from control_plane.scaling_policy import ScalingSettings
+from data_plane.proxy.v2 import definition_pb2 as pb
+from data_plane.proxy.v2 import service_pb2_grpc
 from sdk import ConsumeResult, Message, MessageExt, Producer, PushConsumer
 from tests.integration.console_support import ConsoleClient
 from tests.integration.helpers import QUICK
@@ -31,6 +34,7 @@ from tests.integration.tenancy_cluster import (
     until,
 )
 from tests.postgres_fixture import postgres_dsn_fixture, postgres_server_fixture  # noqa: F401
+from tests.security.test_grpc_endpoint import ack, receive, signed
 
 pytestmark = [pytest.mark.integration, pytest.mark.asyncio]
 SETTINGS = ScalingSettings(queue_capacity_msgs_per_s=20, grow_at=0.8, target=0.5, shrink_at=0.25, shrink_after_s=1)
@@ -302,3 +306,37 @@ async def test_a_draining_broker_group_hands_its_queues_to_another_and_can_then_
     assert [e["action"] for e in await events(tenancy, acme, "orders")] == ["move", "remove"]
     removed = await tenancy.cp.call("DELETE", "/v1/fleet/broker-groups/broker-a", operator=True)
     assert removed.status == 200, removed.body
+
+
+async def test_a_pop_group_keeps_read_only_queues_until_it_acknowledged_their_messages(tenancy: TenancyCluster) -> None:
+    # A RocketMQ 5 simple consumer's group consumes by leases (POP): its acknowledgements move the
+    # group's committed offsets, which the drain check reads, so queues a shrink made read-only
+    # are not removed while it still has messages on them leased or never received.
+    await tenancy.stop_broker()
+    await tenancy.start_broker("--set", "grpc_listen=127.0.0.1:0")
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "orders")
+    await tenancy.create_group(acme, "simple")
+    async with publishing(tenancy, acme, "orders", rate=200) as sent:
+        await until(lambda: len(sent) >= 24, "24 messages sent", timeout_s=15)
+    assert {r.message_queue.queue_id for r in sent} == {0, 1, 2, 3}
+    check = BrokerDrainCheck(tenancy.services, ServicesStateSource(tenancy.services).operator_token)
+    assert not await check.drained("acme", "orders", "broker-a", 0, 4)  # nobody took them
+    assert tenancy.broker is not None
+    md = signed(acme.access_key, acme.secret, "acme")
+    handles: list[str] = []
+    async with grpc.aio.insecure_channel(tenancy.broker.info["grpc_address"]) as channel:
+        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+
+        async def received_all() -> bool:
+            handles.extend(m.system_properties.receipt_handle for m in await receive(stub, md, "simple"))
+            return len(handles) >= len(sent)
+
+        await until(received_all, "every message received under a lease", timeout_s=30)
+        assert len(handles) == len(sent)
+        assert not await check.drained("acme", "orders", "broker-a", 0, 4)  # leased, not acknowledged
+        for h in handles[:-1]:
+            assert (await ack(stub, md, "simple", h)).status.code == pb.OK
+        assert not await check.drained("acme", "orders", "broker-a", 0, 4)  # one still leased
+        assert (await ack(stub, md, "simple", handles[-1])).status.code == pb.OK
+    assert await check.drained("acme", "orders", "broker-a", 0, 4)
