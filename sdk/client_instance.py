@@ -333,6 +333,14 @@ class ClientInstance:
             self.routes[mq.topic] = without_write_queues(route, mq.broker_name, from_queue)
         self.route_refresh.ask(mq.topic)
 
+    def queue_redirected(self, mq: MessageQueue) -> None:
+        """A broker stored a send to ``mq`` in another queue (``mq`` is read-only there, being
+        drained): the cached route is stale, as for a refusal, but nothing failed."""
+        route = self.routes.get(mq.topic)
+        if route is not None:
+            self.routes[mq.topic] = without_write_queues(route, mq.broker_name, mq.queue_id)
+        self.route_refresh.ask(mq.topic)
+
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:
         route = None if refresh else self.routes.get(topic)
         if route is None:

@@ -149,6 +149,8 @@ class _FirstAnswer:
             producer._pending.discard(out)
             out.set_exception(e)
             return
+        if result.message_queue is not mq:  # stored in another queue: this one is read-only
+            producer.instance.queue_redirected(mq)
         elapsed = out.get_loop().time() - self.begin
         fault = producer.fault
         if fault.tolerance.items or elapsed >= _FAST_ANSWER_S:
@@ -661,6 +663,8 @@ class Producer:
                 except RemotingError as e:
                     raise from_remoting(e) from e
                 result = protocol.parse_send_response(resp, mq, msg_id, addr)
+                if result.message_queue is not mq:  # stored in another queue: this one is read-only
+                    inst.queue_redirected(mq)
             except FlowControlError as e:
                 # Over quota: not the broker's fault and not an attempt used up. The pacer holds
                 # this and the client's other sends to the broker to the tenant's rate there.

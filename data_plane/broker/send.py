@@ -369,7 +369,13 @@ class SendProcessor:
         if queue_id < 0:
             queue_id = random.randrange(nq)
         elif queue_id >= nq:
-            return cmd.response(ResponseCode.SYSTEM_ERROR, queue_not_writable(topic, queue_id, tc))
+            if not (queue_id < tc["readQueueNums"] and not tc["order"]):
+                return cmd.response(ResponseCode.SYSTEM_ERROR, queue_not_writable(topic, queue_id, tc))
+            # A read-only queue (being drained) of an unordered topic, on a stale route: the
+            # message goes to writable queue id % writeQueueNums (one queue's messages to one
+            # queue), and the answer's queueId names it — no error for a client that has not yet
+            # refreshed its route, and nothing added to a queue on its way out.
+            queue_id %= nq
         # A batch's body is used where it lies (a large one is a view of the frame); a single
         # message's becomes its store Message's bytes.
         raw = cmd.body

@@ -45,7 +45,7 @@ async def topic_of(cluster: tuple[ServerProcess, ServerProcess], topic: str, que
     return namesrv.address, broker.address
 
 
-async def update_topic(broker_addr: str, topic: str, *, read: int, write: int) -> None:
+async def update_topic(broker_addr: str, topic: str, *, read: int, write: int, order: bool = False) -> None:
     """Set ``topic``'s queue counts on a broker, as the control plane's reconciler does."""
     client = RemotingClient(Processors())
     try:
@@ -57,7 +57,7 @@ async def update_topic(broker_addr: str, topic: str, *, read: int, write: int) -
             "perm": "6",
             "topicFilterType": "SINGLE_TAG",
             "topicSysFlag": "0",
-            "order": "false",
+            "order": "true" if order else "false",
         }
         resp = await client.invoke(broker_addr, RemotingCommand(RequestCode.UPDATE_AND_CREATE_TOPIC, ext_fields=ext))
         assert resp.code == ResponseCode.SUCCESS, resp.remark
@@ -153,8 +153,9 @@ async def test_shrinking_write_queues_costs_the_producer_no_error_and_consumers_
         assert sending.errors == []
         assert sending.queues_since(settled) == {0, 1, 2, 3}
         assert inst.route_refresh.asked <= 3, "one route refresh per topic per interval, not one per refusal"
+        # Sends to the read-only queues before the refresh were stored in writable ones, not refused.
         refused = [r for r in caplog.records if "is illegal" in r.getMessage() and r.name == "sdk.producer"]
-        assert refused, "some sends in flight at the change were refused and retried"
+        assert refused == [], [r.getMessage() for r in refused]
 
         # The consumer read all 8 queues (readQueueNums stayed 8): everything sent arrives.
         await until(lambda: {m.body for m in got} >= set(sending.bodies), "every message consumed")
@@ -213,20 +214,29 @@ async def test_the_name_server_and_broker_answer_stock_clients_with_the_new_coun
     await until(shrunk, "the name server's route with writeQueueNums 4", 2.0)
     assert time.monotonic() - changed < 2.0
 
-    # A stale client's send to queue 6 (read-only now) and to queue 9 (gone): RocketMQ's code and
-    # remark, then what the queue is.
+    # A stale client's send to queue 6 (read-only now) is stored in writable queue 6 % 4 = 2, and
+    # the answer says so; one to queue 9 (gone) is refused with RocketMQ's code and remark, then
+    # what the queue is. On an ordered topic a read-only queue refuses too: moving a message to
+    # another queue would break its order.
     client = RemotingClient(Processors())
+
+    async def send(t: str, queue_id: int) -> RemotingCommand:
+        cmd = protocol.send_request(
+            group="stock", msg=Message(t, b"stale"), queue_id=queue_id, unique_id="", born_timestamp_ms=0
+        )
+        return await client.invoke(broker, cmd)
+
     try:
-        answers: dict[int, RemotingCommand] = {}
-        for queue_id in (6, 9):
-            msg = Message(topic, b"stale")
-            cmd = protocol.send_request(group="stock", msg=msg, queue_id=queue_id, unique_id="", born_timestamp_ms=0)
-            answers[queue_id] = await client.invoke(broker, cmd)
+        stored, gone = await send(topic, 6), await send(topic, 9)
+        await topic_of(cluster, "CountedInOrder", 8)
+        await update_topic(broker, "CountedInOrder", read=8, write=4, order=True)
+        ordered = await send("CountedInOrder", 6)
     finally:
         await client.close()
-    for queue_id, state in ((6, "read-only"), (9, "gone")):
-        answer = answers[queue_id]
+    assert stored.code == ResponseCode.SUCCESS, stored.remark
+    assert (stored.ext_fields or {})["queueId"] == "2"
+    for queue_id, state, answer in ((9, "gone", gone), (6, "read-only", ordered)):
         assert answer.code == ResponseCode.SYSTEM_ERROR
         assert answer.remark is not None
-        assert answer.remark.startswith(f"request queueId[{queue_id}] is illegal, topic[{topic}]")
+        assert answer.remark.startswith(f"request queueId[{queue_id}] is illegal, topic[")
         assert f"queue {queue_id} is {state}" in answer.remark
