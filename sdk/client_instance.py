@@ -327,18 +327,19 @@ class ClientInstance:
         or all of the broker's — so a retry goes to a writable queue; and the route is fetched
         again soon (``route_refresh``)."""
         # Not writable there, or not there at all: none of the broker's queues.
-        from_queue = mq.queue_id if isinstance(error, QueueNotServedError) else 0
-        route = self.routes.get(mq.topic)
-        if route is not None:
-            self.routes[mq.topic] = without_write_queues(route, mq.broker_name, from_queue)
-        self.route_refresh.ask(mq.topic)
+        self._write_queues_gone(mq, mq.queue_id if isinstance(error, QueueNotServedError) else 0)
 
     def queue_redirected(self, mq: MessageQueue) -> None:
         """A broker stored a send to ``mq`` in another queue (``mq`` is read-only there, being
         drained): the cached route is stale, as for a refusal, but nothing failed."""
+        self._write_queues_gone(mq, mq.queue_id)
+
+    def _write_queues_gone(self, mq: MessageQueue, from_queue: int) -> None:
+        """Queues ``from_queue`` and up of ``mq``'s broker out of the cached route's publish
+        queues at once, and the route fetched again soon."""
         route = self.routes.get(mq.topic)
         if route is not None:
-            self.routes[mq.topic] = without_write_queues(route, mq.broker_name, mq.queue_id)
+            self.routes[mq.topic] = without_write_queues(route, mq.broker_name, from_queue)
         self.route_refresh.ask(mq.topic)
 
     async def route(self, topic: str, *, refresh: bool = False) -> TopicRoute:

@@ -105,7 +105,6 @@ class ObjectStore:
         profile: str = "",
         timeout_s: float = 10.0,
     ) -> None:
-        self.bucket = bucket
         self.endpoint = Endpoint(bucket, endpoint_url, region, profile, timeout_s)
         cfg = botocore.config.Config(
             region_name=region or None,
@@ -123,6 +122,10 @@ class ObjectStore:
         except botocore.exceptions.ProfileNotFound as e:
             raise ObjectStoreError(f"tier_profile: {e}") from None
         self._s3: Any = session.client("s3", endpoint_url=endpoint_url or None, config=cfg)
+
+    @property
+    def bucket(self) -> str:
+        return self.endpoint.bucket
 
     def _call(self, what: str, fn: Any, **kwargs: Any) -> Any:
         try:
