@@ -7,8 +7,10 @@ remoting phases, on the same cluster and machine.
    the messages phase 1 stored are consumed (2 processes, 4 receivers each);
 4. ``grpc_half_peak``: one open-loop sender at half of phase 2's rate; send latency.
 
-The load comes from the compiled v2 stubs on grpc.aio (the official clients are far slower than
-the endpoint). Every process measures after a warm-up; latencies go to HDR histograms.
+The load comes from the compiled v2 messages over Orbit's own gRPC client
+(``data_plane.http2.grpc_client``, one HTTP/2 connection a process): grpcio's client, and the
+official clients on it, spend more CPU a call than the endpoint and would measure themselves.
+Every process measures after a warm-up; latencies go to HDR histograms.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from data_plane.http2.grpc_client import GrpcChannel
+from data_plane.http2.grpc_server import CallError
 from loadtest.histogram import encode_hist, hist_of, latency_log, merge, summary_ms
 
 BATCH = 32
@@ -38,12 +42,14 @@ def _message(topic: str, body: bytes) -> Any:
     return m
 
 
-async def _send_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
-    import grpc
+async def _channel(endpoint: str) -> GrpcChannel:
+    host, _, port = endpoint.rpartition(":")
+    return await GrpcChannel.connect(host, int(port))
 
+
+async def _send_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
     from data_plane.proxy.v2 import definition_pb2 as pb
     from data_plane.proxy.v2 import service_pb2 as rpc
-    from data_plane.proxy.v2 import service_pb2_grpc
 
     body = os.urandom(opts["message_bytes"])
     n = opts["batch"]
@@ -51,16 +57,16 @@ async def _send_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[st
     acked = errors = 0
     measure_from = time.perf_counter() + opts["warmup_s"]
     stop_at = measure_from + opts["seconds"]
-    async with grpc.aio.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+    channel = await _channel(endpoint)
+    try:
 
         async def lane() -> None:
             nonlocal acked, errors
             while (t0 := time.perf_counter()) < stop_at:
                 req = rpc.SendMessageRequest(messages=[_message(topic, body) for _ in range(n)])
                 try:
-                    r = await stub.SendMessage(req, timeout=10)
-                except grpc.aio.AioRpcError:
+                    r = await asyncio.wait_for(channel.unary("SendMessage", req, rpc.SendMessageResponse), 10)
+                except (CallError, TimeoutError):
                     errors += 1
                     continue
                 if r.status.code != pb.OK:
@@ -71,15 +77,14 @@ async def _send_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[st
                     lat_us.append(int((time.perf_counter() - t0) * 1e6))
 
         await asyncio.gather(*(lane() for _ in range(opts["lanes"])))
+    finally:
+        channel.close()
     return {"acked": acked, "errors": errors, "hist": encode_hist(hist_of(lat_us))}
 
 
 async def _open_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
-    import grpc
-
     from data_plane.proxy.v2 import definition_pb2 as pb
     from data_plane.proxy.v2 import service_pb2 as rpc
-    from data_plane.proxy.v2 import service_pb2_grpc
 
     body = os.urandom(opts["message_bytes"])
     rate = opts["rate"]
@@ -89,14 +94,15 @@ async def _open_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[st
     measure_from = start + opts["warmup_s"]
     stop_at = measure_from + opts["seconds"]
     pending: set[asyncio.Task[None]] = set()
-    async with grpc.aio.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+    channel = await _channel(endpoint)
+    try:
 
         async def one(due: float) -> None:
             nonlocal acked, errors
+            req = rpc.SendMessageRequest(messages=[_message(topic, body)])
             try:
-                r = await stub.SendMessage(rpc.SendMessageRequest(messages=[_message(topic, body)]), timeout=10)
-            except grpc.aio.AioRpcError:
+                r = await asyncio.wait_for(channel.unary("SendMessage", req, rpc.SendMessageResponse), 10)
+            except (CallError, TimeoutError):
                 errors += 1
                 return
             if r.status.code != pb.OK:
@@ -116,24 +122,24 @@ async def _open_loop(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[st
             i += 1
         if pending:
             await asyncio.wait(pending, timeout=15)
+    finally:
+        channel.close()
     return {"acked": acked, "errors": errors, "hist": encode_hist(hist_of(lat_us))}
 
 
 async def _receive_ack(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[str, Any]:
-    import grpc
     from google.protobuf.duration_pb2 import Duration
 
     from data_plane.proxy.v2 import definition_pb2 as pb
     from data_plane.proxy.v2 import service_pb2 as rpc
-    from data_plane.proxy.v2 import service_pb2_grpc
 
     group = pb.Resource(name=opts["group"])
     consumed = errors = 0
     first = last = 0.0
     idle_until = [time.perf_counter() + opts["idle_s"]]
     deadline = time.perf_counter() + opts["timeout_s"]
-    async with grpc.aio.insecure_channel(endpoint) as channel:
-        stub = service_pb2_grpc.MessagingServiceStub(channel)  # type: ignore[no-untyped-call]
+    channel = await _channel(endpoint)
+    try:
 
         async def receiver(qid: int) -> None:
             nonlocal consumed, errors, first, last
@@ -146,20 +152,30 @@ async def _receive_ack(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[
                 )  # fmt: skip
                 handles: list[Any] = []
                 try:
-                    async for r in stub.ReceiveMessage(req, timeout=10):
-                        if r.HasField("message"):
-                            sp = r.message.system_properties
-                            handles.append(
-                                rpc.AckMessageEntry(message_id=sp.message_id, receipt_handle=sp.receipt_handle)
-                            )
-                except grpc.aio.AioRpcError:
+                    got = await asyncio.wait_for(
+                        channel.server_stream("ReceiveMessage", req, rpc.ReceiveMessageResponse), 10
+                    )
+                except (CallError, TimeoutError):
                     errors += 1
                     continue
+                for r in got:
+                    if r.HasField("message"):
+                        sp = r.message.system_properties
+                        handles.append(rpc.AckMessageEntry(message_id=sp.message_id, receipt_handle=sp.receipt_handle))
                 if not handles:
                     continue
-                ack = await stub.AckMessage(
-                    rpc.AckMessageRequest(group=group, topic=mq.topic, entries=handles), timeout=10
-                )
+                try:
+                    ack = await asyncio.wait_for(
+                        channel.unary(
+                            "AckMessage",
+                            rpc.AckMessageRequest(group=group, topic=mq.topic, entries=handles),
+                            rpc.AckMessageResponse,
+                        ),
+                        10,
+                    )
+                except (CallError, TimeoutError):
+                    errors += 1
+                    continue
                 if ack.status.code != pb.OK:
                     errors += 1
                     continue
@@ -170,6 +186,8 @@ async def _receive_ack(endpoint: str, topic: str, opts: dict[str, Any]) -> dict[
                 idle_until[0] = now + opts["idle_s"]
 
         await asyncio.gather(*(receiver(q) for q in opts["queues"]))
+    finally:
+        channel.close()
     return {"consumed": consumed, "errors": errors, "first": first, "last": last}
 
 
