@@ -22,6 +22,7 @@ import contextlib
 import logging
 import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Final
 
 from data_plane.http2 import frames as f
@@ -95,6 +96,9 @@ class H2Connection(asyncio.Protocol):
         self._preface_timer: asyncio.TimerHandle | None = None
         self.closed = False
         self.peer = "unknown"
+        # Called before each write to the socket: a server makes what its answers acknowledge
+        # durable here, once for every answer that leaves together.
+        self.before_write: Callable[[], None] | None = None
 
     # --- transport events ---------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -383,6 +387,8 @@ class H2Connection(asyncio.Protocol):
             return
         self._out = []
         if self.transport is not None and not self.transport.is_closing():
+            if self.before_write is not None:
+                self.before_write()
             self.transport.write(out[0] if len(out) == 1 else b"".join(out))  # (the only write to the socket)
 
     def send_headers(self, stream: Stream, block: bytes, end_stream: bool = False) -> None:

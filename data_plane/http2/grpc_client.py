@@ -19,6 +19,7 @@ from data_plane.http2.grpc_server import MESSAGE_PREFIX, OK, UNAVAILABLE, CallEr
 from data_plane.http2.hpack import encode_indexed, encode_literal, encode_literal_indexed_name
 
 M = TypeVar("M", bound=Message)
+MAX_IN_FLIGHT: Final = 100  # RFC 9113 section 6.5.2's least recommended SETTINGS_MAX_CONCURRENT_STREAMS
 
 # :method POST and :scheme http / https, from the static table.
 _POST: Final = encode_indexed(3)
@@ -138,6 +139,8 @@ class GrpcChannel:
     def __init__(self, conn: ClientConnection, service: str) -> None:
         self.conn = conn
         self.service = service
+        # Calls beyond the server's concurrent streams wait their turn (100 until its SETTINGS say).
+        self._slots = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     @classmethod
     async def connect(
@@ -165,14 +168,18 @@ class GrpcChannel:
         """A header block fragment for ``pairs`` (computed once by a caller that repeats them)."""
         return b"".join(encode_literal(k.encode(), v.encode()) for k, v in pairs)
 
-    async def unary(self, method: str, request: Message, answer: type[M], metadata: bytes = b"") -> M:
-        messages = await self.conn.call(f"/{self.service}/{method}", request.SerializeToString(), metadata)
+    async def unary(self, method: str, request: Message | bytes, answer: type[M], metadata: bytes = b"") -> M:
+        """One call; ``request`` may be given serialized already."""
+        payload = request if isinstance(request, bytes) else request.SerializeToString()
+        async with self._slots:
+            messages = await self.conn.call(f"/{self.service}/{method}", payload, metadata)
         if len(messages) != 1:
             raise CallError(13, f"a unary answer of {len(messages)} messages")
         return answer.FromString(messages[0])
 
     async def server_stream(self, method: str, request: Message, answer: type[M], metadata: bytes = b"") -> list[M]:
-        messages = await self.conn.call(f"/{self.service}/{method}", request.SerializeToString(), metadata)
+        async with self._slots:
+            messages = await self.conn.call(f"/{self.service}/{method}", request.SerializeToString(), metadata)
         return [answer.FromString(m) for m in messages]
 
     def close(self) -> None:

@@ -153,6 +153,7 @@ class ServerConnection(H2Connection):
             max_frame_size=server.max_frame_size,
         )
         self.server = server
+        self.before_write = server.before_write
         self.last_id = 0
         self.going_away = False
         self.peer_label = "unknown"
@@ -471,7 +472,8 @@ _NO_METHOD: Final = Method("", _no_method, Message, False, False)
 
 
 class GrpcServer:
-    """Serves one protobuf service's calls on a TCP port, with TLS (ALPN ``h2``) when given."""
+    """Serves one protobuf service's calls on a TCP port, with TLS (ALPN ``h2``) when given;
+    ``before_write`` runs before any answer leaves (the broker makes its appends durable there)."""
 
     def __init__(
         self,
@@ -484,6 +486,7 @@ class GrpcServer:
         max_connections: int = 10_000,
         max_frame_size: int = 1 << 20,
         ssl_context: ssl.SSLContext | None = None,
+        before_write: Callable[[], None] | None = None,
     ) -> None:
         self.methods = method_table(servicer, service)
         self.max_message_bytes = max_message_bytes
@@ -492,6 +495,7 @@ class GrpcServer:
         self.max_connections = max_connections
         self.max_frame_size = max_frame_size
         self.ssl_context = ssl_context
+        self.before_write = before_write
         if ssl_context is not None:
             ssl_context.set_alpn_protocols(["h2"])
         self.connections: set[ServerConnection] = set()

@@ -87,6 +87,8 @@ def to_properties(m: pb.Message, *, epoch_ms: int) -> tuple[dict[str, str], int]
 
 def _user_properties(m: pb.Message) -> dict[str, str]:
     props: dict[str, str] = {}
+    if not m.user_properties:
+        return props
     size = 0
     for k, v in m.user_properties.items():
         if not PROPERTY_KEY_RE.fullmatch(k) or k in SYSTEM_PROPERTIES:
@@ -134,9 +136,10 @@ def to_message(
     handle: str | None = None,
     attempt: int | None = None,
     invisible_ms: int | None = None,
+    topic: pb.Resource | None = None,
 ) -> pb.Message:
     """The v2 form of a stored message, with its receipt handle and delivery attempt when it
-    is handed out under a lease."""
+    is handed out under a lease; ``topic``, the v2 resource of its topic when the caller has it."""
     props = rec.properties
     user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
     sp = pb.SystemProperties(
@@ -177,4 +180,4 @@ def to_message(
         sp.delivery_attempt = attempt
     if invisible_ms is not None:
         sp.invisible_duration.FromMilliseconds(invisible_ms)
-    return pb.Message(topic=resource_of(rec.topic), user_properties=user, system_properties=sp, body=rec.body)
+    return pb.Message(topic=topic or resource_of(rec.topic), user_properties=user, system_properties=sp, body=rec.body)

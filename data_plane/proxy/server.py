@@ -49,6 +49,9 @@ class GrpcEndpoint:
             max_metadata_bytes=MAX_METADATA_BYTES,
             max_concurrent_streams=MAX_CONCURRENT_STREAMS,
             ssl_context=tls.context() if tls is not None else None,
+            # What a call appended is in the CommitLog file before its answer leaves (as the
+            # remoting server's before_write does): a kill -9 after the answer loses none of it.
+            before_write=store.write_staged if store is not None else None,
         )
         host, _, port = cfg.grpc_listen.rpartition(":")
         try:

@@ -247,13 +247,6 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             conn.closed = True
             self.broker._connection_closed(conn)  # type: ignore[arg-type]
 
-    def _written(self) -> None:
-        """What this call appended is in the CommitLog file before its answer leaves (as the
-        remoting server's before_write does): a kill -9 after the answer loses none of it."""
-        store = self.broker.store
-        if store is not None:
-            store.write_staged()
-
     async def _guard(self, answer: Callable[[pb.Status], Any], work: Awaitable[Any]) -> Any:
         try:
             return await work
@@ -263,8 +256,6 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         except PopError as e:
             self.refused += 1
             return answer(pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e)))
-        finally:
-            self._written()
 
     # --- routes and membership ------------------------------------------------------------------
     def _queues(self, wire: str, perm_needed: int = 0) -> list[pb.MessageQueue]:
@@ -354,7 +345,9 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             if len(request.messages) > MAX_BATCH_MESSAGES:
                 raise Refused(pb.BAD_REQUEST, f"at most {MAX_BATCH_MESSAGES} messages a call")
             conn = self._connection(caller)
-            prepared: list[Prepared | rpc.SendResultEntry] = [self._prepare(caller, m) for m in request.messages]
+            topics: dict[tuple[str, str], str] = {}  # (namespace, name) -> wire name, checked once a call
+            now_ms = int(time.time() * 1000)
+            prepared = [self._prepare(caller, m, topics, now_ms) for m in request.messages]
             ready = [p for p in prepared if isinstance(p, Prepared)]
             if len(ready) == len(prepared) > 1 and all(p.batchable and p.wire == ready[0].wire for p in ready):
                 entries = await self._send_batch(conn, ready)
@@ -371,11 +364,18 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
 
         return await self._guard(lambda s: rpc.SendMessageResponse(status=s), work())
 
-    def _prepare(self, caller: Caller, m: pb.Message) -> Prepared | rpc.SendResultEntry:
-        """What storing ``m`` takes (its topic, properties, type), or the entry refusing it."""
+    def _prepare(
+        self, caller: Caller, m: pb.Message, topics: dict[tuple[str, str], str], now_ms: int
+    ) -> Prepared | rpc.SendResultEntry:
+        """What storing ``m`` takes (its topic, properties, type), or the entry refusing it;
+        ``topics`` holds the call's topics already named and allowed."""
         try:
-            wire = self._wire(caller, m.topic, "topic")
-            self._allow(caller, "topic", wire, PUBLISH)
+            key = (m.topic.resource_namespace, m.topic.name)
+            wire = topics.get(key, "")
+            if not wire:
+                wire = self._wire(caller, m.topic, "topic")
+                self._allow(caller, "topic", wire, PUBLISH)
+                topics[key] = wire
             if not m.body:
                 raise Refused(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
             store = self.broker.store
@@ -384,7 +384,6 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(
                     pb.MESSAGE_BODY_TOO_LARGE, f"the body is over {store.config.max_message_size_bytes} bytes"
                 )
-            now_ms = int(time.time() * 1000)
             props, mtype = to_properties(m, epoch_ms=now_ms)
         except MessageRefused as e:
             return rpc.SendResultEntry(status=pb.Status(code=e.code, message=str(e)))  # type: ignore[arg-type]
@@ -487,8 +486,6 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             refusal = e.status()
         except PopError as e:
             refusal = pb.Status(code=_POP_CODES.get(e.code, pb.INTERNAL_ERROR), message=str(e))
-        finally:
-            self._written()  # the leases' journal record, and any dead-letter copy
         if refusal is not None:
             yield rpc.ReceiveMessageResponse(status=refusal)
             return
@@ -499,9 +496,14 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         now = rpc.ReceiveMessageResponse()
         now.delivery_timestamp.GetCurrentTime()
         yield now
+        resources: dict[str, pb.Resource] = {}
         for d in deliveries:
+            topic = d.message.topic
+            res = resources.get(topic)
+            if res is None:
+                res = resources[topic] = resource_of(topic)
             yield rpc.ReceiveMessageResponse(
-                message=to_message(d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms)
+                message=to_message(d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms, topic=res)
             )
 
     async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], int]:
