@@ -189,11 +189,14 @@ class H2Connection(asyncio.Protocol):
                 pos = start + length
                 self._frame(word & 0xFF, flags, sid & 0x7FFFFFFF, view[start:pos])
                 if self.closed:
-                    return
+                    break
         finally:
             view.release()
-            if pos:
-                del buf[:pos]
+        # Not in the finally: a connection error's traceback still holds the frame's payload (a view
+        # of ``buf``), and a bytearray with a view alive cannot be resized. The connection fails and
+        # reads nothing more then, so what is left in ``buf`` does not matter.
+        if pos:
+            del buf[:pos]
 
     def _frame(self, kind: int, flags: int, sid: int, payload: memoryview) -> None:
         if self._headers_for and kind != f.CONTINUATION:

@@ -25,6 +25,7 @@ MAX_IN_FLIGHT: Final = 100  # RFC 9113 section 6.5.2's least recommended SETTING
 _POST: Final = encode_indexed(3)
 _SCHEMES: Final = {False: encode_indexed(6), True: encode_indexed(7)}
 _FIXED: Final = encode_literal_indexed_name(31, b"application/grpc") + encode_literal(b"te", b"trailers")
+SETTINGS_TIMEOUT_S: Final = 10.0
 
 
 class ClientCall(Stream):
@@ -47,6 +48,13 @@ class ClientConnection(H2Connection):
         self.max_message_bytes = max_message_bytes
         self._prefix = _POST + _SCHEMES[tls] + encode_literal_indexed_name(1, authority.encode())
         self._paths: dict[str, bytes] = {}
+        # The server's first SETTINGS (its preface): until then its stream limit is not known.
+        self.settled: asyncio.Future[None] = self.loop.create_future()
+
+    def _settings(self, flags: int, sid: int, payload: memoryview) -> None:
+        super()._settings(flags, sid, payload)
+        if not self.settled.done():
+            self.settled.set_result(None)
 
     def known_stream(self, sid: int) -> bool:
         return sid < self.next_id
@@ -92,8 +100,8 @@ class ClientConnection(H2Connection):
         while len(buf) >= 5:
             _flag, length = MESSAGE_PREFIX.unpack_from(buf)
             if length > self.max_message_bytes:
+                self._fail(call, CallError(8, f"an answer of {length} bytes"))  # (before reset's UNAVAILABLE)
                 self.reset(call, f.CANCEL)
-                self._fail(call, CallError(8, f"an answer of {length} bytes"))
                 return
             if len(buf) < 5 + length:
                 break
@@ -127,6 +135,8 @@ class ClientConnection(H2Connection):
                 self._fail(call, CallError(UNAVAILABLE, "the server went away before taking the call"))
 
     def lost(self) -> None:
+        if not self.settled.done():
+            self.settled.set_exception(CallError(UNAVAILABLE, "the connection was lost before the server's SETTINGS"))
         for call in list(self.streams.values()):
             assert isinstance(call, ClientCall)
             self._fail(call, CallError(UNAVAILABLE, "the connection was lost"))
@@ -161,6 +171,13 @@ class GrpcChannel:
             port,
             ssl=ssl_context,
         )
+        # Calls wait for the server's SETTINGS: before them, its limit on concurrent streams is
+        # not known, and calls above a guess of it would fail for nothing.
+        try:
+            await asyncio.wait_for(conn.settled, SETTINGS_TIMEOUT_S)
+        except BaseException:
+            conn.close()
+            raise
         return cls(conn, service)
 
     @staticmethod
