@@ -59,7 +59,7 @@ class Requests:
         self.count = 0
 
     def next(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         before, after, prefix = self.before, self.after, self.prefix
         for i in range(self.count, self.count + self.n):
             parts += (before, f"{prefix}{i:016X}".encode(), after)
