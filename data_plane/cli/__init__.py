@@ -39,9 +39,13 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _save(result: dict[str, Any], out: str | None) -> str:
-    """The result as indented JSON, also written to ``out`` when given."""
+def _save(result: dict[str, Any], out: str | None, benchmark: str = "bench") -> str:
+    """The result as indented JSON, also written to ``out`` when given (a file, or a directory
+    to write ``<benchmark>-<time>-<commit>.json`` into)."""
+    from benchmarks.output import result_path
+
     text = orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    out = result_path(out, benchmark)
     if out:
         with open(out, "w") as f:
             f.write(text + "\n")
@@ -111,7 +115,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         except e2e.BenchDirectoryError as e:
             _log(f"orbit bench e2e: {e}")
             return 2
-        print(_save(compared, args.out))
+        print(_save(compared, args.out, "e2e-tls"))
         return 0
     if args.runs == 1:
         try:
@@ -119,7 +123,7 @@ def _bench_e2e(args: argparse.Namespace) -> int:
         except e2e.BenchDirectoryError as e:
             _log(f"orbit bench e2e: {e}")
             return 2
-        print(_save(result, args.out))
+        print(_save(result, args.out, "e2e"))
         return 0
     results: list[dict[str, Any]] = []
     for i in range(1, args.runs + 1):
