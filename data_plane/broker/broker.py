@@ -147,6 +147,9 @@ class Broker:
         self.failover: FailoverAgent | None = None
         self.pop: PopService | None = None  # lease-based consumption, with the gRPC endpoint
         self.grpc: GrpcEndpoint | None = None
+        # The plain single send for the gRPC endpoint (SendProcessor.put_plain), where the
+        # remoting frame path is taken too; None: every v5 send goes through the send handler.
+        self.put_plain: Callable[[Any, str, int, int, str, bytes], int | None] | None = None
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
         self.before_put_plain: BeforePutPlain | None = None  # ... of a plain batch body (before_put_plain)
         self.tenancy: BrokerTenancy | None = None
@@ -373,6 +376,7 @@ class Broker:
             and self.trace is None
         ):
             p.frame_handler = send.send_frame
+            self.put_plain = send.put_plain
         if self.tenancy is not None:
             p.register(rc.ORBIT_SYNC_TENANCY, self.tenancy.sync)
         p.register(rc.QUERY_MESSAGE_TRACE, trace.query_handler(self))

@@ -15,6 +15,7 @@ error:
 
     send_frame          a single SEND_MESSAGE_V2 read off its frame (Connection.frame_handler);
                         not a topic a tenant's quota meters; answered with the whole frame
+                        (``put_plain``: the same for a RocketMQ 5 client's single message)
     _send_plain         a single SEND_MESSAGE_V2 from its command; takes the quota when metered
     _send_plain_batch   a SEND_BATCH_MESSAGE whose body is plain, laid out from its bytes
     _send_messages      every send, as store Messages (the reference)
@@ -258,6 +259,20 @@ class SendProcessor:
         raw = cast("Appended", put)  # (the class check above: no isinstance on the hot path)
         self._stored_plain(topic, queue_id, raw)
         return send_ok_frame(version, opaque, self.store_host_hex, raw.wrote_offset, queue_id, raw.queue_offset)
+
+    def put_plain(
+        self, conn: Connection, topic: str, queue_id: int, born_ts: int, props: str, body: Body
+    ) -> int | None:
+        """A RocketMQ 5 client's plain message (``data_plane.proxy``), stored as ``send_frame``
+        stores a remoting one: its queue offset; or None, with nothing stored, when it is not
+        plain, its topic's sends a tenant's quota meters, or the store refused it: the caller
+        then takes the command path, which stores it or gives the error."""
+        put = self._put_plain(conn, None, topic, queue_id, 0, born_ts, 0, 0, props, body)
+        if put.__class__ is not APPENDED:
+            return None
+        raw = cast("Appended", put)  # (the class check above)
+        self._stored_plain(topic, queue_id, raw)
+        return raw.queue_offset
 
     def _put_plain(
         self, conn: Connection, cmd: RemotingCommand | None, topic: str, queue_id: int, sys_flag: int,

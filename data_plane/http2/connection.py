@@ -414,6 +414,38 @@ class H2Connection(asyncio.Protocol):
         if end_stream:
             self._closed_local(stream)
 
+    def send_whole(self, stream: Stream, headers: bytes, data: bytes, trailers: bytes) -> None:
+        """A whole answer: header block, data, trailer block (END_STREAM). When the windows take
+        the data at once (the common case) it leaves as one piece of three frames."""
+        n = len(data)
+        limit = self.peer_max_frame
+        if (
+            stream.pending
+            or not n <= stream.send_window
+            or not n <= self.send_window
+            or not (n <= limit and len(headers) <= limit and len(trailers) <= limit)
+        ):
+            self.send_headers(stream, headers)
+            self.send_data(stream, data)
+            self.send_headers(stream, trailers, end_stream=True)
+            return
+        sid = stream.id
+        self.emit(
+            b"".join(
+                (
+                    f.frame_head(f.HEADERS, f.END_HEADERS, sid, len(headers)),
+                    headers,
+                    f.frame_head(f.DATA, 0, sid, n),
+                    data,
+                    f.frame_head(f.HEADERS, f.END_HEADERS | f.END_STREAM, sid, len(trailers)),
+                    trailers,
+                )
+            )
+        )
+        stream.send_window -= n
+        self.send_window -= n
+        self._closed_local(stream)
+
     def send_data(self, stream: Stream, data: bytes, end_stream: bool = False) -> None:
         """Data for ``stream``, written as far as the windows allow now and the rest later."""
         if stream.pending:

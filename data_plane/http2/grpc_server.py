@@ -330,9 +330,7 @@ class ServerConnection(H2Connection):
 
     def _answer(self, call: Call, payload: bytes) -> None:
         self._end_timer(call)
-        self.send_headers(call, RESPONSE_HEADERS)
-        self.send_data(call, MESSAGE_PREFIX.pack(0, len(payload)) + payload)
-        self.send_headers(call, TRAILERS_OK, end_stream=True)
+        self.send_whole(call, RESPONSE_HEADERS, MESSAGE_PREFIX.pack(0, len(payload)) + payload, TRAILERS_OK)
         self._after_answer(call)
 
     async def _streaming_out(self, call: Call, request: Message) -> None:

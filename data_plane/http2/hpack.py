@@ -87,6 +87,7 @@ STATIC_SIZE: Final = len(STATIC_TABLE)
 ENTRY_OVERHEAD: Final = 32  # RFC 7541 section 4.1
 MAX_STRING: Final = 1 << 16  # no single name or value is longer (the header list bound is smaller still)
 CACHE_ENTRIES: Final = 512
+MAX_CACHED_BLOCK: Final = 2048
 
 
 class HpackError(ValueError):
@@ -105,7 +106,7 @@ class HeaderListTooLarge(Exception):
 class Decoder:
     """The peer's dynamic table and the decoding of its header blocks, one after another."""
 
-    __slots__ = ("_cache", "_entries", "_size", "max_list_size", "max_size", "table_limit")
+    __slots__ = ("_blocks", "_cache", "_entries", "_generation", "_size", "max_list_size", "max_size", "table_limit")
 
     def __init__(self, *, table_limit: int = 4096, max_list_size: int = 16 * 1024) -> None:
         self.table_limit = table_limit  # what this side advertised (SETTINGS_HEADER_TABLE_SIZE)
@@ -116,8 +117,19 @@ class Decoder:
         # Strings seen before, decoded: a client repeats most of its values (content-type, the
         # user agent, its namespace and client id) until its table learns them.
         self._cache: dict[bytes, str] = {}
+        # Whole blocks that changed nothing in the table, decoded, with the table's generation
+        # they were decoded under (it counts the table's changes): the same bytes under the same
+        # table are the same list. A client sending the same headers each call pays a lookup.
+        self._blocks: dict[bytes, tuple[int, int, tuple[tuple[str, str], ...]]] = {}
+        self._generation = 0
 
     def decode(self, block: bytes) -> list[tuple[str, str]]:
+        hit = self._blocks.get(block)
+        if hit is not None and hit[0] == self._generation:
+            if hit[1] > self.max_list_size:
+                raise HeaderListTooLarge(hit[1], self.max_list_size)
+            return list(hit[2])
+        generation = self._generation
         out: list[tuple[str, str]] = []
         n = len(block)
         pos = 0
@@ -137,6 +149,7 @@ class Decoder:
                 if size > self.table_limit:
                     raise HpackError(f"a table size update to {size}, above the {self.table_limit} allowed")
                 self.max_size = size
+                self._generation += 1
                 self._evict(0)
                 continue
             else:  # literal without indexing (0000) or never indexed (0001)
@@ -145,6 +158,10 @@ class Decoder:
             list_size += len(name) + len(value) + ENTRY_OVERHEAD
         if list_size > self.max_list_size:
             raise HeaderListTooLarge(list_size, self.max_list_size)
+        if self._generation == generation and n <= MAX_CACHED_BLOCK:
+            if len(self._blocks) >= CACHE_ENTRIES:
+                self._blocks.clear()
+            self._blocks[block] = (generation, list_size, tuple(out))
         return out
 
     def _literal(self, block: bytes, pos: int, prefix: int) -> tuple[str, str, int]:
@@ -166,6 +183,7 @@ class Decoder:
         return self._entries[-d]
 
     def _insert(self, name: str, value: str) -> None:
+        self._generation += 1
         size = len(name) + len(value) + ENTRY_OVERHEAD
         if size > self.max_size:  # RFC 7541 section 4.4: the table empties, the entry is not kept
             self._entries.clear()

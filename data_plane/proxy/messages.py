@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Final
+from typing import Any, Final
 
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.store.message import (
@@ -126,10 +126,6 @@ def _typed_properties(sp: pb.SystemProperties, mtype: int, props: dict[str, str]
         props[PROPERTY_TRANSACTION_PREPARED] = "true"
 
 
-def _timestamp(ms: int) -> dict[str, int]:
-    return {"seconds": ms // 1000, "nanos": (ms % 1000) * 1_000_000}
-
-
 def to_message(
     rec: StoredMessage,
     *,
@@ -137,22 +133,29 @@ def to_message(
     attempt: int | None = None,
     invisible_ms: int | None = None,
     topic: pb.Resource | None = None,
+    into: pb.Message | None = None,
 ) -> pb.Message:
     """The v2 form of a stored message, with its receipt handle and delivery attempt when it
-    is handed out under a lease; ``topic``, the v2 resource of its topic when the caller has it."""
+    is handed out under a lease; ``topic``, the v2 resource of its topic when the caller has it;
+    written into ``into`` (an empty message inside an answer) when given, rather than copied there."""
+    m = pb.Message() if into is None else into
     props = rec.properties
-    user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
-    sp = pb.SystemProperties(
-        message_id=props.get(PROPERTY_UNIQ_KEY) or rec.msg_id,
-        body_digest=pb.Digest(type=pb.MD5, checksum=hashlib.md5(rec.body, usedforsecurity=False).hexdigest().upper()),
-        body_encoding=pb.GZIP if rec.flag & FLAG_COMPRESSED else pb.IDENTITY,
-        born_host=rec.born_host[0],
-        store_host=f"{rec.store_host[0]}:{rec.store_host[1]}",
-        queue_id=rec.queue_id,
-        queue_offset=rec.queue_offset,
-    )
-    sp.born_timestamp.FromMilliseconds(rec.born_timestamp)
-    sp.store_timestamp.FromMilliseconds(rec.store_timestamp)
+    m.topic.CopyFrom(topic or resource_of(rec.topic))
+    for k, v in props.items():
+        if k not in SYSTEM_PROPERTIES:
+            m.user_properties[k] = v
+    sp = m.system_properties
+    sp.message_id = props.get(PROPERTY_UNIQ_KEY) or rec.msg_id
+    digest = sp.body_digest
+    digest.type = pb.MD5
+    digest.checksum = hashlib.md5(rec.body, usedforsecurity=False).hexdigest().upper()
+    sp.body_encoding = pb.GZIP if rec.flag & FLAG_COMPRESSED else pb.IDENTITY
+    sp.born_host = rec.born_host[0]
+    sp.store_host = f"{rec.store_host[0]}:{rec.store_host[1]}"
+    sp.queue_id = rec.queue_id
+    sp.queue_offset = rec.queue_offset
+    _set_ms(sp.born_timestamp, rec.born_timestamp)
+    _set_ms(sp.store_timestamp, rec.store_timestamp)
     tags = props.get(PROPERTY_TAGS)
     if tags is not None:
         sp.tag = tags
@@ -170,7 +173,7 @@ def to_message(
         sp.message_type = pb.NORMAL
     due = props.get("TIMER_OUT_MS") or props.get(PROPERTY_TIMER_DELIVER_MS)
     if due is not None and due.isdigit() and len(due) <= 15:  # (up to the year 33658)
-        sp.delivery_timestamp.FromMilliseconds(int(due))
+        _set_ms(sp.delivery_timestamp, int(due))
     trace = props.get(PROPERTY_TRACEPARENT)
     if trace:
         sp.trace_context = trace
@@ -179,5 +182,14 @@ def to_message(
     if attempt is not None:
         sp.delivery_attempt = attempt
     if invisible_ms is not None:
-        sp.invisible_duration.FromMilliseconds(invisible_ms)
-    return pb.Message(topic=topic or resource_of(rec.topic), user_properties=user, system_properties=sp, body=rec.body)
+        d = sp.invisible_duration
+        d.seconds, d.nanos = divmod(invisible_ms, 1000)
+        d.nanos *= 1_000_000
+    m.body = rec.body
+    return m
+
+
+def _set_ms(ts: Any, ms: int) -> None:
+    """A Timestamp's fields from epoch milliseconds (``FromMilliseconds``, without its checks)."""
+    ts.seconds, rest = divmod(ms, 1000)
+    ts.nanos = rest * 1_000_000

@@ -339,7 +339,8 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     # --- sending ------------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: Context) -> Any:
         async def work() -> rpc.SendMessageResponse:
-            caller = await self._caller(context, sum(len(m.body) for m in request.messages))
+            metered = self.broker.tenancy is not None  # (the bodies' bytes are counted for a tenant)
+            caller = await self._caller(context, sum(len(m.body) for m in request.messages) if metered else 0)
             if not request.messages:
                 raise Refused(pb.BAD_REQUEST, "the request holds no message")
             if len(request.messages) > MAX_BATCH_MESSAGES:
@@ -376,11 +377,12 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
                 wire = self._wire(caller, m.topic, "topic")
                 self._allow(caller, "topic", wire, PUBLISH)
                 topics[key] = wire
-            if not m.body:
+            body = m.body  # (each read of the field is a copy)
+            if not body:
                 raise Refused(pb.MESSAGE_BODY_EMPTY, "the message body is empty")
             store = self.broker.store
             assert store is not None
-            if len(m.body) > store.config.max_message_size_bytes:
+            if len(body) > store.config.max_message_size_bytes:
                 raise Refused(
                     pb.MESSAGE_BODY_TOO_LARGE, f"the body is over {store.config.max_message_size_bytes} bytes"
                 )
@@ -390,7 +392,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         except Refused as e:
             return rpc.SendResultEntry(status=e.status())
         born = m.system_properties.born_timestamp
-        return Prepared(wire, props, mtype, born.seconds * 1000 + born.nanos // 1_000_000 or now_ms, m.body)
+        return Prepared(wire, props, mtype, born.seconds * 1000 + born.nanos // 1_000_000 or now_ms, body)
 
     def _failed(self, r: RemotingCommand | None) -> rpc.SendResultEntry | None:
         if r is not None and r.code == ResponseCode.SUCCESS:
@@ -409,6 +411,18 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         if qid < 0:
             tc = self.broker.topics.get(p.wire)
             qid = random.randrange(max(int(tc["writeQueueNums"]), 1)) if tc is not None else 0
+        put_plain = self.broker.put_plain
+        if put_plain is not None and mtype != pb.TRANSACTION:
+            offset = put_plain(conn, p.wire, qid, p.born_ms, encode_properties(props).decode(), bytes(p.body))
+            if offset is not None:
+                due = props.get(PROPERTY_TIMER_DELIVER_MS)
+                message_id = props[PROPERTY_UNIQ_KEY]
+                return rpc.SendResultEntry(
+                    status=ok(),
+                    message_id=message_id,
+                    offset=offset,
+                    recall_handle=recall_handle(p.wire, message_id, int(due)) if due else "",
+                )
         cmd = RemotingCommand(
             RequestCode.SEND_MESSAGE_V2,
             serialize_type=SERIALIZE_ROCKETMQ,
@@ -502,9 +516,11 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             res = resources.get(topic)
             if res is None:
                 res = resources[topic] = resource_of(topic)
-            yield rpc.ReceiveMessageResponse(
-                message=to_message(d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms, topic=res)
+            answer = rpc.ReceiveMessageResponse()
+            to_message(
+                d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms, topic=res, into=answer.message
             )
+            yield answer
 
     async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], int]:
         wire = self._wire(caller, request.message_queue.topic, "topic")

@@ -300,3 +300,18 @@ def test_a_header_list_at_the_limit_is_taken() -> None:
     decoder.max_list_size -= 1
     with pytest.raises(HeaderListTooLarge):
         decoder.decode(encode_literal(b"te", b"trailers"))
+
+
+def test_a_block_decoded_again_after_the_table_changed_reads_the_new_table() -> None:
+    decoder = Decoder()
+    first = b"\x40" + encode_int(1, 7) + b"a" + encode_int(1, 7) + b"1"  # literal with indexing: a: 1
+    second = b"\x40" + encode_int(1, 7) + b"b" + encode_int(1, 7) + b"2"  # b: 2, now at index 62
+    newest = b"\xbe"  # indexed 62: the newest entry of the dynamic table
+    assert decoder.decode(first) == [("a", "1")]
+    assert decoder.decode(newest) == [("a", "1")]
+    assert decoder.decode(newest) == [("a", "1")]  # (the same bytes, the same table: remembered)
+    assert decoder.decode(second) == [("b", "2")]
+    assert decoder.decode(newest) == [("b", "2")]
+    got = decoder.decode(newest)
+    got.append(("x", "y"))  # a caller's list is its own
+    assert decoder.decode(newest) == [("b", "2")]
