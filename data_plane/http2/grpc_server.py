@@ -1,7 +1,8 @@
 """A gRPC server on Orbit's own HTTP/2 (``connection.H2Connection``): calls of one protobuf service,
 dispatched to a servicer whose methods have grpcio's asyncio signatures, ``async def M(request,
 context)`` for unary calls and async generators for streamed answers, so the same servicer class
-runs here and under ``grpc.aio`` (the cluster proxy).
+runs here and under ``grpc.aio`` (the cluster proxy). A unary handler may also return its answer
+serialized already (``bytes``).
 
 A call (RFC 9113 stream; gRPC over HTTP/2's framing):
 
@@ -326,7 +327,7 @@ class ServerConnection(H2Connection):
             return
         if call.local_closed:
             return
-        self._answer(call, response.SerializeToString())
+        self._answer(call, response if type(response) is bytes else response.SerializeToString())
 
     def _answer(self, call: Call, payload: bytes) -> None:
         self._end_timer(call)
@@ -356,7 +357,7 @@ class ServerConnection(H2Connection):
             self._finish(call, UNKNOWN, "the server failed to answer")
             return
         if not call.local_closed:
-            self._answer(call, response.SerializeToString())
+            self._answer(call, response if type(response) is bytes else response.SerializeToString())
 
     async def _stream(self, call: Call, responses: AsyncIterator[Message]) -> None:
         code, text = OK, ""

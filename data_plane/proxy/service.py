@@ -26,6 +26,7 @@ from data_plane.broker.recall import parse_recall_handle, recall_handle
 from data_plane.broker.send_back import copy_properties
 from data_plane.broker.transaction import RMQ_SYS_TRANS_HALF_TOPIC
 from data_plane.filter.sql92 import SqlParseError, compile_sql92
+from data_plane.proxy.answers import send_ok
 from data_plane.proxy.connection import GrpcConnection
 from data_plane.proxy.messages import (
     PROPERTY_MESSAGE_GROUP,
@@ -338,8 +339,9 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
 
     # --- sending ------------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest, context: Context) -> Any:
-        async def work() -> rpc.SendMessageResponse:
-            metered = self.broker.tenancy is not None  # (the bodies' bytes are counted for a tenant)
+        async def work() -> rpc.SendMessageResponse | bytes:
+            tenancy = self.broker.tenancy
+            metered = tenancy is not None and tenancy.enabled  # (the bodies' bytes are counted for a tenant)
             caller = await self._caller(context, sum(len(m.body) for m in request.messages) if metered else 0)
             if not request.messages:
                 raise Refused(pb.BAD_REQUEST, "the request holds no message")
@@ -351,7 +353,10 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             prepared = [self._prepare(caller, m, topics, now_ms) for m in request.messages]
             ready = [p for p in prepared if isinstance(p, Prepared)]
             if len(ready) == len(prepared) > 1 and all(p.batchable and p.wire == ready[0].wire for p in ready):
-                entries = await self._send_batch(conn, ready)
+                stored = await self._send_batch(conn, ready)
+                if isinstance(stored, bytes):
+                    return stored  # (every message stored: the answer, serialized)
+                entries = stored
             else:
                 entries = [p if isinstance(p, rpc.SendResultEntry) else await self._send_one(conn, p) for p in prepared]
             bad = [e.status for e in entries if e.status.code != pb.OK]
@@ -448,8 +453,9 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             recall_handle=recall_handle(p.wire, message_id, int(due)) if due else "",
         )
 
-    async def _send_batch(self, conn: GrpcConnection, batch: list[Prepared]) -> list[rpc.SendResultEntry]:
-        """Plain messages of one topic as one SEND_BATCH_MESSAGE: one queue, one append."""
+    async def _send_batch(self, conn: GrpcConnection, batch: list[Prepared]) -> list[rpc.SendResultEntry] | bytes:
+        """Plain messages of one topic as one SEND_BATCH_MESSAGE: one queue, one append. The
+        whole answer, serialized, when all are stored; else the entry refusing them, each."""
         wire = batch[0].wire
         tc = self.broker.topics.get(wire)
         qid = random.randrange(max(int(tc["writeQueueNums"]), 1)) if tc is not None else 0
@@ -469,10 +475,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             return [failed] * len(batch)
         assert r is not None
         first = int((r.ext_fields or {}).get("queueOffset", "0") or 0)
-        return [
-            rpc.SendResultEntry(status=ok(), message_id=p.props[PROPERTY_UNIQ_KEY], offset=first + i)
-            for i, p in enumerate(batch)
-        ]
+        return send_ok([(p.props[PROPERTY_UNIQ_KEY], first + i) for i, p in enumerate(batch)])
 
     async def _handle(self, conn: GrpcConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         """``cmd`` through the broker's own handler for its code (a gRPC client is its connection)."""

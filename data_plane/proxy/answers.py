@@ -1,0 +1,54 @@
+"""Answers written straight in protobuf's wire format where the endpoint writes many of them:
+a SendMessageResponse whose every entry is OK, one entry per message of a batch. It is the same
+bytes ``SendMessageResponse(status=OK, entries=[...]).SerializeToString()`` gives
+(``tests/unit/test_proxy_answers.py``), without a message object per entry.
+
+    SendMessageResponse  1: status (Status)   2: entries (SendResultEntry, repeated)
+    SendResultEntry      1: status (Status)   2: message_id (string)   4: offset (int64)
+    Status               1: code (enum)       2: message (string)
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from data_plane.proxy.v2 import definition_pb2 as pb
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+_OK_STATUS: Final = _varint(1 << 3) + _varint(pb.OK) + _field(2, b"OK")
+_OK_STATUS_FIELD: Final = _field(1, _OK_STATUS)  # (field 1 of both the response and an entry)
+_ID_TAG: Final = _varint(2 << 3 | 2)
+_OFFSET_TAG: Final = _varint(4 << 3)
+_ENTRY_TAG: Final = _varint(2 << 3 | 2)
+_ONE_BYTE: Final = tuple(bytes((i,)) for i in range(128))
+
+
+def send_ok(entries: list[tuple[str, int]]) -> bytes:
+    """A SendMessageResponse with status OK and an OK entry (message id, queue offset) each."""
+    parts = [_OK_STATUS_FIELD]
+    for message_id, offset in entries:
+        mid = message_id.encode()
+        # (proto3 leaves out an empty string and a zero)
+        idf = _ID_TAG + _length(len(mid)) + mid if mid else b""
+        off = _OFFSET_TAG + _varint(offset) if offset else b""
+        body = _OK_STATUS_FIELD + idf + off
+        parts += (_ENTRY_TAG, _length(len(body)), body)
+    return b"".join(parts)
+
+
+def _length(n: int) -> bytes:
+    return _ONE_BYTE[n] if n < 128 else _varint(n)
