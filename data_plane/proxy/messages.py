@@ -63,26 +63,37 @@ def to_properties(m: pb.Message, *, epoch_ms: int) -> tuple[dict[str, str], int]
     """The stored properties of a v2 message, and its declared type; MessageRefused when it is
     not one the v5 rules allow (a FIFO message with no group, a delay with no time, …)."""
     sp = m.system_properties
-    props = _user_properties(m)
-    if not sp.message_id or len(sp.message_id) > 128:
+    props = _user_properties(m) if m.user_properties else {}
+    message_id = sp.message_id
+    if not message_id or len(message_id) > 128:
         raise MessageRefused(pb.ILLEGAL_MESSAGE_ID, "the message has no message_id (or one over 128 characters)")
-    props[PROPERTY_UNIQ_KEY] = sp.message_id
+    props[PROPERTY_UNIQ_KEY] = message_id
     if sp.HasField("tag"):
-        if not TAG_RE.fullmatch(sp.tag):
-            raise MessageRefused(pb.ILLEGAL_MESSAGE_TAG, f"tag {sp.tag[:128]!r} is empty, too long or holds '|'")
-        props[PROPERTY_TAGS] = sp.tag
-    if sp.keys:
-        if len(sp.keys) > MAX_KEYS or any(not k or " " in k or len(k) > 128 for k in sp.keys):
+        tag = sp.tag
+        if not TAG_RE.fullmatch(tag):
+            raise MessageRefused(pb.ILLEGAL_MESSAGE_TAG, f"tag {tag[:128]!r} is empty, too long or holds '|'")
+        props[PROPERTY_TAGS] = tag
+    keys = sp.keys
+    if keys:
+        if len(keys) > MAX_KEYS or any(not k or " " in k or len(k) > 128 for k in keys):
             raise MessageRefused(pb.ILLEGAL_MESSAGE_KEY, "keys are 1 to 128 characters without spaces, at most 32")
-        props[PROPERTY_KEYS] = " ".join(sp.keys)
-    mtype = sp.message_type or pb.NORMAL
-    if mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION):
+        props[PROPERTY_KEYS] = " ".join(keys)
+    mtype = sp.message_type or _NORMAL
+    if mtype not in _TYPES:
         raise MessageRefused(pb.BAD_REQUEST, f"message type {pb.MessageType.Name(mtype)} is not supported here")
-    _typed_properties(sp, mtype, props, epoch_ms)
-    if sp.HasField("trace_context") and sp.trace_context:
-        props[PROPERTY_TRACEPARENT] = sp.trace_context[:512]
-    props[PROPERTY_V5_TYPE] = str(mtype)
+    if mtype != _NORMAL or sp.HasField("message_group") or sp.HasField("delivery_timestamp"):
+        _typed_properties(sp, mtype, props, epoch_ms)  # (a NORMAL message with neither has none)
+    if sp.HasField("trace_context"):
+        trace = sp.trace_context
+        if trace:
+            props[PROPERTY_TRACEPARENT] = trace[:512]
+    props[PROPERTY_V5_TYPE] = _TYPE_TEXT[mtype]
     return props, mtype
+
+
+_NORMAL: Final = pb.NORMAL
+_TYPES: Final = frozenset((pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION))
+_TYPE_TEXT: Final = {t: str(t) for t in _TYPES}
 
 
 def _user_properties(m: pb.Message) -> dict[str, str]:
