@@ -25,6 +25,7 @@ from typing import Any
 
 from data_plane.http2.grpc_client import GrpcChannel
 from data_plane.http2.grpc_server import CallError
+from data_plane.proxy.answers import varint
 from loadtest.histogram import encode_hist, hist_of, latency_log, merge, summary_ms
 
 BATCH = 32
@@ -51,7 +52,7 @@ class Requests:
         raw = m.SerializeToString()
         at = raw.index(_ID_HOLDER)
         size = len(raw)
-        head = b"\x0a" + bytes(_varint(size))  # SendMessageRequest.messages = 1, length-delimited
+        head = b"\x0a" + varint(size)  # SendMessageRequest.messages = 1, length-delimited
         self.before = head + raw[:at]
         self.after = raw[at + len(_ID_HOLDER) :]
         self.n = n
@@ -65,15 +66,6 @@ class Requests:
             parts += (before, f"{prefix}{i:016X}".encode(), after)
         self.count += self.n
         return b"".join(parts)
-
-
-def _varint(value: int) -> bytearray:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return out
 
 
 async def _channel(endpoint: str) -> GrpcChannel:

@@ -15,7 +15,8 @@ from typing import Final
 from data_plane.proxy.v2 import definition_pb2 as pb
 
 
-def _varint(value: int) -> bytes:
+def varint(value: int) -> bytes:
+    """A base-128 varint, as protobuf writes lengths, tags and integers."""
     out = bytearray()
     while value >= 0x80:
         out.append(value & 0x7F | 0x80)
@@ -26,14 +27,13 @@ def _varint(value: int) -> bytes:
 
 def _field(number: int, payload: bytes) -> bytes:
     """A length-delimited field (wire type 2)."""
-    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
 
 
-_OK_STATUS: Final = _varint(1 << 3) + _varint(pb.OK) + _field(2, b"OK")
+_OK_STATUS: Final = varint(1 << 3) + varint(pb.OK) + _field(2, b"OK")
 _OK_STATUS_FIELD: Final = _field(1, _OK_STATUS)  # (field 1 of both the response and an entry)
-_ID_TAG: Final = _varint(2 << 3 | 2)
-_OFFSET_TAG: Final = _varint(4 << 3)
-_ENTRY_TAG: Final = _varint(2 << 3 | 2)
+_FIELD_2: Final = varint(2 << 3 | 2)  # (an entry's message_id, and the response's entries)
+_OFFSET_TAG: Final = varint(4 << 3)
 _ONE_BYTE: Final = tuple(bytes((i,)) for i in range(128))
 
 
@@ -43,12 +43,12 @@ def send_ok(entries: list[tuple[str, int]]) -> bytes:
     for message_id, offset in entries:
         mid = message_id.encode()
         # (proto3 leaves out an empty string and a zero)
-        idf = _ID_TAG + _length(len(mid)) + mid if mid else b""
-        off = _OFFSET_TAG + _varint(offset) if offset else b""
+        idf = _FIELD_2 + _length(len(mid)) + mid if mid else b""
+        off = _OFFSET_TAG + varint(offset) if offset else b""
         body = _OK_STATUS_FIELD + idf + off
-        parts += (_ENTRY_TAG, _length(len(body)), body)
+        parts += (_FIELD_2, _length(len(body)), body)
     return b"".join(parts)
 
 
 def _length(n: int) -> bytes:
-    return _ONE_BYTE[n] if n < 128 else _varint(n)
+    return _ONE_BYTE[n] if n < 128 else varint(n)
