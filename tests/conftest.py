@@ -96,6 +96,12 @@ def batch() -> ModuleType:
     return _compiled_module("data_plane.broker._batch")
 
 
+@pytest.fixture
+def send_request() -> ModuleType:
+    """The compiled SendMessageRequest reading of the gRPC endpoint (data_plane/proxy/_send_request.c)."""
+    return _compiled_module("data_plane.proxy._send_request")
+
+
 def counter_points(reader: Any, name: str, key: str, *, broker_name: str = "broker-a") -> dict[str, int]:
     """The data points of the observable counter ``name`` an ``InMemoryMetricReader`` collects
     now, by their ``key`` attribute (each asserted to carry ``broker_name``)."""

@@ -150,6 +150,7 @@ class Broker:
         # The plain single send for the gRPC endpoint (SendProcessor.put_plain), where the
         # remoting frame path is taken too; None: every v5 send goes through the send handler.
         self.put_plain: Callable[[Any, str, int, int, str, bytes], int | None] | None = None
+        self.put_plain_batch: Callable[[Any, str, int, int, bytes], int | None] | None = None  # (put_plain_batch)
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
         self.before_put_plain: BeforePutPlain | None = None  # ... of a plain batch body (before_put_plain)
         self.tenancy: BrokerTenancy | None = None
@@ -377,6 +378,7 @@ class Broker:
         ):
             p.frame_handler = send.send_frame
             self.put_plain = send.put_plain
+            self.put_plain_batch = send.put_plain_batch
         if self.tenancy is not None:
             p.register(rc.ORBIT_SYNC_TENANCY, self.tenancy.sync)
         p.register(rc.QUERY_MESSAGE_TRACE, trace.query_handler(self))

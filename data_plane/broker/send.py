@@ -274,6 +274,45 @@ class SendProcessor:
         self._stored_plain(topic, queue_id, raw)
         return raw.queue_offset
 
+    def put_plain_batch(self, conn: Connection, topic: str, queue_id: int, born_ts: int, body: bytes) -> int | None:
+        """A RocketMQ 5 client's plain messages of one topic, already a SEND_BATCH_MESSAGE body
+        (``data_plane.proxy.send_request``), stored as ``_send_plain_batch`` stores a remoting
+        batch: the first message's queue offset; or None, with nothing stored, when the topic or
+        queue does not take plain sends, a tenant's quota meters the topic, or the body is not plain
+        or not stored: the caller then takes the command path, which stores it or gives the error."""
+        tc = self._plain_topic(topic)
+        if tc is None or not 0 <= queue_id < tc["writeQueueNums"] or len(body) > self.max_batch_bytes:
+            return None
+        broker = self.broker
+        tenancy = broker.tenancy
+        if broker.before_put is not None:
+            if broker.before_put_plain is None or tenancy is None:
+                return None
+            metered = self._metered.get(topic)
+            if metered is None:
+                metered = self._meters(tenancy, topic)
+            if metered:  # the quota takes its tokens with the request's command
+                return None
+        put = self.store.append_plain_batch(
+            body, topic, queue_id, sys_flag=0, born_timestamp=born_ts, born_host=_born_host(conn),
+            reconsume_times=0, max_messages=MAX_BATCH_MESSAGES, skip_names=PLAIN_BATCH_SKIP,
+        )  # fmt: skip
+        if put is None:
+            return None
+        result, _end, tag_codes = put
+        a = result.append
+        if a is None:
+            return None  # (nothing written: the command path gives its error)
+        broker.replication.notify()
+        if self.hold.held:
+            end = a.queue_offset + a.msg_num
+            for tag_code in tag_codes:
+                self.hold.notify(topic, queue_id, end, tag_code)
+        broker.on_stored(topic, a.msg_num, a.wrote_bytes)
+        if tenancy is not None:
+            tenancy.after_put(topic, a.msg_num)
+        return a.queue_offset
+
     def _put_plain(
         self, conn: Connection, cmd: RemotingCommand | None, topic: str, queue_id: int, sys_flag: int,
         born_ts: int, flag: int, reconsume: int, props: str, body: Body,

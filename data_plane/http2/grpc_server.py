@@ -27,7 +27,7 @@ import ssl
 import struct
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
@@ -93,11 +93,15 @@ class Method:
     request: type[Message]
     client_streaming: bool
     server_streaming: bool
+    raw: bool = False  # the handler takes the request's bytes and parses them itself
 
 
 def method_table(servicer: object, service: ServiceDescriptor) -> dict[str, Method]:
-    """``/<package>.<Service>/<Method>`` -> the servicer's handler and the request's class."""
+    """``/<package>.<Service>/<Method>`` -> the servicer's handler and the request's class. A
+    unary method the servicer names in ``raw_requests`` is handed the request's bytes, unparsed
+    (the handler may read them faster than a parse, and parses them when it cannot)."""
     table = {}
+    raw = frozenset(getattr(servicer, "raw_requests", ()))
     for m in service.methods:
         table[f"/{service.full_name}/{m.name}"] = Method(
             m.name,
@@ -105,6 +109,7 @@ def method_table(servicer: object, service: ServiceDescriptor) -> dict[str, Meth
             message_factory.GetMessageClass(m.input_type),
             bool(m.client_streaming),
             bool(m.server_streaming),
+            m.name in raw and not m.client_streaming,
         )
     return table
 
@@ -138,7 +143,7 @@ class Call(Stream):
         super().__init__(stream_id, send_window, recv_window)
         self.method = method
         self.buf = bytearray()
-        self.request: Message | None = None
+        self.request: Message | bytes | None = None
         self.queue: asyncio.Queue[Message | None] | None = None
         self.task: asyncio.Task[None] | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -274,8 +279,12 @@ class ServerConnection(H2Connection):
                     return
                 if n - pos - 5 < length:
                     break
+                request: Message | bytes
                 try:
-                    request = m.request.FromString(data[pos + 5 : pos + 5 + length])  # type: ignore[arg-type]
+                    if m.raw:
+                        request = data[pos + 5 : pos + 5 + length].tobytes()
+                    else:
+                        request = m.request.FromString(data[pos + 5 : pos + 5 + length])  # type: ignore[arg-type]
                 except DecodeError:
                     self._finish(call, INTERNAL, f"the request is not a valid {m.request.__name__}")
                     return
@@ -284,7 +293,7 @@ class ServerConnection(H2Connection):
                     if call.queue.qsize() >= MAX_QUEUED_REQUESTS:
                         self._finish(call, RESOURCE_EXHAUSTED, "too many messages not yet read")
                         return
-                    call.queue.put_nowait(request)
+                    call.queue.put_nowait(cast(Message, request))  # (raw: unary methods only)
                 elif call.request is not None:
                     self._finish(call, INTERNAL, "a unary call carries exactly one message; this one has more")
                     return
@@ -313,7 +322,7 @@ class ServerConnection(H2Connection):
         call.request = None
 
     # --- answering ------------------------------------------------------------------------------
-    async def _unary(self, call: Call, request: Message) -> None:
+    async def _unary(self, call: Call, request: Message | bytes) -> None:
         try:
             response = await call.method.handler(request, call.context)
         except asyncio.CancelledError:
@@ -334,7 +343,7 @@ class ServerConnection(H2Connection):
         self.send_whole(call, RESPONSE_HEADERS, MESSAGE_PREFIX.pack(0, len(payload)) + payload, TRAILERS_OK)
         self._after_answer(call)
 
-    async def _streaming_out(self, call: Call, request: Message) -> None:
+    async def _streaming_out(self, call: Call, request: Message | bytes) -> None:
         await self._stream(call, call.method.handler(request, call.context))
 
     async def _streaming_in(self, call: Call) -> None:

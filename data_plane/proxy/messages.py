@@ -65,8 +65,10 @@ def to_properties(m: pb.Message, *, epoch_ms: int) -> tuple[dict[str, str], int]
     sp = m.system_properties
     props = _user_properties(m) if m.user_properties else {}
     message_id = sp.message_id
-    if not message_id or len(message_id) > 128:
-        raise MessageRefused(pb.ILLEGAL_MESSAGE_ID, "the message has no message_id (or one over 128 characters)")
+    if not message_id or len(message_id) > 128 or _separated(message_id):
+        raise MessageRefused(
+            pb.ILLEGAL_MESSAGE_ID, "the message_id is empty, over 128 characters or holds \\x01 or \\x02"
+        )
     props[PROPERTY_UNIQ_KEY] = message_id
     if sp.HasField("tag"):
         tag = sp.tag
@@ -75,8 +77,10 @@ def to_properties(m: pb.Message, *, epoch_ms: int) -> tuple[dict[str, str], int]
         props[PROPERTY_TAGS] = tag
     keys = sp.keys
     if keys:
-        if len(keys) > MAX_KEYS or any(not k or " " in k or len(k) > 128 for k in keys):
-            raise MessageRefused(pb.ILLEGAL_MESSAGE_KEY, "keys are 1 to 128 characters without spaces, at most 32")
+        if len(keys) > MAX_KEYS or any(not k or " " in k or len(k) > 128 or _separated(k) for k in keys):
+            raise MessageRefused(
+                pb.ILLEGAL_MESSAGE_KEY, "keys are 1 to 128 characters without spaces, \\x01 or \\x02, at most 32"
+            )
         props[PROPERTY_KEYS] = " ".join(keys)
     mtype = sp.message_type or _NORMAL
     if mtype not in _TYPES:
@@ -86,6 +90,8 @@ def to_properties(m: pb.Message, *, epoch_ms: int) -> tuple[dict[str, str], int]
     if sp.HasField("trace_context"):
         trace = sp.trace_context
         if trace:
+            if _separated(trace):
+                raise MessageRefused(pb.BAD_REQUEST, "the trace context holds \\x01 or \\x02")
             props[PROPERTY_TRACEPARENT] = trace[:512]
     props[PROPERTY_V5_TYPE] = _TYPE_TEXT[mtype]
     return props, mtype
@@ -96,6 +102,12 @@ _TYPES: Final = frozenset((pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION))
 _TYPE_TEXT: Final = {t: str(t) for t in _TYPES}
 
 
+def _separated(text: str) -> bool:
+    """Whether ``text`` holds a stored properties separator (name \\x01 value \\x02): a value
+    holding one would end its property early and start another."""
+    return "\x01" in text or "\x02" in text
+
+
 def _user_properties(m: pb.Message) -> dict[str, str]:
     props: dict[str, str] = {}
     if not m.user_properties:
@@ -104,6 +116,8 @@ def _user_properties(m: pb.Message) -> dict[str, str]:
     for k, v in m.user_properties.items():
         if not PROPERTY_KEY_RE.fullmatch(k) or k in SYSTEM_PROPERTIES:
             raise MessageRefused(pb.ILLEGAL_MESSAGE_PROPERTY_KEY, f"property key {k[:64]!r} is not allowed")
+        if _separated(v):
+            raise MessageRefused(pb.BAD_REQUEST, f"the value of property {k!r} holds \\x01 or \\x02")
         size += len(k) + len(v)
         props[k] = v
     if size > MAX_PROPERTIES_BYTES:
@@ -116,8 +130,10 @@ def _user_properties(m: pb.Message) -> dict[str, str]:
 def _typed_properties(sp: pb.SystemProperties, mtype: int, props: dict[str, str], epoch_ms: int) -> None:
     """What a FIFO, delayed or transactional message carries besides (its group, its time)."""
     if sp.HasField("message_group"):
-        if not sp.message_group or len(sp.message_group) > 128:
-            raise MessageRefused(pb.ILLEGAL_MESSAGE_GROUP, "the message group is empty or over 128 characters")
+        if not sp.message_group or len(sp.message_group) > 128 or _separated(sp.message_group):
+            raise MessageRefused(
+                pb.ILLEGAL_MESSAGE_GROUP, "the message group is empty, over 128 characters or holds \\x01 or \\x02"
+            )
         if mtype != pb.FIFO:
             raise MessageRefused(pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "only a FIFO message has a message group")
         props[PROPERTY_MESSAGE_GROUP] = sp.message_group
@@ -153,7 +169,7 @@ def to_message(
     props = rec.properties
     m.topic.CopyFrom(topic or resource_of(rec.topic))
     for k, v in props.items():
-        if k not in SYSTEM_PROPERTIES:
+        if k not in SYSTEM_PROPERTIES and k != PROPERTY_TRACEPARENT:  # (the trace context's own field)
             m.user_properties[k] = v
     sp = m.system_properties
     sp.message_id = props.get(PROPERTY_UNIQ_KEY) or rec.msg_id

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from data_plane.auth.errors import AuthError, UnknownKeyIdError
 from data_plane.auth.principal import Principal
@@ -26,6 +27,7 @@ from data_plane.broker.recall import parse_recall_handle, recall_handle
 from data_plane.broker.send_back import copy_properties
 from data_plane.broker.transaction import RMQ_SYS_TRANS_HALF_TOPIC
 from data_plane.filter.sql92 import SqlParseError, compile_sql92
+from data_plane.http2.grpc_server import INTERNAL, CallError
 from data_plane.proxy.answers import send_ok
 from data_plane.proxy.connection import GrpcConnection
 from data_plane.proxy.messages import (
@@ -36,6 +38,8 @@ from data_plane.proxy.messages import (
     to_message,
     to_properties,
 )
+from data_plane.proxy.send_request import COMPILED as PLAIN_BATCH
+from data_plane.proxy.send_request import PlainBatch
 from data_plane.proxy.unsupported import Unsupported
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
@@ -106,6 +110,32 @@ class Prepared:
         return self.mtype == pb.NORMAL
 
 
+def _send_answer(status: pb.Status) -> rpc.SendMessageResponse:
+    return rpc.SendMessageResponse(status=status)
+
+
+def _parse_send(payload: bytes) -> rpc.SendMessageRequest:
+    try:
+        return rpc.SendMessageRequest.FromString(payload)
+    except DecodeError:
+        raise CallError(INTERNAL, "the request is not a valid SendMessageRequest") from None
+
+
+def _sent(entries: list[rpc.SendResultEntry] | bytes) -> rpc.SendMessageResponse | bytes:
+    """The answer to a SendMessage: ``entries`` (already the answer when they are bytes), with
+    the call's status: OK, the one failure, or MULTIPLE_RESULTS when some messages failed."""
+    if isinstance(entries, bytes):
+        return entries
+    bad = [e.status for e in entries if e.status.code != pb.OK]
+    if not bad:
+        status = ok()
+    elif len(bad) == len(entries) or len(entries) == 1:
+        status = bad[0]
+    else:
+        status = pb.Status(code=pb.MULTIPLE_RESULTS, message=f"{len(bad)} of {len(entries)} messages failed")
+    return rpc.SendMessageResponse(status=status, entries=entries)
+
+
 class Refused(Exception):
     """Answer the call with this v2 status."""
 
@@ -145,6 +175,8 @@ def _peer_address(context: Context) -> str:
 
 
 class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
+    raw_requests: Final = frozenset({"SendMessage"})  # (handed over as bytes: data_plane.http2.grpc_server)
+
     def __init__(self, broker: Broker, *, advertised: tuple[str, int]) -> None:
         self.broker = broker
         self.advertised = advertised
@@ -338,37 +370,56 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             )
 
     # --- sending ------------------------------------------------------------------------------------
-    async def SendMessage(self, request: rpc.SendMessageRequest, context: Context) -> Any:
-        async def work() -> rpc.SendMessageResponse | bytes:
+    async def SendMessage(self, request: rpc.SendMessageRequest | bytes, context: Context) -> Any:
+        """``request`` comes as its bytes from Orbit's gRPC server (``raw_requests``): plain
+        messages of one topic are read straight into a batch body (``send_request``), anything
+        else is parsed and each message judged on its own."""
+        if isinstance(request, bytes):
+            store = self.broker.store
+            plain = None
+            if PLAIN_BATCH is not None and store is not None:
+                max_body = store.config.max_message_size_bytes
+                plain = PLAIN_BATCH.plain_batch(request, MAX_BATCH_MESSAGES, max_body, int(time.time() * 1000))
+            if plain is not None:
+                return await self._guard(_send_answer, self._send_plain(PlainBatch._make(plain), request, context))
+            request = _parse_send(request)
+        return await self._guard(_send_answer, self._send_request(request, context))
+
+    async def _send_request(
+        self, request: rpc.SendMessageRequest, context: Context, caller: Caller | None = None
+    ) -> rpc.SendMessageResponse | bytes:
+        if caller is None:
             tenancy = self.broker.tenancy
             metered = tenancy is not None and tenancy.enabled  # (the bodies' bytes are counted for a tenant)
             caller = await self._caller(context, sum(len(m.body) for m in request.messages) if metered else 0)
-            if not request.messages:
-                raise Refused(pb.BAD_REQUEST, "the request holds no message")
-            if len(request.messages) > MAX_BATCH_MESSAGES:
-                raise Refused(pb.BAD_REQUEST, f"at most {MAX_BATCH_MESSAGES} messages a call")
-            conn = self._connection(caller)
-            topics: dict[tuple[str, str], str] = {}  # (namespace, name) -> wire name, checked once a call
-            now_ms = int(time.time() * 1000)
-            prepared = [self._prepare(caller, m, topics, now_ms) for m in request.messages]
-            ready = [p for p in prepared if isinstance(p, Prepared)]
-            if len(ready) == len(prepared) > 1 and all(p.batchable and p.wire == ready[0].wire for p in ready):
-                stored = await self._send_batch(conn, ready)
-                if isinstance(stored, bytes):
-                    return stored  # (every message stored: the answer, serialized)
-                entries = stored
-            else:
-                entries = [p if isinstance(p, rpc.SendResultEntry) else await self._send_one(conn, p) for p in prepared]
-            bad = [e.status for e in entries if e.status.code != pb.OK]
-            if not bad:
-                status = ok()
-            elif len(bad) == len(entries) or len(entries) == 1:
-                status = bad[0]
-            else:
-                status = pb.Status(code=pb.MULTIPLE_RESULTS, message=f"{len(bad)} of {len(entries)} messages failed")
-            return rpc.SendMessageResponse(status=status, entries=entries)
+        if not request.messages:
+            raise Refused(pb.BAD_REQUEST, "the request holds no message")
+        if len(request.messages) > MAX_BATCH_MESSAGES:
+            raise Refused(pb.BAD_REQUEST, f"at most {MAX_BATCH_MESSAGES} messages a call")
+        conn = self._connection(caller)
+        topics: dict[tuple[str, str], str] = {}  # (namespace, name) -> wire name, checked once a call
+        now_ms = int(time.time() * 1000)
+        prepared = [self._prepare(caller, m, topics, now_ms) for m in request.messages]
+        ready = [p for p in prepared if isinstance(p, Prepared)]
+        if len(ready) == len(prepared) > 1 and all(p.batchable and p.wire == ready[0].wire for p in ready):
+            items = b"".join([encode_batch_item(bytes(p.body), 0, encode_properties(p.props)) for p in ready])
+            ids = [p.props[PROPERTY_UNIQ_KEY] for p in ready]
+            return _sent(await self._send_batch(conn, ready[0].wire, ready[0].born_ms, items, ids))
+        return _sent([p if isinstance(p, rpc.SendResultEntry) else await self._send_one(conn, p) for p in prepared])
 
-        return await self._guard(lambda s: rpc.SendMessageResponse(status=s), work())
+    async def _send_plain(self, plain: PlainBatch, payload: bytes, context: Context) -> rpc.SendMessageResponse | bytes:
+        """Plain messages of one topic, read into a batch body (``send_request``): the caller, the
+        topic and the right to publish checked once, then stored as one batch."""
+        tenancy = self.broker.tenancy
+        metered = tenancy is not None and tenancy.enabled
+        caller = await self._caller(context, plain.body_bytes if metered else 0)
+        try:
+            wire = self._wire(caller, pb.Resource(resource_namespace=plain.namespace, name=plain.name), "topic")
+            self._allow(caller, "topic", wire, PUBLISH)
+        except Refused:  # each message's entry says why: the reference path (metered once)
+            return await self._send_request(_parse_send(payload), context, caller)
+        conn = self._connection(caller)
+        return _sent(await self._send_batch(conn, wire, plain.born_ms, plain.items, plain.message_ids))
 
     def _prepare(
         self, caller: Caller, m: pb.Message, topics: dict[tuple[str, str], str], now_ms: int
@@ -453,29 +504,35 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             recall_handle=recall_handle(p.wire, message_id, int(due)) if due else "",
         )
 
-    async def _send_batch(self, conn: GrpcConnection, batch: list[Prepared]) -> list[rpc.SendResultEntry] | bytes:
-        """Plain messages of one topic as one SEND_BATCH_MESSAGE: one queue, one append. The
+    async def _send_batch(
+        self, conn: GrpcConnection, wire: str, born_ms: int, items: bytes, ids: list[str]
+    ) -> list[rpc.SendResultEntry] | bytes:
+        """Plain messages of one topic, ``items`` their SEND_BATCH_MESSAGE body: one queue, one
+        append (the broker's plain batch path when it takes them, else the send handler). The
         whole answer, serialized, when all are stored; else the entry refusing them, each."""
-        wire = batch[0].wire
         tc = self.broker.topics.get(wire)
         qid = random.randrange(max(int(tc["writeQueueNums"]), 1)) if tc is not None else 0
-        body = b"".join([encode_batch_item(bytes(p.body), 0, encode_properties(p.props)) for p in batch])
+        put_plain_batch = self.broker.put_plain_batch
+        if put_plain_batch is not None:
+            first = put_plain_batch(conn, wire, qid, born_ms, items)
+            if first is not None:
+                return send_ok(list(zip(ids, range(first, first + len(ids)), strict=True)))
         cmd = RemotingCommand(
             RequestCode.SEND_BATCH_MESSAGE,
             serialize_type=SERIALIZE_ROCKETMQ,
             ext_fields={
                 "a": "CLIENT_INNER_PRODUCER", "b": wire, "c": "TBW102", "d": "4", "e": str(qid), "f": "0",
-                "g": str(batch[0].born_ms), "h": "0", "i": "", "j": "0", "k": "false", "m": "true",
+                "g": str(born_ms), "h": "0", "i": "", "j": "0", "k": "false", "m": "true",
             },
-            body=body,
+            body=items,
         )  # fmt: skip
         r = await self._handle(conn, cmd)
         failed = self._failed(r)
         if failed is not None:
-            return [failed] * len(batch)
+            return [failed] * len(ids)
         assert r is not None
         first = int((r.ext_fields or {}).get("queueOffset", "0") or 0)
-        return send_ok([(p.props[PROPERTY_UNIQ_KEY], first + i) for i, p in enumerate(batch)])
+        return send_ok(list(zip(ids, range(first, first + len(ids)), strict=True)))
 
     async def _handle(self, conn: GrpcConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         """``cmd`` through the broker's own handler for its code (a gRPC client is its connection)."""

@@ -133,6 +133,16 @@ async def test_v5_calls_are_held_to_the_tenants_quota_and_metered(tenancy: Tenan
                 assert "publish quota" in r.status.message, r.status
                 throttled += 1
         assert min(ok, throttled) > 0, (ok, throttled)
+        # A batch of plain messages is held to the same quota (and metered the same way).
+        batch = [pb.Message(topic=pb.Resource(name="orders"), body=body) for _ in range(2)]
+        for i, m in enumerate(batch):
+            m.system_properties.message_id = f"B{i:031d}"
+        r = await stub.SendMessage(rpc.SendMessageRequest(messages=batch), metadata=md())
+        if r.status.code == pb.OK:
+            ok += 2
+        else:
+            assert r.status.code == pb.TOO_MANY_REQUESTS, r.status
+            assert [e.status.code for e in r.entries] == [pb.TOO_MANY_REQUESTS] * 2
         req = rpc.ReceiveMessageRequest(
             group=pb.Resource(name="workers"), message_queue=pb.MessageQueue(topic=pb.Resource(name="orders")),
             batch_size=64, invisible_duration=Duration(seconds=60), long_polling_timeout=Duration(seconds=1),
@@ -150,6 +160,6 @@ async def test_v5_calls_are_held_to_the_tenants_quota_and_metered(tenancy: Tenan
         totals = got.body.get("totals", {}) if got.status == 200 else {}
         # bytes in: the stored bodies and the refused ones (read before the quota said no), as on
         # the remoting path; bytes out: the bodies handed out
-        return int(totals.get("bytes_in", 0)) == 100 * len(body) and int(totals.get("bytes_out", 0)) == ok * len(body)
+        return int(totals.get("bytes_in", 0)) == 102 * len(body) and int(totals.get("bytes_out", 0)) == ok * len(body)
 
     await until(metered, "the gRPC traffic in acme's usage", timeout_s=20)

@@ -93,6 +93,14 @@ async def test_the_grpc_endpoint_refuses_what_an_attacker_tries(tenancy: Tenancy
             messages=[pb.Message(topic=wire, body=b"x", system_properties=message("x").system_properties)]
         )
         assert (await stub.SendMessage(sneaky, metadata=evil_md, timeout=10)).status.code == pb.FORBIDDEN
+        # ... and as a batch of plain messages (read straight from the request's bytes): each refused.
+        batch = [pb.Message(topic=wire, body=b"x", system_properties=message("x").system_properties) for _ in range(4)]
+        refused = await stub.SendMessage(rpc.SendMessageRequest(messages=batch), metadata=evil_md, timeout=10)
+        assert refused.status.code == pb.FORBIDDEN
+        assert [e.status.code for e in refused.entries] == [pb.FORBIDDEN] * 4
+        batch = [message("orders") for _ in range(4)]
+        refused = await stub.SendMessage(rpc.SendMessageRequest(messages=batch), metadata=as_acme, timeout=10)
+        assert refused.status.code == pb.FORBIDDEN
         # Handles: a real one, acknowledged once; then forged, reused, on another group.
         assert (
             await stub.SendMessage(rpc.SendMessageRequest(messages=[message("orders")]), metadata=good, timeout=10)

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
-from data_plane.proxy.messages import MessageRefused, to_properties
+from data_plane.proxy.messages import MessageRefused, to_message, to_properties
 from data_plane.proxy.v2 import definition_pb2 as pb
+from data_plane.store.message import StoredMessage
 
 NOW_MS = 1_800_000_000_000
 
@@ -66,6 +67,11 @@ def test_typed_messages_carry_their_group_time_or_prepared_mark() -> None:
         ({"message_type": pb.DELAY}, pb.ILLEGAL_DELIVERY_TIME),
         ({"delivery_ms": NOW_MS + 1000}, pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE),
         ({"message_type": pb.LITE}, pb.BAD_REQUEST),
+        # A properties separator would end the stored property early and start one of the sender's.
+        ({"message_id": "ID\x02DELAY\x013"}, pb.ILLEGAL_MESSAGE_ID),
+        ({"keys": ["k\x02TRAN_MSG\x01true"]}, pb.ILLEGAL_MESSAGE_KEY),
+        ({"trace_context": "00-\x01-01"}, pb.BAD_REQUEST),
+        ({"message_type": pb.FIFO, "message_group": "g\x02x\x01y"}, pb.ILLEGAL_MESSAGE_GROUP),
     ],
 )
 def test_a_message_the_v5_rules_refuse_is_refused_with_its_code(system: dict[str, Any], code: int) -> None:
@@ -74,9 +80,30 @@ def test_a_message_the_v5_rules_refuse_is_refused_with_its_code(system: dict[str
     assert e.value.code == code
 
 
-def test_a_system_property_name_is_refused_as_a_user_property() -> None:
+@pytest.mark.parametrize(
+    ("key", "value", "code"),
+    [
+        ("UNIQ_KEY", "forged", pb.ILLEGAL_MESSAGE_PROPERTY_KEY),  # a system property's name
+        ("colour", "red\x02REAL_TOPIC\x01other", pb.BAD_REQUEST),  # a separator in the value
+    ],
+)
+def test_a_user_property_the_v5_rules_refuse_is_refused_with_its_code(key: str, value: str, code: int) -> None:
     m = message()
-    m.user_properties["UNIQ_KEY"] = "forged"
+    m.user_properties[key] = value
     with pytest.raises(MessageRefused) as e:
         to_properties(m, epoch_ms=NOW_MS)
-    assert e.value.code == pb.ILLEGAL_MESSAGE_PROPERTY_KEY
+    assert e.value.code == code
+    assert key in str(e.value)
+
+
+def test_a_stored_trace_context_is_read_back_in_its_own_field_only() -> None:
+    props, _ = to_properties(message(trace_context="00-abc-def-01"), epoch_ms=NOW_MS)
+    props["colour"] = "red"
+    stored = StoredMessage(
+        total_size=200, body_crc=0, queue_id=1, flag=0, queue_offset=7, commit_log_offset=4096, sys_flag=0,
+        born_timestamp=1, born_host=("10.0.0.1", 5000), store_timestamp=2, store_host=("10.0.0.2", 10911),
+        reconsume_times=0, prepared_transaction_offset=0, body=b"x", topic="t", properties=props,
+    )  # fmt: skip
+    back = to_message(stored)
+    assert back.system_properties.trace_context == "00-abc-def-01"
+    assert dict(back.user_properties) == {"colour": "red"}
