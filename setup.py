@@ -2,7 +2,7 @@
 (data_plane/store/_speedups.c), the SDK's record codecs (data_plane/store/_records.c), the
 broker's batch decoding (data_plane/broker/_batch.c), the frame decoder
 (data_plane/remoting/_codec.c) and the gRPC endpoint's batch sends
-(data_plane/proxy/_send_request.c); everything else is in pyproject.toml. Without a C compiler
+(data_plane/proxy/_v2_codec.c); everything else is in pyproject.toml. Without a C compiler
 the build skips them and the pure-Python twins serve."""
 
 from setuptools import Extension, setup
@@ -18,7 +18,7 @@ setup(
                   depends=_STORE_HEADERS, optional=True),
         Extension("data_plane.broker._batch", sources=["data_plane/broker/_batch.c"], extra_compile_args=_FLAGS,
                   depends=_STORE_HEADERS, optional=True),
-        Extension("data_plane.proxy._send_request", sources=["data_plane/proxy/_send_request.c"],
+        Extension("data_plane.proxy._v2_codec", sources=["data_plane/proxy/_v2_codec.c"],
                   extra_compile_args=_FLAGS, optional=True),
         Extension("data_plane.remoting._codec", sources=["data_plane/remoting/_codec.c"], extra_compile_args=_FLAGS,
                   optional=True),

@@ -97,9 +97,9 @@ def batch() -> ModuleType:
 
 
 @pytest.fixture
-def send_request() -> ModuleType:
-    """The compiled SendMessageRequest reading of the gRPC endpoint (data_plane/proxy/_send_request.c)."""
-    return _compiled_module("data_plane.proxy._send_request")
+def v2_codec() -> ModuleType:
+    """The compiled SendMessageRequest reading of the gRPC endpoint (data_plane/proxy/_v2_codec.c)."""
+    return _compiled_module("data_plane.proxy._v2_codec")
 
 
 def counter_points(reader: Any, name: str, key: str, *, broker_name: str = "broker-a") -> dict[str, int]:

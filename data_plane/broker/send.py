@@ -276,7 +276,7 @@ class SendProcessor:
 
     def put_plain_batch(self, conn: Connection, topic: str, queue_id: int, born_ts: int, body: bytes) -> int | None:
         """A RocketMQ 5 client's plain messages of one topic, already a SEND_BATCH_MESSAGE body
-        (``data_plane.proxy.send_request``), stored as ``_send_plain_batch`` stores a remoting
+        (``data_plane.proxy.v2_codec``), stored as ``_send_plain_batch`` stores a remoting
         batch: the first message's queue offset; or None, with nothing stored, when the topic or
         queue does not take plain sends, a tenant's quota meters the topic, or the body is not plain
         or not stored: the caller then takes the command path, which stores it or gives the error."""

@@ -2,7 +2,8 @@
 dispatched to a servicer whose methods have grpcio's asyncio signatures, ``async def M(request,
 context)`` for unary calls and async generators for streamed answers, so the same servicer class
 runs here and under ``grpc.aio`` (the cluster proxy). A unary handler may also return its answer
-serialized already (``bytes``).
+serialized already (``bytes``), a streaming one yield several answers framed already (``Framed``),
+and a unary method the servicer names in ``raw_requests`` is handed its request unparsed.
 
 A call (RFC 9113 stream; gRPC over HTTP/2's framing):
 
@@ -75,6 +76,16 @@ def percent_encode(text: str) -> bytes:
         else:
             out += b"%%%02X" % b
     return bytes(out)
+
+
+class Framed(bytes):
+    """gRPC messages serialized and framed already (each after its 5-byte prefix, ``framed``),
+    which a streaming handler yields to send several answers as one write."""
+
+
+def framed(payload: bytes) -> bytes:
+    """``payload`` (a serialized message) after its gRPC prefix: uncompressed, its length."""
+    return MESSAGE_PREFIX.pack(0, len(payload)) + payload
 
 
 class CallError(Exception):
@@ -368,7 +379,7 @@ class ServerConnection(H2Connection):
         if not call.local_closed:
             self._answer(call, response if type(response) is bytes else response.SerializeToString())
 
-    async def _stream(self, call: Call, responses: AsyncIterator[Message]) -> None:
+    async def _stream(self, call: Call, responses: AsyncIterator[Message | Framed]) -> None:
         code, text = OK, ""
         try:
             async for response in responses:
@@ -377,8 +388,11 @@ class ServerConnection(H2Connection):
                 if not call.started:
                     call.started = True
                     self.send_headers(call, RESPONSE_HEADERS)
-                payload = response.SerializeToString()
-                self.send_data(call, MESSAGE_PREFIX.pack(0, len(payload)) + payload)
+                if isinstance(response, Framed):
+                    self.send_data(call, response)
+                else:
+                    payload = response.SerializeToString()
+                    self.send_data(call, MESSAGE_PREFIX.pack(0, len(payload)) + payload)
         except asyncio.CancelledError:
             return
         except CallError as e:

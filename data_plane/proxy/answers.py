@@ -1,11 +1,14 @@
 """Answers written straight in protobuf's wire format where the endpoint writes many of them:
-a SendMessageResponse whose every entry is OK, one entry per message of a batch. It is the same
-bytes ``SendMessageResponse(status=OK, entries=[...]).SerializeToString()`` gives
-(``tests/unit/test_proxy_answers.py``), without a message object per entry.
+a SendMessageResponse and an AckMessageResponse whose every entry is OK, one entry per message.
+They are the same bytes ``SendMessageResponse(status=OK, entries=[...]).SerializeToString()``
+(and the AckMessageResponse's) give (``tests/unit/test_proxy_answers.py``), without a message
+object per entry.
 
-    SendMessageResponse  1: status (Status)   2: entries (SendResultEntry, repeated)
-    SendResultEntry      1: status (Status)   2: message_id (string)   4: offset (int64)
-    Status               1: code (enum)       2: message (string)
+    SendMessageResponse    1: status (Status)   2: entries (SendResultEntry, repeated)
+    SendResultEntry        1: status (Status)   2: message_id (string)   4: offset (int64)
+    AckMessageResponse     1: status (Status)   2: entries (AckMessageResultEntry, repeated)
+    AckMessageResultEntry  1: message_id (string)   2: receipt_handle (string)   3: status (Status)
+    Status                 1: code (enum)       2: message (string)
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ _OK_STATUS: Final = varint(1 << 3) + varint(pb.OK) + _field(2, b"OK")
 _OK_STATUS_FIELD: Final = _field(1, _OK_STATUS)  # (field 1 of both the response and an entry)
 _FIELD_2: Final = varint(2 << 3 | 2)  # (an entry's message_id, and the response's entries)
 _OFFSET_TAG: Final = varint(4 << 3)
+_FIELD_1: Final = varint(1 << 3 | 2)
+_OK_STATUS_FIELD_3: Final = varint(3 << 3 | 2) + varint(len(_OK_STATUS)) + _OK_STATUS
 _ONE_BYTE: Final = tuple(bytes((i,)) for i in range(128))
 
 
@@ -46,6 +51,20 @@ def send_ok(entries: list[tuple[str, int]]) -> bytes:
         idf = _FIELD_2 + _length(len(mid)) + mid if mid else b""
         off = _OFFSET_TAG + varint(offset) if offset else b""
         body = _OK_STATUS_FIELD + idf + off
+        parts += (_FIELD_2, _length(len(body)), body)
+    return b"".join(parts)
+
+
+def ack_ok(entries: list[tuple[str, str]]) -> bytes:
+    """An AckMessageResponse with status OK and an OK entry (message id, receipt handle) each."""
+    parts = [_OK_STATUS_FIELD]
+    for message_id, handle in entries:
+        mid, h = message_id.encode(), handle.encode()
+        body = b"".join((
+            _FIELD_1 + _length(len(mid)) + mid if mid else b"",
+            _FIELD_2 + _length(len(h)) + h if h else b"",
+            _OK_STATUS_FIELD_3,
+        ))  # fmt: skip
         parts += (_FIELD_2, _length(len(body)), body)
     return b"".join(parts)
 

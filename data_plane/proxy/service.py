@@ -7,6 +7,7 @@ transaction service), so quotas, metering, telemetry and replication apply as on
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import random
 import time
@@ -27,23 +28,24 @@ from data_plane.broker.recall import parse_recall_handle, recall_handle
 from data_plane.broker.send_back import copy_properties
 from data_plane.broker.transaction import RMQ_SYS_TRANS_HALF_TOPIC
 from data_plane.filter.sql92 import SqlParseError, compile_sql92
-from data_plane.http2.grpc_server import INTERNAL, CallError
-from data_plane.proxy.answers import send_ok
+from data_plane.http2.grpc_server import INTERNAL, CallError, Framed, framed
+from data_plane.proxy.answers import ack_ok, send_ok
 from data_plane.proxy.connection import GrpcConnection
 from data_plane.proxy.messages import (
     PROPERTY_MESSAGE_GROUP,
     PROPERTY_TIMER_DELIVER_MS,
+    SYSTEM_PROPERTIES,
     MessageRefused,
     resource_of,
     to_message,
     to_properties,
 )
-from data_plane.proxy.send_request import COMPILED as PLAIN_BATCH
-from data_plane.proxy.send_request import PlainBatch
 from data_plane.proxy.unsupported import Unsupported
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.proxy.v2 import service_pb2_grpc
+from data_plane.proxy.v2_codec import COMPILED as V2_CODEC
+from data_plane.proxy.v2_codec import PlainBatch
 from data_plane.remoting.bodies import encode_batch_item
 from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
@@ -108,6 +110,9 @@ class Prepared:
     @property
     def batchable(self) -> bool:
         return self.mtype == pb.NORMAL
+
+
+_RECEIVED_OK: Final = framed(rpc.ReceiveMessageResponse(status=pb.Status(code=pb.OK, message="OK")).SerializeToString())
 
 
 def _send_answer(status: pb.Status) -> rpc.SendMessageResponse:
@@ -372,14 +377,14 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     # --- sending ------------------------------------------------------------------------------------
     async def SendMessage(self, request: rpc.SendMessageRequest | bytes, context: Context) -> Any:
         """``request`` comes as its bytes from Orbit's gRPC server (``raw_requests``): plain
-        messages of one topic are read straight into a batch body (``send_request``), anything
+        messages of one topic are read straight into a batch body (``v2_codec``), anything
         else is parsed and each message judged on its own."""
         if isinstance(request, bytes):
             store = self.broker.store
             plain = None
-            if PLAIN_BATCH is not None and store is not None:
+            if V2_CODEC is not None and store is not None:
                 max_body = store.config.max_message_size_bytes
-                plain = PLAIN_BATCH.plain_batch(request, MAX_BATCH_MESSAGES, max_body, int(time.time() * 1000))
+                plain = V2_CODEC.plain_batch(request, MAX_BATCH_MESSAGES, max_body, int(time.time() * 1000))
             if plain is not None:
                 return await self._guard(_send_answer, self._send_plain(PlainBatch._make(plain), request, context))
             request = _parse_send(request)
@@ -408,7 +413,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         return _sent([p if isinstance(p, rpc.SendResultEntry) else await self._send_one(conn, p) for p in prepared])
 
     async def _send_plain(self, plain: PlainBatch, payload: bytes, context: Context) -> rpc.SendMessageResponse | bytes:
-        """Plain messages of one topic, read into a batch body (``send_request``): the caller, the
+        """Plain messages of one topic, read into a batch body (``v2_codec``): the caller, the
         topic and the right to publish checked once, then stored as one batch."""
         tenancy = self.broker.tenancy
         metered = tenancy is not None and tenancy.enabled
@@ -550,7 +555,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
     # --- receiving (POP) ------------------------------------------------------------------------------
     async def ReceiveMessage(
         self, request: rpc.ReceiveMessageRequest, context: Context
-    ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
+    ) -> AsyncIterator[rpc.ReceiveMessageResponse | Framed]:
         refusal: pb.Status | None = None
         try:
             caller = await self._caller(context)
@@ -566,21 +571,34 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         if not deliveries:
             yield rpc.ReceiveMessageResponse(status=pb.Status(code=pb.MESSAGE_NOT_FOUND, message="no new message"))
             return
-        yield rpc.ReceiveMessageResponse(status=ok())
+        # The answers, in order: OK, the delivery time, then each message; framed together and
+        # sent as one write (``Framed``) rather than one message at a time.
         now = rpc.ReceiveMessageResponse()
         now.delivery_timestamp.GetCurrentTime()
-        yield now
+        parts = [_RECEIVED_OK, framed(now.SerializeToString())]
         resources: dict[str, pb.Resource] = {}
         for d in deliveries:
-            topic = d.message.topic
+            rec = d.message
+            topic = rec.topic
             res = resources.get(topic)
             if res is None:
                 res = resources[topic] = resource_of(topic)
-            answer = rpc.ReceiveMessageResponse()
-            to_message(
-                d.message, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms, topic=res, into=answer.message
-            )
-            yield answer
+            written = None
+            if V2_CODEC is not None:  # (the answer written straight from the record; None: the reference path)
+                message_id = rec.properties.get(PROPERTY_UNIQ_KEY) or rec.msg_id
+                digest = hashlib.md5(rec.body, usedforsecurity=False).hexdigest().upper()
+                written = V2_CODEC.received_message(
+                    rec, message_id, digest, res.resource_namespace, res.name, d.handle, d.attempt, invisible_ms,
+                    SYSTEM_PROPERTIES,
+                )  # fmt: skip
+            if written is None:
+                answer = rpc.ReceiveMessageResponse()
+                to_message(
+                    rec, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms, topic=res, into=answer.message
+                )
+                written = framed(answer.SerializeToString())
+            parts.append(written)
+        yield Framed(b"".join(parts))
 
     async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], int]:
         wire = self._wire(caller, request.message_queue.topic, "topic")
@@ -675,7 +693,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             raise PopError("store", f"the dead-letter copy was refused: {r.remark if r else 'no answer'}")
 
     async def AckMessage(self, request: rpc.AckMessageRequest, context: Context) -> Any:
-        async def work() -> rpc.AckMessageResponse:
+        async def work() -> rpc.AckMessageResponse | bytes:
             caller = await self._caller(context)
             wire = self._wire(caller, request.topic, "topic")
             group = self._wire(caller, request.group, "group")
@@ -686,7 +704,10 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             pop = self.broker.pop
             if pop is None:
                 raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
-            answers = await pop.ack(group, wire, [e.receipt_handle for e in request.entries])
+            given = request.entries
+            answers = await pop.ack(group, wire, [e.receipt_handle for e in given])
+            if not any(answers):  # every one acknowledged: the answer written straight (answers.ack_ok)
+                return ack_ok([(e.message_id, e.receipt_handle) for e in given])
             entries = []
             for e, a in zip(request.entries, answers, strict=True):
                 st = ok() if a is None else pb.Status(code=_POP_CODES.get(a.code, pb.INTERNAL_ERROR), message=str(a))

@@ -1,7 +1,7 @@
 """The compiled modules, one a layer, and the one place that loads them: the store's loops
 (``data_plane.store._speedups``), the SDK's record codecs (``data_plane.store._records``),
 the broker's batch decoding (``data_plane.broker._batch``) and the gRPC endpoint's batch sends
-(``data_plane.proxy._send_request``). Each loader gives None when its
+(``data_plane.proxy._v2_codec``). Each loader gives None when its
 module is not built or ``ORBIT_PURE_PYTHON`` is set, and every user then takes the pure-Python
 twin. Light on purpose: the SDK asks for ``records()`` without loading the store engine.
 
@@ -9,8 +9,8 @@ Each compiled module has a ``.pyi`` stub beside its C file and a Protocol that i
 twin implements call for call: ``StoreLoops`` (``_speedups``; ``fastpath.PythonLoops``),
 ``RecordCodec`` (``_records``; ``sdk.record_codec.PythonRecordCodec``) and ``BatchDecoder``
 (``_batch``; ``broker.batch_decode.PythonBatchDecoder``) here, and ``FrameCodec`` (``_codec``;
-``remoting.frame_codec.PythonFrameCodec``) beside the remoting codec, and ``SendRequestCodec``
-(``_send_request``; ``proxy.send_request.PythonSendRequest``). mypy checks every stub and
+``remoting.frame_codec.PythonFrameCodec``) beside the remoting codec, and ``V2Codec``
+(``_v2_codec``; ``proxy.v2_codec.PythonV2Codec``). mypy checks every stub and
 every twin against its Protocol (the block at the end, and each twin's module).
 """
 
@@ -100,13 +100,18 @@ class BatchDecoder(Protocol):
     ) -> list[Any] | None: ...  # fmt: skip
 
 
-class SendRequestCodec(Protocol):
-    """The gRPC endpoint's SendMessageRequest to batch body (twin:
-    ``data_plane.proxy.send_request.PythonSendRequest``)."""
+class V2Codec(Protocol):
+    """The gRPC endpoint's SendMessageRequest to batch body and stored message to received one (twin:
+    ``data_plane.proxy.v2_codec.PythonV2Codec``)."""
 
     def plain_batch(
         self, payload: bytes | memoryview, max_messages: int, max_body: int, now_ms: int, /
-    ) -> tuple[str, str, bytes, list[str], int, int] | None: ...  # PlainBatch (send_request.py), or None
+    ) -> tuple[str, str, bytes, list[str], int, int] | None: ...  # PlainBatch (v2_codec.py), or None
+
+    def received_message(
+        self, rec: Any, message_id: str, digest: str, namespace: str, name: str, handle: str, attempt: int,
+        invisible_ms: int, system_names: frozenset[str], /,
+    ) -> bytes | None: ...  # fmt: skip
 
 
 def _load(name: str) -> Any:
@@ -134,14 +139,14 @@ def batch() -> BatchDecoder | None:
     return cast("BatchDecoder | None", _load("data_plane.broker._batch"))
 
 
-def send_request() -> SendRequestCodec | None:
-    """``data_plane.proxy._send_request`` (the gRPC endpoint's batch sends) when built and in use, else None."""
-    return cast("SendRequestCodec | None", _load("data_plane.proxy._send_request"))
+def v2_codec() -> V2Codec | None:
+    """``data_plane.proxy._v2_codec`` (the gRPC endpoint's batch sends) when built and in use, else None."""
+    return cast("V2Codec | None", _load("data_plane.proxy._v2_codec"))
 
 
 if TYPE_CHECKING:  # each stub satisfies its Protocol
     from data_plane.broker import _batch
-    from data_plane.proxy import _send_request
+    from data_plane.proxy import _v2_codec
     from data_plane.store import _records, _speedups
     from data_plane.store.fastpath import PythonLoops
 
@@ -149,4 +154,4 @@ if TYPE_CHECKING:  # each stub satisfies its Protocol
     _py_loops: StoreLoops = PythonLoops()
     _codec: RecordCodec = _records
     _decoder: BatchDecoder = _batch
-    _send: SendRequestCodec = _send_request
+    _v2: V2Codec = _v2_codec

@@ -34,7 +34,9 @@ from data_plane.http2.grpc_server import (
     UNKNOWN,
     CallContext,
     CallError,
+    Framed,
     GrpcServer,
+    framed,
 )
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
@@ -65,9 +67,22 @@ class Servicer(service_pb2_grpc.MessagingServiceServicer):
 
     async def ReceiveMessage(
         self, request: rpc.ReceiveMessageRequest, context: CallContext
-    ) -> AsyncIterator[rpc.ReceiveMessageResponse]:
-        for body in self.bodies[: request.batch_size]:
+    ) -> AsyncIterator[rpc.ReceiveMessageResponse | Framed]:
+        bodies = self.bodies[: request.batch_size]
+        if request.message_queue.id == 1:  # all but the last framed together, then the last alone
+            whole = [framed(rpc.ReceiveMessageResponse(message=pb.Message(body=b)).SerializeToString()) for b in bodies]
+            yield Framed(b"".join(whole[:-1]))
+            bodies = bodies[-1:]
+        for body in bodies:
             yield rpc.ReceiveMessageResponse(message=pb.Message(body=body))
+
+    raw_requests = frozenset({"QueryAssignment"})
+
+    async def QueryAssignment(self, request: bytes, context: CallContext) -> rpc.QueryAssignmentResponse:
+        """Handed its request's bytes: says what they were, parsed by itself."""
+        assert type(request) is bytes
+        topic = rpc.QueryAssignmentRequest.FromString(request).topic.name
+        return rpc.QueryAssignmentResponse(status=pb.Status(code=pb.Code.OK, message=f"{len(request)}:{topic}"))
 
     async def Telemetry(
         self, request_iterator: AsyncIterator[rpc.TelemetryCommand], context: CallContext
@@ -269,6 +284,22 @@ async def test_a_server_stream_far_above_the_initial_windows_arrives_whole(
         PREFIX + "ReceiveMessage", rpc.ReceiveMessageRequest(batch_size=60), rpc.ReceiveMessageResponse
     )
     assert [a.message.body for a in answers] == served.servicer.bodies
+
+
+async def test_answers_a_handler_yields_framed_together_arrive_one_by_one_in_order(
+    client: Client, served: Served, seed: int
+) -> None:
+    rng = random.Random(seed)
+    served.servicer.bodies = [rng.randbytes(rng.randrange(0, 40_000)) for _ in range(12)]
+    request = rpc.ReceiveMessageRequest(batch_size=12, message_queue=pb.MessageQueue(id=1))
+    answers = await client.stream(PREFIX + "ReceiveMessage", request, rpc.ReceiveMessageResponse)
+    assert [a.message.body for a in answers] == served.servicer.bodies
+
+
+async def test_a_method_named_in_raw_requests_is_handed_the_requests_bytes(client: Client) -> None:
+    request = rpc.QueryAssignmentRequest(topic=pb.Resource(name="orders"))
+    answer = await client.unary(PREFIX + "QueryAssignment", request, rpc.QueryAssignmentResponse)
+    assert answer.status.message == f"{request.ByteSize()}:orders"
 
 
 async def test_a_server_stream_of_no_messages_ends_with_ok(client: Client) -> None:

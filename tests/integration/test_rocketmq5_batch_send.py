@@ -1,5 +1,5 @@
 """Batched SendMessage on the broker's gRPC endpoint: plain messages of one topic are read from
-the request's bytes into one batch (data_plane/proxy/send_request.py) and stored with one append;
+the request's bytes into one batch (data_plane/proxy/v2_codec.py) and stored with one append;
 what a consumer then receives is each message as it was sent — id, tag, keys, trace context,
 born time, body — at the offsets the answer gave. A batch holding anything else (user
 properties, a refused message) is judged message by message, as before."""

@@ -1,11 +1,11 @@
-"""``data_plane.proxy.answers``: the SendMessageResponse written by hand is the bytes protobuf
-writes for the same answer, and reads back as it."""
+"""``data_plane.proxy.answers``: the SendMessageResponse and AckMessageResponse written by hand
+are the bytes protobuf writes for the same answers, and read back as them."""
 
 from __future__ import annotations
 
 import random
 
-from data_plane.proxy.answers import send_ok
+from data_plane.proxy.answers import ack_ok, send_ok
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 
@@ -35,3 +35,23 @@ def test_an_all_ok_send_answer_reads_back_with_its_ids_and_offsets() -> None:
     got = rpc.SendMessageResponse.FromString(send_ok(entries))
     assert (got.status.code, got.status.message) == (pb.OK, "OK")
     assert [(e.message_id, e.offset, e.status.code) for e in got.entries] == [(m, o, pb.OK) for m, o in entries]
+
+
+def test_an_all_ok_ack_answer_is_the_bytes_protobuf_writes() -> None:
+    seed = random.randrange(1 << 32)
+    print("seed", seed)
+    rng = random.Random(seed)
+    ok = pb.Status(code=pb.OK, message="OK")
+    for n in (1, 2, 32, 200):
+        entries = [
+            (
+                rng.choice(["", f"{rng.getrandbits(64):016X}", "é" * 70]),
+                rng.choice(["", f"{i}:{rng.getrandbits(40)}:{rng.getrandbits(64):016x}"]),
+            )
+            for i in range(n)
+        ]
+        want = rpc.AckMessageResponse(
+            status=ok,
+            entries=[rpc.AckMessageResultEntry(message_id=m, receipt_handle=h, status=ok) for m, h in entries],
+        ).SerializeToString()
+        assert ack_ok(entries) == want

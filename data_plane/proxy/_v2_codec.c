@@ -1,5 +1,5 @@
 /*
- * Compiled twin of data_plane/proxy/send_request.py (PythonSendRequest): a RocketMQ 5
+ * Compiled twin of data_plane/proxy/v2_codec.py (PythonV2Codec): a RocketMQ 5
  * SendMessageRequest, read from its protobuf wire bytes, turned into the body of a
  * SEND_BATCH_MESSAGE (data_plane/remoting/bodies.py) in one call, without a protobuf object,
  * a properties dict or a batch item per message in Python.
@@ -414,12 +414,294 @@ done:
     return result;
 }
 
+/* ---- writing: a stored message as a received one ------------------------------------------ */
+/* Wire (apache.rocketmq.v2): ReceiveMessageResponse 2: message (Message); see the top for
+ * Message and SystemProperties, and 15: invisible_duration (Duration: 1 seconds, 2 nanos). */
+
+typedef struct {
+    unsigned char *p;
+    Py_ssize_t n, cap;
+} out_buf;
+
+static int grow(out_buf *b, Py_ssize_t extra) {
+    if (b->n + extra <= b->cap) return 1;
+    Py_ssize_t cap = b->cap ? b->cap : 256;
+    while (cap < b->n + extra) cap *= 2;
+    unsigned char *p = PyMem_Realloc(b->p, (size_t)cap);
+    if (!p) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    b->p = p;
+    b->cap = cap;
+    return 1;
+}
+
+static int w_varint(out_buf *b, uint64_t v) {
+    if (!grow(b, 10)) return 0;
+    while (v >= 0x80) {
+        b->p[b->n++] = (unsigned char)(v | 0x80);
+        v >>= 7;
+    }
+    b->p[b->n++] = (unsigned char)v;
+    return 1;
+}
+
+static int w_bytes(out_buf *b, const void *p, Py_ssize_t n) {
+    if (!grow(b, n)) return 0;
+    memcpy(b->p + b->n, p, (size_t)n);
+    b->n += n;
+    return 1;
+}
+
+/* A length-delimited field. */
+static int w_field(out_buf *b, uint32_t num, const void *p, Py_ssize_t n) {
+    return w_varint(b, (uint64_t)num << 3 | WT_LEN) && w_varint(b, (uint64_t)n) && w_bytes(b, p, n);
+}
+
+/* A varint field; proto3 leaves out a zero unless the field tracks presence (``always``). */
+static int w_number(out_buf *b, uint32_t num, int64_t v, int always) {
+    if (!v && !always) return 1;
+    return w_varint(b, (uint64_t)num << 3 | WT_VARINT) && w_varint(b, (uint64_t)v);
+}
+
+/* A string field from a str (UTF-8); a non-optional empty one is left out. */
+static int w_str(out_buf *b, uint32_t num, PyObject *text, int always) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(text, &n);
+    if (!u) return 0;
+    if (!n && !always) return 1;
+    return w_field(b, num, u, n);
+}
+
+/* Timestamp or Duration from milliseconds (seconds and nanos, floor division as Python's). */
+static int w_millis(out_buf *b, uint32_t num, int64_t ms) {
+    int64_t sec = ms / 1000, rest = ms % 1000;
+    if (rest < 0) {
+        rest += 1000;
+        sec -= 1;
+    }
+    unsigned char tmp[24];
+    out_buf t = {tmp, 0, sizeof(tmp)};
+    /* (fits: two varints of at most 11 bytes with their tags; grow never reallocates here) */
+    if (sec) {
+        t.p[t.n++] = 1 << 3;
+        uint64_t v = (uint64_t)sec;
+        while (v >= 0x80) {
+            t.p[t.n++] = (unsigned char)(v | 0x80);
+            v >>= 7;
+        }
+        t.p[t.n++] = (unsigned char)v;
+    }
+    if (rest) {
+        t.p[t.n++] = 2 << 3;
+        uint64_t v = (uint64_t)(rest * 1000000);
+        while (v >= 0x80) {
+            t.p[t.n++] = (unsigned char)(v | 0x80);
+            v >>= 7;
+        }
+        t.p[t.n++] = (unsigned char)v;
+    }
+    return w_field(b, num, t.p, t.n);
+}
+
+/* A nested message: ``inner`` written as field ``num`` of ``b``. */
+static int w_nested(out_buf *b, uint32_t num, const out_buf *inner) { return w_field(b, num, inner->p, inner->n); }
+
+static int get_i64(PyObject *obj, PyObject *name, int64_t *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (!v) return 0;
+    long long x = PyLong_AsLongLong(v);
+    Py_DECREF(v);
+    if (x == -1 && PyErr_Occurred()) return 0;
+    *out = x;
+    return 1;
+}
+
+static PyObject *s_properties_attr, *s_flag_attr, *s_born_host, *s_store_host, *s_queue_id, *s_queue_offset,
+    *s_born_ts, *s_store_ts, *s_body_attr, *k_tags, *k_keys, *k_group, *k_type, *k_timer_out, *k_timer_deliver,
+    *k_trace;
+
+/* ASCII text with no byte outside '0'..'9' and at most 15 of them (the reference's isdigit()
+ * check, for the text it can decide alone): its value, or -1. */
+static int64_t ascii_digits(PyObject *text) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(text, &n);
+    if (!u || n < 1 || n > 15) return -1;
+    int64_t v = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (u[i] < '0' || u[i] > '9') return -1;
+        v = v * 10 + (u[i] - '0');
+    }
+    return v;
+}
+
+/* received_message(rec, message_id, digest, namespace, name, handle, attempt, invisible_ms,
+ *                  system_names) -> the framed ReceiveMessageResponse, or None */
+static PyObject *received_message(PyObject *self, PyObject *args) {
+    PyObject *rec, *message_id, *digest, *ns, *name, *handle, *system_names;
+    long long attempt, invisible_ms;
+    if (!PyArg_ParseTuple(args, "OUUUUULLO:received_message", &rec, &message_id, &digest, &ns, &name, &handle,
+                          &attempt, &invisible_ms, &system_names))
+        return NULL;
+    out_buf m = {0}, sp = {0}, tmp = {0};
+    PyObject *result = NULL, *props = NULL, *born = NULL, *store = NULL, *body = NULL;
+    int64_t flag, queue_id, queue_offset, born_ts, store_ts;
+    props = PyObject_GetAttr(rec, s_properties_attr);
+    born = PyObject_GetAttr(rec, s_born_host);
+    store = PyObject_GetAttr(rec, s_store_host);
+    body = PyObject_GetAttr(rec, s_body_attr);
+    if (!props || !born || !store || !body || !get_i64(rec, s_flag_attr, &flag) ||
+        !get_i64(rec, s_queue_id, &queue_id) || !get_i64(rec, s_queue_offset, &queue_offset) ||
+        !get_i64(rec, s_born_ts, &born_ts) || !get_i64(rec, s_store_ts, &store_ts))
+        goto done;
+    if (!PyDict_CheckExact(props) || !PyBytes_Check(body) || !PyTuple_Check(born) || PyTuple_GET_SIZE(born) != 2 ||
+        !PyTuple_Check(store) || PyTuple_GET_SIZE(store) != 2 || !PyAnySet_Check(system_names))
+        goto not_taken;
+
+    /* Message 1: topic */
+    if (!w_str(&tmp, 1, ns, 0) || !w_str(&tmp, 2, name, 0) || !w_nested(&m, 1, &tmp)) goto done;
+    /* Message 2: user properties, each a map entry {1: key, 2: value} */
+    Py_ssize_t pos = 0;
+    PyObject *k, *v;
+    while (PyDict_Next(props, &pos, &k, &v)) {
+        if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) goto not_taken;
+        int sys = PySet_Contains(system_names, k);
+        if (sys < 0) goto done;
+        if (sys || PyUnicode_Compare(k, k_trace) == 0) continue;
+        tmp.n = 0;
+        if (!w_str(&tmp, 1, k, 0) || !w_str(&tmp, 2, v, 0) || !w_nested(&m, 2, &tmp)) goto done;
+    }
+    /* SystemProperties, in field order */
+    PyObject *tags = PyDict_GetItemWithError(props, k_tags);
+    if (!tags && PyErr_Occurred()) goto done;
+    if (tags && (!PyUnicode_Check(tags) || !w_str(&sp, 1, tags, 1))) goto tags_bad;
+    PyObject *keys = PyDict_GetItemWithError(props, k_keys);
+    if (!keys && PyErr_Occurred()) goto done;
+    if (keys) {
+        if (!PyUnicode_Check(keys)) goto not_taken;
+        /* Keys split on whitespace (str.split): only spaces are split here, other whitespace is
+         * the reference's. */
+        int kind = PyUnicode_KIND(keys);
+        const void *data = PyUnicode_DATA(keys);
+        for (Py_ssize_t i = 0, len = PyUnicode_GET_LENGTH(keys); i < len; i++) {
+            Py_UCS4 c = PyUnicode_READ(kind, data, i);
+            if (c != ' ' && Py_UNICODE_ISSPACE(c)) goto not_taken;
+        }
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(keys, &n);
+        if (!u) goto done;
+        Py_ssize_t i = 0;
+        while (i < n) {
+            while (i < n && u[i] == ' ') i++;
+            Py_ssize_t j = i;
+            while (j < n && u[j] != ' ') j++;
+            if (j > i && !w_field(&sp, 2, u + i, j - i)) goto done;
+            i = j;
+        }
+    }
+    if (!w_str(&sp, 3, message_id, 0)) goto done;
+    tmp.n = 0;
+    if (!w_number(&tmp, 1, 2 /* MD5 */, 0) || !w_str(&tmp, 2, digest, 0) || !w_nested(&sp, 4, &tmp)) goto done;
+    if (!w_number(&sp, 5, (flag & 1) ? 2 /* GZIP */ : 1 /* IDENTITY */, 0)) goto done;
+    PyObject *group = PyDict_GetItemWithError(props, k_group);
+    if (!group && PyErr_Occurred()) goto done;
+    int64_t mtype = 1; /* NORMAL */
+    if (group) {
+        mtype = 2; /* FIFO */
+    } else {
+        PyObject *declared = PyDict_GetItemWithError(props, k_type);
+        if (!declared && PyErr_Occurred()) goto done;
+        if (declared && PyUnicode_Check(declared) && PyUnicode_GET_LENGTH(declared) == 1) {
+            Py_UCS4 c = PyUnicode_READ_CHAR(declared, 0);
+            if (c >= '1' && c <= '4') mtype = c - '0';
+        }
+    }
+    if (!w_number(&sp, 6, mtype, 0) || !w_millis(&sp, 7, born_ts)) goto done;
+    if (!PyUnicode_Check(PyTuple_GET_ITEM(born, 0)) || !PyUnicode_Check(PyTuple_GET_ITEM(store, 0))) goto not_taken;
+    if (!w_str(&sp, 8, PyTuple_GET_ITEM(born, 0), 0) || !w_millis(&sp, 9, store_ts)) goto done;
+    {
+        PyObject *host = PyUnicode_FromFormat("%U:%S", PyTuple_GET_ITEM(store, 0), PyTuple_GET_ITEM(store, 1));
+        int ok = host && w_str(&sp, 10, host, 0);
+        Py_XDECREF(host);
+        if (!ok) goto done;
+    }
+    PyObject *due = PyDict_GetItemWithError(props, k_timer_out);
+    if (!due && PyErr_Occurred()) goto done;
+    if (!due || !PyUnicode_Check(due) || PyUnicode_GET_LENGTH(due) == 0) { /* the reference's ``or`` */
+        due = PyDict_GetItemWithError(props, k_timer_deliver);
+        if (!due && PyErr_Occurred()) goto done;
+    }
+    if (due) {
+        if (!PyUnicode_Check(due)) goto not_taken;
+        int64_t at = ascii_digits(due);
+        if (at < 0) {
+            if (PyErr_Occurred()) goto done;
+            /* not plain digits: unicode digits are the reference's to judge, anything else is none */
+            Py_ssize_t n;
+            const char *u = PyUnicode_AsUTF8AndSize(due, &n);
+            if (!u) goto done;
+            for (Py_ssize_t i = 0; i < n; i++)
+                if ((unsigned char)u[i] >= 0x80) goto not_taken;
+        } else if (!w_millis(&sp, 11, at)) {
+            goto done;
+        }
+    }
+    if (!w_str(&sp, 12, handle, 1) || !w_number(&sp, 13, queue_id, 0) || !w_number(&sp, 14, queue_offset, 1) ||
+        !w_millis(&sp, 15, invisible_ms) || !w_number(&sp, 16, attempt, 1))
+        goto done;
+    if (group) {
+        if (!PyUnicode_Check(group) || !w_str(&sp, 17, group, 1)) goto tags_bad;
+    }
+    PyObject *trace = PyDict_GetItemWithError(props, k_trace);
+    if (!trace && PyErr_Occurred()) goto done;
+    if (trace && PyUnicode_Check(trace) && PyUnicode_GET_LENGTH(trace) > 0 && !w_str(&sp, 18, trace, 1)) goto done;
+    if (!w_nested(&m, 3, &sp)) goto done;
+    if (PyBytes_GET_SIZE(body) && !w_field(&m, 4, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body))) goto done;
+
+    /* ReceiveMessageResponse {2: message}, after its gRPC prefix */
+    tmp.n = 0;
+    if (!w_nested(&tmp, 2, &m)) goto done;
+    result = PyBytes_FromStringAndSize(NULL, 5 + tmp.n);
+    if (!result) goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(result);
+    w[0] = 0;
+    put32(w + 1, (uint32_t)tmp.n);
+    memcpy(w + 5, tmp.p, (size_t)tmp.n);
+    goto done;
+tags_bad:
+    if (PyErr_Occurred()) goto done;
+    goto not_taken;
+not_taken:
+    Py_INCREF(Py_None);
+    result = Py_None;
+done:
+    PyMem_Free(m.p);
+    PyMem_Free(sp.p);
+    PyMem_Free(tmp.p);
+    Py_XDECREF(props);
+    Py_XDECREF(born);
+    Py_XDECREF(store);
+    Py_XDECREF(body);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"plain_batch", plain_batch, METH_VARARGS,
      "A SendMessageRequest of plain messages of one topic as a SEND_BATCH_MESSAGE body, or None."},
+    {"received_message", received_message, METH_VARARGS,
+     "A stored message as a framed ReceiveMessageResponse, or None."},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_send_request", NULL, -1, methods, NULL, NULL, NULL, NULL};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_v2_codec", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
-PyMODINIT_FUNC PyInit__send_request(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__v2_codec(void) {
+#define INTERN(var, s) if (!(var = PyUnicode_InternFromString(s))) return NULL
+    INTERN(s_properties_attr, "properties"); INTERN(s_flag_attr, "flag"); INTERN(s_born_host, "born_host");
+    INTERN(s_store_host, "store_host"); INTERN(s_queue_id, "queue_id"); INTERN(s_queue_offset, "queue_offset");
+    INTERN(s_born_ts, "born_timestamp"); INTERN(s_store_ts, "store_timestamp"); INTERN(s_body_attr, "body");
+    INTERN(k_tags, "TAGS"); INTERN(k_keys, "KEYS"); INTERN(k_group, "__SHARDINGKEY"); INTERN(k_type, "V5_TYPE");
+    INTERN(k_timer_out, "TIMER_OUT_MS"); INTERN(k_timer_deliver, "TIMER_DELIVER_MS"); INTERN(k_trace, "traceparent");
+    return PyModule_Create(&module);
+}

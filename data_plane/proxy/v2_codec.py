@@ -1,12 +1,15 @@
-"""A SendMessageRequest of plain messages of one topic, read into the body of one
-SEND_BATCH_MESSAGE (layout in ``data_plane/remoting/bodies.py``) and what the answer needs.
+"""The gRPC endpoint's two hottest conversions, straight between protobuf's wire format and the
+store's: a SendMessageRequest of plain messages of one topic read into the body of one
+SEND_BATCH_MESSAGE (layout in ``data_plane/remoting/bodies.py``), and a stored message written
+as the framed ReceiveMessageResponse that hands it out under a lease.
 
-Two implementations satisfy ``data_plane.store.compiled.SendRequestCodec``: the compiled
-``_send_request.c``, which reads the request's protobuf wire bytes and builds the body without a
-protobuf object or a properties dict per message, and ``PythonSendRequest`` here, the reference:
-the request parsed, each message through ``messages.to_properties`` and ``encode_batch_item``,
-as ``service.MessagingService`` stores a batch. The endpoint takes the compiled one when it is
-built; without it, every request takes the service's own path, which this twin restates.
+Two implementations satisfy ``data_plane.store.compiled.V2Codec``: the compiled
+``_v2_codec.c``, which does both without a protobuf object or a properties dict per message,
+and ``PythonV2Codec`` here, the reference: the request parsed and each message through
+``messages.to_properties`` and ``encode_batch_item``, as ``service.MessagingService`` stores a
+batch; the answer built by ``messages.to_message`` and serialized. The endpoint takes the
+compiled one when it is built; without it, the service's own path serves, which this twin
+restates. The compiled one answers None for what it leaves to that path.
 
 "Plain" is what the batch path stores without a question: two or more NORMAL messages of one
 topic, none with user properties, a message group or a delivery time, each one the v5 rules
@@ -19,12 +22,13 @@ from typing import NamedTuple
 
 from google.protobuf.message import DecodeError
 
-from data_plane.proxy.messages import MessageRefused, to_properties
+from data_plane.http2.grpc_server import framed
+from data_plane.proxy.messages import MessageRefused, to_message, to_properties
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.remoting.bodies import encode_batch_item
-from data_plane.store.compiled import SendRequestCodec, send_request
-from data_plane.store.message import PROPERTY_UNIQ_KEY, encode_properties
+from data_plane.store.compiled import V2Codec, v2_codec
+from data_plane.store.message import PROPERTY_UNIQ_KEY, StoredMessage, encode_properties
 
 
 class PlainBatch(NamedTuple):
@@ -36,8 +40,8 @@ class PlainBatch(NamedTuple):
     body_bytes: int  # the bodies' bytes, for metering
 
 
-class PythonSendRequest:
-    """The pure-Python ``SendRequestCodec``."""
+class PythonV2Codec:
+    """The pure-Python ``V2Codec``."""
 
     @staticmethod
     def plain_batch(payload: bytes | memoryview, max_messages: int, max_body: int, now_ms: int, /) -> PlainBatch | None:
@@ -72,6 +76,20 @@ class PythonSendRequest:
         born_ms = born.seconds * 1000 + born.nanos // 1_000_000 or now_ms
         return PlainBatch(topic.resource_namespace, topic.name, b"".join(items), ids, born_ms, body_bytes)
 
+    @staticmethod
+    def received_message(
+        rec: StoredMessage, message_id: str, digest: str, namespace: str, name: str, handle: str, attempt: int,
+        invisible_ms: int, system_names: frozenset[str], /,
+    ) -> bytes | None:  # fmt: skip
+        """``rec`` handed out under a lease, as the framed ReceiveMessageResponse that carries it
+        (``message_id`` and ``digest`` as the caller worked them out: what ``to_message`` would)."""
+        answer = rpc.ReceiveMessageResponse()
+        topic = pb.Resource(resource_namespace=namespace, name=name)
+        to_message(rec, handle=handle, attempt=attempt, invisible_ms=invisible_ms, topic=topic, into=answer.message)
+        sp = answer.message.system_properties
+        sp.message_id, sp.body_digest.checksum = message_id, digest
+        return framed(answer.SerializeToString())
 
-PYTHON: SendRequestCodec = PythonSendRequest()  # (mypy checks the twin against the Protocol)
-COMPILED: SendRequestCodec | None = send_request()
+
+PYTHON: V2Codec = PythonV2Codec()  # (mypy checks the twin against the Protocol)
+COMPILED: V2Codec | None = v2_codec()
