@@ -352,18 +352,26 @@ static PyObject *plain_batch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*nnL:plain_batch", &b, &max_messages, &max_body, &now_ms)) return NULL;
     if (max_messages > MAX_MESSAGES_TAKEN) max_messages = MAX_MESSAGES_TAKEN;
     PyObject *result = NULL, *ids = NULL, *items = NULL;
-    plain_message *msgs = PyMem_Malloc(sizeof(plain_message) * (size_t)(max_messages > 0 ? max_messages : 1));
-    if (!msgs) {
-        PyErr_NoMemory();
-        goto done;
-    }
+    plain_message *msgs = NULL;
     span whole = {b.buf, b.len}, ns = {0}, name = {0};
     fields f = reader(whole);
     Py_ssize_t count = 0, size = 0, body_bytes = 0;
     int got;
+    /* The top-level fields counted first, without reading them: one message (a unary send) is
+     * the single path's, and more than allowed is the service's to refuse. */
+    while ((got = next_field(&f)) > 0 && count <= max_messages) count++;
+    if (got < 0 || count < 2 || count > max_messages) goto not_taken;
+    msgs = PyMem_Malloc(sizeof(plain_message) * (size_t)count);
+    if (!msgs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_ssize_t slots = count;
+    f = reader(whole);
+    count = 0;
     while ((got = next_field(&f)) > 0) {
         span mns, mname;
-        if (f.num != 1 || f.wt != WT_LEN || count >= max_messages) goto not_taken;
+        if (f.num != 1 || f.wt != WT_LEN || count >= slots) goto not_taken;
         plain_message *m = &msgs[count];
         if (!read_message(f.pl, m, &mns, &mname, max_body, now_ms)) goto not_taken;
         if (count == 0) {
