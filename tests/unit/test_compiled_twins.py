@@ -1,4 +1,5 @@
-"""Which twin serves: the compiled modules (data_plane/store/_speedups.c, data_plane/remoting/_codec.c)
+"""Which twin serves: the compiled modules (data_plane/store/_speedups.c, data_plane/remoting/_codec.c,
+data_plane/proxy/_v2_codec.c)
 wherever a C compiler could build them, the pure-Python twins with ORBIT_PURE_PYTHON set.
 
 scripts/test runs the store, remoting and SDK codec tests a second time with ORBIT_PURE_PYTHON=1;
@@ -11,13 +12,14 @@ import importlib
 
 import pytest
 
+from data_plane.proxy import v2_codec
 from data_plane.remoting import command
 from data_plane.store import fastpath, positions
 from tests.conftest import NO_COMPILED_TWINS, PURE_PYTHON
 
 pytestmark = pytest.mark.unit
 
-EXTENSIONS = ("data_plane.store._speedups", "data_plane.remoting._codec")
+EXTENSIONS = ("data_plane.store._speedups", "data_plane.remoting._codec", "data_plane.proxy._v2_codec")
 
 
 @pytest.mark.skipif(NO_COMPILED_TWINS, reason="the compiled twins are switched off or cannot be built here")
@@ -31,6 +33,7 @@ def test_with_a_compiler_every_extension_is_built_and_in_use(name: str) -> None:
     assert command.compiled_decode_frame is not None
     assert positions.FilePositions is not positions.PyFilePositions
     assert positions.QueueOffsets is not dict
+    assert v2_codec.COMPILED is not None
 
 
 @pytest.mark.skipif(not PURE_PYTHON, reason="ORBIT_PURE_PYTHON is not set")
@@ -41,6 +44,7 @@ def test_with_orbit_pure_python_every_twin_is_the_python_one() -> None:
     assert positions.FilePositions is positions.PyFilePositions
     assert positions.QueuePositions is positions.PyQueuePositions
     assert positions.QueueOffsets is dict
+    assert v2_codec.COMPILED is None
 
 
 # The answers of several values, read by name: each compiled struct sequence and its NamedTuple
