@@ -5,12 +5,13 @@
  * a properties dict or a batch item per message in Python.
  *
  * It takes only what it can store exactly as the reference path (service.MessagingService's
- * _prepare, messages.to_properties, bodies.encode_batch_item) would: two or more NORMAL
+ * _prepare, messages.to_properties, bodies.encode_batch_item) would: NORMAL
  * messages of one topic, no user properties, no message group or delivery time, every string it
  * reads well-formed UTF-8 without control characters, every field it meets one it knows with the
  * wire type the definition gives, each singular field once. For anything else it answers None and
  * the caller parses the request and takes the reference path, which stores it or says what is
- * wrong. Tests compare the two on generated requests.
+ * wrong. A single message is taken too: stored as a batch of one, it is the record the single
+ * path (SendProcessor.put_plain) would write. Tests compare the two on generated requests.
  *
  * Wire (apache.rocketmq.v2): SendMessageRequest 1: messages (Message, repeated).
  *   Message           1: topic (Resource)  2: user_properties (map)  3: system_properties  4: body
@@ -357,10 +358,10 @@ static PyObject *plain_batch(PyObject *self, PyObject *args) {
     fields f = reader(whole);
     Py_ssize_t count = 0, size = 0, body_bytes = 0;
     int got;
-    /* The top-level fields counted first, without reading them: one message (a unary send) is
-     * the single path's, and more than allowed is the service's to refuse. */
+    /* The top-level fields counted first, without reading them: more messages than allowed are
+     * the service's to refuse, and the slots are allocated once. */
     while ((got = next_field(&f)) > 0 && count <= max_messages) count++;
-    if (got < 0 || count < 2 || count > max_messages) goto not_taken;
+    if (got < 0 || count < 1 || count > max_messages) goto not_taken;
     msgs = PyMem_Malloc(sizeof(plain_message) * (size_t)count);
     if (!msgs) {
         PyErr_NoMemory();
@@ -387,7 +388,7 @@ static PyObject *plain_batch(PyObject *self, PyObject *args) {
         body_bytes += m->body.n;
         count++;
     }
-    if (got < 0 || count < 2) goto not_taken; /* one message: the single path */
+    if (got < 0 || count < 1) goto not_taken;
     items = PyBytes_FromStringAndSize(NULL, size);
     ids = PyList_New(count);
     if (!items || !ids) goto done;

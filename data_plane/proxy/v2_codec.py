@@ -11,9 +11,10 @@ batch; the answer built by ``messages.to_message`` and serialized. The endpoint 
 compiled one when it is built; without it, the service's own path serves, which this twin
 restates. The compiled one answers None for what it leaves to that path.
 
-"Plain" is what the batch path stores without a question: two or more NORMAL messages of one
-topic, none with user properties, a message group or a delivery time, each one the v5 rules
-accept. Anything else is None, and the service parses the request and judges each message.
+"Plain" is what the batch path stores without a question: NORMAL messages of one
+topic (a single one too, stored as a batch of one: the record the single path writes), none
+with user properties, a message group or a delivery time, each one the v5 rules accept.
+Anything else is None, and the service parses the request and judges each message.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class PythonV2Codec:
         except DecodeError:
             return None
         msgs = request.messages
-        if not 2 <= len(msgs) <= max_messages:
+        if not 1 <= len(msgs) <= max_messages:
             return None
         topic = msgs[0].topic
         items: list[bytes] = []

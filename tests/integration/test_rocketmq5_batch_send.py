@@ -83,9 +83,15 @@ async def test_a_batch_is_stored_in_one_queue_and_read_back_as_sent(
         assert r3.status.code == pb.MULTIPLE_RESULTS, r3.status
         assert [x.status.code for x in r3.entries] == [pb.OK, pb.OK, pb.ILLEGAL_MESSAGE_TAG]
 
-        got = await _receive_all(stub, topic, group, 32 + 3 + 2)
+        # A single plain message (a batch of one), with its own born time.
+        single = _message(topic, 300, tag="solo", keys=["k-solo"])
+        r4 = await stub.SendMessage(rpc.SendMessageRequest(messages=[single]), timeout=10)
+        assert r4.status.code == pb.OK, r4.status
+        assert [x.message_id for x in r4.entries] == [single.system_properties.message_id]
+
+        got = await _receive_all(stub, topic, group, 32 + 3 + 2 + 1)
     by_id = {m.system_properties.message_id: m for m in got}
-    assert len(got) == len(by_id) == 37
+    assert len(got) == len(by_id) == 38
     for m, entry in zip(sent, r.entries, strict=True):
         back = by_id[m.system_properties.message_id]
         sp, bsp = m.system_properties, back.system_properties
@@ -96,3 +102,6 @@ async def test_a_batch_is_stored_in_one_queue_and_read_back_as_sent(
         assert not back.user_properties
     assert dict(by_id[mixed[1].system_properties.message_id].user_properties) == {"region": "eu"}
     assert refused[2].system_properties.message_id not in by_id
+    solo = by_id[single.system_properties.message_id].system_properties
+    assert (solo.tag, list(solo.keys), solo.born_timestamp.seconds) == ("solo", ["k-solo"], 1_700_000_300)
+    assert solo.queue_offset == r4.entries[0].offset
