@@ -490,28 +490,9 @@ static int w_millis(out_buf *b, uint32_t num, int64_t ms) {
         rest += 1000;
         sec -= 1;
     }
-    unsigned char tmp[24];
-    out_buf t = {tmp, 0, sizeof(tmp)};
-    /* (fits: two varints of at most 11 bytes with their tags; grow never reallocates here) */
-    if (sec) {
-        t.p[t.n++] = 1 << 3;
-        uint64_t v = (uint64_t)sec;
-        while (v >= 0x80) {
-            t.p[t.n++] = (unsigned char)(v | 0x80);
-            v >>= 7;
-        }
-        t.p[t.n++] = (unsigned char)v;
-    }
-    if (rest) {
-        t.p[t.n++] = 2 << 3;
-        uint64_t v = (uint64_t)(rest * 1000000);
-        while (v >= 0x80) {
-            t.p[t.n++] = (unsigned char)(v | 0x80);
-            v >>= 7;
-        }
-        t.p[t.n++] = (unsigned char)v;
-    }
-    return w_field(b, num, t.p, t.n);
+    unsigned char tmp[32];
+    out_buf t = {tmp, 0, sizeof(tmp)}; /* (two varint fields take at most 22 bytes: never grown) */
+    return w_number(&t, 1, sec, 0) && w_number(&t, 2, rest * 1000000, 0) && w_field(b, num, t.p, t.n);
 }
 
 /* A nested message: ``inner`` written as field ``num`` of ``b``. */

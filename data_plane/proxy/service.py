@@ -126,6 +126,11 @@ def _parse_send(payload: bytes) -> rpc.SendMessageRequest:
         raise CallError(INTERNAL, "the request is not a valid SendMessageRequest") from None
 
 
+def _stored(ids: list[str], first: int) -> bytes:
+    """The all-OK answer to messages stored in order from queue offset ``first``."""
+    return send_ok(list(zip(ids, range(first, first + len(ids)), strict=True)))
+
+
 def _sent(entries: list[rpc.SendResultEntry] | bytes) -> rpc.SendMessageResponse | bytes:
     """The answer to a SendMessage: ``entries`` (already the answer when they are bytes), with
     the call's status: OK, the one failure, or MULTIPLE_RESULTS when some messages failed."""
@@ -521,7 +526,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         if put_plain_batch is not None:
             first = put_plain_batch(conn, wire, qid, born_ms, items)
             if first is not None:
-                return send_ok(list(zip(ids, range(first, first + len(ids)), strict=True)))
+                return _stored(ids, first)
         cmd = RemotingCommand(
             RequestCode.SEND_BATCH_MESSAGE,
             serialize_type=SERIALIZE_ROCKETMQ,
@@ -537,7 +542,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             return [failed] * len(ids)
         assert r is not None
         first = int((r.ext_fields or {}).get("queueOffset", "0") or 0)
-        return send_ok(list(zip(ids, range(first, first + len(ids)), strict=True)))
+        return _stored(ids, first)
 
     async def _handle(self, conn: GrpcConnection, cmd: RemotingCommand) -> RemotingCommand | None:
         """``cmd`` through the broker's own handler for its code (a gRPC client is its connection)."""
