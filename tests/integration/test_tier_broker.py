@@ -529,7 +529,9 @@ async def test_kill_9_during_an_upload_costs_the_upload_and_no_message(
         endpoint, bucket, commit_log_file_size_bytes=big, max_message_size_bytes=MIB, tier_upload_part_bytes=5 * MIB,
         tier_read_chunk_bytes=MIB, tier_cache_memory_bytes=8 * MIB,
     )  # fmt: skip
-    broker = start_broker(namesrv.address, *flags)
+    # Paced to 8 MiB/s, the upload takes ~4 s, a part ~0.6 s: the watcher below sees the first
+    # part long before the last one, so the object store is frozen mid-upload, never after it.
+    broker = start_broker(namesrv.address, *flags, "--store-set", f"tier_upload_bytes_per_s={8 * MIB}")
     # Watch the bucket: once the first file's upload has a part in, freeze the object store
     # (SIGSTOP), so that the upload is surely unfinished when the broker dies.
     caught: dict[str, Any] = {}
@@ -556,6 +558,7 @@ async def test_kill_9_during_an_upload_costs_the_upload_and_no_message(
     broker.kill()
     object_store.resume()
     print(f"killed with {caught['parts']} of 7 parts of {caught['key']} uploaded")
+    assert caught["parts"] < 7
     assert caught["key"] == f"{PREFIX}/{CLUSTER}.broker-a/commitlog/{0:020d}"
     # The upload is left unfinished: no object, no manifest entry.
     assert [u["UploadId"] for u in unfinished_uploads(object_store, bucket)] == [caught["upload_id"]]
