@@ -18,8 +18,8 @@ setup(
                   depends=_STORE_HEADERS, optional=True),
         Extension("data_plane.broker._batch", sources=["data_plane/broker/_batch.c"], extra_compile_args=_FLAGS,
                   depends=_STORE_HEADERS, optional=True),
-        Extension("data_plane.proxy._v2_codec", sources=["data_plane/proxy/_v2_codec.c"],
-                  extra_compile_args=_FLAGS, optional=True),
+        Extension("data_plane.proxy._v2_codec", sources=["data_plane/proxy/_v2_codec.c"], extra_compile_args=_FLAGS,
+                  depends=_STORE_HEADERS, libraries=["m"], optional=True),
         Extension("data_plane.remoting._codec", sources=["data_plane/remoting/_codec.c"], extra_compile_args=_FLAGS,
                   optional=True),
     ]

@@ -17,6 +17,12 @@ Receipt handles are ``<queue id>:<offset>:<seq>``, ``seq`` 64 random bits drawn 
 handle is good only while its lease is the one the book holds, so it cannot be guessed, and a
 handle of a lease that was renewed or handed to another receiver is refused as stale.
 
+The new messages a receive takes from a queue share one lease (``Lease`` is immutable): one
+deadline, one ``seq``, one journal entry naming their offsets. When the compiled module is built,
+``_v2_codec.lease_scan`` takes them straight from the stored records (no FIFO group, a tag
+filter or none), and the endpoint writes each answer from its record: no message is decoded
+into a Python object on the way.
+
 Durability: every change is a record on the system topic ``rmq_sys_POP_JOURNAL`` (queue 0) in
 the CommitLog, so it survives a restart like a message and reaches the slaves with the
 CommitLog; acknowledgements are answered only once their record is stored (and, on a
@@ -32,11 +38,12 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
-from data_plane.store.message import Message, StoredMessage, decode_record
+from data_plane.store.compiled import v2_codec
+from data_plane.store.message import PROPERTY_TAGS, Message, StoredMessage, decode_record
 from data_plane.store.status import GetMessageStatus, PutMessageStatus
 from data_plane.store.tier.object_store import ObjectStoreError
 
@@ -58,6 +65,9 @@ MAX_BATCH = 64
 READ_CHUNK = 64
 
 Key = tuple[str, str, int]  # (group, topic, queue id)
+# The compiled scan of new records (``_v2_codec.lease_scan``), when built: without it, ``_scan``'s
+# own loop serves (its twin, ``proxy.v2_codec.PythonV2Codec.lease_scan``, restates it).
+_CODEC = v2_codec()
 
 
 class PopError(Exception):
@@ -68,12 +78,23 @@ class PopError(Exception):
         self.code = code
 
 
-@dataclass(slots=True)
-class Lease:
+class Lease(NamedTuple):
+    """A message's lease; immutable, so the new messages of one receive share one."""
+
     deadline_ms: int
     attempt: int
     seq: int
     group_key: str | None = None  # the message group (FIFO), for the blocking rule
+
+
+@dataclass(frozen=True, slots=True)
+class TagFilter:
+    """Messages whose tag is one of ``tags``; None: every message."""
+
+    tags: frozenset[str] | None = None
+
+    def __call__(self, msg: StoredMessage) -> bool:
+        return self.tags is None or msg.properties.get(PROPERTY_TAGS) in self.tags
 
 
 @dataclass(slots=True)
@@ -110,16 +131,26 @@ class _Turn:
     granted: list[list[Any]]
     done: list[int]
     out: list[Delivery] = field(default_factory=list)
+    taken: int = 0  # messages in ``out``
     # What the scan stopped at in the tier, not in memory: (record offset, units address; -1: not)
     cold: tuple[int, int] | None = None
 
 
 @dataclass(slots=True)
 class Delivery:
-    message: StoredMessage
-    handle: str
+    """Messages of one queue handed out under one lease grant: the same ``seq``, attempt and
+    deadline (the new messages of a receive, or one message out again)."""
+
+    queue_id: int
+    records: list[Any]  # the stored records, memoryview slices of the CommitLog (or bytes)
+    offsets: list[int]
+    seq: int
     attempt: int
     deadline_ms: int
+    body_bytes: int
+
+    def handle(self, i: int) -> str:
+        return handle_of(self.queue_id, self.offsets[i], self.seq)
 
 
 def handle_of(queue_id: int, offset: int, seq: int) -> str:
@@ -266,8 +297,10 @@ class PopService:
                 self.groups.add(g)
             if fifo:
                 self.fifo_groups.add(g)
-            for o, deadline, attempt, seq, gk in leases:
-                pq.leases[o] = Lease(deadline, attempt, seq, gk)
+            for o, deadline, attempt, seq, gk in leases:  # o: an offset, or the offsets sharing a lease
+                lease = Lease(deadline, attempt, seq, gk)
+                for x in o if isinstance(o, list) else (o,):
+                    pq.leases[x] = lease
             for o in done:
                 pq.leases.pop(o, None)
                 pq.done.add(o)
@@ -286,9 +319,9 @@ class PopService:
         elif kind == "C":
             _k, g, t, q, o, deadline, seq = rec
             cq = self.queues.get((g, t, q))
-            lease = cq.leases.get(o) if cq is not None else None
-            if lease is not None:
-                lease.deadline_ms, lease.seq = deadline, seq
+            held = cq.leases.get(o) if cq is not None else None
+            if cq is not None and held is not None:
+                cq.leases[o] = held._replace(deadline_ms=deadline, seq=seq)
 
     def _queue(self, group: str, topic: str, queue_id: int) -> PopQueue:
         key = (group, topic, queue_id)
@@ -337,9 +370,10 @@ class PopService:
             cold.append(turn.cold)
         return turn.out
 
-    def _grant(self, t: _Turn, offset: int, lease: Lease, msg: StoredMessage) -> None:
+    def _grant(self, t: _Turn, offset: int, lease: Lease, record: Any, body_bytes: int) -> None:
         t.granted.append([offset, lease.deadline_ms, lease.attempt, lease.seq, lease.group_key])
-        t.out.append(Delivery(msg, handle_of(t.queue_id, offset, lease.seq), lease.attempt, lease.deadline_ms))
+        t.out.append(Delivery(t.queue_id, [record], [offset], lease.seq, lease.attempt, lease.deadline_ms, body_bytes))
+        t.taken += 1
         if lease.group_key is not None:
             t.blocked.add(lease.group_key)
 
@@ -354,25 +388,24 @@ class PopService:
         attempt counted, or, past the last attempt, done and handed to the dead-letter copy."""
         pq = t.pq
         for o in sorted(o for o, x in pq.leases.items() if x.deadline_ms <= t.now):
-            if len(t.out) >= t.batch:
+            if t.taken >= t.batch:
                 return
             lease = pq.leases[o]
             if fifo and lease.group_key is not None and lease.group_key in t.blocked:
                 continue
-            msg = self._read(t.topic, t.queue_id, o)
-            if msg is None and self._tiered_not_fetched(t.topic, t.queue_id, o):
+            record = self._read_record(t.topic, t.queue_id, o)
+            if record is None and self._tiered_not_fetched(t.topic, t.queue_id, o):
                 continue  # in object storage, not fetched (the object store is away): next time
-            if msg is None:  # gone with retention: nothing to deliver
+            if record is None:  # gone with retention: nothing to deliver
                 self._end(pq, o)
                 t.done.append(o)
                 continue
+            msg = decode_record(record, check_crc=False)
             if lease.attempt >= max_attempts:
                 dead.append((o, msg))  # ended once its dead-letter copy is stored (receive)
                 continue
-            lease.attempt += 1
-            lease.deadline_ms = t.now + t.invisible_ms
-            lease.seq = _new_seq()
-            self._grant(t, o, lease, msg)
+            lease = pq.leases[o] = Lease(t.now + t.invisible_ms, lease.attempt + 1, _new_seq(), lease.group_key)
+            self._grant(t, o, lease, record, len(msg.body))
 
     def _scan(self, t: _Turn, accepts: Callable[[StoredMessage], bool], *, fifo: bool) -> None:
         """New messages from ``next``, within the scan window."""
@@ -381,7 +414,11 @@ class PopService:
         pq = t.pq
         pos = pq.next
         limit = pq.next + SCAN_WINDOW
-        while len(t.out) < t.batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
+        # The compiled scan takes what it can judge alone (no FIFO blocking, a tag filter or none);
+        # the loop below goes on from where it stopped.
+        fast = _CODEC if _CODEC is not None and not fifo and isinstance(accepts, TagFilter) else None
+        tags = accepts.tags if isinstance(accepts, TagFilter) else None
+        while t.taken < t.batch and pos < limit and len(pq.leases) < MAX_LEASES_PER_QUEUE:
             got = store.get_message(t.topic, t.queue_id, pos, min(READ_CHUNK, limit - pos))
             if got.cold:
                 t.cold = (got.cold_offset, got.cold_units)
@@ -392,8 +429,22 @@ class PopService:
                     pq.next = got.next_begin_offset
                 pos = got.next_begin_offset
                 continue
-            for view in got.messages:
-                if len(t.out) >= t.batch:
+            views = got.messages
+            if fast is not None:
+                lease = Lease(t.now + t.invisible_ms, 1, _new_seq())
+                offsets, taken, filtered, looked, after, body_bytes = fast.lease_scan(
+                    views, t.topic, pq.leases, pq.done, tags, t.batch - t.taken, lease
+                )
+                if offsets:  # one lease, one journal entry and one delivery for all of them
+                    t.granted.append([offsets, lease.deadline_ms, 1, lease.seq, None])
+                    t.out.append(Delivery(t.queue_id, taken, offsets, lease.seq, 1, lease.deadline_ms, body_bytes))
+                    t.taken += len(offsets)
+                t.done += filtered
+                if after >= 0:
+                    pos = after
+                views = views[looked:]
+            for view in views:
+                if t.taken >= t.batch:
                     return
                 msg = decode_record(view, check_crc=False)
                 o = msg.queue_offset
@@ -409,7 +460,7 @@ class PopService:
                     continue
                 lease = Lease(t.now + t.invisible_ms, 1, _new_seq(), gk)
                 pq.leases[o] = lease
-                self._grant(t, o, lease, msg)
+                self._grant(t, o, lease, view, len(msg.body))
 
     def _tiered_not_fetched(self, topic: str, queue_id: int, offset: int) -> bool:
         store = self.broker.store
@@ -444,13 +495,17 @@ class PopService:
             return False
         return True
 
-    def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+    def _read_record(self, topic: str, queue_id: int, offset: int) -> memoryview | None:
         store = self.broker.store
         assert store is not None
         got = store.get_message(topic, queue_id, offset, 1)
         if got.status is not GetMessageStatus.FOUND or not got.messages:
             return None
-        return decode_record(got.messages[0], check_crc=False)
+        return got.messages[0]
+
+    def _read(self, topic: str, queue_id: int, offset: int) -> StoredMessage | None:
+        record = self._read_record(topic, queue_id, offset)
+        return None if record is None else decode_record(record, check_crc=False)
 
     async def receive(
         self,
@@ -476,9 +531,10 @@ class PopService:
             self.fifo_groups.add(group)
         while True:
             out: list[Delivery] = []
+            count = 0  # messages in ``out``
             cold: list[tuple[int, int]] = []
             for qid in queue_ids:
-                if len(out) >= batch:
+                if count >= batch:
                     break
                 pq = self._queue(group, topic, qid)
                 start = pq.next
@@ -489,7 +545,7 @@ class PopService:
                 record: list[Any] = ["R", group, topic, qid, 0, [], [], fifo, start]
                 dead: list[tuple[int, StoredMessage]] = []
                 got = self._take(
-                    group, topic, qid, batch - len(out), invisible_ms, accepts,
+                    group, topic, qid, batch - count, invisible_ms, accepts,
                     fifo=fifo, max_attempts=max_attempts, record=record, dead=dead, cold=cold,
                 )  # fmt: skip
                 pq = self.queues[(group, topic, qid)]
@@ -510,8 +566,9 @@ class PopService:
                     await self._journal(record, wait=bool(record[6]))
                     self._commit(group, topic, qid)
                 out += got
+                count += sum(len(d.offsets) for d in got)
             if out:
-                self.delivered += len(out)
+                self.delivered += count
                 return out
             # Scans that stopped at tiered messages not fetched yet (past the read-ahead of the
             # first one, e.g. behind many the filter skipped): fetch and read on now; waiting
@@ -589,20 +646,18 @@ class PopService:
         self.acked += sum(a is None for a in answers)
         return answers
 
-    async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> Delivery | None:
-        """Give the lease of ``handle`` a new deadline; its new handle (the old one stops working)."""
+    async def change_invisible(self, group: str, topic: str, handle: str, invisible_ms: int) -> str | None:
+        """Give the lease of ``handle`` a new deadline; its new handle (the old one stops working),
+        or None when its message is gone."""
         self._check_master()
-        _pq, qid, offset, lease = self._lease(group, topic, handle)
-        seq = _new_seq()
-        lease.deadline_ms = now_ms() + invisible_ms
-        lease.seq = seq
-        await self._journal(["C", group, topic, qid, offset, lease.deadline_ms, seq], wait=True)
+        pq, qid, offset, lease = self._lease(group, topic, handle)
+        lease = pq.leases[offset] = lease._replace(deadline_ms=now_ms() + invisible_ms, seq=_new_seq())
+        await self._journal(["C", group, topic, qid, offset, lease.deadline_ms, lease.seq], wait=True)
         self.on_stored(topic, qid)  # waiting receivers look again: the lease may end sooner now
         await self._fetch_tiered(topic, qid, [offset])
-        msg = self._read(topic, qid, offset)
-        if msg is None:
+        if self._read_record(topic, qid, offset) is None:
             return None
-        return Delivery(msg, handle_of(qid, offset, seq), lease.attempt, lease.deadline_ms)
+        return handle_of(qid, offset, lease.seq)
 
     def leased_message(self, group: str, topic: str, handle: str) -> StoredMessage | None:
         """The message a live lease holds (PopError for a stale or forged handle)."""

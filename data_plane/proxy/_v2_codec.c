@@ -26,7 +26,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
+
+#include "../store/_layouts.h" /* the record's layout: generated from store/layouts.py */
 
 #define WT_VARINT 0
 #define WT_I64 1
@@ -423,9 +427,7 @@ done:
     return result;
 }
 
-/* ---- writing: a stored message as a received one ------------------------------------------ */
-/* Wire (apache.rocketmq.v2): ReceiveMessageResponse 2: message (Message); see the top for
- * Message and SystemProperties, and 15: invisible_duration (Duration: 1 seconds, 2 nanos). */
+/* ---- writing protobuf fields ------------------------------------------------------------------- */
 
 typedef struct {
     unsigned char *p;
@@ -474,15 +476,6 @@ static int w_number(out_buf *b, uint32_t num, int64_t v, int always) {
     return w_varint(b, (uint64_t)num << 3 | WT_VARINT) && w_varint(b, (uint64_t)v);
 }
 
-/* A string field from a str (UTF-8); a non-optional empty one is left out. */
-static int w_str(out_buf *b, uint32_t num, PyObject *text, int always) {
-    Py_ssize_t n;
-    const char *u = PyUnicode_AsUTF8AndSize(text, &n);
-    if (!u) return 0;
-    if (!n && !always) return 1;
-    return w_field(b, num, u, n);
-}
-
 /* Timestamp or Duration from milliseconds (seconds and nanos, floor division as Python's). */
 static int w_millis(out_buf *b, uint32_t num, int64_t ms) {
     int64_t sec = ms / 1000, rest = ms % 1000;
@@ -498,200 +491,450 @@ static int w_millis(out_buf *b, uint32_t num, int64_t ms) {
 /* A nested message: ``inner`` written as field ``num`` of ``b``. */
 static int w_nested(out_buf *b, uint32_t num, const out_buf *inner) { return w_field(b, num, inner->p, inner->n); }
 
-static int get_i64(PyObject *obj, PyObject *name, int64_t *out) {
-    PyObject *v = PyObject_GetAttr(obj, name);
-    if (!v) return 0;
-    long long x = PyLong_AsLongLong(v);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) return 0;
-    *out = x;
+/* ---- reading: stored records ---------------------------------------------------------------- */
+static uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+static int64_t rd64(const unsigned char *p) { return (int64_t)((uint64_t)rd32(p) << 32 | rd32(p + 4)); }
+
+/* A CommitLog record split into its parts (layout: data_plane/store/layouts.py). */
+typedef struct {
+    const unsigned char *p; /* the record; p + RECORD_HEADER_..._AT reads a header field */
+    int64_t queue_offset;
+    span body, topic, props;
+} raw_record;
+
+/* The record in a buffer of exactly its size, its shape checked as message.parse_record checks it
+ * (magic, IPv4 hosts, lengths that nest exactly, properties ending with their separator; not the
+ * body CRC), and its topic ``topic``: 1, else 0 (the reference path judges it). */
+static int read_record(const unsigned char *p, Py_ssize_t n, span topic, raw_record *r) {
+    if (n < RECORD_HEADER_SIZE + 3 || (Py_ssize_t)(int32_t)rd32(p + RECORD_HEADER_TOTAL_SIZE_AT) != n ||
+        (int32_t)rd32(p + RECORD_HEADER_MAGIC_AT) != MESSAGE_MAGIC_CODE ||
+        (rd32(p + RECORD_HEADER_SYS_FLAG_AT) & 0x30) /* FLAG_BORNHOST_V6 | FLAG_STOREHOST_V6 */)
+        return 0;
+    int32_t body_len = (int32_t)rd32(p + RECORD_HEADER_BODY_LENGTH_AT);
+    if (body_len < 0 || RECORD_HEADER_SIZE + (Py_ssize_t)body_len + 3 > n) return 0;
+    Py_ssize_t at = RECORD_HEADER_SIZE + body_len;
+    Py_ssize_t topic_len = p[at++];
+    if (at + topic_len + 2 > n || topic_len != topic.n || memcmp(p + at, topic.p, (size_t)topic_len) != 0) return 0;
+    at += topic_len;
+    int16_t props_len = (int16_t)((uint16_t)p[at] << 8 | p[at + 1]);
+    at += 2;
+    if (props_len < 0 || at + props_len != n || (props_len && p[n - 1] != 2)) return 0;
+    r->p = p;
+    r->queue_offset = rd64(p + RECORD_HEADER_QUEUE_OFFSET_AT);
+    r->body = (span){p + RECORD_HEADER_SIZE, body_len};
+    r->topic = (span){p + at - 2 - topic_len, topic_len};
+    r->props = (span){p + at, props_len};
     return 1;
 }
 
-static PyObject *s_properties_attr, *s_flag_attr, *s_born_host, *s_store_host, *s_queue_id, *s_queue_offset,
-    *s_born_ts, *s_store_ts, *s_body_attr, *k_tags, *k_keys, *k_group, *k_type, *k_timer_out, *k_timer_deliver,
-    *k_trace;
+#define MAX_PROPS 64
+typedef struct {
+    span k, v;
+} prop;
 
-/* ASCII text with no byte outside '0'..'9' and at most 15 of them (the reference's isdigit()
- * check, for the text it can decide alone): its value, or -1. */
-static int64_t ascii_digits(PyObject *text) {
-    Py_ssize_t n;
-    const char *u = PyUnicode_AsUTF8AndSize(text, &n);
-    if (!u || n < 1 || n > 15) return -1;
+/* The properties as (name, value) pairs, as decode_properties reads them ("name\x01value\x02",
+ * items without \x01 dropped), when every byte is ASCII and no name comes twice: their number,
+ * else -1 (the reference path decodes them). */
+static int read_props(span s, prop *out) {
+    for (Py_ssize_t i = 0; i < s.n; i++)
+        if (s.p[i] >= 0x80) return -1;
+    int np = 0;
+    Py_ssize_t i = 0;
+    while (i < s.n) {
+        const unsigned char *e = memchr(s.p + i, 2, (size_t)(s.n - i));
+        Py_ssize_t j = e ? e - s.p : s.n;
+        const unsigned char *sep = j > i ? memchr(s.p + i, 1, (size_t)(j - i)) : NULL;
+        if (sep) {
+            span k = {s.p + i, sep - (s.p + i)};
+            for (int x = 0; x < np; x++)
+                if (out[x].k.n == k.n && memcmp(out[x].k.p, k.p, (size_t)k.n) == 0) return -1;
+            if (np == MAX_PROPS) return -1;
+            out[np].k = k;
+            out[np].v = (span){sep + 1, s.p + j - (sep + 1)};
+            np++;
+        }
+        i = j + 1;
+    }
+    return np;
+}
+
+static const span *prop_get(const prop *ps, int np, const char *name, Py_ssize_t len) {
+    for (int i = 0; i < np; i++)
+        if (ps[i].k.n == len && memcmp(ps[i].k.p, name, (size_t)len) == 0) return &ps[i].v;
+    return NULL;
+}
+#define PROP(ps, np, lit) prop_get((ps), (np), (lit), (Py_ssize_t)sizeof(lit) - 1)
+
+/* ---- MD5 (RFC 1321): the body digest the v5 clients check ------------------------------------ */
+static uint32_t md5_k[64];
+static const unsigned char md5_s[4][4] = {{7, 12, 17, 22}, {5, 9, 14, 20}, {4, 11, 16, 23}, {6, 10, 15, 21}};
+
+static void md5_init(void) { /* K[i] = floor(|sin(i + 1)| * 2^32), as the RFC defines them */
+    for (int i = 0; i < 64; i++) md5_k[i] = (uint32_t)(fabs(sin((double)(i + 1))) * 4294967296.0);
+}
+
+#define ROL(x, c) (((x) << (c)) | ((x) >> (32 - (c))))
+#define MD5_STEP(F, g, i)                                                                                     \
+    do {                                                                                                      \
+        uint32_t f_ = (F) + a + md5_k[i] + w[g];                                                              \
+        a = d;                                                                                                \
+        d = c;                                                                                                \
+        c = b;                                                                                                \
+        b += ROL(f_, md5_s[(i) >> 4][(i) & 3]);                                                               \
+    } while (0)
+
+static void md5_block(uint32_t h[4], const unsigned char *p) {
+    uint32_t w[16]; /* (each round fully unrolled: constant shifts and word indices) */
+    for (int i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] | (uint32_t)p[4 * i + 1] << 8 | (uint32_t)p[4 * i + 2] << 16 |
+               (uint32_t)p[4 * i + 3] << 24;
+    uint32_t a = h[0], b = h[1], c = h[2], d = h[3];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) MD5_STEP(d ^ (b & (c ^ d)), i, i) /* (b & c) | (~b & d) */;
+#pragma GCC unroll 16
+    for (int i = 16; i < 32; i++) MD5_STEP(c ^ (d & (b ^ c)), (5 * i + 1) & 15, i) /* (d & b) | (~d & c) */;
+#pragma GCC unroll 16
+    for (int i = 32; i < 48; i++) MD5_STEP(b ^ c ^ d, (3 * i + 5) & 15, i);
+#pragma GCC unroll 16
+    for (int i = 48; i < 64; i++) MD5_STEP(c ^ (b | ~d), (7 * i) & 15, i);
+    h[0] += a;
+    h[1] += b;
+    h[2] += c;
+    h[3] += d;
+}
+
+static const char HEX_UPPER[] = "0123456789ABCDEF";
+
+/* The MD5 of [p, p+n) as 32 upper-case hex digits (what hashlib's hexdigest().upper() gives). */
+static void md5_hex(const unsigned char *p, size_t n, char out[32]) {
+    uint32_t h[4] = {0x67452301u, 0xEFCDAB89u, 0x98BADCFEu, 0x10325476u};
+    size_t i = 0;
+    for (; i + 64 <= n; i += 64) md5_block(h, p + i);
+    unsigned char tail[128] = {0};
+    size_t rest = n - i, len = rest + 9 <= 64 ? 64 : 128;
+    memcpy(tail, p + i, rest);
+    tail[rest] = 0x80;
+    uint64_t bits = (uint64_t)n * 8;
+    for (int k = 0; k < 8; k++) tail[len - 8 + k] = (unsigned char)(bits >> (8 * k));
+    md5_block(h, tail);
+    if (len == 128) md5_block(h, tail + 64);
+    for (int k = 0; k < 16; k++) {
+        unsigned char byte = (unsigned char)(h[k >> 2] >> (8 * (k & 3)));
+        out[2 * k] = HEX_UPPER[byte >> 4];
+        out[2 * k + 1] = HEX_UPPER[byte & 15];
+    }
+}
+
+static PyObject *md5_upper(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_SIMPLE) < 0) return NULL;
+    char out[32];
+    md5_hex(b.buf, (size_t)b.len, out);
+    PyBuffer_Release(&b);
+    return PyUnicode_FromStringAndSize(out, 32);
+}
+
+/* ---- writing: a stored record as a received message ------------------------------------------ */
+/* Wire (apache.rocketmq.v2): ReceiveMessageResponse 2: message (Message); see the top for
+ * Message and SystemProperties, and 15: invisible_duration (Duration: 1 seconds, 2 nanos). */
+
+#define MAX_SYSTEM_NAMES 64
+typedef struct {
+    span names[MAX_SYSTEM_NAMES];
+    int n;
+} name_set;
+
+static int name_set_of(PyObject *set, name_set *out) {
+    out->n = 0;
+    if (!PyAnySet_Check(set) || PySet_GET_SIZE(set) > MAX_SYSTEM_NAMES) {
+        PyErr_SetString(PyExc_TypeError, "system_names: a set of at most 64 names");
+        return 0;
+    }
+    Py_ssize_t pos = 0;
+    PyObject *k;
+    Py_hash_t hash;
+    while (_PySet_NextEntry(set, &pos, &k, &hash)) {
+        if (!PyUnicode_Check(k)) {
+            PyErr_SetString(PyExc_TypeError, "system_names: names are str");
+            return 0;
+        }
+        Py_ssize_t n;
+        const char *u = PyUnicode_AsUTF8AndSize(k, &n);
+        if (!u) return 0;
+        out->names[out->n++] = (span){(const unsigned char *)u, n};
+    }
+    return 1;
+}
+
+static int named(const name_set *set, span k) {
+    for (int i = 0; i < set->n; i++)
+        if (set->names[i].n == k.n && memcmp(set->names[i].p, k.p, (size_t)k.n) == 0) return 1;
+    return 0;
+}
+
+static int span_is(const span *s, const char *lit, Py_ssize_t n) {
+    return s && s->n == n && memcmp(s->p, lit, (size_t)n) == 0;
+}
+
+/* "a.b.c.d" of 4 address bytes; its length. */
+static int ip_text(const unsigned char *ip, char out[16]) {
+    return snprintf(out, 16, "%u.%u.%u.%u", ip[0], ip[1], ip[2], ip[3]);
+}
+
+/* ASCII digits only, 1 to 15 of them (str.isdigit() with len <= 15 on ASCII text): the value, or -1. */
+static int64_t digits_of(const span *s) {
+    if (!s || s->n < 1 || s->n > 15) return -1;
     int64_t v = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        if (u[i] < '0' || u[i] > '9') return -1;
-        v = v * 10 + (u[i] - '0');
+    for (Py_ssize_t i = 0; i < s->n; i++) {
+        if (s->p[i] < '0' || s->p[i] > '9') return -1;
+        v = v * 10 + (s->p[i] - '0');
     }
     return v;
 }
 
-/* received_message(rec, message_id, digest, namespace, name, handle, attempt, invisible_ms,
- *                  system_names) -> the framed ReceiveMessageResponse, or None */
-static PyObject *received_message(PyObject *self, PyObject *args) {
-    PyObject *rec, *message_id, *digest, *ns, *name, *handle, *system_names;
+typedef struct {
+    span ns, name;
+    long long queue_id;
+    unsigned long long seq;
     long long attempt, invisible_ms;
-    if (!PyArg_ParseTuple(args, "OUUUUULLO:received_message", &rec, &message_id, &digest, &ns, &name, &handle,
-                          &attempt, &invisible_ms, &system_names))
-        return NULL;
-    out_buf m = {0}, sp = {0}, tmp = {0};
-    PyObject *result = NULL, *props = NULL, *born = NULL, *store = NULL, *body = NULL;
-    int64_t flag, queue_id, queue_offset, born_ts, store_ts;
-    props = PyObject_GetAttr(rec, s_properties_attr);
-    born = PyObject_GetAttr(rec, s_born_host);
-    store = PyObject_GetAttr(rec, s_store_host);
-    body = PyObject_GetAttr(rec, s_body_attr);
-    if (!props || !born || !store || !body || !get_i64(rec, s_flag_attr, &flag) ||
-        !get_i64(rec, s_queue_id, &queue_id) || !get_i64(rec, s_queue_offset, &queue_offset) ||
-        !get_i64(rec, s_born_ts, &born_ts) || !get_i64(rec, s_store_ts, &store_ts))
-        goto done;
-    if (!PyDict_CheckExact(props) || !PyBytes_Check(body) || !PyTuple_Check(born) || PyTuple_GET_SIZE(born) != 2 ||
-        !PyTuple_Check(store) || PyTuple_GET_SIZE(store) != 2 || !PyAnySet_Check(system_names))
-        goto not_taken;
+    const name_set *system;
+} grant;
 
+/* One record as a framed ReceiveMessageResponse into ``out`` (its bytes from out->n on): 1, 0 on
+ * an error set, -1 when the record is the reference path's to write. */
+static int write_received(const raw_record *r, const grant *g, out_buf *m, out_buf *sp, out_buf *tmp,
+                          out_buf *out) {
+    prop ps[MAX_PROPS];
+    int np = read_props(r->props, ps);
+    if (np < 0) return -1;
+    const span *tags = PROP(ps, np, "TAGS"), *keys = PROP(ps, np, "KEYS"), *uniq = PROP(ps, np, "UNIQ_KEY"),
+               *group = PROP(ps, np, "__SHARDINGKEY"), *declared = PROP(ps, np, "V5_TYPE"),
+               *trace = PROP(ps, np, "traceparent"), *due = PROP(ps, np, "TIMER_OUT_MS");
+    if (!due || !due->n) due = PROP(ps, np, "TIMER_DELIVER_MS");
+    if (keys) /* str.split() splits on ASCII whitespace other than spaces too: the reference's */
+        for (Py_ssize_t i = 0; i < keys->n; i++)
+            if (keys->p[i] != ' ' && ((keys->p[i] >= '\t' && keys->p[i] <= '\r') ||
+                                      (keys->p[i] >= 0x1C && keys->p[i] <= 0x1F)))
+                return -1;
+    int64_t physical = rd64(r->p + RECORD_HEADER_PHYSICAL_OFFSET_AT);
+    if ((!uniq || !uniq->n) && physical < 0) return -1;
+    m->n = sp->n = tmp->n = 0;
     /* Message 1: topic */
-    if (!w_str(&tmp, 1, ns, 0) || !w_str(&tmp, 2, name, 0) || !w_nested(&m, 1, &tmp)) goto done;
+    if (!w_field(tmp, 1, g->ns.p, g->ns.n) || !w_field(tmp, 2, g->name.p, g->name.n) || !w_nested(m, 1, tmp))
+        return 0;
     /* Message 2: user properties, each a map entry {1: key, 2: value} */
-    Py_ssize_t pos = 0;
-    PyObject *k, *v;
-    while (PyDict_Next(props, &pos, &k, &v)) {
-        if (!PyUnicode_Check(k) || !PyUnicode_Check(v)) goto not_taken;
-        int sys = PySet_Contains(system_names, k);
-        if (sys < 0) goto done;
-        if (sys || PyUnicode_Compare(k, k_trace) == 0) continue;
-        tmp.n = 0;
-        if (!w_str(&tmp, 1, k, 0) || !w_str(&tmp, 2, v, 0) || !w_nested(&m, 2, &tmp)) goto done;
+    for (int i = 0; i < np; i++) {
+        if (named(g->system, ps[i].k) || span_is(&ps[i].k, "traceparent", 11)) continue;
+        tmp->n = 0;
+        if ((ps[i].k.n && !w_field(tmp, 1, ps[i].k.p, ps[i].k.n)) ||
+            (ps[i].v.n && !w_field(tmp, 2, ps[i].v.p, ps[i].v.n)) || !w_nested(m, 2, tmp))
+            return 0;
     }
     /* SystemProperties, in field order */
-    PyObject *tags = PyDict_GetItemWithError(props, k_tags);
-    if (!tags && PyErr_Occurred()) goto done;
-    if (tags && (!PyUnicode_Check(tags) || !w_str(&sp, 1, tags, 1))) goto tags_bad;
-    PyObject *keys = PyDict_GetItemWithError(props, k_keys);
-    if (!keys && PyErr_Occurred()) goto done;
+    if (tags && !w_field(sp, 1, tags->p, tags->n)) return 0;
     if (keys) {
-        if (!PyUnicode_Check(keys)) goto not_taken;
-        /* Keys split on whitespace (str.split): only spaces are split here, other whitespace is
-         * the reference's. */
-        int kind = PyUnicode_KIND(keys);
-        const void *data = PyUnicode_DATA(keys);
-        for (Py_ssize_t i = 0, len = PyUnicode_GET_LENGTH(keys); i < len; i++) {
-            Py_UCS4 c = PyUnicode_READ(kind, data, i);
-            if (c != ' ' && Py_UNICODE_ISSPACE(c)) goto not_taken;
-        }
-        Py_ssize_t n;
-        const char *u = PyUnicode_AsUTF8AndSize(keys, &n);
-        if (!u) goto done;
         Py_ssize_t i = 0;
-        while (i < n) {
-            while (i < n && u[i] == ' ') i++;
+        while (i < keys->n) {
+            while (i < keys->n && keys->p[i] == ' ') i++;
             Py_ssize_t j = i;
-            while (j < n && u[j] != ' ') j++;
-            if (j > i && !w_field(&sp, 2, u + i, j - i)) goto done;
+            while (j < keys->n && keys->p[j] != ' ') j++;
+            if (j > i && !w_field(sp, 2, keys->p + i, j - i)) return 0;
             i = j;
         }
     }
-    if (!w_str(&sp, 3, message_id, 0)) goto done;
-    tmp.n = 0;
-    if (!w_number(&tmp, 1, 2 /* MD5 */, 0) || !w_str(&tmp, 2, digest, 0) || !w_nested(&sp, 4, &tmp)) goto done;
-    if (!w_number(&sp, 5, (flag & 1) ? 2 /* GZIP */ : 1 /* IDENTITY */, 0)) goto done;
-    PyObject *group = PyDict_GetItemWithError(props, k_group);
-    if (!group && PyErr_Occurred()) goto done;
+    char text[64];
+    if (uniq && uniq->n) {
+        if (!w_field(sp, 3, uniq->p, uniq->n)) return 0;
+    } else { /* the offset message id: store host (8 bytes) and CommitLog offset, in hex */
+        const unsigned char *host = r->p + RECORD_HEADER_STORE_HOST_AT;
+        for (int k = 0; k < 8; k++) {
+            text[2 * k] = HEX_UPPER[host[k] >> 4];
+            text[2 * k + 1] = HEX_UPPER[host[k] & 15];
+        }
+        for (int k = 0; k < 16; k++) text[16 + k] = HEX_UPPER[((uint64_t)physical >> (60 - 4 * k)) & 15];
+        if (!w_field(sp, 3, text, 32)) return 0;
+    }
+    md5_hex(r->body.p, (size_t)r->body.n, text);
+    tmp->n = 0;
+    if (!w_number(tmp, 1, 2 /* MD5 */, 0) || !w_field(tmp, 2, text, 32) || !w_nested(sp, 4, tmp)) return 0;
+    int32_t flag = (int32_t)rd32(r->p + RECORD_HEADER_FLAG_AT);
+    if (!w_number(sp, 5, (flag & 1) ? 2 /* GZIP */ : 1 /* IDENTITY */, 0)) return 0;
     int64_t mtype = 1; /* NORMAL */
-    if (group) {
+    if (group)
         mtype = 2; /* FIFO */
-    } else {
-        PyObject *declared = PyDict_GetItemWithError(props, k_type);
-        if (!declared && PyErr_Occurred()) goto done;
-        if (declared && PyUnicode_Check(declared) && PyUnicode_GET_LENGTH(declared) == 1) {
-            Py_UCS4 c = PyUnicode_READ_CHAR(declared, 0);
-            if (c >= '1' && c <= '4') mtype = c - '0';
-        }
-    }
-    if (!w_number(&sp, 6, mtype, 0) || !w_millis(&sp, 7, born_ts)) goto done;
-    if (!PyUnicode_Check(PyTuple_GET_ITEM(born, 0)) || !PyUnicode_Check(PyTuple_GET_ITEM(store, 0))) goto not_taken;
-    if (!w_str(&sp, 8, PyTuple_GET_ITEM(born, 0), 0) || !w_millis(&sp, 9, store_ts)) goto done;
-    {
-        PyObject *host = PyUnicode_FromFormat("%U:%S", PyTuple_GET_ITEM(store, 0), PyTuple_GET_ITEM(store, 1));
-        int ok = host && w_str(&sp, 10, host, 0);
-        Py_XDECREF(host);
-        if (!ok) goto done;
-    }
-    PyObject *due = PyDict_GetItemWithError(props, k_timer_out);
-    if (!due && PyErr_Occurred()) goto done;
-    if (!due || !PyUnicode_Check(due) || PyUnicode_GET_LENGTH(due) == 0) { /* the reference's ``or`` */
-        due = PyDict_GetItemWithError(props, k_timer_deliver);
-        if (!due && PyErr_Occurred()) goto done;
-    }
-    if (due) {
-        if (!PyUnicode_Check(due)) goto not_taken;
-        int64_t at = ascii_digits(due);
-        if (at < 0) {
-            if (PyErr_Occurred()) goto done;
-            /* not plain digits: unicode digits are the reference's to judge, anything else is none */
-            Py_ssize_t n;
-            const char *u = PyUnicode_AsUTF8AndSize(due, &n);
-            if (!u) goto done;
-            for (Py_ssize_t i = 0; i < n; i++)
-                if ((unsigned char)u[i] >= 0x80) goto not_taken;
-        } else if (!w_millis(&sp, 11, at)) {
-            goto done;
-        }
-    }
-    if (!w_str(&sp, 12, handle, 1) || !w_number(&sp, 13, queue_id, 0) || !w_number(&sp, 14, queue_offset, 1) ||
-        !w_millis(&sp, 15, invisible_ms) || !w_number(&sp, 16, attempt, 1))
-        goto done;
-    if (group) {
-        if (!PyUnicode_Check(group) || !w_str(&sp, 17, group, 1)) goto tags_bad;
-    }
-    PyObject *trace = PyDict_GetItemWithError(props, k_trace);
-    if (!trace && PyErr_Occurred()) goto done;
-    if (trace && PyUnicode_Check(trace) && PyUnicode_GET_LENGTH(trace) > 0 && !w_str(&sp, 18, trace, 1)) goto done;
-    if (!w_nested(&m, 3, &sp)) goto done;
-    if (PyBytes_GET_SIZE(body) && !w_field(&m, 4, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body))) goto done;
-
+    else if (declared && declared->n == 1 && declared->p[0] >= '1' && declared->p[0] <= '4')
+        mtype = declared->p[0] - '0';
+    if (!w_number(sp, 6, mtype, 0) || !w_millis(sp, 7, rd64(r->p + RECORD_HEADER_BORN_TIMESTAMP_AT))) return 0;
+    int n = ip_text(r->p + RECORD_HEADER_BORN_HOST_AT, text);
+    if (!w_field(sp, 8, text, n) || !w_millis(sp, 9, rd64(r->p + RECORD_HEADER_STORE_TIMESTAMP_AT))) return 0;
+    n = ip_text(r->p + RECORD_HEADER_STORE_HOST_AT, text);
+    n += snprintf(text + n, sizeof(text) - (size_t)n, ":%d", (int32_t)rd32(r->p + RECORD_HEADER_STORE_HOST_AT + 4));
+    if (!w_field(sp, 10, text, n)) return 0;
+    int64_t at = digits_of(due);
+    if (at >= 0 && !w_millis(sp, 11, at)) return 0;
+    n = snprintf(text, sizeof(text), "%lld:%lld:%016llx", g->queue_id, (long long)r->queue_offset, g->seq);
+    if (!w_field(sp, 12, text, n) ||
+        !w_number(sp, 13, (int32_t)rd32(r->p + RECORD_HEADER_QUEUE_ID_AT), 0) ||
+        !w_number(sp, 14, r->queue_offset, 1) || !w_millis(sp, 15, g->invisible_ms) ||
+        !w_number(sp, 16, g->attempt, 1))
+        return 0;
+    if (group && !w_field(sp, 17, group->p, group->n)) return 0;
+    if (trace && trace->n && !w_field(sp, 18, trace->p, trace->n)) return 0;
+    if (!w_nested(m, 3, sp)) return 0;
+    if (r->body.n && !w_field(m, 4, r->body.p, r->body.n)) return 0;
     /* ReceiveMessageResponse {2: message}, after its gRPC prefix */
-    tmp.n = 0;
-    if (!w_nested(&tmp, 2, &m)) goto done;
-    result = PyBytes_FromStringAndSize(NULL, 5 + tmp.n);
-    if (!result) goto done;
-    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(result);
+    tmp->n = 0;
+    if (!w_nested(tmp, 2, m) || !grow(out, 5 + tmp->n)) return 0;
+    unsigned char *w = out->p + out->n;
     w[0] = 0;
-    put32(w + 1, (uint32_t)tmp.n);
-    memcpy(w + 5, tmp.p, (size_t)tmp.n);
-    goto done;
-tags_bad:
-    if (PyErr_Occurred()) goto done;
-    goto not_taken;
-not_taken:
-    Py_INCREF(Py_None);
-    result = Py_None;
-done:
+    put32(w + 1, (uint32_t)tmp->n);
+    memcpy(w + 5, tmp->p, (size_t)tmp->n);
+    out->n += 5 + tmp->n;
+    return 1;
+}
+
+static int utf8_span(PyObject *text, span *out) {
+    Py_ssize_t n;
+    const char *u = PyUnicode_AsUTF8AndSize(text, &n);
+    if (!u) return 0;
+    *out = (span){(const unsigned char *)u, n};
+    return 1;
+}
+
+/* received_records(records, topic, namespace, name, queue_id, seq, attempt, invisible_ms,
+ *                  system_names) -> [framed ReceiveMessageResponse or None, ...] */
+static PyObject *received_records(PyObject *self, PyObject *args) {
+    PyObject *records, *topic, *ns, *name, *system_names;
+    grant g;
+    if (!PyArg_ParseTuple(args, "O!UUULKLLO:received_records", &PyList_Type, &records, &topic, &ns, &name,
+                          &g.queue_id, &g.seq, &g.attempt, &g.invisible_ms, &system_names))
+        return NULL;
+    name_set system;
+    span want;
+    if (!name_set_of(system_names, &system) || !utf8_span(topic, &want) || !utf8_span(ns, &g.ns) ||
+        !utf8_span(name, &g.name))
+        return NULL;
+    g.system = &system;
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    PyObject *result = PyList_New(count);
+    if (!result) return NULL;
+    out_buf m = {0}, sp = {0}, tmp = {0}, out = {0};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Py_buffer b;
+        if (PyObject_GetBuffer(PyList_GET_ITEM(records, i), &b, PyBUF_SIMPLE) < 0) goto fail;
+        raw_record r;
+        int done = read_record(b.buf, b.len, want, &r) ? write_received(&r, &g, &m, &sp, &tmp, &out) : -1;
+        PyBuffer_Release(&b);
+        if (done == 0) goto fail;
+        PyObject *item = Py_None;
+        if (done > 0) {
+            item = PyBytes_FromStringAndSize((const char *)out.p, out.n);
+            if (!item) goto fail;
+            out.n = 0;
+        } else {
+            Py_INCREF(item);
+        }
+        PyList_SET_ITEM(result, i, item);
+    }
     PyMem_Free(m.p);
     PyMem_Free(sp.p);
     PyMem_Free(tmp.p);
-    Py_XDECREF(props);
-    Py_XDECREF(born);
-    Py_XDECREF(store);
-    Py_XDECREF(body);
+    PyMem_Free(out.p);
     return result;
+fail:
+    PyMem_Free(m.p);
+    PyMem_Free(sp.p);
+    PyMem_Free(tmp.p);
+    PyMem_Free(out.p);
+    Py_DECREF(result);
+    return NULL;
+}
+
+/* ---- leasing: the new messages of a receive --------------------------------------------------- */
+
+/* lease_scan(records, topic, leases, done, tags, want, lease)
+ *   -> (offsets, taken, filtered, looked, next_offset, body_bytes)
+ * Records of one queue in offset order: each one neither leased nor done is leased (``leases[offset]
+ * = lease``) and taken, or, when ``tags`` (a set; None: every tag) does not hold its tag, marked done
+ * (``done``) and listed in ``filtered``; up to ``want`` taken. Stops at the first record it cannot
+ * judge (not a sound record of ``topic``, or properties it does not read); ``looked`` is how many
+ * records it went through, ``next_offset`` the queue offset after the last of them (-1: none). */
+static PyObject *lease_scan(PyObject *self, PyObject *args) {
+    PyObject *records, *topic, *leases, *done, *tags, *lease;
+    Py_ssize_t want;
+    if (!PyArg_ParseTuple(args, "O!UO!OOnO:lease_scan", &PyList_Type, &records, &topic, &PyDict_Type, &leases,
+                          &done, &tags, &want, &lease))
+        return NULL;
+    if (!PySet_Check(done) || (tags != Py_None && !PyAnySet_Check(tags))) {
+        PyErr_SetString(PyExc_TypeError, "lease_scan: done is a set, tags a set or None");
+        return NULL;
+    }
+    span wire;
+    if (!utf8_span(topic, &wire)) return NULL;
+    PyObject *offsets = PyList_New(0), *taken = PyList_New(0), *filtered = PyList_New(0);
+    if (!offsets || !taken || !filtered) goto fail;
+    Py_ssize_t looked = 0, count = PyList_GET_SIZE(records);
+    long long next_offset = -1, body_bytes = 0;
+    while (looked < count && PyList_GET_SIZE(offsets) < want) {
+        PyObject *view = PyList_GET_ITEM(records, looked);
+        Py_buffer b;
+        if (PyObject_GetBuffer(view, &b, PyBUF_SIMPLE) < 0) goto fail;
+        raw_record r;
+        int sound = read_record(b.buf, b.len, wire, &r);
+        prop ps[MAX_PROPS];
+        int np = sound && tags != Py_None ? read_props(r.props, ps) : 0;
+        PyBuffer_Release(&b);
+        if (!sound || np < 0) break; /* (the buffer's bytes are the mapping's: r stays readable) */
+        PyObject *o = PyLong_FromLongLong(r.queue_offset);
+        if (!o) goto fail;
+        int held = PyDict_Contains(leases, o);
+        if (held == 0) held = PySet_Contains(done, o);
+        int ok = held >= 0;
+        if (ok && !held) {
+            int accepted = 1;
+            if (tags != Py_None) {
+                const span *tag = PROP(ps, np, "TAGS");
+                PyObject *t = tag ? PyUnicode_DecodeASCII((const char *)tag->p, tag->n, NULL) : NULL;
+                accepted = tag ? (t ? PySet_Contains(tags, t) : -1) : 0;
+                Py_XDECREF(t);
+            }
+            if (accepted < 0)
+                ok = 0;
+            else if (accepted)
+                ok = PyDict_SetItem(leases, o, lease) == 0 && PyList_Append(offsets, o) == 0 &&
+                     PyList_Append(taken, view) == 0;
+            else
+                ok = PySet_Add(done, o) == 0 && PyList_Append(filtered, o) == 0;
+            if (ok && accepted) body_bytes += r.body.n;
+        }
+        Py_DECREF(o);
+        if (!ok) goto fail;
+        next_offset = r.queue_offset + 1;
+        looked++;
+    }
+    return Py_BuildValue("(NNNnLL)", offsets, taken, filtered, looked, next_offset, body_bytes);
+fail:
+    Py_XDECREF(offsets);
+    Py_XDECREF(taken);
+    Py_XDECREF(filtered);
+    return NULL;
 }
 
 static PyMethodDef methods[] = {
     {"plain_batch", plain_batch, METH_VARARGS,
      "A SendMessageRequest of plain messages of one topic as a SEND_BATCH_MESSAGE body, or None."},
-    {"received_message", received_message, METH_VARARGS,
-     "A stored message as a framed ReceiveMessageResponse, or None."},
+    {"received_records", received_records, METH_VARARGS,
+     "Stored records of one lease grant as framed ReceiveMessageResponses (None: the reference's)."},
+    {"lease_scan", lease_scan, METH_VARARGS, "Lease the new records of a receive, up to a count."},
+    {"md5_upper", md5_upper, METH_O, "The MD5 of a buffer as upper-case hex."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_v2_codec", NULL, -1, methods, NULL, NULL, NULL, NULL};
 
 PyMODINIT_FUNC PyInit__v2_codec(void) {
-#define INTERN(var, s) if (!(var = PyUnicode_InternFromString(s))) return NULL
-    INTERN(s_properties_attr, "properties"); INTERN(s_flag_attr, "flag"); INTERN(s_born_host, "born_host");
-    INTERN(s_store_host, "store_host"); INTERN(s_queue_id, "queue_id"); INTERN(s_queue_offset, "queue_offset");
-    INTERN(s_born_ts, "born_timestamp"); INTERN(s_store_ts, "store_timestamp"); INTERN(s_body_attr, "body");
-    INTERN(k_tags, "TAGS"); INTERN(k_keys, "KEYS"); INTERN(k_group, "__SHARDINGKEY"); INTERN(k_type, "V5_TYPE");
-    INTERN(k_timer_out, "TIMER_OUT_MS"); INTERN(k_timer_deliver, "TIMER_DELIVER_MS"); INTERN(k_trace, "traceparent");
+    md5_init();
     return PyModule_Create(&module);
 }

@@ -4,15 +4,26 @@ from typing import Any
 def plain_batch(
     payload: bytes | memoryview, max_messages: int, max_body: int, now_ms: int, /
 ) -> tuple[str, str, bytes, list[str], int, int] | None: ...
-def received_message(
-    rec: Any,
-    message_id: str,
-    digest: str,
+def received_records(
+    records: list[Any],
+    topic: str,
     namespace: str,
     name: str,
-    handle: str,
+    queue_id: int,
+    seq: int,
     attempt: int,
     invisible_ms: int,
     system_names: frozenset[str],
     /,
-) -> bytes | None: ...
+) -> list[bytes | None]: ...
+def lease_scan(
+    records: list[Any],
+    topic: str,
+    leases: dict[int, Any],
+    done: set[int],
+    tags: frozenset[str] | None,
+    want: int,
+    lease: Any,
+    /,
+) -> tuple[list[int], list[Any], list[int], int, int, int]: ...
+def md5_upper(data: bytes | memoryview, /) -> str: ...

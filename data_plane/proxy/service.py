@@ -7,7 +7,6 @@ transaction service), so quotas, metering, telemetry and replication apply as on
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import random
 import time
@@ -22,7 +21,7 @@ from google.protobuf.message import DecodeError
 from data_plane.auth.errors import AuthError, UnknownKeyIdError
 from data_plane.auth.principal import Principal
 from data_plane.auth.request_access import PUBLISH, SUBSCRIBE
-from data_plane.broker.pop import PopError
+from data_plane.broker.pop import Delivery, PopError, TagFilter
 from data_plane.broker.pull import parse_tag_expression
 from data_plane.broker.recall import parse_recall_handle, recall_handle
 from data_plane.broker.send_back import copy_properties
@@ -51,9 +50,9 @@ from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, Respon
 from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
 from data_plane.store.message import (
     PROPERTY_REAL_TOPIC,
-    PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     StoredMessage,
+    decode_record,
     encode_message_id,
     encode_properties,
 )
@@ -564,7 +563,7 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         refusal: pb.Status | None = None
         try:
             caller = await self._caller(context)
-            deliveries, invisible_ms = await self._receive(caller, request)
+            wire, deliveries, invisible_ms = await self._receive(caller, request)
         except Refused as e:
             self.refused += 1
             refusal = e.status()
@@ -581,31 +580,29 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         now = rpc.ReceiveMessageResponse()
         now.delivery_timestamp.GetCurrentTime()
         parts = [_RECEIVED_OK, framed(now.SerializeToString())]
-        resources: dict[str, pb.Resource] = {}
+        res = resource_of(wire)
         for d in deliveries:
-            rec = d.message
-            topic = rec.topic
-            res = resources.get(topic)
-            if res is None:
-                res = resources[topic] = resource_of(topic)
-            written = None
-            if V2_CODEC is not None:  # (the answer written straight from the record; None: the reference path)
-                message_id = rec.properties.get(PROPERTY_UNIQ_KEY) or rec.msg_id
-                digest = hashlib.md5(rec.body, usedforsecurity=False).hexdigest().upper()
-                written = V2_CODEC.received_message(
-                    rec, message_id, digest, res.resource_namespace, res.name, d.handle, d.attempt, invisible_ms,
+            if V2_CODEC is not None:  # (each answer written straight from its record; None: the reference path)
+                written = V2_CODEC.received_records(
+                    d.records, wire, res.resource_namespace, res.name, d.queue_id, d.seq, d.attempt, invisible_ms,
                     SYSTEM_PROPERTIES,
                 )  # fmt: skip
-            if written is None:
-                answer = rpc.ReceiveMessageResponse()
+            else:
+                written = [None] * len(d.records)
+            for i, answer in enumerate(written):
+                if answer is not None:
+                    parts.append(answer)
+                    continue
+                rec = decode_record(d.records[i], check_crc=False)
+                reply = rpc.ReceiveMessageResponse()
                 to_message(
-                    rec, handle=d.handle, attempt=d.attempt, invisible_ms=invisible_ms, topic=res, into=answer.message
-                )
-                written = framed(answer.SerializeToString())
-            parts.append(written)
+                    rec, handle=d.handle(i), attempt=d.attempt, invisible_ms=invisible_ms,
+                    topic=res if rec.topic == wire else None, into=reply.message,
+                )  # fmt: skip
+                parts.append(framed(reply.SerializeToString()))
         yield Framed(b"".join(parts))
 
-    async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[list[Any], int]:
+    async def _receive(self, caller: Caller, request: rpc.ReceiveMessageRequest) -> tuple[str, list[Delivery], int]:
         wire = self._wire(caller, request.message_queue.topic, "topic")
         group = self._wire(caller, request.group, "group")
         self._allow(caller, "group", group, SUBSCRIBE)
@@ -651,8 +648,8 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             fifo=fifo, max_attempts=max_attempts, wait_ms=wait_ms, dead_letter=self._dead_letter,
         )  # fmt: skip
         if deliveries and tenancy is not None:
-            tenancy.after_pull(wire, len(deliveries), sum(len(d.message.body) for d in deliveries))
-        return deliveries, invisible_ms
+            tenancy.after_pull(wire, sum(len(d.offsets) for d in deliveries), sum(d.body_bytes for d in deliveries))
+        return wire, deliveries, invisible_ms
 
     def _filter(self, expr: pb.FilterExpression) -> Callable[[StoredMessage], bool]:
         text = expr.expression.strip()
@@ -665,11 +662,10 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
                 raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, f"bad SQL92 filter: {e}") from None
             return lambda m: bool(predicate(m.properties))
         if not text or text == "*":
-            return lambda m: True
+            return TagFilter()
         if len(text) > 1024 or parse_tag_expression(text) is None:
             raise Refused(pb.ILLEGAL_FILTER_EXPRESSION, f"bad tag expression {text[:64]!r}")
-        tags = frozenset(t.strip() for t in text.split("||") if t.strip())
-        return lambda m: m.properties.get(PROPERTY_TAGS) in tags
+        return TagFilter(frozenset(t.strip() for t in text.split("||") if t.strip()))
 
     async def _dead_letter(self, group: str, msg: StoredMessage) -> None:
         """Copy ``msg`` to ``group``'s dead-letter topic (its last attempt ran out)."""
@@ -743,8 +739,8 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
             pop = self.broker.pop
             if pop is None:
                 raise Refused(pb.HA_NOT_AVAILABLE, "this broker does not take POP requests now")
-            d = await pop.change_invisible(group, wire, request.receipt_handle, ms)
-            return rpc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=d.handle if d else "")
+            handle = await pop.change_invisible(group, wire, request.receipt_handle, ms)
+            return rpc.ChangeInvisibleDurationResponse(status=ok(), receipt_handle=handle or "")
 
         return await self._guard(
             lambda s: rpc.ChangeInvisibleDurationResponse(status=s, receipt_handle=request.receipt_handle), work()

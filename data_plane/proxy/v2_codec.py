@@ -1,15 +1,17 @@
-"""The gRPC endpoint's two hottest conversions, straight between protobuf's wire format and the
+"""The gRPC endpoint's hottest conversions, straight between protobuf's wire format and the
 store's: a SendMessageRequest of plain messages of one topic read into the body of one
-SEND_BATCH_MESSAGE (layout in ``data_plane/remoting/bodies.py``), and a stored message written
-as the framed ReceiveMessageResponse that hands it out under a lease.
+SEND_BATCH_MESSAGE (layout in ``data_plane/remoting/bodies.py``); a receive's new records of a
+queue leased in one pass (``PopService``'s scan); and stored records written as the framed
+ReceiveMessageResponses that hand them out under a lease.
 
 Two implementations satisfy ``data_plane.store.compiled.V2Codec``: the compiled
-``_v2_codec.c``, which does both without a protobuf object or a properties dict per message,
-and ``PythonV2Codec`` here, the reference: the request parsed and each message through
-``messages.to_properties`` and ``encode_batch_item``, as ``service.MessagingService`` stores a
-batch; the answer built by ``messages.to_message`` and serialized. The endpoint takes the
-compiled one when it is built; without it, the service's own path serves, which this twin
-restates. The compiled one answers None for what it leaves to that path.
+``_v2_codec.c``, which does all three without a protobuf object, a decoded message or a
+properties dict per message, and ``PythonV2Codec`` here, the reference: the request parsed and
+each message through ``messages.to_properties`` and ``encode_batch_item``, as
+``service.MessagingService`` stores a batch; each record decoded (``decode_record``), judged as
+``PopService`` judges it, and written by ``messages.to_message``. The endpoint and the lease
+book take the compiled one when it is built; without it, their own paths serve, which this twin
+restates. The compiled one answers None (or stops) where it leaves the rest to those paths.
 
 "Plain" is what the batch path stores without a question: NORMAL messages of one
 topic (a single one too, stored as a batch of one: the record the single path writes), none
@@ -19,17 +21,24 @@ Anything else is None, and the service parses the request and judges each messag
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from google.protobuf.message import DecodeError
 
+from data_plane.broker.pop import handle_of
 from data_plane.http2.grpc_server import framed
 from data_plane.proxy.messages import MessageRefused, to_message, to_properties
 from data_plane.proxy.v2 import definition_pb2 as pb
 from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.remoting.bodies import encode_batch_item
 from data_plane.store.compiled import V2Codec, v2_codec
-from data_plane.store.message import PROPERTY_UNIQ_KEY, StoredMessage, encode_properties
+from data_plane.store.message import (
+    PROPERTY_TAGS,
+    PROPERTY_UNIQ_KEY,
+    RecordError,
+    decode_record,
+    encode_properties,
+)
 
 
 class PlainBatch(NamedTuple):
@@ -78,18 +87,64 @@ class PythonV2Codec:
         return PlainBatch(topic.resource_namespace, topic.name, b"".join(items), ids, born_ms, body_bytes)
 
     @staticmethod
-    def received_message(
-        rec: StoredMessage, message_id: str, digest: str, namespace: str, name: str, handle: str, attempt: int,
-        invisible_ms: int, system_names: frozenset[str], /,
-    ) -> bytes | None:  # fmt: skip
-        """``rec`` handed out under a lease, as the framed ReceiveMessageResponse that carries it
-        (``message_id`` and ``digest`` as the caller worked them out: what ``to_message`` would)."""
-        answer = rpc.ReceiveMessageResponse()
-        topic = pb.Resource(resource_namespace=namespace, name=name)
-        to_message(rec, handle=handle, attempt=attempt, invisible_ms=invisible_ms, topic=topic, into=answer.message)
-        sp = answer.message.system_properties
-        sp.message_id, sp.body_digest.checksum = message_id, digest
-        return framed(answer.SerializeToString())
+    def received_records(
+        records: list[bytes | memoryview], topic: str, namespace: str, name: str, queue_id: int, seq: int,
+        attempt: int, invisible_ms: int, system_names: frozenset[str], /,
+    ) -> list[bytes | None]:  # fmt: skip
+        """Records of ``topic`` handed out under one lease grant (``seq``, ``attempt``), each as the
+        framed ReceiveMessageResponse that carries it; None for one that is not a sound record."""
+        out: list[bytes | None] = []
+        for record in records:
+            try:
+                rec = decode_record(record, check_crc=False)
+            except RecordError:
+                out.append(None)
+                continue
+            answer = rpc.ReceiveMessageResponse()
+            res = pb.Resource(resource_namespace=namespace, name=name) if rec.topic == topic else None
+            to_message(
+                rec, handle=handle_of(queue_id, rec.queue_offset, seq), attempt=attempt, invisible_ms=invisible_ms,
+                topic=res, into=answer.message,
+            )  # fmt: skip
+            out.append(framed(answer.SerializeToString()))
+        return out
+
+    @staticmethod
+    def lease_scan(
+        records: list[bytes | memoryview], topic: str, leases: dict[int, Any], done: set[int],
+        tags: frozenset[str] | None, want: int, lease: Any, /,
+    ) -> tuple[list[int], list[bytes | memoryview], list[int], int, int, int]:  # fmt: skip
+        """A receive's new records of one queue, in offset order: each neither leased nor done is
+        leased (``leases[offset] = lease``) and taken, or, when ``tags`` (None: every tag) does not
+        hold its tag, marked done and listed as filtered; up to ``want`` taken. Stops at a record
+        that is not a sound one of ``topic``. ``(offsets taken, records taken, offsets filtered,
+        records looked at, the queue offset after the last of them (-1: none), bodies' bytes)``."""
+        offsets: list[int] = []
+        taken: list[bytes | memoryview] = []
+        filtered: list[int] = []
+        looked, next_offset, body_bytes = 0, -1, 0
+        for record in records:
+            if len(offsets) >= want:
+                break
+            try:
+                rec = decode_record(record, check_crc=False)
+            except RecordError:
+                break
+            if rec.topic != topic:
+                break
+            o = rec.queue_offset
+            if o not in leases and o not in done:
+                if tags is None or rec.properties.get(PROPERTY_TAGS) in tags:
+                    leases[o] = lease
+                    offsets.append(o)
+                    taken.append(record)
+                    body_bytes += len(rec.body)
+                else:
+                    done.add(o)
+                    filtered.append(o)
+            looked += 1
+            next_offset = o + 1
+        return offsets, taken, filtered, looked, next_offset, body_bytes
 
 
 PYTHON: V2Codec = PythonV2Codec()  # (mypy checks the twin against the Protocol)

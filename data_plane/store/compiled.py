@@ -101,17 +101,22 @@ class BatchDecoder(Protocol):
 
 
 class V2Codec(Protocol):
-    """The gRPC endpoint's SendMessageRequest to batch body and stored message to received one (twin:
-    ``data_plane.proxy.v2_codec.PythonV2Codec``)."""
+    """The gRPC endpoint's SendMessageRequest to batch body, the leasing of a receive's new records and
+    stored records to received messages (twin: ``data_plane.proxy.v2_codec.PythonV2Codec``)."""
 
     def plain_batch(
         self, payload: bytes | memoryview, max_messages: int, max_body: int, now_ms: int, /
     ) -> tuple[str, str, bytes, list[str], int, int] | None: ...  # PlainBatch (v2_codec.py), or None
 
-    def received_message(
-        self, rec: Any, message_id: str, digest: str, namespace: str, name: str, handle: str, attempt: int,
+    def received_records(
+        self, records: list[Any], topic: str, namespace: str, name: str, queue_id: int, seq: int, attempt: int,
         invisible_ms: int, system_names: frozenset[str], /,
-    ) -> bytes | None: ...  # fmt: skip
+    ) -> list[bytes | None]: ...  # fmt: skip
+
+    def lease_scan(
+        self, records: list[Any], topic: str, leases: dict[int, Any], done: set[int], tags: frozenset[str] | None,
+        want: int, lease: Any, /,
+    ) -> tuple[list[int], list[Any], list[int], int, int, int]: ...  # fmt: skip
 
 
 def _load(name: str) -> Any:

@@ -4,11 +4,15 @@ receipt handles and recall handles, and what a forged or stale one gets."""
 from __future__ import annotations
 
 import base64
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from data_plane.broker.pop import Lease, PopError, PopQueue, handle_of, parse_handle
+from data_plane.broker.pop import Lease, PopError, PopQueue, PopService, handle_of, parse_handle
 from data_plane.broker.recall import RecallBook, parse_recall_handle, recall_handle
+
+if TYPE_CHECKING:
+    from data_plane.broker.broker import Broker
 
 
 def test_next_moves_past_leased_and_done_offsets_and_committed_waits_for_the_oldest_lease() -> None:
@@ -68,3 +72,22 @@ def test_recall_handles_round_trip_and_others_are_refused() -> None:
     for bad in junk:
         with pytest.raises(ValueError, match=r"recall handle|too long"):
             parse_recall_handle(bad)
+
+
+def test_a_journal_record_of_offsets_sharing_a_lease_gives_each_of_them_that_lease() -> None:
+    book = PopService(cast("Broker", None))  # (replaying records needs no broker)
+    # A receive's record: offsets 5-7 leased together, 9 alone (a redelivery), 8 filtered out.
+    book._apply(["R", "g", "t", 0, 10, [[[5, 6, 7], 1000, 1, 0xAB, None], [9, 2000, 3, 0xCD, None]], [8], False, 5])
+    pq = book.queues[("g", "t", 0)]
+    assert pq.leases == {o: Lease(1000, 1, 0xAB) for o in (5, 6, 7)} | {9: Lease(2000, 3, 0xCD)}
+    assert (pq.next, pq.done, pq.committed()) == (10, set(), 5)
+    # Changing one lease's deadline leaves the others of its receive as they were.
+    book._apply(["C", "g", "t", 0, 6, 5000, 0xEF])
+    assert (pq.leases[5], pq.leases[6], pq.leases[7]) == (
+        Lease(1000, 1, 0xAB),
+        Lease(5000, 1, 0xEF),
+        Lease(1000, 1, 0xAB),
+    )
+    book._apply(["A", "g", "t", 0, [5, 7]])
+    assert sorted(pq.leases) == [6, 9]
+    assert pq.committed() == 6

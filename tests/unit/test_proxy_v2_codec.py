@@ -6,9 +6,12 @@ compiled one may leave something to the service (None) but never does it differe
 
 from __future__ import annotations
 
+import hashlib
 import random
 from types import ModuleType
 
+from data_plane.broker.pop import Lease
+from data_plane.broker.transaction_check import encode_record
 from data_plane.proxy.answers import varint
 from data_plane.proxy.messages import SYSTEM_PROPERTIES
 from data_plane.proxy.v2 import definition_pb2 as pb
@@ -19,10 +22,15 @@ from data_plane.store.message import StoredMessage, decode_properties
 
 MAX_BODY = 4096
 NOW_MS = 1_765_000_000_123
+TOPIC = "acme%orders"
 
 
 def _text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("abcXYZ019_-.:é中") for _ in range(n))
+
+
+def _ascii(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice("abcXYZ019_-.: ") for _ in range(n))
 
 
 def _odd(rng: random.Random, m: pb.Message) -> None:
@@ -184,16 +192,17 @@ def test_damaged_requests_are_read_alike_or_left_to_the_service(v2_codec: Module
             assert PlainBatch._make(compiled) == PYTHON.plain_batch(bytes(b), 64, MAX_BODY, NOW_MS), f"seed {seed}"
 
 
-def _stored(rng: random.Random, *, odd: bool) -> StoredMessage:
-    props: dict[str, str] = {"UNIQ_KEY": _text(rng, rng.randrange(0, 34))}
+def _stored(rng: random.Random, *, odd: bool, topic: str = TOPIC) -> StoredMessage:
+    """A stored message; with ``odd``, one the compiled writer leaves to the reference."""
+    props: dict[str, str] = {"UNIQ_KEY": _ascii(rng, rng.randrange(0, 34))}
     if rng.random() < 0.7:
-        props["TAGS"] = _text(rng, rng.randrange(0, 12))
+        props["TAGS"] = _ascii(rng, rng.randrange(0, 12))
     if rng.random() < 0.5:
-        props["KEYS"] = " ".join(_text(rng, rng.randrange(1, 9)) for _ in range(rng.randrange(1, 4)))
+        props["KEYS"] = " ".join(_ascii(rng, rng.randrange(1, 9)) for _ in range(rng.randrange(1, 4)))
         if rng.random() < 0.3:
             props["KEYS"] = "  " + props["KEYS"] + " "
     if rng.random() < 0.3:
-        props["__SHARDINGKEY"] = _text(rng, rng.randrange(0, 9))
+        props["__SHARDINGKEY"] = _ascii(rng, rng.randrange(0, 9))
     if rng.random() < 0.5:
         props["V5_TYPE"] = rng.choice(["1", "2", "3", "4", "5", "x", ""])
     if rng.random() < 0.3:
@@ -203,45 +212,160 @@ def _stored(rng: random.Random, *, odd: bool) -> StoredMessage:
     if rng.random() < 0.3:
         props["traceparent"] = rng.choice(["", "00-abc-def-01"])
     for _ in range(rng.randrange(0, 3)):
-        props[_text(rng, rng.randrange(1, 8))] = _text(rng, rng.randrange(0, 8))
+        props[_ascii(rng, rng.randrange(0, 8))] = _ascii(rng, rng.randrange(0, 8))
     if rng.random() < 0.3:
         props[rng.choice(["WAIT", "REAL_TOPIC", "PGROUP", "DELAY"])] = "v"
     if odd:  # what the compiled one leaves to the reference
-        how = rng.randrange(3)
+        how = rng.randrange(4)
         if how == 0:
-            props["KEYS"] = "a\tb"
+            props["KEYS"] = rng.choice(["a\tb", "a\x1cb", "x\ny"])  # whitespace to str.split, not only spaces
         elif how == 1:
-            props["KEYS"] = "é\u00a0x"  # a no-break space: whitespace to str.split
+            props["KEYS"] = "é\u00a0x"  # not ASCII (and a no-break space: whitespace to str.split)
+        elif how == 2:
+            props["region"] = _text(rng, 6) + "中"
         else:
             props.pop("TIMER_OUT_MS", None)  # (read first when it is there)
             props["TIMER_DELIVER_MS"] = "١٢٣"  # digits, but not ASCII ones
     return StoredMessage(
-        total_size=200, body_crc=0, queue_id=rng.choice([0, 3, 2**31 - 1]), flag=rng.choice([0, 1, 4]),
-        queue_offset=rng.choice([0, 7, 2**40]), commit_log_offset=4096, sys_flag=0,
-        born_timestamp=rng.choice([0, 1, 1_700_000_000_123, -1500]), born_host=(rng.choice(["10.0.0.1", ""]), 5000),
-        store_timestamp=rng.choice([1_700_000_001_999, 999]), store_host=("10.0.0.2", rng.choice([0, 10911])),
-        reconsume_times=0, prepared_transaction_offset=0, body=rng.randbytes(rng.randrange(0, 300)),
-        topic="acme%orders", properties=props,
+        total_size=0, body_crc=0, queue_id=rng.choice([0, 3, 2**31 - 1]), flag=rng.choice([0, 1, 4]),
+        queue_offset=rng.choice([0, 7, rng.randrange(2**40)]), commit_log_offset=rng.choice([0, 4096, 2**50 + 3]),
+        sys_flag=0, born_timestamp=rng.choice([0, 1, 1_700_000_000_123, -1500]),
+        born_host=(rng.choice(["10.0.0.1", "0.0.0.0", "255.1.2.3"]), 5000),
+        store_timestamp=rng.choice([1_700_000_001_999, 999]),
+        store_host=("10.0.0.2", rng.choice([0, 10911, -1])), reconsume_times=0, prepared_transaction_offset=0,
+        body=rng.randbytes(rng.choice([0, 1, 55, 56, 63, 64, 119, 120, rng.randrange(0, 1500)])), topic=topic,
+        properties=props,
     )  # fmt: skip
 
 
-def test_both_twins_write_received_messages_alike(v2_codec: ModuleType, seed: int) -> None:
+def _record(rec: StoredMessage) -> bytes:
+    return encode_record(rec, rec.topic, rec.queue_id)
+
+
+def test_both_twins_write_received_records_alike(v2_codec: ModuleType, seed: int) -> None:
     rng = random.Random(seed)
-    for _ in range(500):
-        odd = rng.random() < 0.2
-        rec = _stored(rng, odd=odd)
+    for _ in range(200):
+        odd = [rng.random() < 0.15 for _ in range(rng.randrange(1, 9))]
+        stored = [_stored(rng, odd=o) for o in odd]
+        records: list[bytes | memoryview] = [_record(r) for r in stored]
+        if rng.random() < 0.5:
+            records = [memoryview(r) for r in records]
         args = (
-            rec, rec.properties["UNIQ_KEY"] or rec.msg_id, _text(rng, 32), rng.choice(["acme", ""]), "orders",
-            f"{rng.randrange(8)}:{rng.randrange(10**6)}:{rng.randrange(2**64):016x}", rng.randrange(1, 17),
-            rng.choice([10, 1500, 60_000, 43_200_000]), SYSTEM_PROPERTIES,
+            records, TOPIC, rng.choice(["acme", ""]), "orders", rng.randrange(8), rng.randrange(2**64),
+            rng.randrange(1, 17), rng.choice([10, 1500, 60_000, 43_200_000]), SYSTEM_PROPERTIES,
         )  # fmt: skip
-        compiled = v2_codec.received_message(*args)
-        python = PYTHON.received_message(*args)
-        assert python is not None
-        if odd:
-            assert compiled is None, f"seed {seed}: the compiled twin wrote what it should leave to the reference"
-            continue
-        assert compiled is not None, f"seed {seed}: the compiled twin left an ordinary message to the reference"
-        assert compiled[:5] == b"\x00" + len(compiled[5:]).to_bytes(4, "big"), f"seed {seed}: not framed"
-        got, want = (rpc.ReceiveMessageResponse.FromString(x[5:]) for x in (compiled, python))
-        assert got == want, f"seed {seed}: {rec.properties}"
+        compiled = v2_codec.received_records(*args)
+        python = PYTHON.received_records(*args)
+        assert len(compiled) == len(python) == len(records)
+        for rec, o, got_bytes, want_bytes in zip(stored, odd, compiled, python, strict=True):
+            assert want_bytes is not None
+            if o:
+                assert got_bytes is None, f"seed {seed}: the compiled twin wrote what it should leave to the reference"
+                continue
+            assert got_bytes is not None, f"seed {seed}: the compiled twin left an ordinary record to the reference"
+            assert got_bytes[:5] == b"\x00" + len(got_bytes[5:]).to_bytes(4, "big"), f"seed {seed}: not framed"
+            got, want = (rpc.ReceiveMessageResponse.FromString(x[5:]) for x in (got_bytes, want_bytes))
+            assert got == want, f"seed {seed}: {rec.properties}"
+            assert got.message.system_properties.body_digest.checksum == hashlib.md5(rec.body).hexdigest().upper()
+
+
+def test_records_the_compiled_writer_does_not_take_are_left_to_the_reference(v2_codec: ModuleType) -> None:
+    rng = random.Random(5)
+    rec = _stored(rng, odd=False)
+    rec.properties["UNIQ_KEY"] = "id-1"
+    good = _record(rec)
+    other_topic = _record(_stored(rng, odd=False, topic="acme%other"))
+    torn = good[:-1] + b"\x00"  # properties not ending with their separator
+    bad_magic = good[:4] + b"\x00\x00\x00\x00" + good[8:]
+    rec.properties["KEYS"] = "a"
+    # A name twice: a dict keeps one of them.
+    twice = _fix_sizes(_record(rec).replace(b"KEYS\x01a\x02", b"KEYS\x01a\x02KEYS\x01b\x02"))
+    args = (TOPIC, "acme", "orders", 1, 7, 1, 30_000, SYSTEM_PROPERTIES)
+    got = v2_codec.received_records([good, other_topic, torn, bad_magic, twice, good[:-3]], *args)
+    assert got[0] is not None
+    assert got[1:] == [None] * 5
+    # The reference writes the other topic's record with that topic's own resource.
+    (other,) = PYTHON.received_records([other_topic], *args)
+    assert other is not None
+    assert rpc.ReceiveMessageResponse.FromString(other[5:]).message.topic.name == "other"
+
+
+def _fix_sizes(record: bytes) -> bytes:
+    """``record`` with its total size and properties length made to fit its bytes again."""
+    body_len = int.from_bytes(record[84:88], "big")
+    topic_len = record[88 + body_len]
+    at = 88 + body_len + 1 + topic_len
+    props = record[at + 2 :]
+    return len(record).to_bytes(4, "big") + record[4:at] + len(props).to_bytes(2, "big") + props
+
+
+def test_the_compiled_md5_is_hashlibs(v2_codec: ModuleType, seed: int) -> None:
+    rng = random.Random(seed)
+    for n in [*range(200), 1024, 4096, 65536, rng.randrange(10**6)]:
+        data = rng.randbytes(n)
+        assert v2_codec.md5_upper(data) == hashlib.md5(data).hexdigest().upper(), f"seed {seed}: {n} bytes"
+
+
+def test_both_twins_lease_a_receives_new_records_alike(v2_codec: ModuleType, seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(200):
+        n = rng.randrange(0, 40)
+        first = rng.randrange(10**6)
+        stored = []
+        for i in range(n):
+            rec = _stored(rng, odd=False)
+            rec.queue_offset = first + i
+            rec.properties.pop("region", None)
+            if rng.random() < 0.5:
+                rec.properties["TAGS"] = rng.choice(["a", "b", "c"])
+            stored.append(rec)
+        records: list[bytes | memoryview] = [memoryview(_record(r)) for r in stored]
+        stop = rng.random() < 0.2 and n > 0
+        if stop:  # a record it stops at: not a sound one of the topic
+            at = rng.randrange(n)
+            records[at] = memoryview(_record(_stored(rng, odd=False, topic="acme%other")))
+        held = {first + i: Lease(1, 1, 1) for i in range(n) if rng.random() < 0.2}
+        finished = {first + i for i in range(n) if rng.random() < 0.1} - held.keys()
+        tags = rng.choice([None, frozenset({"a"}), frozenset({"a", "c"}), frozenset()])
+        want = rng.randrange(1, 40)
+        lease = Lease(10**13, 1, rng.randrange(2**64))
+        outcome = []
+        for twin in (v2_codec, PYTHON):
+            leases, done = dict(held), set(finished)
+            got = twin.lease_scan(records, TOPIC, leases, done, tags, want, lease)
+            outcome.append((got, leases, done))
+        (c_got, c_leases, c_done), (p_got, p_leases, p_done) = outcome
+        assert c_got == p_got, f"seed {seed}"
+        assert (c_leases, c_done) == (p_leases, p_done), f"seed {seed}"
+        offsets, taken, filtered, looked, after, body_bytes = c_got
+        assert len(offsets) <= want
+        assert all(c_leases[o] is lease for o in offsets)
+        assert [bytes(r) for r in taken] == [bytes(records[o - first]) for o in offsets]
+        assert body_bytes == sum(len(stored[o - first].body) for o in offsets)
+        assert not set(offsets) & held.keys()
+        assert not set(offsets) & finished
+        assert all(tags is None or stored[o - first].properties.get("TAGS") in tags for o in offsets)
+        assert all(stored[o - first].properties.get("TAGS") not in (tags or ()) for o in filtered)
+        assert after == (first + looked if looked else -1)
+
+
+def test_the_compiled_scan_stops_at_properties_it_does_not_read(v2_codec: ModuleType) -> None:
+    rng = random.Random(9)
+    stored = [_stored(rng, odd=False) for _ in range(3)]
+    for i, rec in enumerate(stored):
+        rec.queue_offset = i
+    stored[1].properties["region"] = "中"  # not ASCII: the scan's own loop decodes it
+    records = [_record(r) for r in stored]
+    lease = Lease(1, 1, 1)
+    leases: dict[int, Lease] = {}
+    got = v2_codec.lease_scan(
+        records, TOPIC, leases, set(), frozenset({stored[0].properties.get("TAGS", "")}), 9, lease
+    )
+    assert got[3:5] == (1, 1)
+    assert leases.keys() <= {0}
+    # Without a tag filter the properties are not read: it goes on.
+    leases = {}
+    got = v2_codec.lease_scan(records, TOPIC, leases, set(), None, 9, lease)
+    assert got[0] == [0, 1, 2]
+    assert got[3:5] == (3, 3)
+    assert list(leases) == [0, 1, 2]
