@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from data_plane.broker.failover import FailoverAgent
     from data_plane.broker.pop import PopService
     from data_plane.proxy.server import GrpcEndpoint
+    from data_plane.remoting.command import Body
     from data_plane.telemetry import BrokerMetrics, Telemetry
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ class Broker:
         self.grpc: GrpcEndpoint | None = None
         # The plain single send for the gRPC endpoint (SendProcessor.put_plain), where the
         # remoting frame path is taken too; None: every v5 send goes through the send handler.
-        self.put_plain: Callable[[Any, str, int, int, str, bytes], int | None] | None = None
+        self.put_plain: Callable[[Any, str, int, int, str | bytes, Body], int | None] | None = None
         self.put_plain_batch: Callable[[Any, str, int, int, bytes], int | None] | None = None  # (put_plain_batch)
         self.before_put: BeforePut | None = None  # the publish quota (BrokerTenancy.before_put)
         self.before_put_plain: BeforePutPlain | None = None  # ... of a plain batch body (before_put_plain)

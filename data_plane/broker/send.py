@@ -261,7 +261,7 @@ class SendProcessor:
         return send_ok_frame(version, opaque, self.store_host_hex, raw.wrote_offset, queue_id, raw.queue_offset)
 
     def put_plain(
-        self, conn: Connection, topic: str, queue_id: int, born_ts: int, props: str, body: Body
+        self, conn: Connection, topic: str, queue_id: int, born_ts: int, props: str | bytes, body: Body
     ) -> int | None:
         """A RocketMQ 5 client's plain message (``data_plane.proxy``), stored as ``send_frame``
         stores a remoting one: its queue offset; or None, with nothing stored, when it is not
@@ -315,7 +315,7 @@ class SendProcessor:
 
     def _put_plain(
         self, conn: Connection, cmd: RemotingCommand | None, topic: str, queue_id: int, sys_flag: int,
-        born_ts: int, flag: int, reconsume: int, props: str, body: Body,
+        born_ts: int, flag: int, reconsume: int, props: str | bytes, body: Body,
     ) -> Appended | PutMessageResult | RemotingCommand | _NotPlain:  # fmt: skip
         """The plain append of ``_send_plain`` and ``send_frame``: what the append wrote
         (``MessageStore.append_plain``'s ``Appended``), its refusal (an I/O error), the quota's refusal, or
