@@ -885,10 +885,15 @@ static PyObject *lease_scan(PyObject *self, PyObject *args) {
         int sound = read_record(b.buf, b.len, wire, &r);
         prop ps[MAX_PROPS];
         int np = sound && tags != Py_None ? read_props(r.props, ps) : 0;
-        PyBuffer_Release(&b);
-        if (!sound || np < 0) break; /* (the buffer's bytes are the mapping's: r stays readable) */
+        if (!sound || np < 0) {
+            PyBuffer_Release(&b);
+            break;
+        }
         PyObject *o = PyLong_FromLongLong(r.queue_offset);
-        if (!o) goto fail;
+        if (!o) {
+            PyBuffer_Release(&b);
+            goto fail;
+        }
         int held = PyDict_Contains(leases, o);
         if (held == 0) held = PySet_Contains(done, o);
         int ok = held >= 0;
@@ -910,6 +915,7 @@ static PyObject *lease_scan(PyObject *self, PyObject *args) {
             if (ok && accepted) body_bytes += r.body.n;
         }
         Py_DECREF(o);
+        PyBuffer_Release(&b); /* (the tag was read from the buffer: held until here) */
         if (!ok) goto fail;
         next_offset = r.queue_offset + 1;
         looked++;
