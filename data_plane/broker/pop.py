@@ -18,7 +18,8 @@ handle is good only while its lease is the one the book holds, so it cannot be g
 handle of a lease that was renewed or handed to another receiver is refused as stale.
 
 The new messages a receive takes from a queue share one lease (``Lease`` is immutable): one
-deadline, one ``seq``, one journal entry naming their offsets. When the compiled module is built,
+deadline, one ``seq`` (the journal still has an entry per offset, the form every version reads).
+When the compiled module is built,
 ``_v2_codec.lease_scan`` takes them straight from the stored records (no FIFO group, a tag
 filter or none), and the endpoint writes each answer from its record: no message is decoded
 into a Python object on the way.
@@ -297,10 +298,8 @@ class PopService:
                 self.groups.add(g)
             if fifo:
                 self.fifo_groups.add(g)
-            for o, deadline, attempt, seq, gk in leases:  # o: an offset, or the offsets sharing a lease
-                lease = Lease(deadline, attempt, seq, gk)
-                for x in o if isinstance(o, list) else (o,):
-                    pq.leases[x] = lease
+            for o, deadline, attempt, seq, gk in leases:
+                pq.leases[o] = Lease(deadline, attempt, seq, gk)
             for o in done:
                 pq.leases.pop(o, None)
                 pq.done.add(o)
@@ -435,8 +434,8 @@ class PopService:
                 offsets, taken, filtered, looked, after, body_bytes = fast.lease_scan(
                     views, t.topic, pq.leases, pq.done, tags, t.batch - t.taken, lease
                 )
-                if offsets:  # one lease, one journal entry and one delivery for all of them
-                    t.granted.append([offsets, lease.deadline_ms, 1, lease.seq, None])
+                if offsets:  # one lease and one delivery for all of them (an entry each in the journal)
+                    t.granted += [[o, lease.deadline_ms, 1, lease.seq, None] for o in offsets]
                     t.out.append(Delivery(t.queue_id, taken, offsets, lease.seq, 1, lease.deadline_ms, body_bytes))
                     t.taken += len(offsets)
                 t.done += filtered

@@ -523,6 +523,7 @@ static int read_record(const unsigned char *p, Py_ssize_t n, span topic, raw_rec
     if (props_len < 0 || at + props_len != n || (props_len && p[n - 1] != 2)) return 0;
     r->p = p;
     r->queue_offset = rd64(p + RECORD_HEADER_QUEUE_OFFSET_AT);
+    if (r->queue_offset < 0 || r->queue_offset == INT64_MAX) return 0; /* (a corrupt header: not a queue's) */
     r->body = (span){p + RECORD_HEADER_SIZE, body_len};
     r->topic = (span){p + at - 2 - topic_len, topic_len};
     r->props = (span){p + at, props_len};
@@ -722,7 +723,8 @@ static int write_received(const raw_record *r, const grant *g, out_buf *m, out_b
     if ((!uniq || !uniq->n) && physical < 0) return -1;
     m->n = sp->n = tmp->n = 0;
     /* Message 1: topic */
-    if (!w_field(tmp, 1, g->ns.p, g->ns.n) || !w_field(tmp, 2, g->name.p, g->name.n) || !w_nested(m, 1, tmp))
+    if ((g->ns.n && !w_field(tmp, 1, g->ns.p, g->ns.n)) || (g->name.n && !w_field(tmp, 2, g->name.p, g->name.n)) ||
+        !w_nested(m, 1, tmp))
         return 0;
     /* Message 2: user properties, each a map entry {1: key, 2: value} */
     for (int i = 0; i < np; i++) {
@@ -859,8 +861,9 @@ fail:
  * Records of one queue in offset order: each one neither leased nor done is leased (``leases[offset]
  * = lease``) and taken, or, when ``tags`` (a set; None: every tag) does not hold its tag, marked done
  * (``done``) and listed in ``filtered``; up to ``want`` taken. Stops at the first record it cannot
- * judge (not a sound record of ``topic``, or properties it does not read); ``looked`` is how many
- * records it went through, ``next_offset`` the queue offset after the last of them (-1: none). */
+ * judge (not a sound record of ``topic``, or properties it does not read: not ASCII, a name twice);
+ * ``looked`` is how many records it went through, ``next_offset`` the queue offset after the last
+ * of them (-1: none). */
 static PyObject *lease_scan(PyObject *self, PyObject *args) {
     PyObject *records, *topic, *leases, *done, *tags, *lease;
     Py_ssize_t want;
@@ -884,7 +887,7 @@ static PyObject *lease_scan(PyObject *self, PyObject *args) {
         raw_record r;
         int sound = read_record(b.buf, b.len, wire, &r);
         prop ps[MAX_PROPS];
-        int np = sound && tags != Py_None ? read_props(r.props, ps) : 0;
+        int np = sound ? read_props(r.props, ps) : 0; /* (ASCII checked with or without a tag filter) */
         if (!sound || np < 0) {
             PyBuffer_Release(&b);
             break;

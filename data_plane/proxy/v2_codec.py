@@ -38,6 +38,7 @@ from data_plane.store.message import (
     RecordError,
     decode_record,
     encode_properties,
+    parse_record,
 )
 
 
@@ -117,8 +118,10 @@ class PythonV2Codec:
         """A receive's new records of one queue, in offset order: each neither leased nor done is
         leased (``leases[offset] = lease``) and taken, or, when ``tags`` (None: every tag) does not
         hold its tag, marked done and listed as filtered; up to ``want`` taken. Stops at a record
-        that is not a sound one of ``topic``. ``(offsets taken, records taken, offsets filtered,
-        records looked at, the queue offset after the last of them (-1: none), bodies' bytes)``."""
+        that is not a sound one of ``topic``, or whose properties are not ASCII or name one property
+        twice (what the compiled one leaves to ``PopService._scan``'s own loop). ``(offsets taken,
+        records taken, offsets filtered, records looked at, the queue offset after the last of them
+        (-1: none), bodies' bytes)``."""
         offsets: list[int] = []
         taken: list[bytes | memoryview] = []
         filtered: list[int] = []
@@ -128,11 +131,16 @@ class PythonV2Codec:
                 break
             try:
                 rec = decode_record(record, check_crc=False)
+                props = parse_record(record, check_crc=False).properties
             except RecordError:
                 break
-            if rec.topic != topic:
+            if not bytes(props).isascii() or len(rec.properties) != sum(
+                1 for item in bytes(props).split(b"\x02") if b"\x01" in item
+            ):
                 break
             o = rec.queue_offset
+            if rec.topic != topic or not 0 <= o < 2**63 - 1:  # (an offset no queue has: a corrupt header)
+                break
             if o not in leases and o not in done:
                 if tags is None or rec.properties.get(PROPERTY_TAGS) in tags:
                     leases[o] = lease

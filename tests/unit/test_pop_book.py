@@ -74,20 +74,18 @@ def test_recall_handles_round_trip_and_others_are_refused() -> None:
             parse_recall_handle(bad)
 
 
-def test_a_journal_record_of_offsets_sharing_a_lease_gives_each_of_them_that_lease() -> None:
+def test_leases_a_receive_shares_come_back_from_the_journal_each_its_own() -> None:
     book = PopService(cast("Broker", None))  # (replaying records needs no broker)
-    # A receive's record: offsets 5-7 leased together, 9 alone (a redelivery), 8 filtered out.
-    book._apply(["R", "g", "t", 0, 10, [[[5, 6, 7], 1000, 1, 0xAB, None], [9, 2000, 3, 0xCD, None]], [8], False, 5])
+    # A receive's record: offsets 5-7 leased together (one seq), 9 alone (a redelivery), 8 filtered out.
+    shared = [[o, 1000, 1, 0xAB, None] for o in (5, 6, 7)]
+    book._apply(["R", "g", "t", 0, 10, [*shared, [9, 2000, 3, 0xCD, None]], [8], False, 5])
     pq = book.queues[("g", "t", 0)]
-    assert pq.leases == {o: Lease(1000, 1, 0xAB) for o in (5, 6, 7)} | {9: Lease(2000, 3, 0xCD)}
+    first = Lease(1000, 1, 0xAB)
+    assert pq.leases == {5: first, 6: first, 7: first, 9: Lease(2000, 3, 0xCD)}
     assert (pq.next, pq.done, pq.committed()) == (10, set(), 5)
     # Changing one lease's deadline leaves the others of its receive as they were.
     book._apply(["C", "g", "t", 0, 6, 5000, 0xEF])
-    assert (pq.leases[5], pq.leases[6], pq.leases[7]) == (
-        Lease(1000, 1, 0xAB),
-        Lease(5000, 1, 0xEF),
-        Lease(1000, 1, 0xAB),
-    )
+    assert (pq.leases[5], pq.leases[6], pq.leases[7]) == (first, Lease(5000, 1, 0xEF), first)
     book._apply(["A", "g", "t", 0, [5, 7]])
     assert sorted(pq.leases) == [6, 9]
     assert pq.committed() == 6

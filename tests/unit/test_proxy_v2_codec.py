@@ -355,17 +355,27 @@ def test_the_compiled_scan_stops_at_properties_it_does_not_read(v2_codec: Module
     for i, rec in enumerate(stored):
         rec.queue_offset = i
     stored[1].properties["region"] = "中"  # not ASCII: the scan's own loop decodes it
-    records = [_record(r) for r in stored]
+    records: list[bytes | memoryview] = [_record(r) for r in stored]
+    not_utf8 = _fix_sizes(_record(stored[2]).replace(b"UNIQ_KEY\x01", b"UNIQ_KEY\x01\xff\xfe"))
     lease = Lease(1, 1, 1)
-    leases: dict[int, Lease] = {}
-    got = v2_codec.lease_scan(
-        records, TOPIC, leases, set(), frozenset({stored[0].properties.get("TAGS", "")}), 9, lease
-    )
-    assert got[3:5] == (1, 1)
-    assert leases.keys() <= {0}
-    # Without a tag filter the properties are not read: it goes on.
-    leases = {}
-    got = v2_codec.lease_scan(records, TOPIC, leases, set(), None, 9, lease)
-    assert got[0] == [0, 1, 2]
-    assert got[3:5] == (3, 3)
-    assert list(leases) == [0, 1, 2]
+    for tags in (None, frozenset({stored[0].properties.get("TAGS", "")})):
+        leases: dict[int, Lease] = {}
+        got = v2_codec.lease_scan(records, TOPIC, leases, set(), tags, 9, lease)
+        assert got[3:5] == (1, 1)
+        assert leases.keys() <= {0}
+        # Bytes that are not UTF-8 stop both twins (the reference cannot decode them), filter or not.
+        for twin in (v2_codec, PYTHON):
+            leases = {}
+            assert twin.lease_scan([not_utf8], TOPIC, leases, set(), tags, 9, lease) == ([], [], [], 0, -1, 0)
+            assert leases == {}
+
+
+def test_a_queue_offset_no_queue_has_stops_the_scan(v2_codec: ModuleType) -> None:
+    rng = random.Random(11)
+    lease = Lease(1, 1, 1)
+    for offset in (-1, 2**63 - 1):  # a header the body CRC does not cover, read as such
+        rec = _stored(rng, odd=False)
+        rec.queue_offset = offset
+        for twin in (v2_codec, PYTHON):
+            leases: dict[int, Lease] = {}
+            assert twin.lease_scan([_record(rec)], TOPIC, leases, set(), None, 9, lease) == ([], [], [], 0, -1, 0)
