@@ -150,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="KEY=VALUE",
         help="a broker setting for every case (repeatable), e.g. fair_share=false for the comparison",
     )
+    ap.add_argument(
+        "--noisy-own-cpu",
+        action="store_true",
+        help="tenant 0's clients on a CPU of their own, everything else on the others (every case, baselines too)",
+    )
     ap.add_argument("--out", help="also write the JSON here")
     args = ap.parse_args(argv)
     if not 1 <= args.repeat <= 20:
@@ -163,6 +168,12 @@ def main(argv: list[str] | None = None) -> int:
         broker_set.append((key.strip(), value.strip()))
     if broker_set:
         cases = tuple(dataclasses.replace(c, broker_set=tuple(sorted(broker_set))) for c in scen.cases)
+        scen = dataclasses.replace(scen, cases=cases)
+    if args.noisy_own_cpu:
+        cases = tuple(
+            dataclasses.replace(c, tenants=dataclasses.replace(c.tenants, noisy_own_cpu=True)) if c.tenants else c
+            for c in scen.cases
+        )
         scen = dataclasses.replace(scen, cases=cases)
     names = {c.name for c in scen.cases}
     unknown = sorted(set(args.case) - names)
@@ -197,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         **header("noisy_neighbour", argv),
         "machine": {"cpus": os.cpu_count(), **interpreter_facts()},
         "broker_set": dict(broker_set),
+        "noisy_own_cpu": args.noisy_own_cpu,
         "targets": {"quiet_ratio_max": RATIO_TARGET, "noisy_quota_share_min": QUOTA_SHARE_TARGET},
         "summary": summarize(reps) if reps else {},
         "repetitions": reps,

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadtest import cpu_split
 from loadtest import progress as progress_line
 from loadtest.histogram import encode_hist, merge, summary_ms
 from loadtest.rate import RateProfile
@@ -110,9 +111,15 @@ def _profile(case: Case, msgs_per_s: float) -> RateProfile:
     )
 
 
+def _noisy_cpus(case: Case) -> tuple[int, ...]:
+    """Tenant 0's CPU when the case gives its clients one of their own, else ()."""
+    return cpu_split.split()[0] if case.tenants is not None and case.tenants.noisy_own_cpu else ()
+
+
 def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: int) -> list[ProducerJob]:
     jobs = []
     noisy_connections = case.tenants.noisy_connections if case.tenants else 0
+    noisy_cpus = _noisy_cpus(case)
     for i in range(case.producers):
         tenant = tenants[i % len(tenants)] if tenants else None
         noisy = tenant is not None and i % len(tenants) == 0
@@ -146,6 +153,7 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
                 seed=seed * 1000 + i,
                 nice=case.tenants.noisy_nice if noisy and case.tenants else 0,
                 track=case.autoscale is not None,
+                cpus=noisy_cpus if noisy else (),
             )
         )
     return jobs
@@ -153,6 +161,7 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
 
 def _consumer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any]) -> list[ConsumerJob]:
     jobs = []
+    noisy_cpus = _noisy_cpus(case)
     for i in range(case.consumers):
         tenant = tenants[i % len(tenants)] if tenants else None
         jobs.append(
@@ -165,6 +174,7 @@ def _consumer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any]) -> list
                 ordered=case.ordered,
                 warmup_s=case.warmup_s,
                 track=case.autoscale is not None,
+                cpus=noisy_cpus if tenant is not None and i % len(tenants) == 0 else (),
             )
         )
     return jobs
@@ -181,6 +191,21 @@ def run_case(
         "settings": case.describe(),
         "generator": {"host": socket.gethostname(), "role": opts.role},
     }
+    if case.tenants is not None and case.tenants.noisy_own_cpu:
+        try:
+            others = cpu_split.split()[1]
+        except cpu_split.CpuSplitError as e:
+            log(f"  {case.name} on {target}: not run: {e}")
+            return {**result, "status": "not_run", "reason": str(e)}
+        # The servers and the other tenants' clients start from here: on the CPUs tenant 0's are not on.
+        with cpu_split.others_on(others):
+            return _run_case(case, server, result, target=target, opts=opts, log=log)
+    return _run_case(case, server, result, target=target, opts=opts, log=log)
+
+
+def _run_case(
+    case: Case, server: Server, result: dict[str, Any], *, target: str, opts: RunOptions, log: Callable[[str], None]
+) -> dict[str, Any]:
     try:
         spec = server.start()
         if hasattr(server, "members"):
@@ -228,7 +253,7 @@ def _load(
         ctx.Process(target=consumer_main, args=(j, q, start_wall, start_evt, stop_evt), daemon=True) for j in cjobs
     ]
     if case.tenants is not None and case.tenants.noisy_cpu_burn and opts.role in ("all", "producers"):
-        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s, stop_evt)
+        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s, stop_evt, _noisy_cpus(case))
         procs.append(ctx.Process(target=burner_main, args=burn, daemon=True))
     for p in procs:
         p.start()

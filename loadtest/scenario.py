@@ -69,6 +69,10 @@ class Tenants:
     # A control case: a process at ``noisy_nice`` spins through the run beside tenant 0's producers
     # (loadtest.workers.burner_main) — what a busy co-located client costs the others by its CPU alone.
     noisy_cpu_burn: bool = False
+    # Tenant 0's clients (producers, consumers, the control's spinner) on a CPU of their own, every
+    # other process of the run (servers, the other tenants' clients) on the rest: a closer stand-in
+    # for hosts of their own than a niceness on a machine of few cores (``loadtest.cpu_split``).
+    noisy_own_cpu: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +199,7 @@ TENANT_FIELDS = {
     "noisy_consume_quota_msgs_per_s": ("int", 0, 10_000_000),
     "noisy_publish_quota_msgs_per_s": ("int", 0, 10_000_000),
     "noisy_cpu_burn": ("bool", 0, 0),
+    "noisy_own_cpu": ("bool", 0, 0),
 }
 TENANT_OPTIONAL = {
     "noisy_nice",
@@ -203,6 +208,7 @@ TENANT_OPTIONAL = {
     "noisy_consume_quota_msgs_per_s",
     "noisy_publish_quota_msgs_per_s",
     "noisy_cpu_burn",
+    "noisy_own_cpu",
 }
 RAMP_FIELDS = {
     "to": ("float", 1, 10_000_000),

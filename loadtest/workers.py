@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from loadtest import cpu_split
 from loadtest.delivery import Tally
 from loadtest.histogram import encode_hist, new_hist, record_us
 from loadtest.rate import OpenLoop, RateProfile, Segment
@@ -60,6 +61,7 @@ class ProducerJob:
     seed: int
     nice: int = 0  # added to the process's niceness before it starts
     track: bool = False  # keep the acknowledged messages' numbers (loadtest/delivery.py)
+    cpus: tuple[int, ...] = ()  # the CPUs it runs on (loadtest/cpu_split.py); (): where it was started
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +74,7 @@ class ConsumerJob:
     ordered: bool
     warmup_s: float
     track: bool = False  # keep the delivered messages' numbers (loadtest/delivery.py)
+    cpus: tuple[int, ...] = ()  # the CPUs it runs on (loadtest/cpu_split.py); (): where it was started
 
 
 @dataclass
@@ -111,11 +114,13 @@ async def _await_start(start_wall: Any) -> float:
     return float(start_wall.value)
 
 
-def burner_main(nice: int, q: Any, start_wall: Any, seconds: float, stop: Any) -> None:
-    """A process that only spins, at ``nice``, from the run's start for ``seconds``: a control
-    case's stand-in for a busy client of tenant 0 on this machine that sends nothing extra —
-    what a co-located process's CPU alone costs the others. Gives up when ``stop`` is set first."""
+def burner_main(nice: int, q: Any, start_wall: Any, seconds: float, stop: Any, cpus: tuple[int, ...] = ()) -> None:
+    """A process that only spins, at ``nice`` (on ``cpus``: tenant 0's), from the run's start for
+    ``seconds``: a control case's stand-in for a busy client of tenant 0 on this machine that sends
+    nothing extra — what a co-located process's CPU alone costs the others. Gives up when ``stop``
+    is set first."""
     try:
+        cpu_split.pin(cpus)
         os.nice(nice)
         q.put(("ready", "burner", 0, None))
         while start_wall.value <= 0:
@@ -147,6 +152,7 @@ async def _poll(cond: Callable[[], bool], every_s: float = 0.02) -> None:
 
 def producer_main(job: ProducerJob, q: Any, start_wall: Any) -> None:
     try:
+        cpu_split.pin(job.cpus)
         if job.nice:
             os.nice(job.nice)
         q.put(("done", "producer", job.index, _run(_produce(job, q, start_wall))))
@@ -328,6 +334,7 @@ class OrderCheck:
 
 def consumer_main(job: ConsumerJob, q: Any, start_wall: Any, start_evt: Any, stop_evt: Any) -> None:
     try:
+        cpu_split.pin(job.cpus)
         q.put(("done", "consumer", job.index, _run(_consume(job, q, start_wall, start_evt, stop_evt))))
     except BaseException:
         q.put(("failed", "consumer", job.index, traceback.format_exc()))

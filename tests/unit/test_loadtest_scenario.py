@@ -221,3 +221,52 @@ def test_the_bursting_tenant_gets_its_own_quota_and_the_others_keep_theirs() -> 
     assert burst.noisy_publish_quota_msgs_per_s > burst.noisy_rate_msgs_per_s  # the burst is within it
     assert _quota(burst, noisy=True) == {"publish_msgs_per_s": burst.noisy_publish_quota_msgs_per_s}
     assert _quota(burst, noisy=False) == {"publish_msgs_per_s": burst.publish_quota_msgs_per_s}
+
+
+def test_a_noisy_tenant_of_its_own_cpu_has_every_client_there_and_nothing_else() -> None:
+    import dataclasses
+    import os
+
+    from loadtest.cpu_split import split
+    from loadtest.runner import _consumer_jobs, _producer_jobs
+
+    @dataclasses.dataclass
+    class _Tenant:  # what the runner reads of a provisioned tenant
+        tenant: str
+        spec: dict[str, Any]
+        topics: list[str]
+        groups: list[str]
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable CPUs")
+    case = {c.name: c for c in sc.load("noisy-neighbour").cases}["noisy-4x"]
+    assert case.tenants is not None
+    tenants = [_Tenant(f"t{i}", {}, [f"t{i}%topic"], [f"t{i}%group"]) for i in range(case.tenants.count)]
+    noisy_cpu, others = split()
+    assert noisy_cpu == (max(os.sched_getaffinity(0)),)
+    assert not set(noisy_cpu) & set(others)
+    assert set(noisy_cpu) | set(others) == os.sched_getaffinity(0)
+    own = dataclasses.replace(case, tenants=dataclasses.replace(case.tenants, noisy_own_cpu=True))
+    for c, want in ((case, ()), (own, noisy_cpu)):
+        producers = _producer_jobs(c, {}, tenants, seed=7)
+        consumers = _consumer_jobs(c, {}, tenants)
+        assert {j.cpus for j in producers if j.tenant == "t0"} == {want}
+        assert {j.cpus for j in consumers if j.tenant == "t0"} == {want}
+        # The other tenants' clients are left where the run starts them: on the others' CPUs.
+        assert {j.cpus for j in producers if j.tenant != "t0"} | {j.cpus for j in consumers if j.tenant != "t0"} == {()}
+
+
+def test_the_rest_of_a_run_goes_to_the_other_cpus_and_comes_back() -> None:
+    import os
+
+    from loadtest.cpu_split import CpuSplitError, others_on, split
+
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        with pytest.raises(CpuSplitError, match="2 usable CPUs"):
+            split()
+        return
+    _noisy, others = split()
+    with others_on(others):
+        assert os.sched_getaffinity(0) == set(others)
+    assert os.sched_getaffinity(0) == before
