@@ -111,15 +111,12 @@ def _profile(case: Case, msgs_per_s: float) -> RateProfile:
     )
 
 
-def _noisy_cpus(case: Case) -> tuple[int, ...]:
-    """Tenant 0's CPU when the case gives its clients one of their own, else ()."""
-    return cpu_split.split()[0] if case.tenants is not None and case.tenants.noisy_own_cpu else ()
-
-
-def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: int) -> list[ProducerJob]:
+def _producer_jobs(
+    case: Case, spec: dict[str, Any], tenants: list[Any], seed: int, noisy_cpus: tuple[int, ...] = ()
+) -> list[ProducerJob]:
+    """One job a producer process; tenant 0's on ``noisy_cpus`` (its own CPU; (): not pinned)."""
     jobs = []
     noisy_connections = case.tenants.noisy_connections if case.tenants else 0
-    noisy_cpus = _noisy_cpus(case)
     for i in range(case.producers):
         tenant = tenants[i % len(tenants)] if tenants else None
         noisy = tenant is not None and i % len(tenants) == 0
@@ -159,9 +156,11 @@ def _producer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any], seed: i
     return jobs
 
 
-def _consumer_jobs(case: Case, spec: dict[str, Any], tenants: list[Any]) -> list[ConsumerJob]:
+def _consumer_jobs(
+    case: Case, spec: dict[str, Any], tenants: list[Any], noisy_cpus: tuple[int, ...] = ()
+) -> list[ConsumerJob]:
+    """One job a consumer process; tenant 0's on ``noisy_cpus`` (its own CPU; (): not pinned)."""
     jobs = []
-    noisy_cpus = _noisy_cpus(case)
     for i in range(case.consumers):
         tenant = tenants[i % len(tenants)] if tenants else None
         jobs.append(
@@ -193,19 +192,20 @@ def run_case(
     }
     if case.tenants is not None and case.tenants.noisy_own_cpu:
         try:
-            others = cpu_split.split()[1]
+            noisy, others = cpu_split.split()
         except cpu_split.CpuSplitError as e:
             log(f"  {case.name} on {target}: not run: {e}")
             return {**result, "status": "not_run", "reason": str(e)}
         # The servers and the other tenants' clients start from here: on the CPUs tenant 0's are not on.
         with cpu_split.others_on(others):
-            return _run_case(case, server, result, target=target, opts=opts, log=log)
+            return _run_case(case, server, result, target=target, opts=opts, log=log, noisy_cpus=noisy)
     return _run_case(case, server, result, target=target, opts=opts, log=log)
 
 
 def _run_case(
-    case: Case, server: Server, result: dict[str, Any], *, target: str, opts: RunOptions, log: Callable[[str], None]
-) -> dict[str, Any]:
+    case: Case, server: Server, result: dict[str, Any], *, target: str, opts: RunOptions,
+    log: Callable[[str], None], noisy_cpus: tuple[int, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
     try:
         spec = server.start()
         if hasattr(server, "members"):
@@ -222,7 +222,7 @@ def _run_case(
         if watch is not None:
             watch.start()
         try:
-            loaded = _load(case, spec, getattr(server, "tenants", []), opts=opts, log=log)
+            loaded = _load(case, spec, getattr(server, "tenants", []), opts=opts, log=log, noisy_cpus=noisy_cpus)
         finally:
             watched = watch.stop() if watch is not None else None
         if sample is not None and before is not None:
@@ -240,20 +240,21 @@ def _run_case(
 
 
 def _load(
-    case: Case, spec: dict[str, Any], tenants: list[Any], *, opts: RunOptions, log: Callable[[str], None]
-) -> dict[str, Any]:
+    case: Case, spec: dict[str, Any], tenants: list[Any], *, opts: RunOptions, log: Callable[[str], None],
+    noisy_cpus: tuple[int, ...] = (),
+) -> dict[str, Any]:  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     q: Any = ctx.Queue()
     start_wall = ctx.Value("d", 0.0)
     start_evt, stop_evt = ctx.Event(), ctx.Event()
-    pjobs = _producer_jobs(case, spec, tenants, opts.seed) if opts.role in ("all", "producers") else []
-    cjobs = _consumer_jobs(case, spec, tenants) if opts.role in ("all", "consumers") else []
+    pjobs = _producer_jobs(case, spec, tenants, opts.seed, noisy_cpus) if opts.role in ("all", "producers") else []
+    cjobs = _consumer_jobs(case, spec, tenants, noisy_cpus) if opts.role in ("all", "consumers") else []
     procs = [ctx.Process(target=producer_main, args=(j, q, start_wall), daemon=True) for j in pjobs]
     procs += [
         ctx.Process(target=consumer_main, args=(j, q, start_wall, start_evt, stop_evt), daemon=True) for j in cjobs
     ]
     if case.tenants is not None and case.tenants.noisy_cpu_burn and opts.role in ("all", "producers"):
-        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s, stop_evt, _noisy_cpus(case))
+        burn = (case.tenants.noisy_nice, q, start_wall, case.warmup_s + case.duration_s, stop_evt, noisy_cpus)
         procs.append(ctx.Process(target=burner_main, args=burn, daemon=True))
     for p in procs:
         p.start()
