@@ -8,7 +8,10 @@ brokers' load reports (``LoadView``) and asks ``scaling_policy.decide`` what it 
   queues are placed on active broker groups with headroom (not on a group whose reported rate is
   past ``hot_group_at`` of its ``max_msgs_per_s``), within the tenant's plan (``max_queues``);
 - **shrink**: queues become read-only (writable queues are ``[0, write)`` of each group, as
-  RocketMQ's writeQueueNums makes them), taken from the groups holding most;
+  RocketMQ's writeQueueNums makes them), taken from the groups holding most — but not while a
+  group holding the topic's writable queues is hot: the rates the brokers report are what they
+  stored, and a saturated group stores what it can, not what its clients offer, so a topic's
+  low rate there may be the overload itself (the hold is recorded, once every ``refuse_every_s``);
 - **remove**: once every consumer group of the tenant that consumes the topic has committed all
   of a read-only queue (``DrainCheck``, asking the brokers), or, when none consumes it, once the
   queue holds no message, the queue goes — no message left behind;
@@ -178,9 +181,16 @@ class Autoscaler:
             return
         if decision.action == "grow":
             await self._grow(t, decision, rate, hot)
-        else:
-            await self._shrink(t, decision, rate)
-            self._low_since.pop(t.key, None)
+            return
+        busy = sorted({p["broker_group"] for p in t.placements if p["broker_group"] in hot and p["write_queue_count"]})
+        if busy:
+            await self._refuse(
+                t, "hot", rate, f"{decision.reason}; broker group {', '.join(busy)} is near its capacity, where a "
+                "topic's rate is what the group stores, not what its clients offer: the queues stay"
+            )  # fmt: skip
+            return
+        await self._shrink(t, decision, rate)
+        self._low_since.pop(t.key, None)
 
     # --- the changes ------------------------------------------------------------------------------
     async def _grow(self, t: _Topic, d: Decision, rate: float | None, hot: set[str], *, action: str = "grow") -> None:

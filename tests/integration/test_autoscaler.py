@@ -274,6 +274,45 @@ async def test_new_queues_go_to_a_group_with_headroom_not_to_a_hot_one(tenancy: 
     assert got["broker-b"][0] >= 1  # as many as the rate asked for when it was first seen
 
 
+async def test_a_topic_on_a_hot_group_keeps_its_queues_while_its_rate_is_low(tenancy: TenancyCluster) -> None:
+    acme = await tenancy.new_tenant("acme")
+    await tenancy.create_topic(acme, "orders")
+    scaler = autoscaler(tenancy)
+    async with publishing(tenancy, acme, "orders", rate=200):
+
+        async def grown() -> bool:
+            return (await placements(tenancy, acme, "orders"))["broker-a"][0] >= 8
+
+        await scaled(tenancy, scaler, "the topic grown past 8 writable queues", grown)
+    writable = (await placements(tenancy, acme, "orders"))["broker-a"][0]
+    # broker-a's capacity set below what it stores: the group is hot, and the topic's rate, under
+    # the shrink mark now, may be what the group can take rather than what its clients offer.
+    hot = await tenancy.cp.call("PATCH", "/v1/fleet/broker-groups/broker-a", operator=True,
+                                json={"max_msgs_per_s": 5})  # fmt: skip
+    assert hot.status == 200, hot.body
+    async with publishing(tenancy, acme, "orders", rate=10):  # under 25 % of what 8 queues carry
+
+        async def held() -> bool:
+            return any(
+                e["action"] == "refuse" and "broker group broker-a is near its capacity" in e["reason"]
+                for e in await events(tenancy, acme, "orders")
+            )
+
+        await scaled(tenancy, scaler, "the shrink held, with the reason recorded", held)
+        assert (await placements(tenancy, acme, "orders"))["broker-a"] == (writable, writable)
+        # No limit on the group: the low rate is low demand, and the topic shrinks.
+        cool = await tenancy.cp.call("PATCH", "/v1/fleet/broker-groups/broker-a", operator=True,
+                                     json={"max_msgs_per_s": 0})  # fmt: skip
+        assert cool.status == 200, cool.body
+
+        async def shrunk() -> bool:
+            return (await placements(tenancy, acme, "orders"))["broker-a"][0] < writable
+
+        await scaled(tenancy, scaler, "the topic shrunk once its group was not hot", shrunk)
+    actions = [e["action"] for e in await events(tenancy, acme, "orders")]
+    assert actions[-2:] == ["refuse", "shrink"], actions
+
+
 async def test_a_draining_broker_group_hands_its_queues_to_another_and_can_then_go(tenancy: TenancyCluster) -> None:
     acme = await tenancy.new_tenant("acme")
     await tenancy.create_topic(acme, "orders")
