@@ -164,6 +164,13 @@ async def topic_load(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def broker_group_load(request: web.Request) -> web.StreamResponse:
+    await auth.operator(request)
+    name = auth.path_name(request, "group", BROKER_GROUP_NAME)
+    start, end = _range(request)
+    return json_response(await context.services(request).load.broker_group_load(group=name, start=start, end=end))
+
+
 def _queue_schema(fields: tuple[str, ...]) -> dict[str, Any]:
     props: dict[str, Any] = {"id": {"type": "integer", "minimum": 0, "maximum": MAX_QUEUES - 1}}
     for f in fields[1:]:
@@ -231,6 +238,15 @@ ROUTES = [
         "A topic's publish rate and refusals over time",
         "tenant",
         "topics",
+        query=("from", "to"),
+    ),
+    Route(
+        "GET",
+        "/v1/fleet/broker-groups/{group}/load",
+        broker_group_load,
+        "A broker group's publish rate and refusals over time (its tenant topics summed), and its max_msgs_per_s",
+        "operator",
+        "fleet",
         query=("from", "to"),
     ),
 ]

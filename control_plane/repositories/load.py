@@ -78,6 +78,17 @@ async def topic_samples(
     )
 
 
+async def broker_group_samples(conn: Connection, *, broker: str, start: dt.datetime, end: dt.datetime) -> list[Record]:
+    """Every tenant topic's samples that broker group ``broker`` reported."""
+    return await conn.fetch(
+        """SELECT tenant_id, topic, at, appended, refused FROM topic_load_samples
+           WHERE broker = $1 AND at >= $2 AND at < $3""",
+        broker,
+        start,
+        end,
+    )
+
+
 async def group_samples(
     conn: Connection, *, tenant_id: str, group: str, topic: str | None, start: dt.datetime, end: dt.datetime
 ) -> list[Record]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from control_plane.db import Pool
 from control_plane.errors import Forbidden
+from control_plane.repositories import fleet as fleet_repo
 from control_plane.repositories import groups as groups_repo
 from control_plane.repositories import load as repo
 from control_plane.repositories import tenants as tenants_repo
@@ -66,6 +67,29 @@ class LoadService:
         return {
             "tenant_id": tenant_id,
             "topic": topic,
+            **_range(start, end, step),
+            "buckets": [
+                {"start": a.start.isoformat(), "publish_rate": _rate(a), "refused": r}
+                for a, r in zip(appended, refused, strict=True)
+            ],
+        }
+
+    async def broker_group_load(self, *, group: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
+        """A broker group's publish rate and refusals over time, summed over the tenant topics it
+        reported (what the autoscaler weighs against its ``max_msgs_per_s`` to call it hot)."""
+        step = step_for(end - start)
+        starts = bucket_starts(start, end, step)
+        async with self.pool.acquire() as conn:
+            g = await fleet_repo.get_broker_group(conn, group)
+            rows = await repo.broker_group_samples(conn, broker=group, start=starts[0] - LOOKBACK, end=end)
+        # one series per topic: a report may leave out a topic whose figures did not change
+        keys = [f"{r['tenant_id']}\x00{r['topic']}" for r in rows]
+        appended = bucketize([Sample(k, r["at"], r["appended"]) for k, r in zip(keys, rows, strict=True)], starts, step)
+        refused = totals([Sample(k, r["at"], 0, r["refused"]) for k, r in zip(keys, rows, strict=True)], starts, step)
+        return {
+            "broker_group": group,
+            "max_msgs_per_s": int(g["max_msgs_per_s"]),
+            "topics": len(set(keys)),
             **_range(start, end, step),
             "buckets": [
                 {"start": a.start.isoformat(), "publish_rate": _rate(a), "refused": r}

@@ -261,3 +261,52 @@ async def test_a_tenant_reads_its_own_groups_lag_only(control_plane: ControlPlan
     assert (bad.status, bad.body["error"]["details"]["field"]) == (400, "from")
     wide = await cp.call("GET", load_path + "?from=2026-01-01T00:00:00Z&to=2026-02-01T00:00:00Z", token=acme)
     assert (wide.status, wide.body["error"]["details"]["field"]) == (400, "to")
+
+
+async def test_an_operator_reads_a_broker_groups_load_summed_over_its_tenants_topics(
+    control_plane: ControlPlaneHarness,
+) -> None:
+    cp = control_plane
+    await cp.new_broker_group("broker-a")
+    assert (await cp.call("PATCH", "/v1/fleet/broker-groups/broker-a", operator=True,
+                          json={"max_msgs_per_s": 5000})).status == 200  # fmt: skip
+    tokens = {}
+    for tenant, topic in (("acme", "orders"), ("globex", "invoices")):
+        _made, tokens[tenant] = await cp.new_tenant(tenant)
+        made = await cp.call("POST", f"/v1/tenants/{tenant}/topics", token=tokens[tenant], json={"name": topic})
+        assert made.status == 201, made.body
+    # Two reports a minute apart: orders grows by 600 messages, invoices by 1,800; 5 and 7 refused.
+    now = dt.datetime.now(dt.UTC)
+    for at, grown, refused in ((now - dt.timedelta(seconds=150), 0, 0), (now - dt.timedelta(seconds=90), 1, 1)):
+        doc = {
+            "broker": "broker-a",
+            "at": iso(at),
+            "topics": [
+                {"tenant": "acme", "topic": "orders", "queues": [{"id": 0, "max_offset": 600 * grown}],
+                 "refused": 5 * refused},
+                {"tenant": "globex", "topic": "invoices", "queues": [{"id": 0, "max_offset": 1800 * grown}],
+                 "refused": 7 * refused},
+            ],
+        }  # fmt: skip
+        stored = await cp.call("POST", "/internal/v1/load", operator=True, json=doc)
+        assert (stored.status, stored.body) == (200, {"stored": 2, "ignored": 0})
+    got = await cp.call("GET", "/v1/fleet/broker-groups/broker-a/load", operator=True)
+    assert got.status == 200, got.body
+    assert (got.body["broker_group"], got.body["max_msgs_per_s"], got.body["topics"]) == ("broker-a", 5000, 2)
+    orders = (await cp.call("GET", "/v1/tenants/acme/topics/orders/load", token=tokens["acme"])).body["buckets"]
+    invoices = (await cp.call("GET", "/v1/tenants/globex/topics/invoices/load", token=tokens["globex"])).body["buckets"]
+    # Each bucket of the group is the sum of its topics' buckets.
+    for g, a, b in zip(got.body["buckets"], orders, invoices, strict=True):
+        assert g["start"] == a["start"] == b["start"]
+        rates = [r for r in (a["publish_rate"], b["publish_rate"]) if r is not None]
+        assert g["publish_rate"] == (pytest.approx(sum(rates), abs=0.01) if rates else None)
+        assert g["refused"] == a["refused"] + b["refused"]
+    assert sum(b["refused"] for b in got.body["buckets"]) == 12
+    assert sum(b["publish_rate"] or 0 for b in got.body["buckets"]) > 0
+    # Operators only; a group that is not there; a range the other load reads refuse too.
+    path = "/v1/fleet/broker-groups/broker-a/load"
+    assert (await cp.call("GET", path, token=tokens["acme"])).status == 403
+    assert (await cp.call("GET", path)).status == 401
+    assert (await cp.call("GET", "/v1/fleet/broker-groups/broker-z/load", operator=True)).status == 404
+    wide = await cp.call("GET", path + "?from=2026-01-01T00:00:00Z&to=2026-02-01T00:00:00Z", operator=True)
+    assert (wide.status, wide.body["error"]["details"]["field"]) == (400, "to")
