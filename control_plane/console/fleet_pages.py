@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from control_plane import auth, context
-from control_plane.console import forms
+from control_plane.console import forms, load_charts
 from control_plane.console.brokers import admin_client
 from control_plane.console.render import ConsoleUnavailable, page, redirect, render, require_operator
 from control_plane.handlers.fleet import ADDR_HOST, HOST
@@ -69,10 +69,24 @@ async def create_group(request: web.Request) -> web.StreamResponse:
 async def group(request: web.Request) -> web.StreamResponse:
     await require_operator(request)
     name = _group_name(request)
+    return await _group_page(request, name, error=None)
+
+
+async def _group_page(request: web.Request, name: str, *, error: str | None, status: int = 200) -> web.StreamResponse:
+    """The group, its hosts, and its publish rate and refusals over the last hour or day
+    (``?range=``): its tenant topics' summed, the rate beside its max msgs/s."""
     services = context.services(request)
     found = await services.fleet.get_group(name)
     hosts = await services.fleet.list_host_credentials(broker_group=name)
-    return render(request, "ops_group.html", group=found, hosts=hosts, error=None)
+    w = load_charts.window(request)
+    load = await services.load.broker_group_load(group=name, start=w.start, end=w.end)
+    history = [
+        load_charts.chart(f"Publish rate of {name} (messages/s)", load["buckets"], "publish_rate", w),
+        load_charts.chart(f"Requests {name} refused", load["buckets"], "refused", w),
+    ]
+    return render(
+        request, "ops_group.html", status=status, group=found, hosts=hosts, error=error, history=history, window=w
+    )
 
 
 @page
@@ -100,11 +114,7 @@ async def delete_group(request: web.Request) -> web.StreamResponse:
     name = _group_name(request)
     body = await forms.form_body(request, ("confirm_name",))
     if body.text("confirm_name") != name:
-        services = context.services(request)
-        found = await services.fleet.get_group(name)
-        hosts = await services.fleet.list_host_credentials(broker_group=name)
-        error = f"Type {name} to confirm removing it."
-        return render(request, "ops_group.html", status=400, group=found, hosts=hosts, error=error)
+        return await _group_page(request, name, error=f"Type {name} to confirm removing it.", status=400)
     removed = await context.services(request).fleet.delete_group(name)
     revoked = len(removed["revoked_access_keys"])
     return redirect(request, FLEET, flash=f"Broker group {name} removed; {revoked} host credential(s) revoked.")

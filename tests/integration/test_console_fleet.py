@@ -5,6 +5,7 @@ shown once, and working at the token endpoint until revoked), and rotates the to
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import AsyncIterator
 
 import pytest
@@ -234,3 +235,34 @@ async def test_tenants_reach_no_fleet_page_or_change(
     assert [g["name"] for g in groups] == ["broker-a"]
     admins = (await cp.call("GET", "/v1/admin/credentials", operator=True)).body["credentials"]
     assert [c["status"] for c in admins if c["role"] == "operator"] == ["active"]
+
+
+async def test_a_broker_groups_page_charts_what_its_brokers_stored_and_refused(
+    control_plane: ControlPlaneHarness, operator: ConsoleClient
+) -> None:
+    cp = control_plane
+    await cp.new_broker_group("broker-a")
+    _made, token = await cp.new_tenant("acme")
+    assert (await cp.call("POST", "/v1/tenants/acme/topics", token=token, json={"name": "orders"})).status == 201
+    now = dt.datetime.now(dt.UTC)
+    for ago_s, offset, refused in ((150, 0, 0), (90, 1200, 9)):  # 1,200 messages stored in a minute, 9 refused
+        doc = {
+            "broker": "broker-a",
+            "at": (now - dt.timedelta(seconds=ago_s)).isoformat(),
+            "topics": [{"tenant": "acme", "topic": "orders", "queues": [{"id": 0, "max_offset": offset}],
+                        "refused": refused}],
+        }  # fmt: skip
+        assert (await cp.call("POST", "/internal/v1/load", operator=True, json=doc)).status == 200
+    page = await operator.get(f"{FLEET}/broker-a")
+    assert page.status == 200, page.text
+    api = (await cp.call("GET", "/v1/fleet/broker-groups/broker-a/load", operator=True)).body["buckets"]
+    rates = [b["publish_rate"] for b in api if b["publish_rate"]]
+    assert rates  # the minute's growth, as the API gives it
+    assert "Publish rate of broker-a (messages/s), last hour: now" in page.text
+    assert "Requests broker-a refused, last hour: now" in page.text
+    assert f"<td>{round(rates[-1], 2)}</td>" in page.text  # the chart's figures are the API's
+    assert "<td>9</td>" in page.text
+    day = await operator.get(f"{FLEET}/broker-a?range=day")
+    assert day.status == 200, day.text
+    assert "Publish rate of broker-a (messages/s), last day" in day.text
+    assert (await operator.get(f"{FLEET}/broker-a?range=year")).status == 400
