@@ -139,13 +139,19 @@ async def test_a_host_credential_is_shown_once_rotated_and_revoked_from_the_cons
     assert "not a host of broker group" in unknown.text
 
 
+async def _group_with_a_topic(cp: ControlPlaneHarness) -> str:
+    """Broker group broker-a, and tenant acme's topic orders placed on it: acme's token."""
+    await cp.new_broker_group("broker-a")
+    _made, token = await cp.new_tenant("acme")
+    assert (await cp.call("POST", "/v1/tenants/acme/topics", token=token, json={"name": "orders"})).status == 201
+    return token
+
+
 async def test_removing_a_group_wants_its_name_and_no_queues_on_it(
     control_plane: ControlPlaneHarness, operator: ConsoleClient
 ) -> None:
     cp = control_plane
-    await cp.new_broker_group("broker-a")
-    _made, token = await cp.new_tenant("acme")
-    assert (await cp.call("POST", "/v1/tenants/acme/topics", token=token, json={"name": "orders"})).status == 201
+    token = await _group_with_a_topic(cp)
     page = f"{FLEET}/broker-a"
     unconfirmed = await operator.submit(page, f"{page}/delete", {"confirm_name": "broker-x"})
     assert unconfirmed.status == 400
@@ -241,9 +247,7 @@ async def test_a_broker_groups_page_charts_what_its_brokers_stored_and_refused(
     control_plane: ControlPlaneHarness, operator: ConsoleClient
 ) -> None:
     cp = control_plane
-    await cp.new_broker_group("broker-a")
-    _made, token = await cp.new_tenant("acme")
-    assert (await cp.call("POST", "/v1/tenants/acme/topics", token=token, json={"name": "orders"})).status == 201
+    await _group_with_a_topic(cp)
     now = dt.datetime.now(dt.UTC)
     for ago_s, offset, refused in ((150, 0, 0), (90, 1200, 9)):  # 1,200 messages stored in a minute, 9 refused
         doc = {
