@@ -9,7 +9,7 @@ import datetime as dt
 import logging
 from typing import Any
 
-from control_plane.db import Pool
+from control_plane.db import Pool, Record
 from control_plane.errors import Forbidden
 from control_plane.repositories import fleet as fleet_repo
 from control_plane.repositories import groups as groups_repo
@@ -62,16 +62,11 @@ class LoadService:
             await tenants_repo.get_tenant(conn, tenant_id=tenant_id)
             await topics_repo.require_topic(conn, tenant_id=tenant_id, name=topic)
             rows = await repo.topic_samples(conn, tenant_id=tenant_id, topic=topic, start=starts[0] - LOOKBACK, end=end)
-        appended = bucketize([Sample(r["broker"], r["at"], r["appended"]) for r in rows], starts, step)
-        refused = totals([Sample(r["broker"], r["at"], 0, r["refused"]) for r in rows], starts, step)
         return {
             "tenant_id": tenant_id,
             "topic": topic,
             **_range(start, end, step),
-            "buckets": [
-                {"start": a.start.isoformat(), "publish_rate": _rate(a), "refused": r}
-                for a, r in zip(appended, refused, strict=True)
-            ],
+            "buckets": _publish_buckets([r["broker"] for r in rows], rows, starts, step),
         }
 
     async def broker_group_load(self, *, group: str, start: dt.datetime, end: dt.datetime) -> dict[str, Any]:
@@ -84,17 +79,12 @@ class LoadService:
             rows = await repo.broker_group_samples(conn, broker=group, start=starts[0] - LOOKBACK, end=end)
         # one series per topic: a report may leave out a topic whose figures did not change
         keys = [f"{r['tenant_id']}\x00{r['topic']}" for r in rows]
-        appended = bucketize([Sample(k, r["at"], r["appended"]) for k, r in zip(keys, rows, strict=True)], starts, step)
-        refused = totals([Sample(k, r["at"], 0, r["refused"]) for k, r in zip(keys, rows, strict=True)], starts, step)
         return {
             "broker_group": group,
             "max_msgs_per_s": int(g["max_msgs_per_s"]),
             "topics": len(set(keys)),
             **_range(start, end, step),
-            "buckets": [
-                {"start": a.start.isoformat(), "publish_rate": _rate(a), "refused": r}
-                for a, r in zip(appended, refused, strict=True)
-            ],
+            "buckets": _publish_buckets(keys, rows, starts, step),
         }
 
     async def group_lag(
@@ -142,6 +132,18 @@ class LoadService:
 
 def _range(start: dt.datetime, end: dt.datetime, step: dt.timedelta) -> dict[str, Any]:
     return {"from": start.isoformat(), "to": end.isoformat(), "step_s": int(step.total_seconds())}
+
+
+def _publish_buckets(
+    series: list[str], rows: list[Record], starts: list[dt.datetime], step: dt.timedelta
+) -> list[dict[str, Any]]:
+    """Publish rate and refusals a bucket from topic samples, ``series[i]`` naming ``rows[i]``'s."""
+    appended = bucketize([Sample(k, r["at"], r["appended"]) for k, r in zip(series, rows, strict=True)], starts, step)
+    refused = totals([Sample(k, r["at"], 0, r["refused"]) for k, r in zip(series, rows, strict=True)], starts, step)
+    return [
+        {"start": a.start.isoformat(), "publish_rate": _rate(a), "refused": r}
+        for a, r in zip(appended, refused, strict=True)
+    ]
 
 
 def _rate(b: Bucket) -> float | None:

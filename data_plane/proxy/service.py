@@ -45,7 +45,7 @@ from data_plane.proxy.v2 import service_pb2 as rpc
 from data_plane.proxy.v2 import service_pb2_grpc
 from data_plane.proxy.v2_codec import COMPILED as V2_CODEC
 from data_plane.proxy.v2_codec import PlainBatch
-from data_plane.remoting.bodies import encode_batch_item
+from data_plane.remoting.bodies import BATCH_ITEM_HEAD, encode_batch_item
 from data_plane.remoting.codes import PERM_READ, PERM_WRITE, RequestCode, ResponseCode
 from data_plane.remoting.command import SERIALIZE_ROCKETMQ, RemotingCommand
 from data_plane.store.message import (
@@ -525,8 +525,10 @@ class MessagingService(Unsupported, service_pb2_grpc.MessagingServiceServicer):
         if len(ids) == 1 and put_plain is not None:
             # One message: the single send's append, staged and written with the others of this
             # turn of the loop (a batch is written at once). Its item: head, body, properties.
-            body_len = int.from_bytes(items[16:20], "big")
-            offset = put_plain(conn, wire, qid, born_ms, items[22 + body_len :], memoryview(items)[20 : 20 + body_len])
+            *_head, body_len = BATCH_ITEM_HEAD.unpack_from(items)
+            body_at = BATCH_ITEM_HEAD.size
+            props = items[body_at + body_len + 2 :]  # (after the properties' 2-byte length)
+            offset = put_plain(conn, wire, qid, born_ms, props, memoryview(items)[body_at : body_at + body_len])
             if offset is not None:
                 return _stored(ids, offset)
         put_plain_batch = self.broker.put_plain_batch

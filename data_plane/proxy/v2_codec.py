@@ -36,6 +36,7 @@ from data_plane.store.message import (
     PROPERTY_TAGS,
     PROPERTY_UNIQ_KEY,
     RecordError,
+    decode_properties,
     decode_record,
     encode_properties,
     parse_record,
@@ -130,23 +131,24 @@ class PythonV2Codec:
             if len(offsets) >= want:
                 break
             try:
-                rec = decode_record(record, check_crc=False)
-                props = parse_record(record, check_crc=False).properties
+                parsed = parse_record(record, check_crc=False)
             except RecordError:
                 break
-            if not bytes(props).isascii() or len(rec.properties) != sum(
-                1 for item in bytes(props).split(b"\x02") if b"\x01" in item
-            ):
+            raw = bytes(parsed.properties)
+            if not raw.isascii():
                 break
-            o = rec.queue_offset
-            if rec.topic != topic or not 0 <= o < 2**63 - 1:  # (an offset no queue has: a corrupt header)
+            properties = decode_properties(raw)
+            if len(properties) != sum(1 for item in raw.split(b"\x02") if b"\x01" in item):
+                break  # a name twice (a dict keeps one of them)
+            o = parsed.header[5]  # (the queue offset)
+            if parsed.topic != topic or not 0 <= o < 2**63 - 1:  # (an offset no queue has: a corrupt header)
                 break
             if o not in leases and o not in done:
-                if tags is None or rec.properties.get(PROPERTY_TAGS) in tags:
+                if tags is None or properties.get(PROPERTY_TAGS) in tags:
                     leases[o] = lease
                     offsets.append(o)
                     taken.append(record)
-                    body_bytes += len(rec.body)
+                    body_bytes += parsed.header[14]  # (the body's length)
                 else:
                     done.add(o)
                     filtered.append(o)
